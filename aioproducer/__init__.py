@@ -1,0 +1,8 @@
+"""aioproducer: an asyncio-native Kafka producer that speaks the Kafka protocol itself."""
+
+from ._internal.batch import RecordFuture, RecordMetadata
+from ._version import __version__
+from .config import ProducerConfig
+from .producer import Producer
+
+__all__ = ["Producer", "ProducerConfig", "RecordFuture", "RecordMetadata", "__version__"]

@@ -1,0 +1,212 @@
+"""RecordAccumulator: records gathered into per-partition batches until the sender drains them.
+
+The Java client keeps `batches` in a copy-on-write map because many threads append while the
+sender reads. Everything here runs on one event loop, so a plain dict of deques is enough:
+no locks, and an append that finds room in the open batch never suspends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
+
+from ..errors import DeliveryTimeoutError
+from ..protocol.compression import Codec
+from ..protocol.records import BatchWriter, record_size_upper_bound
+from .batch import ProducerBatch, RecordFuture
+from .buffer_pool import BufferPool
+
+if TYPE_CHECKING:
+    from ..client.cluster import Cluster
+    from ..config import ProducerConfig
+    from .transactions import TransactionManager
+
+Headers = Sequence[tuple[str, "bytes | None"]]
+TopicPartition = tuple[str, int]
+
+
+class RecordAccumulator:
+    """Per-partition queues of batches; the sender asks which are ready and drains them."""
+
+    def __init__(self, config: ProducerConfig, pool: BufferPool, codec: Codec,
+                 txn: TransactionManager | None, wake_sender: Callable[[], None]) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._batch_size = config.batch_size
+        self._linger = config.linger_ms / 1000
+        self._delivery_timeout = config.delivery_timeout_ms / 1000
+        self._compression_level = config.compression_level
+        self._codec = codec
+        self._pool = pool
+        self._txn = txn
+        self._wake_sender = wake_sender
+        self._batches: dict[TopicPartition, deque[ProducerBatch]] = {}
+        self._drain_start: dict[int, int] = {}
+        self.incomplete: set[ProducerBatch] = set()
+        self.flushing = 0
+        self.closing = False
+
+    # -- appending (the hot path) ----------------------------------------------------------
+
+    def try_append(self, topic: str, partition: int, timestamp: int, key: bytes | None,
+                   value: bytes | None, headers: Headers | None) -> RecordFuture | None:
+        """Append to the partition's open batch if it has room; None means a new batch is needed."""
+        queue = self._batches.get((topic, partition))
+        if queue:
+            batch = queue[-1]
+            writer = batch.writer
+            if batch.attempts == 0 and writer.try_append(timestamp, key, value, headers):
+                return RecordFuture(batch, writer.count - 1, timestamp)
+        return None
+
+    async def append(self, topic: str, partition: int, timestamp: int, key: bytes | None,
+                     value: bytes | None, headers: Headers | None,
+                     max_block: float) -> RecordFuture:
+        """Append, opening a new batch (and waiting up to `max_block` for its memory) if needed."""
+        handle = self.try_append(topic, partition, timestamp, key, value, headers)
+        if handle is not None:
+            return handle
+        size = max(self._batch_size, record_size_upper_bound(key, value, headers))
+        if not self._pool.try_reserve(size):
+            await self._pool.reserve(size, max_block)
+            # Others may have opened a batch while we waited: use it and give the memory back.
+            handle = self.try_append(topic, partition, timestamp, key, value, headers)
+            if handle is not None:
+                self._pool.release(size)
+                return handle
+        now = self._loop.time()
+        batch = ProducerBatch(topic, partition, BatchWriter(bytearray(), timestamp, self._batch_size),
+                              self._loop.create_future(), now, now + self._delivery_timeout, size)
+        batch.writer.try_append(timestamp, key, value, headers)  # a batch's first record always fits
+        queue = self._batches.get((topic, partition))
+        if queue is None:
+            queue = self._batches[(topic, partition)] = deque()
+        queue.append(batch)
+        self.incomplete.add(batch)
+        if self._txn is not None and self._txn.is_transactional:
+            self._txn.add_partition(topic, partition)
+        self._wake_sender()  # a new linger deadline, or the previous batch is now full
+        return RecordFuture(batch, 0, timestamp)
+
+    # -- the sender's side -----------------------------------------------------------------
+
+    def ready(self, cluster: Cluster, now: float) -> tuple[set[int], float, bool]:
+        """Brokers with a sendable batch, seconds until the next batch may become sendable,
+        and whether some partition's leader is unknown (metadata must be refreshed)."""
+        ready: set[int] = set()
+        next_check = float("inf")
+        unknown_leader = False
+        drain_all = self.flushing > 0 or self.closing or self._pool.queued > 0
+        for (topic, partition), queue in self._batches.items():
+            if not queue:
+                continue
+            leader = cluster.leader_for(topic, partition)
+            if leader < 0:
+                unknown_leader = True
+                continue
+            if leader in ready:
+                continue
+            batch = queue[0]
+            if batch.retry_at > now:
+                next_check = min(next_check, batch.retry_at - now)
+                continue
+            if (drain_all or len(queue) > 1 or batch.writer.size >= self._batch_size
+                    or batch.attempts > 0):
+                ready.add(leader)
+                continue
+            linger_left = batch.created + self._linger - now
+            if linger_left <= 0:
+                ready.add(leader)
+            else:
+                next_check = min(next_check, linger_left)
+        return ready, next_check, unknown_leader
+
+    def drain(self, cluster: Cluster, nodes: Iterable[int], max_request_size: int,
+              now: float) -> dict[int, list[ProducerBatch]]:
+        """Take at most one batch per partition for each broker, up to `max_request_size`,
+        starting where the previous drain of that broker stopped (so no partition starves)."""
+        by_node: dict[int, list[deque[ProducerBatch]]] = {node: [] for node in nodes}
+        for (topic, partition), queue in self._batches.items():
+            if queue:
+                entries = by_node.get(cluster.leader_for(topic, partition))
+                if entries is not None:
+                    entries.append(queue)
+        drained: dict[int, list[ProducerBatch]] = {}
+        for node, queues in by_node.items():
+            if not queues:
+                continue
+            start = self._drain_start.get(node, 0) % len(queues)
+            self._drain_start[node] = start + 1
+            size = 0
+            batches: list[ProducerBatch] = []
+            for i in range(len(queues)):
+                queue = queues[(start + i) % len(queues)]
+                batch = queue[0]
+                if batch.retry_at > now:
+                    continue
+                if self._txn is not None and not self._txn.may_send(batch):
+                    continue
+                if batches and size + batch.writer.size > max_request_size:
+                    break
+                queue.popleft()
+                if batch.attempts == 0:  # first send: no more appends; compress once
+                    batch.writer.close(self._codec, self._compression_level)
+                if self._txn is not None:
+                    self._txn.assign_sequence(batch)
+                size += batch.writer.size
+                batches.append(batch)
+            if batches:
+                drained[node] = batches
+        return drained
+
+    def reenqueue(self, batch: ProducerBatch, retry_at: float) -> None:
+        """Put a failed batch back for a retry, before younger batches, in sequence order."""
+        batch.attempts += 1
+        batch.retry_at = retry_at
+        queue = self._batches.setdefault((batch.topic, batch.partition), deque())
+        if batch.base_sequence < 0:
+            queue.appendleft(batch)
+            return
+        # Idempotent: batches with sequence numbers go out in sequence order (the Java
+        # client's insertInSequenceOrder), ahead of those not yet numbered.
+        index = 0
+        for index, queued in enumerate(queue):  # noqa: B007
+            if queued.base_sequence < 0 or queued.base_sequence > batch.base_sequence:
+                break
+        else:
+            index = len(queue)
+        queue.insert(index, batch)
+
+    def expire(self, now: float) -> list[ProducerBatch]:
+        """Remove and return queued batches whose delivery_timeout_ms has passed."""
+        expired: list[ProducerBatch] = []
+        for queue in self._batches.values():
+            while queue and queue[0].deadline <= now:
+                expired.append(queue.popleft())
+        return expired
+
+    def next_expiry(self) -> float:
+        return min((q[0].deadline for q in self._batches.values() if q), default=float("inf"))
+
+    def finish(self, batch: ProducerBatch) -> None:
+        """A batch has its final outcome: return its memory."""
+        if batch in self.incomplete:
+            self.incomplete.discard(batch)
+            self._pool.release(batch.reserved)
+
+    def fail_all(self, exc: BaseException) -> None:
+        """Fail every queued batch (the producer is closing without flushing, or broken)."""
+        for queue in self._batches.values():
+            while queue:
+                batch = queue.popleft()
+                batch.fail(exc)
+                self.finish(batch)
+
+    def has_queued(self) -> bool:
+        return any(self._batches.values())
+
+
+def delivery_timeout_error(batch: ProducerBatch, timeout_ms: int, cause: str) -> DeliveryTimeoutError:
+    return DeliveryTimeoutError(
+        f"{batch.record_count} record(s) for {batch.topic}-{batch.partition} not acknowledged "
+        f"within delivery_timeout_ms={timeout_ms} ({cause})")

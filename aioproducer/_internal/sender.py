@@ -1,0 +1,290 @@
+"""The Sender: one task that moves batches from the accumulator to the brokers.
+
+Each round, as in the Java client's `Sender.runOnce`: refresh metadata if due, ask the
+accumulator which brokers have sendable batches, make sure their connections are up and have
+room in flight, drain one request's worth per broker, expire what waited too long, and write
+one ProduceRequest per broker. It never waits for a response: the response's callback
+completes the batches (or re-queues them with backoff, or fails them) and wakes the task.
+Between rounds it sleeps until the earliest deadline (linger, retry backoff, delivery
+timeout, reconnect, metadata age) or until something wakes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from typing import TYPE_CHECKING, Any
+
+from ..errors import (
+    DuplicateSequenceNumberError,
+    KafkaConnectionError,
+    KafkaError,
+    OutOfOrderSequenceNumberError,
+    UnknownProducerIdError,
+    error_for_code,
+)
+from ..protocol.messages import ApiKey
+from .accumulator import RecordAccumulator, delivery_timeout_error
+from .batch import ProducerBatch
+
+if TYPE_CHECKING:
+    from ..client.cluster import Cluster
+    from ..client.connection import BrokerConnection
+    from ..config import ProducerConfig
+    from .transactions import TransactionManager
+
+log = logging.getLogger(__name__)
+
+# Error codes after which the partition's leader should be looked up again.
+_STALE_METADATA = frozenset({
+    3,   # UNKNOWN_TOPIC_OR_PARTITION
+    5,   # LEADER_NOT_AVAILABLE
+    6,   # NOT_LEADER_OR_FOLLOWER
+    56,  # KAFKA_STORAGE_ERROR
+    74,  # FENCED_LEADER_EPOCH
+    75,  # UNKNOWN_LEADER_EPOCH
+})
+
+
+class Sender:
+    """Runs `run()` as one task per producer; `wake()` makes it look again at once."""
+
+    def __init__(self, config: ProducerConfig, cluster: Cluster,
+                 accumulator: RecordAccumulator, txn: TransactionManager | None) -> None:
+        self._config = config
+        self._cluster = cluster
+        self._accumulator = accumulator
+        self._txn = txn
+        self._loop = asyncio.get_running_loop()
+        self._wakeup: asyncio.Future[None] | None = None
+        self._in_flight: dict[ProducerBatch, None] = {}  # ordered set of batches on the wire
+        self._acks = config.acks
+        self._retry_backoff = config.retry_backoff_ms / 1000
+        self._retry_backoff_max = config.retry_backoff_max_ms / 1000
+        self.running = True
+
+    def wake(self) -> None:
+        wakeup = self._wakeup
+        if wakeup is not None and not wakeup.done():
+            wakeup.set_result(None)
+
+    async def run(self) -> None:
+        """Rounds until told to stop and nothing is left (the producer closes it)."""
+        while self.running or self._accumulator.incomplete:
+            delay = self._run_once(self._loop.time())
+            await self._sleep(delay)
+
+    async def _sleep(self, delay: float) -> None:
+        if delay <= 0:
+            await asyncio.sleep(0)
+            return
+        self._wakeup = wakeup = self._loop.create_future()
+        timer = self._loop.call_later(delay, _set_done, wakeup) if delay != float("inf") else None
+        try:
+            await wakeup
+        finally:
+            self._wakeup = None
+            if timer is not None:
+                timer.cancel()
+
+    def _run_once(self, now: float) -> float:
+        """One round; returns how long to sleep before the next (unless woken sooner)."""
+        cluster, accumulator = self._cluster, self._accumulator
+        next_wake = cluster.maybe_refresh(now)
+        txn = self._txn
+        if txn is not None:
+            if txn.is_transactional:
+                txn.maybe_add_partitions()
+            elif not txn.has_producer_id:
+                task = txn.ensure_producer_id()
+                if task is not None and not task.done():
+                    task.add_done_callback(self._producer_id_done)
+
+        ready, next_check, unknown_leader = accumulator.ready(cluster, now)
+        next_wake = min(next_wake, next_check)
+        if unknown_leader:
+            cluster.request_update()
+            next_wake = min(next_wake, cluster.maybe_refresh(now))
+
+        sendable: dict[int, BrokerConnection] = {}
+        for node in ready:
+            conn = cluster.ready_connection(node)
+            if conn is None:
+                backoff = cluster.backoff_remaining(node)
+                if backoff:
+                    next_wake = min(next_wake, backoff)
+            elif conn.in_flight_produce < self._config.max_in_flight_requests_per_connection:
+                sendable[node] = conn
+        if sendable:
+            drained = accumulator.drain(cluster, sendable, self._config.max_request_size, now)
+            for node, batches in drained.items():
+                self._send_produce(sendable[node], batches)
+
+        self._expire(now)
+        next_wake = min(next_wake, accumulator.next_expiry() - now, self._next_in_flight_expiry() - now)
+        return max(next_wake, 0.0)
+
+    def _producer_id_done(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            exc = task.exception()
+            log.error("cannot obtain a producer id: %s", exc)
+            self._accumulator.fail_all(exc)  # type: ignore[arg-type]
+        self.wake()
+
+    # -- produce requests ------------------------------------------------------------------
+
+    def _send_produce(self, conn: BrokerConnection, batches: list[ProducerBatch]) -> None:
+        txn = self._txn
+        topic_data: dict[str, list[dict[str, Any]]] = {}
+        for batch in batches:
+            if txn is not None:
+                records = batch.writer.encode(producer_id=batch.producer_id,
+                                              producer_epoch=batch.producer_epoch,
+                                              base_sequence=batch.base_sequence,
+                                              transactional=txn.is_transactional)
+                txn.sent(batch)
+            else:
+                records = batch.writer.encode()
+            topic_data.setdefault(batch.topic, []).append(
+                {"index": batch.partition, "records": records})
+            self._in_flight[batch] = None
+        body = {
+            "transactional_id": txn.transactional_id if txn is not None else None,
+            "acks": self._acks,
+            "timeout_ms": self._config.request_timeout_ms,
+            "topic_data": [{"name": t, "partition_data": p} for t, p in topic_data.items()],
+        }
+        expect_response = self._acks != 0
+        try:
+            future = conn.send(ApiKey.PRODUCE, body, expect_response=expect_response)
+        except KafkaError as exc:  # the connection closed between ready() and now
+            self._on_request_failed(batches, exc)
+            return
+        if expect_response:
+            future.add_done_callback(lambda f: self._on_produce_response(conn, batches, f))
+        else:
+            for batch in batches:
+                self._complete(batch, -1, -1)
+
+    def _on_produce_response(self, conn: BrokerConnection, batches: list[ProducerBatch],
+                             future: asyncio.Future) -> None:
+        exc = future.exception()
+        if exc is not None:
+            self._cluster.request_update()
+            self._on_request_failed(batches, exc)
+        else:
+            results = {}
+            for topic in future.result()["responses"]:
+                for p in topic["partition_responses"]:
+                    results[(topic["name"], p["index"])] = p
+            for batch in batches:
+                p = results.get((batch.topic, batch.partition))
+                if p is None:
+                    self._retry_or_fail(batch, KafkaConnectionError(
+                        f"{conn.address} left {batch.topic}-{batch.partition} out of its "
+                        "produce response"))
+                elif p["error_code"] == 0:
+                    self._complete(batch, p["base_offset"], p["log_append_time_ms"])
+                else:
+                    self._on_partition_error(batch, p)
+        self.wake()
+
+    def _on_partition_error(self, batch: ProducerBatch, p: dict[str, Any]) -> None:
+        where = f"producing to {batch.topic}-{batch.partition}"
+        if p.get("error_message"):
+            where += f": {p['error_message']}"
+        exc = error_for_code(p["error_code"], where)
+        if p["error_code"] in _STALE_METADATA:
+            self._cluster.request_update()
+        txn = self._txn
+        if txn is not None:
+            if isinstance(exc, DuplicateSequenceNumberError):
+                # The broker already has this batch (an earlier attempt was written); Apache
+                # Kafka answers with its original offset, some brokers with -1.
+                self._complete(batch, p["base_offset"], p["log_append_time_ms"])
+                return
+            if isinstance(exc, (OutOfOrderSequenceNumberError, UnknownProducerIdError)):
+                if not txn.is_next_in_line(batch) or batch.producer_id != txn.producer_id:
+                    # An older batch of this partition failed or is being retried: this one
+                    # was refused only because of the gap. Retry it in order.
+                    self._retry(batch)
+                    return
+                txn.sequence_state_lost(exc)
+                if txn.is_transactional:
+                    self._fail(batch, exc)  # the transaction must abort
+                else:
+                    self._retry(batch)  # numbered afresh under a new producer id
+                return
+        self._retry_or_fail(batch, exc)
+
+    def _on_request_failed(self, batches: list[ProducerBatch], exc: BaseException) -> None:
+        for batch in batches:
+            self._retry_or_fail(batch, exc)
+
+    def _retry_or_fail(self, batch: ProducerBatch, exc: BaseException) -> None:
+        retriable = isinstance(exc, KafkaError) and exc.retriable
+        if retriable and batch.attempts < self._config.retries:
+            self._retry(batch)
+        else:
+            self._fail(batch, exc)
+
+    def _retry(self, batch: ProducerBatch) -> None:
+        self._in_flight.pop(batch, None)
+        if self._txn is not None:
+            self._txn.resolved(batch)
+            self._txn.renumber_on_reset(batch)
+        if batch.done:
+            return  # expired while in flight; its outcome was already reported
+        now = self._loop.time()
+        if now >= batch.deadline:
+            self._fail(batch, delivery_timeout_error(
+                batch, self._config.delivery_timeout_ms, "still failing when retries ran out of time"))
+            return
+        backoff = min(self._retry_backoff * 2 ** batch.attempts, self._retry_backoff_max)
+        self._accumulator.reenqueue(batch, now + backoff * random.uniform(0.8, 1.2))
+
+    def _complete(self, batch: ProducerBatch, base_offset: int, log_append_time: int) -> None:
+        self._in_flight.pop(batch, None)
+        if self._txn is not None:
+            self._txn.resolved(batch)
+        batch.complete(base_offset, log_append_time)
+        self._accumulator.finish(batch)
+
+    def _fail(self, batch: ProducerBatch, exc: BaseException) -> None:
+        self._in_flight.pop(batch, None)
+        if self._txn is not None:
+            self._txn.resolved(batch)
+            self._txn.batch_failed(exc)
+        batch.fail(exc)
+        self._accumulator.finish(batch)
+
+    # -- expiry ----------------------------------------------------------------------------
+
+    def _expire(self, now: float) -> None:
+        timeout_ms = self._config.delivery_timeout_ms
+        for batch in self._accumulator.expire(now):
+            self._fail(batch, delivery_timeout_error(batch, timeout_ms, "waited in the buffer"))
+        if self._next_in_flight_expiry() <= now:
+            for batch in [b for b in self._in_flight if b.deadline <= now]:
+                # Its request is still out; whatever the broker answers later is ignored. With
+                # idempotence the partition's sequence state is now unknown: start afresh.
+                exc = delivery_timeout_error(batch, timeout_ms, "no response in time")
+                self._in_flight.pop(batch)
+                batch.fail(exc)
+                self._accumulator.finish(batch)
+                if self._txn is not None and batch.producer_id == self._txn.producer_id:
+                    self._txn.sequence_state_lost(exc)
+
+    def _next_in_flight_expiry(self) -> float:
+        return min((b.deadline for b in self._in_flight), default=float("inf"))
+
+    def fail_in_flight(self, exc: BaseException) -> None:
+        """Closing without waiting: fail what is on the wire (its outcome stays unknown)."""
+        for batch in list(self._in_flight):
+            self._fail(batch, exc)
+
+
+def _set_done(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)

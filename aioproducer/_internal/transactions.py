@@ -1,0 +1,485 @@
+"""Producer id, epoch and sequence numbers (idempotence), and the transaction state machine.
+
+Idempotence: the broker keeps, per producer id and partition, the sequence numbers of the
+last batches it wrote, so a retried batch it already has is answered DUPLICATE_SEQUENCE_NUMBER
+instead of being written twice, and a gap is answered OUT_OF_ORDER_SEQUENCE_NUMBER. The client
+numbers each batch when it is first drained, keeps up to `max_in_flight_requests_per_connection`
+of them in flight, sends a retried batch only when nothing older of its partition is in
+flight, and re-queues retries in sequence order. When the sequence state is lost (an unknown
+producer id, a real gap, a batch whose fate is unknown after delivery_timeout_ms) an idempotent
+producer takes a new producer id and numbers its batches afresh, as the Java client does with
+brokers that cannot bump an epoch.
+
+Transactions (KIP-98): the transaction coordinator, found with FindCoordinator, hands out the
+producer id and epoch for a `transactional_id` (fencing older producers with the same id),
+learns each partition before its first batch (AddPartitionsToTxn) and each consumer group whose
+offsets join the transaction (AddOffsetsToTxn, then TxnOffsetCommit to the group coordinator),
+and writes the COMMIT or ABORT markers on EndTxn. Every request here is an awaitable handler on
+the same per-broker connections the produce requests use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+from ..client.cluster import Broker
+from ..errors import (
+    KafkaError,
+    ProducerFencedError,
+    TransactionStateError,
+    error_for_code,
+)
+from ..protocol.messages import ApiKey
+from .batch import ProducerBatch
+
+if TYPE_CHECKING:
+    from ..client.cluster import Cluster
+    from ..client.connection import BrokerConnection
+    from ..config import ProducerConfig
+
+log = logging.getLogger(__name__)
+
+_SEQUENCE_WRAP = 1 << 31
+TopicPartition = tuple[str, int]
+
+# Error codes of coordinator requests (Apache Kafka's Errors.java).
+_COORDINATOR_LOAD_IN_PROGRESS = 14
+_COORDINATOR_NOT_AVAILABLE = 15
+_NOT_COORDINATOR = 16
+_CONCURRENT_TRANSACTIONS = 51
+_FENCED = frozenset({47, 90})  # INVALID_PRODUCER_EPOCH, PRODUCER_FENCED
+_RETRY_SAME_COORDINATOR = frozenset({_COORDINATOR_LOAD_IN_PROGRESS, _CONCURRENT_TRANSACTIONS})
+_FIND_COORDINATOR_AGAIN = frozenset({_COORDINATOR_NOT_AVAILABLE, _NOT_COORDINATOR})
+_GROUP, _TRANSACTION = 0, 1  # FindCoordinator key types
+
+
+class TxnState(enum.Enum):
+    UNINITIALIZED = "uninitialized"
+    INITIALIZING = "initializing"
+    READY = "ready"
+    IN_TRANSACTION = "in transaction"
+    COMMITTING = "committing"
+    ABORTING = "aborting"
+    ABORTABLE_ERROR = "abortable error"
+    FATAL_ERROR = "fatal error"
+
+
+_ALLOWED = {
+    TxnState.UNINITIALIZED: {TxnState.INITIALIZING},
+    TxnState.INITIALIZING: {TxnState.READY},
+    TxnState.READY: {TxnState.IN_TRANSACTION, TxnState.INITIALIZING},
+    TxnState.IN_TRANSACTION: {TxnState.COMMITTING, TxnState.ABORTING, TxnState.ABORTABLE_ERROR},
+    TxnState.COMMITTING: {TxnState.READY, TxnState.ABORTABLE_ERROR},
+    TxnState.ABORTING: {TxnState.READY, TxnState.INITIALIZING},
+    TxnState.ABORTABLE_ERROR: {TxnState.ABORTING, TxnState.ABORTABLE_ERROR},
+    TxnState.FATAL_ERROR: set(),
+}
+
+
+class TransactionManager:
+    """Producer id/epoch, sequence numbers, and (with a transactional id) the transaction."""
+
+    def __init__(self, config: ProducerConfig, cluster: Cluster) -> None:
+        self._config = config
+        self._cluster = cluster
+        self.transactional_id: str | None = config.transactional_id
+        self.producer_id = -1
+        self.producer_epoch = -1
+        self._next_sequence: dict[TopicPartition, int] = {}
+        self._in_flight: dict[TopicPartition, list[ProducerBatch]] = {}
+        self._init_task: asyncio.Task[None] | None = None
+        # Transactions only:
+        self.state = TxnState.UNINITIALIZED
+        self.error: KafkaError | None = None  # why we are in ABORTABLE_ERROR or FATAL_ERROR
+        self._partitions: set[TopicPartition] = set()  # added to the current transaction
+        self._pending: set[TopicPartition] = set()  # to add before their batches may go
+        self._add_task: asyncio.Task[None] | None = None
+        self._coordinators: dict[tuple[int, str], int] = {}
+        self._needs_epoch_bump = False
+        self._offsets_added = False
+        self.on_change: Callable[[], None] = lambda: None  # wakes the sender
+
+    @property
+    def has_producer_id(self) -> bool:
+        return self.producer_id >= 0
+
+    @property
+    def is_transactional(self) -> bool:
+        return self.transactional_id is not None
+
+    # -- idempotent producer id ------------------------------------------------------------
+
+    def ensure_producer_id(self) -> asyncio.Task[None] | None:
+        """Idempotent producers: start fetching a producer id unless there is one (or a
+        fetch is running). Transactional producers get theirs from init_transactions()."""
+        if self.has_producer_id or self.is_transactional:
+            return None
+        if self._init_task is None or self._init_task.done():
+            self._init_task = asyncio.get_running_loop().create_task(self._init_idempotent())
+        return self._init_task
+
+    async def _init_idempotent(self) -> None:
+        config = self._config
+        delay = config.retry_backoff_ms / 1000
+        while True:
+            try:
+                conn = await self._cluster.any_connection()
+                response = await conn.request(ApiKey.INIT_PRODUCER_ID, {
+                    "transactional_id": None,
+                    "transaction_timeout_ms": config.transaction_timeout_ms,
+                    "producer_id": -1,
+                    "producer_epoch": -1,
+                })
+                if response["error_code"]:
+                    raise error_for_code(response["error_code"], "InitProducerId")
+            except KafkaError as exc:
+                if not exc.retriable:
+                    raise
+                log.info("InitProducerId failed (%s); retrying in %.2f s", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, config.retry_backoff_max_ms / 1000)
+                continue
+            self._set_producer_id(response)
+            return
+
+    def _set_producer_id(self, response: Mapping[str, Any]) -> None:
+        self.producer_id = response["producer_id"]
+        self.producer_epoch = response["producer_epoch"]
+        self._next_sequence.clear()
+        log.debug("producer id %d epoch %d", self.producer_id, self.producer_epoch)
+        self.on_change()
+
+    def sequence_state_lost(self, exc: KafkaError) -> None:
+        """The broker no longer agrees with our sequence numbers for this producer id."""
+        if self.is_transactional:
+            # Only the transaction's abort can resynchronise (with a new epoch).
+            self._needs_epoch_bump = True
+            self.abortable(exc)
+            return
+        log.warning("resetting producer id %d: %s", self.producer_id, exc)
+        self.producer_id = -1
+        self.producer_epoch = -1
+        self._next_sequence.clear()
+
+    # -- sequencing ------------------------------------------------------------------------
+
+    def may_send(self, batch: ProducerBatch) -> bool:
+        """Whether the sender may put `batch` on the wire now without breaking order."""
+        if not self.has_producer_id:
+            return False
+        tp = (batch.topic, batch.partition)
+        if self.is_transactional and tp not in self._partitions:
+            return False  # AddPartitionsToTxn first
+        in_flight = self._in_flight.get(tp)
+        if not in_flight:
+            return True
+        if batch.attempts > 0 or in_flight[0].producer_id != self.producer_id:
+            # A retry goes only when nothing older is in flight; after a producer id reset,
+            # nothing goes until the old id's batches are resolved.
+            return False
+        return len(in_flight) < self._config.max_in_flight_requests_per_connection
+
+    def assign_sequence(self, batch: ProducerBatch) -> None:
+        """Number a batch under the current producer id (first send, or after a reset)."""
+        if batch.producer_id == self.producer_id and batch.base_sequence >= 0:
+            return
+        tp = (batch.topic, batch.partition)
+        sequence = self._next_sequence.get(tp, 0)
+        batch.producer_id = self.producer_id
+        batch.producer_epoch = self.producer_epoch
+        batch.base_sequence = sequence
+        self._next_sequence[tp] = (sequence + batch.record_count) % _SEQUENCE_WRAP
+
+    def sent(self, batch: ProducerBatch) -> None:
+        in_flight = self._in_flight.setdefault((batch.topic, batch.partition), [])
+        in_flight.append(batch)
+        in_flight.sort(key=_sequence_order)
+
+    def resolved(self, batch: ProducerBatch) -> None:
+        """The batch's request came back (any outcome): it is no longer in flight."""
+        in_flight = self._in_flight.get((batch.topic, batch.partition))
+        if in_flight and batch in in_flight:
+            in_flight.remove(batch)
+
+    def is_next_in_line(self, batch: ProducerBatch) -> bool:
+        """Whether no older batch of its partition is still unresolved (in flight)."""
+        in_flight = self._in_flight.get((batch.topic, batch.partition))
+        return not in_flight or in_flight[0] is batch
+
+    def renumber_on_reset(self, batch: ProducerBatch) -> None:
+        """A batch from before a producer id reset is numbered again when next drained."""
+        if batch.producer_id != self.producer_id:
+            batch.base_sequence = -1
+
+    # -- transaction state -----------------------------------------------------------------
+
+    def _transition(self, target: TxnState) -> None:
+        if target is not TxnState.FATAL_ERROR and target not in _ALLOWED[self.state]:
+            raise TransactionStateError(
+                f"cannot go from {self.state.value!r} to {target.value!r}"
+                + (f" (after {self.error!r})" if self.error else ""))
+        self.state = target
+
+    def check_can_send(self) -> None:
+        """Raise unless records may be sent now (inside a transaction, when transactional)."""
+        if self.state is TxnState.IN_TRANSACTION:
+            return
+        if self.state is TxnState.FATAL_ERROR:
+            raise self._fatal_error()
+        if self.state is TxnState.ABORTABLE_ERROR:
+            raise TransactionStateError(
+                f"the transaction failed ({self.error!r}): call abort_transaction(), "
+                "then start a new one") from self.error
+        raise TransactionStateError(
+            f"a transactional producer sends only inside a transaction (state: "
+            f"{self.state.value}): call begin_transaction() or use `async with "
+            "producer.transaction()`")
+
+    def _fatal_error(self) -> KafkaError:
+        if isinstance(self.error, ProducerFencedError):
+            return self.error
+        return TransactionStateError(
+            f"the producer hit a fatal error and cannot continue: {self.error!r}; close it")
+
+    def fatal(self, exc: KafkaError) -> None:
+        self.error = exc
+        self.state = TxnState.FATAL_ERROR
+        self.on_change()
+
+    def abortable(self, exc: KafkaError) -> None:
+        """A batch of the transaction failed: the transaction can only be aborted now."""
+        if self.state in (TxnState.IN_TRANSACTION, TxnState.COMMITTING):
+            self.error = exc
+            self.state = TxnState.ABORTABLE_ERROR
+
+    def batch_failed(self, exc: BaseException) -> None:
+        if not self.is_transactional:
+            return
+        if isinstance(exc, ProducerFencedError):
+            self.fatal(exc)
+        elif isinstance(exc, KafkaError):
+            self.abortable(exc)
+
+    async def init_transactions(self) -> None:
+        """Get the producer id and epoch for our transactional id (fencing older producers)."""
+        self._transition(TxnState.INITIALIZING)
+        try:
+            response = await self._coordinator_request(
+                _TRANSACTION, ApiKey.INIT_PRODUCER_ID, lambda: {
+                    "transactional_id": self.transactional_id,
+                    "transaction_timeout_ms": self._config.transaction_timeout_ms,
+                    "producer_id": -1,
+                    "producer_epoch": -1,
+                }, "InitProducerId")
+        except KafkaError as exc:
+            self.fatal(exc)
+            raise
+        self._set_producer_id(response)
+        self._needs_epoch_bump = False
+        self._transition(TxnState.READY)
+
+    def begin(self) -> None:
+        if self.state is TxnState.FATAL_ERROR:
+            raise self._fatal_error()
+        if self.state is TxnState.UNINITIALIZED:
+            raise TransactionStateError("call init_transactions() (or start()) first")
+        self._transition(TxnState.IN_TRANSACTION)
+
+    def add_partition(self, topic: str, partition: int) -> None:
+        """A batch for this partition exists: the coordinator must know it before it is sent."""
+        tp = (topic, partition)
+        if tp not in self._partitions:
+            self._pending.add(tp)
+
+    def maybe_add_partitions(self) -> None:
+        """Start an AddPartitionsToTxn for partitions not yet in the transaction (the sender
+        calls this each round; batches of those partitions wait in `may_send`)."""
+        if not self._pending or (self._add_task is not None and not self._add_task.done()):
+            return
+        if self.state not in (TxnState.IN_TRANSACTION, TxnState.COMMITTING):
+            return
+        self._add_task = asyncio.get_running_loop().create_task(self._add_partitions())
+
+    async def _add_partitions(self) -> None:
+        adding = sorted(self._pending)
+        topics: dict[str, list[int]] = {}
+        for topic, partition in adding:
+            topics.setdefault(topic, []).append(partition)
+
+        def body() -> dict[str, Any]:
+            return {
+                "v3_and_below_transactional_id": self.transactional_id,
+                "v3_and_below_producer_id": self.producer_id,
+                "v3_and_below_producer_epoch": self.producer_epoch,
+                "v3_and_below_topics": [{"name": t, "partitions": ps} for t, ps in topics.items()],
+            }
+
+        def first_error(response: Mapping[str, Any]) -> int:
+            for topic in response["results_by_topic_v3_and_below"]:
+                for p in topic["results_by_partition"]:
+                    if p["partition_error_code"]:
+                        return p["partition_error_code"]
+            return 0
+
+        try:
+            await self._coordinator_request(_TRANSACTION, ApiKey.ADD_PARTITIONS_TO_TXN, body,
+                                            "AddPartitionsToTxn", first_error)
+        except KafkaError as exc:
+            if isinstance(exc, ProducerFencedError):
+                self.fatal(exc)
+            else:
+                self.abortable(exc)
+            self.on_change()
+            return
+        self._partitions.update(adding)
+        self._pending.difference_update(adding)
+        self.on_change()
+
+    def start_commit_or_abort(self, commit: bool) -> None:
+        if self.state is TxnState.FATAL_ERROR:
+            raise self._fatal_error()
+        if commit and self.state is TxnState.ABORTABLE_ERROR:
+            raise TransactionStateError(
+                f"cannot commit: the transaction failed ({self.error!r}); abort it") from self.error
+        self._transition(TxnState.COMMITTING if commit else TxnState.ABORTING)
+
+    async def end_transaction(self, commit: bool) -> None:
+        """EndTxn, once every batch of the transaction has its outcome."""
+        if self._add_task is not None and not self._add_task.done():
+            await asyncio.shield(self._add_task)
+        if self.state is TxnState.ABORTABLE_ERROR and commit:
+            raise TransactionStateError(
+                f"cannot commit: the transaction failed ({self.error!r}); abort it") from self.error
+        if self._partitions or self._offsets_added:
+            try:
+                await self._coordinator_request(
+                    _TRANSACTION, ApiKey.END_TXN, lambda: {
+                        "transactional_id": self.transactional_id,
+                        "producer_id": self.producer_id,
+                        "producer_epoch": self.producer_epoch,
+                        "committed": commit,
+                    }, "EndTxn")
+            except KafkaError as exc:
+                if isinstance(exc, ProducerFencedError) or not commit:
+                    self.fatal(exc)
+                else:
+                    self.abortable(exc)
+                raise
+        self._partitions.clear()
+        self._pending.clear()
+        self._offsets_added = False
+        self.error = None
+        self._transition(TxnState.READY)
+        if self._needs_epoch_bump:
+            # The aborted transaction left our sequence numbers out of step with the broker:
+            # a new epoch starts them afresh.
+            await self.init_transactions()
+
+    async def send_offsets(self, offsets: Mapping[TopicPartition, int],
+                           group_id: str, generation_id: int = -1, member_id: str = "",
+                           group_instance_id: str | None = None) -> None:
+        """Make a consumer group's offsets part of the transaction (consume-transform-produce)."""
+        if self.state is not TxnState.IN_TRANSACTION:
+            self.check_can_send()
+        await self._coordinator_request(
+            _TRANSACTION, ApiKey.ADD_OFFSETS_TO_TXN, lambda: {
+                "transactional_id": self.transactional_id,
+                "producer_id": self.producer_id,
+                "producer_epoch": self.producer_epoch,
+                "group_id": group_id,
+            }, "AddOffsetsToTxn")
+        self._offsets_added = True
+        topics: dict[str, list[dict[str, Any]]] = {}
+        for (topic, partition), offset in sorted(offsets.items()):
+            topics.setdefault(topic, []).append({
+                "partition_index": partition, "committed_offset": offset,
+                "committed_leader_epoch": -1, "committed_metadata": None})
+
+        def first_error(response: Mapping[str, Any]) -> int:
+            for topic in response["topics"]:
+                for p in topic["partitions"]:
+                    if p["error_code"]:
+                        return p["error_code"]
+            return 0
+
+        await self._coordinator_request(
+            _GROUP, ApiKey.TXN_OFFSET_COMMIT, lambda: {
+                "transactional_id": self.transactional_id,
+                "group_id": group_id,
+                "producer_id": self.producer_id,
+                "producer_epoch": self.producer_epoch,
+                "generation_id": generation_id,
+                "member_id": member_id,
+                "group_instance_id": group_instance_id,
+                "topics": [{"name": t, "partitions": ps} for t, ps in topics.items()],
+            }, "TxnOffsetCommit", first_error, key=group_id)
+
+    # -- coordinator requests --------------------------------------------------------------
+
+    async def _coordinator_request(
+        self, key_type: int, api_key: ApiKey, body: Callable[[], Mapping[str, Any]], what: str,
+        error_of: Callable[[Mapping[str, Any]], int] = lambda r: r["error_code"],
+        key: str | None = None,
+    ) -> dict[str, Any]:
+        """Send to the coordinator of `key` (the transactional id by default), retrying
+        while the coordinator moves, loads or is busy, within max_block_ms."""
+        key = key if key is not None else self.transactional_id
+        assert key is not None
+        config = self._config
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + config.max_block_ms / 1000
+        delay = config.retry_backoff_ms / 1000
+        while True:
+            code = 0
+            exc: KafkaError | None = None
+            try:
+                conn = await self._coordinator(key_type, key)
+                response = await conn.request(api_key, body())
+                code = error_of(response)
+            except KafkaError as error:
+                if not error.retriable:
+                    raise
+                exc = error
+                self._coordinators.pop((key_type, key), None)
+            if exc is None:
+                if code == 0:
+                    return response
+                exc = error_for_code(code, f"{what} for {key!r}")
+                if code in _FENCED:
+                    raise ProducerFencedError(
+                        f"{what}: another producer with transactional_id {key!r} has started "
+                        "(this one is fenced off and must be closed)")
+                if code in _FIND_COORDINATOR_AGAIN:
+                    self._coordinators.pop((key_type, key), None)
+                elif code not in _RETRY_SAME_COORDINATOR and not exc.retriable:
+                    raise exc
+            if loop.time() + delay > deadline:
+                raise exc
+            log.debug("%s: %s; retrying in %.2f s", what, exc, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, config.retry_backoff_max_ms / 1000)
+
+    async def _coordinator(self, key_type: int, key: str) -> BrokerConnection:
+        node_id = self._coordinators.get((key_type, key))
+        if node_id is not None:
+            return await self._cluster.connection(node_id)
+        conn = await self._cluster.any_connection()
+        version = conn.version_for(ApiKey.FIND_COORDINATOR)
+        if version >= 4:
+            response = await conn.request(ApiKey.FIND_COORDINATOR,
+                                          {"key_type": key_type, "coordinator_keys": [key]})
+            found = response["coordinators"][0]
+        else:
+            found = await conn.request(ApiKey.FIND_COORDINATOR, {"key": key, "key_type": key_type})
+        if found["error_code"]:
+            raise error_for_code(found["error_code"], f"FindCoordinator for {key!r}")
+        broker = Broker(found["node_id"], found["host"], found["port"])
+        self._coordinators[(key_type, key)] = broker.node_id
+        return await self._cluster.connection(broker.node_id, broker)
+
+
+def _sequence_order(batch: ProducerBatch) -> tuple[int, int]:
+    return (batch.producer_id, batch.base_sequence)

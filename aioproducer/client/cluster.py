@@ -1,0 +1,297 @@
+"""What the producer knows of the cluster: brokers, partition leaders, and a connection each.
+
+Metadata is fetched for the topics the producer has used, refreshed when an error says it is
+stale (unknown topic, no leader, not leader) and when older than `metadata_max_age_ms`.
+Concurrent refresh requests share one in-flight fetch. Connections are opened on demand, at
+most one per broker, with exponential backoff after failures; the sender asks without
+waiting (`ready_connection`) and is woken when a connection comes up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from dataclasses import dataclass
+from typing import Callable
+
+from ..config import ProducerConfig
+from ..errors import (
+    InvalidTopicError,
+    KafkaConnectionError,
+    KafkaError,
+    TopicAuthorizationFailedError,
+    UnknownTopicError,
+    error_for_code,
+)
+from ..protocol.messages import ApiKey
+from .connection import BrokerConnection
+
+log = logging.getLogger(__name__)
+
+_NO_ERROR = 0
+# Errors that make a topic unusable at once, however long we wait.
+_HARD_TOPIC_ERRORS = (InvalidTopicError, TopicAuthorizationFailedError)
+
+
+@dataclass(frozen=True, slots=True)
+class Broker:
+    node_id: int
+    host: str
+    port: int
+
+
+@dataclass(frozen=True, slots=True)
+class TopicInfo:
+    """Leaders of a topic's partitions (-1: none now); `error` set when the topic is unusable."""
+
+    name: str
+    leaders: tuple[int, ...]
+    error: KafkaError | None = None
+
+    @property
+    def partition_count(self) -> int:
+        return len(self.leaders)
+
+
+class _Backoff:
+    __slots__ = ("failures", "not_before")
+
+    def __init__(self) -> None:
+        self.failures = 0
+        self.not_before = 0.0
+
+
+class Cluster:
+    """Metadata and one connection per broker; shared by the producer and its sender."""
+
+    def __init__(self, config: ProducerConfig, on_change: Callable[[], None]) -> None:
+        self._config = config
+        self._on_change = on_change  # wakes the sender: a connection came up or leaders moved
+        self._loop = asyncio.get_running_loop()
+        self.brokers: dict[int, Broker] = {}
+        self.topics: dict[str, TopicInfo] = {}
+        self._wanted: set[str] = set()
+        self._connections: dict[int, BrokerConnection] = {}
+        self._connecting: dict[int, asyncio.Task[BrokerConnection]] = {}
+        self._backoff: dict[int, _Backoff] = {}
+        self._refresh: asyncio.Task[None] | None = None
+        self._updated_at = float("-inf")
+        self._attempted_at = float("-inf")
+        self._stale = True
+        self._closed = False
+        # Bootstrap servers get negative ids, as in the Java client, until metadata names them.
+        self._bootstrap = [Broker(-1 - i, host, port)
+                           for i, (host, port) in enumerate(config.bootstrap_addresses)]
+
+    # -- metadata --------------------------------------------------------------------------
+
+    def leader_for(self, topic: str, partition: int) -> int:
+        info = self.topics.get(topic)
+        if info is None or partition >= len(info.leaders):
+            return -1
+        return info.leaders[partition]
+
+    def request_update(self) -> None:
+        """Mark metadata stale (an error said so); the sender refreshes it soon."""
+        self._stale = True
+
+    def maybe_refresh(self, now: float) -> float:
+        """Start a fetch if metadata is stale or old (not sooner than retry_backoff_ms after
+        the last attempt); return the seconds until the next one is due."""
+        if self._refresh is not None and not self._refresh.done():
+            return float("inf")  # its end wakes the sender
+        if self._stale:
+            due = self._attempted_at + self._config.retry_backoff_ms / 1000
+        else:
+            due = self._updated_at + self._config.metadata_max_age_ms / 1000
+        if now < due:
+            return due - now
+        self.refresh()
+        return float("inf")
+
+    def refresh(self) -> asyncio.Task[None]:
+        """Start a metadata fetch unless one is running; await the task to wait for it."""
+        if self._refresh is None or self._refresh.done():
+            self._attempted_at = self._loop.time()
+            self._refresh = self._loop.create_task(self._fetch_metadata())
+            self._refresh.add_done_callback(self._refresh_done)
+        return self._refresh
+
+    def _refresh_done(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("metadata refresh failed: %s", task.exception())
+        self._on_change()
+
+    async def topic(self, topic: str, timeout: float) -> TopicInfo:
+        """Metadata for `topic`, fetching it (with retries) for at most `timeout` seconds."""
+        info = self.topics.get(topic)
+        if info is not None and info.error is None and info.leaders:
+            return info
+        self._wanted.add(topic)
+        deadline = self._loop.time() + timeout
+        delay = self._config.retry_backoff_ms / 1000
+        last_error: BaseException | None = None
+        while True:
+            try:
+                await asyncio.shield(self.refresh())
+            except KafkaError as exc:
+                last_error = exc
+            info = self.topics.get(topic)
+            if info is not None:
+                if info.error is None and info.leaders:
+                    return info
+                if isinstance(info.error, _HARD_TOPIC_ERRORS):
+                    raise info.error
+                last_error = info.error
+            remaining = deadline - self._loop.time()
+            if remaining <= 0:
+                break
+            await asyncio.sleep(min(delay, remaining))
+            delay = min(delay * 2, self._config.retry_backoff_max_ms / 1000)
+        if isinstance(last_error, KafkaConnectionError):
+            raise KafkaConnectionError(
+                f"could not fetch metadata for topic {topic!r} within max_block_ms="
+                f"{timeout * 1000:.0f}: {last_error}") from last_error
+        raise UnknownTopicError(
+            f"topic {topic!r} is not in the cluster's metadata after max_block_ms="
+            f"{timeout * 1000:.0f}" + (f" ({last_error})" if last_error else "")
+            + ": create it first, or check its name")
+
+    async def _fetch_metadata(self) -> None:
+        conn = await self.any_connection()
+        topics = sorted(self._wanted | self.topics.keys())
+        response = await conn.request(ApiKey.METADATA, {
+            "topics": [{"name": t} for t in topics],
+            "allow_auto_topic_creation": self._config.allow_auto_create_topics,
+        })
+        self.brokers = {b["node_id"]: Broker(b["node_id"], b["host"], b["port"])
+                        for b in response["brokers"]}
+        topics_info: dict[str, TopicInfo] = {}
+        for t in response["topics"]:
+            name = t["name"]
+            if t["error_code"] != _NO_ERROR:
+                topics_info[name] = TopicInfo(name, (), error_for_code(
+                    t["error_code"], f"metadata for topic {name!r}"))
+                continue
+            leaders = [-1] * len(t["partitions"])
+            for p in t["partitions"]:
+                if p["partition_index"] < len(leaders):
+                    leaders[p["partition_index"]] = p["leader_id"]
+            topics_info[name] = TopicInfo(name, tuple(leaders))
+        self.topics = topics_info
+        self._updated_at = self._loop.time()
+        self._stale = False
+        self._adopt_bootstrap_connections()
+
+    def _adopt_bootstrap_connections(self) -> None:
+        """A bootstrap connection to an address metadata names becomes that broker's."""
+        by_address = {(b.host, b.port): b.node_id for b in self.brokers.values()}
+        for node_id, conn in list(self._connections.items()):
+            if node_id < 0:
+                real = by_address.get((conn.host, conn.port))
+                del self._connections[node_id]
+                if real is not None and real not in self._connections:
+                    conn.node_id = real
+                    self._connections[real] = conn
+                elif not conn.closed:
+                    conn.close()
+
+    async def any_connection(self) -> BrokerConnection:
+        """A connection to any broker: an open one if there is one, else the first that answers."""
+        for conn in self._connections.values():
+            if not conn.closed:
+                return conn
+        candidates = list(self.brokers.values()) or list(self._bootstrap)
+        random.shuffle(candidates)
+        errors: list[str] = []
+        for broker in candidates:
+            try:
+                return await self.connection(broker.node_id, broker)
+            except KafkaConnectionError as exc:
+                errors.append(str(exc))
+        if self.brokers:
+            # Every known broker failed: start over from the bootstrap list next time.
+            self.brokers = {}
+        raise KafkaConnectionError("no broker reachable: " + "; ".join(errors))
+
+    # -- connections -----------------------------------------------------------------------
+
+    def ready_connection(self, node_id: int) -> BrokerConnection | None:
+        """The connection to `node_id` if it is up; otherwise start connecting and say None."""
+        conn = self._connections.get(node_id)
+        if conn is not None and not conn.closed:
+            return conn
+        if node_id not in self._connecting and not self._closed:
+            backoff = self._backoff.get(node_id)
+            if backoff is None or backoff.not_before <= self._loop.time():
+                task = self._loop.create_task(self.connection(node_id))
+                task.add_done_callback(_consume_exception)
+        return None
+
+    def backoff_remaining(self, node_id: int) -> float:
+        backoff = self._backoff.get(node_id)
+        return 0.0 if backoff is None else max(0.0, backoff.not_before - self._loop.time())
+
+    async def connection(self, node_id: int, broker: Broker | None = None) -> BrokerConnection:
+        """Connect to `node_id` (once, however many callers ask at the same time)."""
+        conn = self._connections.get(node_id)
+        if conn is not None and not conn.closed:
+            return conn
+        if self._closed:
+            raise KafkaConnectionError("the producer is closed")
+        task = self._connecting.get(node_id)
+        if task is None:
+            target = broker or self.brokers.get(node_id)
+            if target is None:
+                raise KafkaConnectionError(f"broker {node_id} is not in the metadata")
+            task = self._loop.create_task(self._open(target))
+            self._connecting[node_id] = task
+        return await asyncio.shield(task)
+
+    async def _open(self, broker: Broker) -> BrokerConnection:
+        config = self._config
+        try:
+            conn = await BrokerConnection.connect(
+                broker.node_id, broker.host, broker.port, client_id=config.client_id,
+                request_timeout=config.request_timeout_ms / 1000,
+                connect_timeout=config.request_timeout_ms / 1000)
+        except KafkaError:
+            backoff = self._backoff.setdefault(broker.node_id, _Backoff())
+            base = config.reconnect_backoff_ms / 1000 * 2 ** min(backoff.failures, 16)
+            delay = min(base, config.reconnect_backoff_max_ms / 1000)
+            backoff.failures += 1
+            backoff.not_before = self._loop.time() + delay * random.uniform(0.8, 1.2)
+            self._loop.call_later(delay, self._on_change)
+            raise
+        finally:
+            self._connecting.pop(broker.node_id, None)
+        if self._closed:
+            conn.close()
+            raise KafkaConnectionError("the producer is closed")
+        self._backoff.pop(broker.node_id, None)
+        conn.on_close = self._connection_closed
+        self._connections[broker.node_id] = conn
+        self._on_change()
+        return conn
+
+    def _connection_closed(self, conn: BrokerConnection, exc: KafkaError) -> None:
+        if self._connections.get(conn.node_id) is conn:
+            del self._connections[conn.node_id]
+        if not self._closed:
+            log.info("%r closed: %s", conn, exc)
+            self._stale = True  # leaders may have moved
+            self._on_change()
+
+    async def close(self) -> None:
+        self._closed = True
+        for task in list(self._connecting.values()) + ([self._refresh] if self._refresh else []):
+            task.cancel()
+        for conn in list(self._connections.values()):
+            conn.close()
+        self._connections.clear()
+
+
+def _consume_exception(task: asyncio.Task) -> None:
+    if not task.cancelled():
+        task.exception()

@@ -1,0 +1,279 @@
+"""One multiplexed connection per broker.
+
+Requests of every kind share the socket: each gets a correlation id and a future, and the
+response completes it. Kafka answers the requests of one connection in order, so the
+oldest pending request always has the earliest deadline: a single timer per connection
+(armed for the oldest request) enforces `request_timeout_ms` for all of them, and a timeout
+closes the connection, failing everything on it as retriable, as the Java client does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+from typing import Any, Mapping
+
+from ..errors import (
+    CorruptMessageError,
+    KafkaConnectionError,
+    KafkaError,
+    RequestTimeoutError,
+    UnsupportedVersionError,
+    error_for_code,
+)
+from .._version import __version__
+from ..protocol.messages import (
+    CLIENT_VERSIONS,
+    ApiKey,
+    decode_response,
+    encode_request,
+    pick_version,
+    response_correlation_id,
+)
+
+log = logging.getLogger(__name__)
+
+_SIZE = struct.Struct(">i")
+# A response larger than this is not from a Kafka broker (or is corrupt): refuse it rather
+# than buffer it. Produce responses are tiny; metadata for very large clusters stays far below.
+_MAX_RESPONSE_BYTES = 256 * 1024 * 1024
+_UNSUPPORTED_VERSION = 35
+
+
+class _Pending:
+    __slots__ = ("api_key", "version", "future", "deadline")
+
+    def __init__(self, api_key: ApiKey, version: int, future: asyncio.Future, deadline: float):
+        self.api_key = api_key
+        self.version = version
+        self.future = future
+        self.deadline = deadline
+
+
+class BrokerConnection(asyncio.Protocol):
+    """A connected, version-negotiated link to one broker. Create with `connect()`."""
+
+    def __init__(self, node_id: int, host: str, port: int, client_id: str,
+                 request_timeout: float) -> None:
+        self.node_id = node_id
+        self.host = host
+        self.port = port
+        self.client_id = client_id
+        self.request_timeout = request_timeout
+        self.versions: dict[ApiKey, int] = {}
+        self.broker_ranges: dict[int, tuple[int, int]] = {}
+        self.in_flight_produce = 0
+        self._loop = asyncio.get_running_loop()
+        self._transport: asyncio.Transport | None = None
+        self._pending: dict[int, _Pending] = {}
+        self._next_correlation_id = 0
+        self._buffer = bytearray()
+        self._timer: asyncio.TimerHandle | None = None
+        self._closed: asyncio.Future[None] = self._loop.create_future()
+        self._close_exc: KafkaError | None = None
+        self._writable: asyncio.Future[None] | None = None
+        self.on_close: Any = None  # set by the owner: called with (connection, exception)
+
+    def __repr__(self) -> str:
+        return f"<BrokerConnection node={self.node_id} {self.host}:{self.port}>"
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @classmethod
+    async def connect(cls, node_id: int, host: str, port: int, *, client_id: str,
+                      request_timeout: float, connect_timeout: float, ssl: Any = None,
+                      server_hostname: str | None = None) -> "BrokerConnection":
+        """Open the socket and negotiate API versions; raise KafkaConnectionError on failure."""
+        loop = asyncio.get_running_loop()
+        conn = cls(node_id, host, port, client_id, request_timeout)
+        try:
+            await asyncio.wait_for(
+                loop.create_connection(lambda: conn, host, port, ssl=ssl,
+                                       server_hostname=server_hostname if ssl else None),
+                connect_timeout,
+            )
+        except asyncio.TimeoutError:
+            raise KafkaConnectionError(
+                f"connecting to {host}:{port} timed out after {connect_timeout:.1f} s: is the "
+                "broker reachable from here? (check bootstrap_servers and advertised listeners)"
+            ) from None
+        except OSError as exc:
+            raise KafkaConnectionError(
+                f"cannot connect to {host}:{port}: {exc.strerror or exc}. Is a Kafka broker "
+                "running there? (check bootstrap_servers)"
+            ) from exc
+        try:
+            await conn._negotiate_versions()
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    async def _negotiate_versions(self) -> None:
+        body = {"client_software_name": "aioproducer", "client_software_version": __version__}
+        version = CLIENT_VERSIONS[ApiKey.API_VERSIONS][1]
+        response = await self.request(ApiKey.API_VERSIONS, body, version=version)
+        if response["error_code"] == _UNSUPPORTED_VERSION:
+            # The broker answers with its own range in a v0 body; retry at its highest.
+            ranges = {k["api_key"]: (k["min_version"], k["max_version"])
+                      for k in response["api_keys"]}
+            version = pick_version(ApiKey.API_VERSIONS, ranges.get(ApiKey.API_VERSIONS))
+            response = await self.request(ApiKey.API_VERSIONS, body, version=version)
+        if response["error_code"]:
+            raise error_for_code(response["error_code"], f"ApiVersions from {self.address}")
+        self.broker_ranges = {k["api_key"]: (k["min_version"], k["max_version"])
+                              for k in response["api_keys"]}
+
+    def version_for(self, api_key: ApiKey) -> int:
+        """The highest version of `api_key` both sides speak (cached per connection)."""
+        version = self.versions.get(api_key)
+        if version is None:
+            version = pick_version(api_key, self.broker_ranges.get(api_key))
+            self.versions[api_key] = version
+        return version
+
+    # -- sending ---------------------------------------------------------------------------
+
+    def send(self, api_key: ApiKey, body: Mapping[str, Any], *, version: int | None = None,
+             expect_response: bool = True) -> asyncio.Future:
+        """Write a request now; the returned future completes with the decoded response body.
+
+        With `expect_response=False` (acks=0 produce) the future is already done; a response
+        the broker sends anyway is ignored.
+        """
+        if self._close_exc is not None:
+            raise self._close_exc
+        if version is None:
+            version = self.version_for(api_key)
+        correlation_id = self._next_correlation_id
+        self._next_correlation_id = (correlation_id + 1) & 0x7FFFFFFF
+        frame = encode_request(api_key, version, correlation_id, self.client_id, body)
+        future = self._loop.create_future()
+        if expect_response:
+            deadline = self._loop.time() + self.request_timeout
+            self._pending[correlation_id] = _Pending(api_key, version, future, deadline)
+            if api_key == ApiKey.PRODUCE:
+                self.in_flight_produce += 1
+            if self._timer is None:
+                self._timer = self._loop.call_at(deadline, self._check_timeouts)
+        else:
+            future.set_result(None)
+        assert self._transport is not None
+        self._transport.write(frame)
+        return future
+
+    async def request(self, api_key: ApiKey, body: Mapping[str, Any], *,
+                      version: int | None = None) -> dict[str, Any]:
+        """Send and await the response body."""
+        return await self.send(api_key, body, version=version)
+
+    async def wait_writable(self) -> None:
+        """Wait while the socket's write buffer is above its high-water mark."""
+        if self._writable is not None:
+            await asyncio.shield(self._writable)
+
+    @property
+    def closed(self) -> bool:
+        return self._close_exc is not None
+
+    def close(self, exc: KafkaError | None = None) -> None:
+        """Close the socket and fail every pending request with `exc` (retriable by default)."""
+        if self._close_exc is not None:
+            return
+        self._close_exc = exc or KafkaConnectionError(f"connection to {self.address} closed")
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        pending, self._pending = self._pending, {}
+        self.in_flight_produce = 0
+        for entry in pending.values():
+            if not entry.future.done():
+                entry.future.set_exception(self._close_exc)
+        if self._writable is not None and not self._writable.done():
+            self._writable.set_result(None)
+        if self._transport is not None:
+            self._transport.abort()
+        if not self._closed.done():
+            self._closed.set_result(None)
+        if self.on_close is not None:
+            self.on_close(self, self._close_exc)
+
+    async def wait_closed(self) -> None:
+        await self._closed
+
+    # -- asyncio.Protocol ------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        reason = f": {exc}" if exc else ""
+        self.close(KafkaConnectionError(f"connection to {self.address} lost{reason}"))
+
+    def pause_writing(self) -> None:
+        if self._writable is None:
+            self._writable = self._loop.create_future()
+
+    def resume_writing(self) -> None:
+        if self._writable is not None:
+            if not self._writable.done():
+                self._writable.set_result(None)
+            self._writable = None
+
+    def data_received(self, data: bytes) -> None:
+        buffer = self._buffer
+        buffer += data
+        start = 0
+        end = len(buffer)
+        while end - start >= 4:
+            (size,) = _SIZE.unpack_from(buffer, start)
+            if size < 4 or size > _MAX_RESPONSE_BYTES:
+                self.close(CorruptMessageError(
+                    f"{self.address} sent a frame of {size} bytes: it does not speak the Kafka "
+                    "protocol (wrong port? TLS expected?)"))
+                return
+            if end - start - 4 < size:
+                break
+            frame = bytes(buffer[start + 4:start + 4 + size])
+            start += 4 + size
+            self._handle_frame(frame)
+            if self._close_exc is not None:
+                return
+        if start:
+            del buffer[:start]
+
+    def _handle_frame(self, frame: bytes) -> None:
+        correlation_id = response_correlation_id(frame)
+        entry = self._pending.pop(correlation_id, None)
+        if entry is None:
+            # A response to a request we did not wait for (acks=0 produce: some brokers answer
+            # anyway). Anything else unknown would be a broker bug; nothing waits for it.
+            log.debug("%r: ignoring response with correlation id %d", self, correlation_id)
+            return
+        if entry.api_key == ApiKey.PRODUCE:
+            self.in_flight_produce -= 1
+        try:
+            body = decode_response(entry.api_key, entry.version, frame)
+        except (CorruptMessageError, UnsupportedVersionError) as exc:
+            if not entry.future.done():
+                entry.future.set_exception(exc)
+            self.close(exc if isinstance(exc, CorruptMessageError) else None)
+            return
+        if not entry.future.done():
+            entry.future.set_result(body)
+
+    def _check_timeouts(self) -> None:
+        self._timer = None
+        if not self._pending:
+            return
+        oldest = next(iter(self._pending.values()))
+        now = self._loop.time()
+        if oldest.deadline <= now:
+            self.close(RequestTimeoutError(
+                f"{oldest.api_key.name} request to {self.address} got no response within "
+                f"request_timeout_ms={self.request_timeout * 1000:.0f}; connection closed"))
+        else:
+            self._timer = self._loop.call_at(oldest.deadline, self._check_timeouts)

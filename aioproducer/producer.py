@@ -1,0 +1,437 @@
+"""The public Producer: send / enqueue / flush / close."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import warnings
+from typing import Any, AsyncIterator, Callable, Mapping, Sequence
+
+from ._internal.accumulator import RecordAccumulator
+from ._internal.batch import RecordFuture, RecordMetadata
+from ._internal.buffer_pool import BufferPool
+from ._internal.partitioner import StickyPartitioner, partition_for_key
+from ._internal.sender import Sender
+from ._internal.transactions import TransactionManager, TxnState
+from .client.cluster import Cluster, TopicInfo
+from .config import ProducerConfig
+from .errors import (
+    ConfigError,
+    InvalidRecordError,
+    KafkaError,
+    ProducerClosedError,
+    RecordTooLargeError,
+    SerializationError,
+    TransactionAbortedError,
+    TransactionStateError,
+    InvalidTopicError,
+)
+from .protocol.compression import codec_from_name
+from .protocol.records import record_size_upper_bound
+
+log = logging.getLogger(__name__)
+
+Headers = Sequence[tuple[str, "bytes | None"]]
+_BYTES_TYPES = (bytes, bytearray, memoryview)
+_TOPIC_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+
+
+class Producer:
+    """An asyncio Kafka producer.
+
+    ::
+
+        async with Producer("localhost:9092", linger_ms=5) as producer:
+            md = await producer.send("orders", b"payload", key=b"user-7")
+
+    `send()` returns once the broker acknowledged the record; `enqueue()` returns as soon as
+    the record is buffered, with a future of its metadata, so a loop can buffer many records
+    before waiting. Settings are Kafka's producer settings in snake case (`linger.ms` ->
+    `linger_ms`) with the Java client's defaults: idempotent, `acks="all"`. See
+    `ProducerConfig` for the list.
+    """
+
+    def __init__(self, bootstrap_servers: str | Sequence[str] | None = None, *,
+                 config: ProducerConfig | None = None, **settings: Any) -> None:
+        if config is not None:
+            if settings or bootstrap_servers is not None:
+                raise ConfigError("pass either config=ProducerConfig(...) or settings, not both")
+            self.config = config
+        else:
+            if bootstrap_servers is not None:
+                settings["bootstrap_servers"] = bootstrap_servers
+            self.config = ProducerConfig.from_kwargs(**settings)
+        self._codec = codec_from_name(self.config.compression_type)
+        self._key_serializer: Callable[[Any], bytes] | None = self.config.key_serializer
+        self._value_serializer: Callable[[Any], bytes] | None = self.config.value_serializer
+        self._max_block = self.config.max_block_ms / 1000
+        self._max_request_size = self.config.max_request_size
+        self._partitioner = StickyPartitioner()
+        self._transactional = self.config.transactional_id is not None
+        self._cluster: Cluster | None = None
+        self._accumulator: RecordAccumulator | None = None
+        self._sender: Sender | None = None
+        self._sender_task: asyncio.Task[None] | None = None
+        self._txn: TransactionManager | None = None
+        self._state = "new"  # new -> started (-> failed) -> closing -> closed
+        self._failure: BaseException | None = None
+
+    def __repr__(self) -> str:
+        return f"<Producer {self.config.client_id} {self._state} bootstrap={self.config.bootstrap_servers}>"
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Connect to the cluster (fails fast with KafkaConnectionError if no bootstrap server
+        answers) and start the sender task."""
+        if self._state != "new":
+            if self._state == "started":
+                return
+            raise ProducerClosedError("this producer was closed; create a new one")
+        config = self.config
+        self._cluster = Cluster(config, self._wake_sender)
+        if config.enable_idempotence:
+            self._txn = TransactionManager(config, self._cluster)
+            self._txn.on_change = self._wake_sender
+        pool = BufferPool(config.buffer_memory)
+        self._accumulator = RecordAccumulator(config, pool, self._codec, self._txn,
+                                              self._wake_sender)
+        self._sender = Sender(config, self._cluster, self._accumulator, self._txn)
+        try:
+            await self._cluster.refresh()
+        except BaseException:
+            await self._cluster.close()
+            self._state = "closed"
+            raise
+        self._sender_task = asyncio.get_running_loop().create_task(
+            self._sender.run(), name=f"aioproducer-sender-{config.client_id}")
+        self._sender_task.add_done_callback(self._sender_done)
+        self._state = "started"
+        if self._txn is not None and self._txn.is_transactional:
+            try:
+                await self.init_transactions()
+            except BaseException:
+                await self.close(timeout=0)
+                raise
+
+    async def __aenter__(self) -> "Producer":
+        await self.start()
+        return self
+
+    async def __aexit__(self, exc_type: object, exc: object, tb: object) -> None:
+        await self.close()
+
+    async def close(self, timeout: float | None = None) -> None:
+        """Send what is buffered and stop. With `timeout` (seconds), records not acknowledged
+        by then fail with ProducerClosedError; `timeout=0` closes at once. Idempotent."""
+        if self._state in ("closed", "closing"):
+            return
+        if self._state in ("new", "failed"):
+            if self._cluster is not None:
+                await self._cluster.close()
+            self._state = "closed"
+            return
+        self._state = "closing"
+        accumulator, sender = self._accumulator, self._sender
+        assert accumulator is not None and sender is not None and self._cluster is not None
+        accumulator.closing = True
+        sender.running = False
+        sender.wake()
+        pending = [b.future for b in accumulator.incomplete]
+        if pending and timeout != 0:
+            await asyncio.wait(pending, timeout=timeout)
+        if accumulator.incomplete:
+            exc = ProducerClosedError(
+                "the producer was closed before these records were acknowledged "
+                f"(close(timeout={timeout}))")
+            accumulator.fail_all(exc)
+            sender.fail_in_flight(exc)
+        if self._sender_task is not None:
+            sender.wake()
+            try:
+                await asyncio.wait_for(asyncio.shield(self._sender_task), 5)
+            except (asyncio.TimeoutError, Exception):  # its failure was already reported
+                self._sender_task.cancel()
+        await self._cluster.close()
+        self._state = "closed"
+
+    def _sender_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            log.error("aioproducer sender task failed: %r", exc, exc_info=exc)
+            self._failure = exc
+            self._state = "failed"
+            if self._accumulator is not None:
+                self._accumulator.fail_all(exc)
+            if self._sender is not None:
+                self._sender.fail_in_flight(exc)
+
+    def _wake_sender(self) -> None:
+        if self._sender is not None:
+            self._sender.wake()
+
+    def __del__(self, _warn: Callable[..., None] = warnings.warn) -> None:
+        if getattr(self, "_state", None) in ("started", "failed", "closing"):
+            _warn(f"unclosed {self!r}: call `await producer.close()` (or use `async with`)",
+                  ResourceWarning, source=self)
+
+    # -- producing -------------------------------------------------------------------------
+
+    async def send(self, topic: str, value: Any, key: Any = None, *, partition: int | None = None,
+                   timestamp_ms: int | None = None,
+                   headers: Headers | None = None) -> RecordMetadata:
+        """Produce one record and return its metadata once the broker acknowledged it."""
+        handle = await self.enqueue(topic, value, key, partition=partition,
+                                    timestamp_ms=timestamp_ms, headers=headers)
+        return await handle
+
+    async def enqueue(self, topic: str, value: Any, key: Any = None, *,
+                      partition: int | None = None, timestamp_ms: int | None = None,
+                      headers: Headers | None = None) -> RecordFuture:
+        """Buffer one record; return a future of its RecordMetadata.
+
+        Waits only for what it must: the topic's metadata the first time, and buffer memory
+        when `buffer_memory` is full (both at most `max_block_ms`). Errors in the arguments
+        raise here; delivery errors are raised by the returned future.
+        """
+        if self._state != "started":
+            self._raise_not_started()
+        if self._transactional:
+            self._txn.check_can_send()  # type: ignore[union-attr]
+        if self._key_serializer is not None and key is not None:
+            key = self._serialize(self._key_serializer, key, "key", topic)
+        if self._value_serializer is not None and value is not None:
+            value = self._serialize(self._value_serializer, value, "value", topic)
+        if value is not None and type(value) is not bytes:
+            value = _as_bytes(value, "value")
+        if key is not None and type(key) is not bytes:
+            key = _as_bytes(key, "key")
+        if headers:
+            headers = _check_headers(headers)
+        if timestamp_ms is None:
+            timestamp_ms = int(time.time() * 1000)
+        elif type(timestamp_ms) is not int or timestamp_ms < 0:
+            raise InvalidRecordError(
+                f"timestamp_ms must be a non-negative int (ms since the epoch), not {timestamp_ms!r}")
+
+        info = self._cluster.topics.get(topic)  # type: ignore[union-attr]
+        if info is None or not info.leaders:
+            info = await self._topic_info(topic)
+        count = len(info.leaders)
+        sticky = partition is None and key is None
+        if partition is not None:
+            if type(partition) is not int or not 0 <= partition < count:
+                raise _bad_partition(topic, partition, count)
+        elif key is not None:
+            partition = partition_for_key(key, count)
+        else:
+            partition = self._partitioner.partition(topic, count)
+
+        accumulator = self._accumulator
+        assert accumulator is not None
+        handle = accumulator.try_append(topic, partition, timestamp_ms, key, value, headers)
+        if handle is not None:
+            return handle
+        size = record_size_upper_bound(key, value, headers)
+        if size > self._max_request_size:
+            raise RecordTooLargeError(
+                f"a record of {size} bytes (serialized, in its own batch) is larger than "
+                f"max_request_size={self._max_request_size}: raise max_request_size (and the "
+                "broker's message.max.bytes) or send smaller records")
+        if size > self.config.buffer_memory:
+            raise RecordTooLargeError(
+                f"a record of {size} bytes is larger than buffer_memory={self.config.buffer_memory}")
+        if sticky:
+            # The sticky partition's batch is full: move on to another partition (KIP-480).
+            self._partitioner.on_new_batch(topic, count, partition)
+            partition = self._partitioner.partition(topic, count)
+            handle = accumulator.try_append(topic, partition, timestamp_ms, key, value, headers)
+            if handle is not None:
+                return handle
+        return await accumulator.append(topic, partition, timestamp_ms, key, value, headers,
+                                        self._max_block)
+
+    async def flush(self, timeout: float | None = None) -> None:
+        """Send everything buffered now (ignoring linger) and wait until each of those records
+        is acknowledged or failed. Failures stay on the records' futures; flush itself raises
+        only TimeoutError if `timeout` (seconds) passes first."""
+        if self._state != "started":
+            if self._state == "new":
+                self._raise_not_started()
+            return
+        accumulator = self._accumulator
+        assert accumulator is not None
+        pending = [b.future for b in accumulator.incomplete]
+        if not pending:
+            return
+        accumulator.flushing += 1
+        self._wake_sender()
+        try:
+            done, not_done = await asyncio.wait(pending, timeout=timeout)
+        finally:
+            accumulator.flushing -= 1
+        if not_done:
+            raise asyncio.TimeoutError(
+                f"flush(timeout={timeout}): {len(not_done)} batch(es) still unacknowledged")
+
+    # -- transactions ----------------------------------------------------------------------
+
+    async def init_transactions(self) -> None:
+        """Register our `transactional_id` with its coordinator: fences any older producer
+        with the same id and aborts its open transaction. `start()` does this already."""
+        await self._transaction_manager().init_transactions()
+
+    def begin_transaction(self) -> None:
+        """Start a transaction: records sent until commit or abort are in it."""
+        self._transaction_manager().begin()
+
+    async def commit_transaction(self) -> None:
+        """Send what is buffered, wait for every record of the transaction to be acknowledged,
+        then commit. If a record failed, raises TransactionStateError: abort instead."""
+        txn = self._transaction_manager()
+        txn.start_commit_or_abort(commit=True)
+        await self.flush()
+        await txn.end_transaction(commit=True)
+
+    async def abort_transaction(self) -> None:
+        """Abort: records not yet sent fail with TransactionAbortedError, records already on
+        their way are written but marked aborted, which consumers with
+        isolation_level=read_committed skip."""
+        txn = self._transaction_manager()
+        txn.start_commit_or_abort(commit=False)
+        accumulator = self._accumulator
+        assert accumulator is not None
+        accumulator.fail_all(TransactionAbortedError(
+            "the transaction was aborted before this record was sent"))
+        pending = [b.future for b in accumulator.incomplete]
+        if pending:
+            await asyncio.wait(pending)
+        await txn.end_transaction(commit=False)
+
+    async def send_offsets_to_transaction(self, offsets: Any, group_metadata: Any) -> None:
+        """Commit a consumer group's offsets as part of the transaction (consume-transform-
+        produce, exactly once). `offsets`: {(topic, partition): next_offset_to_read} or a
+        list of objects with .topic, .partition and .offset (confluent-kafka's
+        TopicPartition). `group_metadata`: the group id, or an object (or mapping) with
+        group_id and, for fencing of zombie consumers (KIP-447), generation_id, member_id and
+        group_instance_id."""
+        txn = self._transaction_manager()
+        if isinstance(offsets, Mapping):
+            by_partition = {(t, p): o for (t, p), o in offsets.items()}
+        else:
+            by_partition = {(tp.topic, tp.partition): tp.offset for tp in offsets}
+        if isinstance(group_metadata, str):
+            group = {"group_id": group_metadata}
+        elif isinstance(group_metadata, Mapping):
+            group = dict(group_metadata)
+        else:
+            group = {name: getattr(group_metadata, name) for name in
+                     ("group_id", "generation_id", "member_id", "group_instance_id")
+                     if hasattr(group_metadata, name)}
+        if not group.get("group_id"):
+            raise InvalidRecordError(
+                f"group_metadata must be a group id or carry a group_id, not {group_metadata!r}")
+        await txn.send_offsets(by_partition, **group)
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator["Producer"]:
+        """`async with producer.transaction():` commits when the block ends, aborts if it
+        raises (and re-raises)."""
+        self.begin_transaction()
+        try:
+            yield self
+        except BaseException:
+            txn = self._transaction_manager()
+            if txn.state is not TxnState.FATAL_ERROR:
+                await self.abort_transaction()
+            raise
+        await self.commit_transaction()
+
+    def _transaction_manager(self) -> TransactionManager:
+        if not self._transactional:
+            raise TransactionStateError(
+                "transactions need a transactional_id: Producer(..., transactional_id='my-app-1')")
+        if self._state != "started":
+            self._raise_not_started()
+        assert self._txn is not None
+        return self._txn
+
+    async def partitions_for(self, topic: str) -> int:
+        """Number of partitions of `topic` (fetching its metadata if needed)."""
+        return len((await self._topic_info(topic)).leaders)
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    async def _topic_info(self, topic: str) -> TopicInfo:
+        if type(topic) is not str:
+            raise InvalidRecordError(f"topic must be a str, not {type(topic).__name__}")
+        _check_topic_name(topic)
+        assert self._cluster is not None
+        return await self._cluster.topic(topic, self._max_block)
+
+    def _raise_not_started(self) -> None:
+        if self._failure is not None:
+            raise ProducerClosedError(
+                f"the producer stopped after an internal failure: {self._failure!r}"
+            ) from self._failure
+        if self._state == "new":
+            raise ProducerClosedError(
+                "the producer is not started: `await producer.start()` or use `async with`")
+        raise ProducerClosedError("the producer is closed: no more records can be sent")
+
+    @staticmethod
+    def _serialize(serializer: Callable[[Any], bytes], obj: Any, what: str, topic: str) -> bytes:
+        try:
+            data = serializer(obj)
+        except Exception as exc:
+            raise SerializationError(
+                f"{what}_serializer failed on a {what} for topic {topic!r}: {exc!r}") from exc
+        if not isinstance(data, _BYTES_TYPES):
+            raise SerializationError(
+                f"{what}_serializer returned {type(data).__name__}; it must return bytes")
+        return bytes(data)
+
+
+def _as_bytes(obj: Any, what: str) -> bytes:
+    if isinstance(obj, _BYTES_TYPES):
+        return bytes(obj)
+    hint = (f" (encode it first, e.g. {what}.encode(), or set {what}_serializer)"
+            if isinstance(obj, str) else f" (set {what}_serializer to convert it)")
+    raise InvalidRecordError(f"{what} must be bytes or None, not {type(obj).__name__}{hint}")
+
+
+def _check_headers(headers: Headers) -> list[tuple[str, bytes | None]]:
+    if isinstance(headers, (str, bytes, dict)) or not hasattr(headers, "__iter__"):
+        raise InvalidRecordError(
+            f"headers must be a sequence of (str, bytes | None) pairs, not {type(headers).__name__}")
+    checked = []
+    for item in headers:
+        if not isinstance(item, tuple) or len(item) != 2:
+            raise InvalidRecordError(f"each header must be a (str, bytes | None) pair, not {item!r}")
+        name, value = item
+        if type(name) is not str:
+            raise InvalidRecordError(f"header names must be str, not {type(name).__name__} ({name!r})")
+        if value is not None and not isinstance(value, _BYTES_TYPES):
+            raise InvalidRecordError(
+                f"header {name!r} must have a bytes or None value, not {type(value).__name__}")
+        checked.append((name, None if value is None else bytes(value)))
+    return checked
+
+
+def _check_topic_name(topic: str) -> None:
+    if not topic or topic in (".", "..") or len(topic) > 249 or not _TOPIC_CHARS.issuperset(topic):
+        raise InvalidTopicError(
+            f"invalid topic name {topic!r}: use 1-249 characters of ASCII letters, digits, "
+            "'.', '_' and '-'")
+
+
+def _bad_partition(topic: str, partition: Any, count: int) -> KafkaError:
+    if type(partition) is not int:
+        return InvalidRecordError(f"partition must be an int or None, not {type(partition).__name__}")
+    return InvalidRecordError(
+        f"partition {partition} does not exist: topic {topic!r} has {count} partition(s), "
+        f"0..{count - 1}")

@@ -1,0 +1,187 @@
+"""Bad input: a typed error with a useful message at the call that caused it, and nothing
+already accepted is lost."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import pytest
+
+from aioproducer import Producer
+from aioproducer.errors import (
+    ConfigError,
+    InvalidRecordError,
+    InvalidTopicError,
+    KafkaConnectionError,
+    KafkaError,
+    ProducerClosedError,
+    RecordTooLargeError,
+    SerializationError,
+    UnknownTopicError,
+)
+from tests.support.readback import consume_all
+
+# (id, keyword arguments of enqueue beyond the topic, expected exception, text in its message)
+BAD_RECORDS = [
+    ("str-value", dict(value="text"), InvalidRecordError, "encode"),
+    ("int-value", dict(value=42), InvalidRecordError, "value must be bytes"),
+    ("dict-value", dict(value={"a": 1}), InvalidRecordError, "value_serializer"),
+    ("str-key", dict(value=b"v", key="k"), InvalidRecordError, "key must be bytes"),
+    ("float-key", dict(value=b"v", key=1.5), InvalidRecordError, "key"),
+    ("headers-dict", dict(value=b"v", headers={"a": b"b"}), InvalidRecordError, "headers"),
+    ("headers-str", dict(value=b"v", headers="a=b"), InvalidRecordError, "headers"),
+    ("header-str-value", dict(value=b"v", headers=[("a", "b")]), InvalidRecordError, "'a'"),
+    ("header-bytes-name", dict(value=b"v", headers=[(b"a", b"b")]), InvalidRecordError, "str"),
+    ("header-not-pair", dict(value=b"v", headers=[("a",)]), InvalidRecordError, "pair"),
+    ("partition-too-big", dict(value=b"v", partition=99), InvalidRecordError, "0..1"),
+    ("partition-negative", dict(value=b"v", partition=-1), InvalidRecordError, "does not exist"),
+    ("partition-str", dict(value=b"v", partition="0"), InvalidRecordError, "int"),
+    ("partition-float", dict(value=b"v", partition=1.0), InvalidRecordError, "int"),
+    ("timestamp-negative", dict(value=b"v", timestamp_ms=-5), InvalidRecordError, "timestamp_ms"),
+    ("timestamp-str", dict(value=b"v", timestamp_ms="now"), InvalidRecordError, "timestamp_ms"),
+    ("timestamp-float", dict(value=b"v", timestamp_ms=1.5), InvalidRecordError, "timestamp_ms"),
+    ("value-over-max-request-size", dict(value=b"x" * 2_000_000), RecordTooLargeError,
+     "max_request_size"),
+    ("headers-over-max-request-size", dict(value=b"", headers=[("h", b"x" * 1_100_000)]),
+     RecordTooLargeError, "max_request_size"),
+]
+
+BAD_TOPICS = [
+    ("empty", "", InvalidTopicError),
+    ("space", "bad name", InvalidTopicError),
+    ("slash", "a/b", InvalidTopicError),
+    ("dot", ".", InvalidTopicError),
+    ("dotdot", "..", InvalidTopicError),
+    ("too-long", "t" * 250, InvalidTopicError),
+    ("unicode", "tópico", InvalidTopicError),
+    ("none", None, InvalidRecordError),
+    ("bytes", b"orders", InvalidRecordError),
+]
+
+
+@pytest.fixture
+async def producer_with_accepted_records(broker, topic_factory):
+    """A producer that already buffered 100 records, which every bad call must leave alone."""
+    topic = topic_factory(2)
+    async with Producer(broker.bootstrap, linger_ms=50, max_block_ms=2000) as producer:
+        handles = [await producer.enqueue(topic, b"good-%d" % i) for i in range(100)]
+        yield producer, topic
+        await producer.flush()
+        assert all(h.result().offset >= 0 for h in handles)
+    got = consume_all(broker.bootstrap, topic, expected=100)
+    assert sorted(r.value for r in got) == sorted(b"good-%d" % i for i in range(100))
+
+
+@pytest.mark.parametrize("case", BAD_RECORDS, ids=[c[0] for c in BAD_RECORDS])
+async def test_bad_record(producer_with_accepted_records, case):
+    producer, topic = producer_with_accepted_records
+    _, kwargs, error, text = case
+    with pytest.raises(error, match=text):
+        await producer.enqueue(topic, **kwargs)
+    with pytest.raises(error):
+        await producer.send(topic, **kwargs)
+
+
+@pytest.mark.parametrize("case", BAD_TOPICS, ids=[c[0] for c in BAD_TOPICS])
+async def test_bad_topic(producer_with_accepted_records, case):
+    producer, _ = producer_with_accepted_records
+    _, topic, error = case
+    with pytest.raises(error, match="topic"):
+        await producer.enqueue(topic, b"v")
+
+
+def test_wrong_types_are_also_type_errors():
+    assert issubclass(InvalidRecordError, TypeError) or issubclass(InvalidRecordError, ValueError)
+    assert issubclass(ConfigError, ValueError)
+
+
+async def test_unknown_topic(broker):
+    async with Producer(broker.bootstrap, allow_auto_create_topics=False,
+                        max_block_ms=500) as producer:
+        with pytest.raises(UnknownTopicError, match="no-such-topic"):
+            await producer.send("no-such-topic", b"v")
+
+
+async def test_failing_serializer(broker, topic):
+    def explode(value):
+        raise ValueError("cannot encode this")
+
+    async with Producer(broker.bootstrap, value_serializer=explode) as producer:
+        with pytest.raises(SerializationError, match="cannot encode this"):
+            await producer.send(topic, {"a": 1})
+    async with Producer(broker.bootstrap, value_serializer=str) as producer:
+        with pytest.raises(SerializationError, match="must return bytes"):
+            await producer.send(topic, {"a": 1})
+
+
+BAD_SETTINGS = [
+    ("typo", dict(lingr_ms=5), "linger_ms"),
+    ("acks-2", dict(acks=2), "acks"),
+    ("linger-negative", dict(linger_ms=-1), "linger_ms"),
+    ("batch-size-str", dict(batch_size="big"), "batch_size"),
+    ("codec", dict(compression_type="brotli"), "compression_type"),
+    ("idempotence-acks", dict(enable_idempotence=True, acks=1), "acks"),
+    ("idempotence-in-flight", dict(enable_idempotence=True,
+                                   max_in_flight_requests_per_connection=6), "in_flight"),
+    ("delivery-timeout", dict(delivery_timeout_ms=1000, request_timeout_ms=30000),
+     "delivery_timeout_ms"),
+    ("bool-as-int", dict(batch_size=True), "batch_size"),
+]
+
+
+@pytest.mark.parametrize("case", BAD_SETTINGS, ids=[c[0] for c in BAD_SETTINGS])
+def test_bad_settings(case):
+    _, settings, name = case
+    with pytest.raises(ConfigError, match=name):
+        Producer("127.0.0.1:9092", **settings)
+
+
+@pytest.mark.parametrize("bootstrap", ["localhost", "host:port", "", "127.0.0.1:99999"])
+def test_malformed_bootstrap(bootstrap):
+    with pytest.raises(ConfigError, match="bootstrap_servers"):
+        Producer(bootstrap)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def test_unreachable_bootstrap_fails_start_clearly():
+    port = _free_port()
+    producer = Producer(f"127.0.0.1:{port}", request_timeout_ms=2000)
+    with pytest.raises(KafkaConnectionError, match=f"127.0.0.1:{port}"):
+        await asyncio.wait_for(producer.start(), 10)
+    with pytest.raises(ProducerClosedError):
+        await producer.send("t", b"v")
+
+
+@pytest.mark.parametrize("reply", [b"HTTP/1.1 400 Bad Request\r\n\r\n", b""])
+async def test_not_a_kafka_broker(reply):
+    async def handle(reader, writer):
+        await reader.read(100)
+        writer.write(reply)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with server:
+        producer = Producer(f"127.0.0.1:{port}", request_timeout_ms=2000)
+        with pytest.raises(KafkaError, match=f"127.0.0.1:{port}"):
+            await asyncio.wait_for(producer.start(), 10)
+
+
+async def test_calls_on_a_closed_or_unstarted_producer(broker, topic):
+    producer = Producer(broker.bootstrap)
+    with pytest.raises(ProducerClosedError, match="start"):
+        await producer.send(topic, b"v")
+    await producer.start()
+    await producer.close()
+    await producer.close()  # idempotent
+    with pytest.raises(ProducerClosedError, match="closed"):
+        await producer.enqueue(topic, b"v")
+    with pytest.raises(ProducerClosedError):
+        await producer.start()

@@ -1,0 +1,78 @@
+"""BufferPool: the memory bound, FIFO waiters, and max_block_ms."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from aioproducer._internal.buffer_pool import BufferPool
+from aioproducer.errors import BufferExhaustedError
+
+
+async def test_memory_returns_to_the_pool():
+    pool = BufferPool(100)
+    assert pool.try_reserve(60)
+    assert not pool.try_reserve(50)
+    pool.release(60)
+    assert pool.available == 100
+    await pool.reserve(100, timeout=0.1)
+    assert pool.available == 0
+
+
+async def test_waiters_are_served_in_arrival_order():
+    pool = BufferPool(100)
+    assert pool.try_reserve(100)
+    served: list[str] = []
+
+    async def wait(name: str, size: int) -> None:
+        await pool.reserve(size, timeout=5)
+        served.append(name)
+
+    # A big request first, then small ones: the small ones must not overtake it.
+    tasks = [asyncio.create_task(wait("big", 80))]
+    await asyncio.sleep(0)
+    tasks += [asyncio.create_task(wait(f"small{i}", 10)) for i in range(3)]
+    await asyncio.sleep(0.01)
+    assert pool.queued == 4
+    for _ in range(10):  # memory comes back in small pieces
+        pool.release(10)
+        await asyncio.sleep(0)
+    await asyncio.wait_for(asyncio.gather(*tasks[:2]), 1)
+    assert served[:2] == ["big", "small0"]
+    pool.release(30)
+    await asyncio.wait_for(asyncio.gather(*tasks), 1)
+    assert served == ["big", "small0", "small1", "small2"]
+
+
+async def test_exhaustion_raises_after_max_block_and_keeps_the_accounting():
+    pool = BufferPool(100)
+    assert pool.try_reserve(90)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(BufferExhaustedError, match="max_block_ms"):
+        await pool.reserve(50, timeout=0.2)
+    assert loop.time() - started >= 0.19
+    assert pool.available == 10 and pool.queued == 0  # what the waiter gathered came back
+    pool.release(90)
+    await pool.reserve(100, timeout=0.1)
+
+
+async def test_cancelled_waiter_leaves_no_trace():
+    pool = BufferPool(100)
+    assert pool.try_reserve(100)
+    first = asyncio.create_task(pool.reserve(60, timeout=5))
+    second = asyncio.create_task(pool.reserve(30, timeout=5))
+    await asyncio.sleep(0)
+    pool.release(40)  # the head gathers 40 of its 60
+    await asyncio.sleep(0)
+    first.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    await asyncio.wait_for(second, 1)  # the gathered 40 went back: enough for the next waiter
+    assert pool.available == 10 and pool.queued == 0
+
+
+async def test_a_request_larger_than_the_pool_fails_at_once():
+    with pytest.raises(BufferExhaustedError, match="buffer_memory"):
+        await BufferPool(100).reserve(101, timeout=10)

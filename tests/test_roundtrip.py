@@ -1,0 +1,147 @@
+"""Records we produce are read back intact, once, in order, by librdkafka's consumer."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import random
+
+import pytest
+
+from aioproducer import Producer, RecordMetadata
+from tests.support.readback import consume_all, partition_for_key_librdkafka
+
+CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
+PARTITIONS = 6
+KEYS = [f"user-{i}".encode() for i in range(64)]
+
+
+def _record(i: int, rng: random.Random) -> tuple[bytes | None, bytes | None, list]:
+    """A varied record: keyed or keyless, empty/None/large values, headers of every shape."""
+    key = None if i % 7 == 0 else KEYS[i % len(KEYS)]
+    if i % 1000 == 3:
+        value: bytes | None = None
+    elif i % 1000 == 5:
+        value = b""
+    elif i % 5000 == 11:
+        value = rng.randbytes(300_000)  # larger than batch_size: a batch of its own
+    else:
+        value = b"%d:" % i + rng.randbytes(rng.randrange(0, 200))
+    headers: list = []
+    if i % 3 == 0:
+        headers = [("seq", b"%d" % i), ("empty", b""), ("null", None), ("seq", b"dup")]
+    return key, value, headers
+
+
+@pytest.mark.parametrize("codec", CODECS)
+async def test_round_trip_every_codec(broker, topic_factory, codec):
+    topic = topic_factory(PARTITIONS)
+    rng = random.Random(f"round-trip-{codec}")
+    count = 20_000
+    sent = [_record(i, rng) for i in range(count)]
+    async with Producer(broker.bootstrap, compression_type=codec, linger_ms=5) as producer:
+        handles = [await producer.enqueue(topic, value, key, headers=headers,
+                                          timestamp_ms=1_700_000_000_000 + i)
+                   for i, (key, value, headers) in enumerate(sent)]
+        await producer.flush()
+        metadata = [h.result() for h in handles]
+
+    got = consume_all(broker.bootstrap, topic, expected=count, timeout=60)
+    assert len(got) == count, f"read back {len(got)} of {count} records"
+    by_position = {(r.partition, r.offset): r for r in got}
+    assert len(by_position) == count, "a record was read twice"
+    for i, ((key, value, headers), md) in enumerate(zip(sent, metadata)):
+        assert isinstance(md, RecordMetadata) and md.topic == topic
+        record = by_position[(md.partition, md.offset)]  # the offset we reported is right
+        assert record.key == key and record.value == value, f"record {i} changed"
+        assert record.headers == headers
+        assert record.timestamp_ms == md.timestamp_ms == 1_700_000_000_000 + i
+
+    # Per key, records arrive in the order they were sent, all on one partition.
+    positions = collections.defaultdict(list)
+    for (key, _, _), md in zip(sent, metadata):
+        if key is not None:
+            positions[key].append((md.partition, md.offset))
+    for key, where in positions.items():
+        assert len({p for p, _ in where}) == 1, f"key {key!r} spread over partitions"
+        offsets = [o for _, o in where]
+        assert offsets == sorted(offsets), f"key {key!r} reordered"
+
+
+async def test_keyed_partition_matches_librdkafka(broker, topic_factory):
+    topic = topic_factory(PARTITIONS)
+    keys = [b"k%d" % i for i in range(300)] + [b"", b"\x00\xff" * 20, "ключ".encode()]
+    expected = partition_for_key_librdkafka(broker.bootstrap, topic, keys)
+    async with Producer(broker.bootstrap) as producer:
+        ours = await asyncio.gather(*(producer.send(topic, b"v", key) for key in keys))
+    assert [md.partition for md in ours] == expected
+
+
+async def test_send_returns_after_ack_with_metadata(broker, topic):
+    async with Producer(broker.bootstrap, linger_ms=0) as producer:
+        first = await producer.send(topic, b"one", key=b"k", headers=[("source", b"web")])
+        second = await producer.send(topic, b"two", key=b"k")
+    assert (first.topic, first.partition) == (topic, 0)
+    assert second.offset == first.offset + 1
+    got = consume_all(broker.bootstrap, topic, expected=2)
+    assert [(r.value, r.headers) for r in got] == [(b"one", [("source", b"web")]), (b"two", [])]
+
+
+async def test_many_concurrent_senders(broker, topic_factory):
+    """The async-service shape: many tasks awaiting send() at once share batches."""
+    topic = topic_factory(3)
+
+    async def worker(producer: Producer, w: int) -> list[RecordMetadata]:
+        return [await producer.send(topic, b"%d-%d" % (w, i), key=b"w%d" % w) for i in range(20)]
+
+    async with Producer(broker.bootstrap, linger_ms=2) as producer:
+        results = await asyncio.gather(*(worker(producer, w) for w in range(200)))
+    for per_worker in results:  # each worker's records are in order on their partition
+        assert len({md.partition for md in per_worker}) == 1
+        offsets = [md.offset for md in per_worker]
+        assert offsets == sorted(set(offsets))
+    got = consume_all(broker.bootstrap, topic, expected=4000)
+    assert sorted(r.value for r in got) == sorted(b"%d-%d" % (w, i) for w in range(200) for i in range(20))
+
+
+async def test_serializers(broker, topic):
+    import json
+
+    async with Producer(broker.bootstrap, key_serializer=str.encode,
+                        value_serializer=lambda v: json.dumps(v).encode()) as producer:
+        await producer.send(topic, {"id": 1}, key="user-1")
+    [record] = consume_all(broker.bootstrap, topic, expected=1)
+    assert (record.key, record.value) == (b"user-1", b'{"id": 1}')
+
+
+@pytest.mark.parametrize("acks", [0, 1, "all"])
+async def test_acks_settings(broker, topic, acks):
+    async with Producer(broker.bootstrap, acks=acks, enable_idempotence=False) as producer:
+        handles = [await producer.enqueue(topic, b"%d" % i) for i in range(500)]
+        await producer.flush()
+    offsets = [h.result().offset for h in handles]
+    if acks == 0:
+        assert set(offsets) == {-1}  # nobody told us
+    else:
+        assert offsets == list(range(500))
+    got = consume_all(broker.bootstrap, topic, expected=500)
+    assert [r.value for r in got] == [b"%d" % i for i in range(500)]
+
+
+async def test_idempotent_producer_writes_one_producer_id_with_contiguous_sequences(broker, topic):
+    from tests.support.readback import fetch_raw_batches
+
+    async with Producer(broker.bootstrap, batch_size=1024, linger_ms=1) as producer:
+        for i in range(3000):
+            await producer.enqueue(topic, b"%05d" % i)
+        await producer.flush()
+    batches = [b for b in fetch_raw_batches(broker.bootstrap, topic, 0) if not b.is_control]
+    assert len(batches) > 10
+    assert len({b.producer_id for b in batches}) == 1 and batches[0].producer_id >= 0
+    expected_sequence = 0
+    values = []
+    for b in batches:
+        assert b.base_sequence == expected_sequence
+        expected_sequence += len(b.records)
+        values += [r[2] for r in b.records]
+    assert values == [b"%05d" % i for i in range(3000)]
