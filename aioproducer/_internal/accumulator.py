@@ -42,6 +42,7 @@ class RecordAccumulator:
         self._wake_sender = wake_sender
         self._batches: dict[TopicPartition, deque[ProducerBatch]] = {}
         self._drain_start: dict[int, int] = {}
+        self._batches_created = 0
         self.incomplete: set[ProducerBatch] = set()
         self.flushing = 0
         self.closing = False
@@ -75,7 +76,9 @@ class RecordAccumulator:
                 self._pool.release(size)
                 return handle
         now = self._loop.time()
-        batch = ProducerBatch(topic, partition, BatchWriter(bytearray(), timestamp, self._batch_size),
+        self._batches_created += 1
+        batch = ProducerBatch(self._batches_created, topic, partition,
+                              BatchWriter(bytearray(), timestamp, self._batch_size),
                               self._loop.create_future(), now, now + self._delivery_timeout, size)
         batch.writer.try_append(timestamp, key, value, headers)  # a batch's first record always fits
         queue = self._batches.get((topic, partition))
@@ -160,21 +163,14 @@ class RecordAccumulator:
         return drained
 
     def reenqueue(self, batch: ProducerBatch, retry_at: float) -> None:
-        """Put a failed batch back for a retry, before younger batches, in sequence order."""
+        """Put a failed batch back for a retry, in creation order among the queued ones (the
+        Java client's insertInSequenceOrder: batches were numbered in creation order)."""
         batch.attempts += 1
         batch.retry_at = retry_at
         queue = self._batches.setdefault((batch.topic, batch.partition), deque())
-        if batch.base_sequence < 0:
-            queue.appendleft(batch)
-            return
-        # Idempotent: batches with sequence numbers go out in sequence order (the Java
-        # client's insertInSequenceOrder), ahead of those not yet numbered.
         index = 0
-        for index, queued in enumerate(queue):  # noqa: B007
-            if queued.base_sequence < 0 or queued.base_sequence > batch.base_sequence:
-                break
-        else:
-            index = len(queue)
+        while index < len(queue) and queue[index].number < batch.number:
+            index += 1
         queue.insert(index, batch)
 
     def expire(self, now: float) -> list[ProducerBatch]:

@@ -8,9 +8,10 @@ is what limits Python producers (see benchmarks/), so the handle holds none of t
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable, Generator, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, Generator, NamedTuple
 
-from ..protocol.records import BatchWriter
+if TYPE_CHECKING:
+    from ..protocol.records import BatchWriter
 
 
 class RecordMetadata(NamedTuple):
@@ -27,12 +28,13 @@ class ProducerBatch:
     """Records bound for one partition, sent and acknowledged together."""
 
     __slots__ = (
-        "topic", "partition", "writer", "future", "created", "deadline", "reserved",
+        "number", "topic", "partition", "writer", "future", "created", "deadline", "reserved",
         "attempts", "retry_at", "base_sequence", "producer_id", "producer_epoch", "done",
     )
 
-    def __init__(self, topic: str, partition: int, writer: BatchWriter,
+    def __init__(self, number: int, topic: str, partition: int, writer: BatchWriter,
                  future: asyncio.Future, created: float, deadline: float, reserved: int) -> None:
+        self.number = number  # creation order: retries go back in this order
         self.topic = topic
         self.partition = partition
         self.writer = writer

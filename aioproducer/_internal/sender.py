@@ -205,7 +205,7 @@ class Sender:
                 self._complete(batch, p["base_offset"], p["log_append_time_ms"])
                 return
             if isinstance(exc, (OutOfOrderSequenceNumberError, UnknownProducerIdError)):
-                if not txn.is_next_in_line(batch) or batch.producer_id != txn.producer_id:
+                if not txn.is_expected_next(batch):
                     # An older batch of this partition failed or is being retried: this one
                     # was refused only because of the gap. Retry it in order.
                     self._retry(batch)
@@ -248,6 +248,7 @@ class Sender:
         self._in_flight.pop(batch, None)
         if self._txn is not None:
             self._txn.resolved(batch)
+            self._txn.acked(batch)
         batch.complete(base_offset, log_append_time)
         self._accumulator.finish(batch)
 

@@ -89,6 +89,7 @@ class TransactionManager:
         self.producer_id = -1
         self.producer_epoch = -1
         self._next_sequence: dict[TopicPartition, int] = {}
+        self._acked_up_to: dict[TopicPartition, int] = {}  # sequence the broker expects next
         self._in_flight: dict[TopicPartition, list[ProducerBatch]] = {}
         self._init_task: asyncio.Task[None] | None = None
         # Transactions only:
@@ -149,6 +150,7 @@ class TransactionManager:
         self.producer_id = response["producer_id"]
         self.producer_epoch = response["producer_epoch"]
         self._next_sequence.clear()
+        self._acked_up_to.clear()
         log.debug("producer id %d epoch %d", self.producer_id, self.producer_epoch)
         self.on_change()
 
@@ -163,6 +165,7 @@ class TransactionManager:
         self.producer_id = -1
         self.producer_epoch = -1
         self._next_sequence.clear()
+        self._acked_up_to.clear()
 
     # -- sequencing ------------------------------------------------------------------------
 
@@ -204,10 +207,16 @@ class TransactionManager:
         if in_flight and batch in in_flight:
             in_flight.remove(batch)
 
-    def is_next_in_line(self, batch: ProducerBatch) -> bool:
-        """Whether no older batch of its partition is still unresolved (in flight)."""
-        in_flight = self._in_flight.get((batch.topic, batch.partition))
-        return not in_flight or in_flight[0] is batch
+    def acked(self, batch: ProducerBatch) -> None:
+        if batch.producer_id == self.producer_id:
+            self._acked_up_to[(batch.topic, batch.partition)] = (
+                (batch.base_sequence + batch.record_count) % _SEQUENCE_WRAP)
+
+    def is_expected_next(self, batch: ProducerBatch) -> bool:
+        """Whether the broker should accept this batch now: it follows the last acknowledged
+        one. If not, an OUT_OF_ORDER answer only means an older batch is being retried."""
+        return (batch.producer_id == self.producer_id
+                and batch.base_sequence == self._acked_up_to.get((batch.topic, batch.partition), 0))
 
     def renumber_on_reset(self, batch: ProducerBatch) -> None:
         """A batch from before a producer id reset is numbered again when next drained."""

@@ -1,0 +1,188 @@
+"""ProducerConfig: Kafka's producer settings in snake case, validated, with clear errors.
+
+Defaults follow the Java client (idempotent, acks=all) so configurations carry over; where
+Kafka 4.0 changed a default (linger.ms 0 -> 5, KIP-1030) we take the new one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+from typing import Any, Callable, Mapping, Sequence
+
+from .errors import ConfigError
+
+_CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
+_MAX_INT = 2**31 - 1
+_ADDRESS = re.compile(r"^\s*(?:\[(?P<ipv6>[0-9a-fA-F:.]+)\]|(?P<host>[^:\s\[\]]+)):(?P<port>\d+)\s*$")
+
+
+@dataclasses.dataclass(frozen=True)
+class ProducerConfig:
+    """Validated producer settings. Build with `from_kwargs(**settings)` or, from Kafka's
+    dotted names and string values, `from_properties({"linger.ms": "5"})`."""
+
+    bootstrap_servers: str | Sequence[str]
+    client_id: str = "aioproducer"
+    acks: Any = "all"
+    enable_idempotence: bool = True
+    linger_ms: int = 5
+    batch_size: int = 16384
+    buffer_memory: int = 33554432
+    max_block_ms: int = 60000
+    max_request_size: int = 1048576
+    request_timeout_ms: int = 30000
+    delivery_timeout_ms: int = 120000
+    retries: int = _MAX_INT
+    retry_backoff_ms: int = 100
+    retry_backoff_max_ms: int = 1000
+    reconnect_backoff_ms: int = 50
+    reconnect_backoff_max_ms: int = 1000
+    max_in_flight_requests_per_connection: int = 5
+    compression_type: str = "none"
+    compression_level: int | None = None
+    metadata_max_age_ms: int = 300000
+    allow_auto_create_topics: bool = True
+    transactional_id: str | None = None
+    transaction_timeout_ms: int = 60000
+    key_serializer: Callable[[Any], bytes] | None = None
+    value_serializer: Callable[[Any], bytes] | None = None
+    # Derived by validation, not settings:
+    bootstrap_addresses: tuple[tuple[str, int], ...] = dataclasses.field(default=(), repr=False)
+
+    @classmethod
+    def from_kwargs(cls, **settings: Any) -> "ProducerConfig":
+        names = _setting_names()
+        for name in settings:
+            if name not in names:
+                raise ConfigError(f"unknown setting {name!r}{_suggest(name, names)}")
+        if "bootstrap_servers" not in settings:
+            raise ConfigError("bootstrap_servers is required, e.g. \"localhost:9092\"")
+        explicit_idempotence = settings.get("enable_idempotence")
+        config = cls(**settings)
+        return config._validated(explicit_idempotence)
+
+    @classmethod
+    def from_properties(cls, properties: Mapping[str, Any]) -> "ProducerConfig":
+        """Settings as Kafka's tools and property files give them: dotted names, string values."""
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        settings: dict[str, Any] = {}
+        for key, raw in properties.items():
+            name = key.strip().replace(".", "_").replace("-", "_")
+            if name not in _setting_names():
+                raise ConfigError(f"unknown setting {key!r}{_suggest(name, _setting_names())}")
+            settings[name] = _parse(name, fields[name].default, raw)
+        return cls.from_kwargs(**settings)
+
+    def _validated(self, explicit_idempotence: Any) -> "ProducerConfig":
+        changes: dict[str, Any] = {"bootstrap_addresses": _parse_bootstrap(self.bootstrap_servers)}
+        acks = {"all": -1, "-1": -1, -1: -1, "1": 1, 1: 1, "0": 0, 0: 0}.get(
+            self.acks if not isinstance(self.acks, bool) else None)  # type: ignore[arg-type]
+        if acks is None:
+            raise ConfigError(f"acks must be 0, 1 or \"all\" (or -1), not {self.acks!r}")
+        changes["acks"] = acks
+        for name, low in (("linger_ms", 0), ("batch_size", 1), ("buffer_memory", 1),
+                          ("max_block_ms", 0), ("max_request_size", 1),
+                          ("request_timeout_ms", 1), ("delivery_timeout_ms", 1), ("retries", 0),
+                          ("retry_backoff_ms", 0), ("retry_backoff_max_ms", 0),
+                          ("reconnect_backoff_ms", 0), ("reconnect_backoff_max_ms", 0),
+                          ("max_in_flight_requests_per_connection", 1),
+                          ("metadata_max_age_ms", 0), ("transaction_timeout_ms", 1)):
+            _check_int(name, getattr(self, name), low)
+        if self.compression_level is not None:
+            _check_int("compression_level", self.compression_level, -131072)
+        for name in ("enable_idempotence", "allow_auto_create_topics"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be True or False, not {getattr(self, name)!r}")
+        if self.compression_type not in _CODECS:
+            raise ConfigError(f"compression_type must be one of {', '.join(_CODECS)}, not "
+                              f"{self.compression_type!r}")
+        if not isinstance(self.client_id, str):
+            raise ConfigError(f"client_id must be a str, not {self.client_id!r}")
+        if self.transactional_id is not None and (
+                not isinstance(self.transactional_id, str) or not self.transactional_id):
+            raise ConfigError(f"transactional_id must be a non-empty str, not "
+                              f"{self.transactional_id!r}")
+        for name in ("key_serializer", "value_serializer"):
+            if getattr(self, name) is not None and not callable(getattr(self, name)):
+                raise ConfigError(f"{name} must be a callable returning bytes")
+        if self.delivery_timeout_ms < self.linger_ms + self.request_timeout_ms:
+            raise ConfigError(
+                f"delivery_timeout_ms ({self.delivery_timeout_ms}) must be at least linger_ms "
+                f"+ request_timeout_ms ({self.linger_ms} + {self.request_timeout_ms})")
+        if self.retry_backoff_max_ms < self.retry_backoff_ms:
+            raise ConfigError(f"retry_backoff_max_ms ({self.retry_backoff_max_ms}) must be at "
+                              f"least retry_backoff_ms ({self.retry_backoff_ms})")
+        if self.batch_size > self.max_request_size:
+            changes["batch_size"] = self.max_request_size  # a batch must fit in a request
+        conflicts = [text for bad, text in (
+            (acks != -1, f"acks={self.acks!r} (needs \"all\")"),
+            (self.retries == 0, "retries=0 (needs > 0)"),
+            (self.max_in_flight_requests_per_connection > 5,
+             f"max_in_flight_requests_per_connection="
+             f"{self.max_in_flight_requests_per_connection} (needs <= 5)"),
+        ) if bad]
+        if self.transactional_id is not None and explicit_idempotence is False:
+            raise ConfigError("transactional_id needs enable_idempotence=True")
+        if conflicts and (explicit_idempotence is True or self.transactional_id is not None):
+            raise ConfigError("enable_idempotence conflicts with " + ", ".join(conflicts))
+        if conflicts:
+            changes["enable_idempotence"] = False  # only defaulted: off, as in the Java client
+        return dataclasses.replace(self, **changes)
+
+
+def _setting_names() -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(ProducerConfig)
+                     if f.name != "bootstrap_addresses")
+
+
+def _suggest(name: str, names: frozenset[str]) -> str:
+    close = difflib.get_close_matches(name, sorted(names), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _check_int(name: str, value: Any, low: int) -> None:
+    if type(value) is not int:
+        raise ConfigError(f"{name} must be an int, not {type(value).__name__} ({value!r})")
+    if not low <= value <= _MAX_INT:
+        raise ConfigError(f"{name} must be between {low} and {_MAX_INT}, not {value}")
+
+
+def _parse(name: str, default: Any, raw: Any) -> Any:
+    """A property file's string value, as the type of the setting's default."""
+    if not isinstance(raw, str):
+        return raw
+    text = raw.strip()
+    if name == "acks" or isinstance(default, str) or name in ("transactional_id",):
+        return text
+    if isinstance(default, bool):
+        if text.lower() in ("true", "false"):
+            return text.lower() == "true"
+        raise ConfigError(f"{name} must be true or false, not {raw!r}")
+    if isinstance(default, int) or name == "compression_level":
+        try:
+            return int(text)
+        except ValueError:
+            raise ConfigError(f"{name} must be an integer, not {raw!r}") from None
+    if name == "bootstrap_servers":
+        return text
+    raise ConfigError(f"{name} cannot be given as text")
+
+
+def _parse_bootstrap(servers: Any) -> tuple[tuple[str, int], ...]:
+    items = servers.split(",") if isinstance(servers, str) else servers
+    if not isinstance(items, (list, tuple)) or not all(isinstance(i, str) for i in items):
+        raise ConfigError(f"bootstrap_servers must be \"host:port,...\" or a list of "
+                          f"\"host:port\", not {servers!r}")
+    addresses = []
+    for item in items:
+        match = _ADDRESS.match(item)
+        port = int(match["port"]) if match else 0
+        if not match or not 0 < port < 65536:
+            raise ConfigError(f"bootstrap_servers: {item!r} is not \"host:port\" (e.g. "
+                              "\"localhost:9092\" or \"[::1]:9092\")")
+        addresses.append((match["ipv6"] or match["host"], port))
+    if not addresses:
+        raise ConfigError("bootstrap_servers is empty: give at least one \"host:port\"")
+    return tuple(addresses)

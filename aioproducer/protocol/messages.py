@@ -1,0 +1,318 @@
+"""The requests and responses the producer speaks, each version we support.
+
+Fields follow Apache Kafka's JSON message definitions (clients/src/main/resources/common/
+message/), names in snake case. Request header v1 (v2 when flexible); response header v0 (v1
+when flexible, except ApiVersions, whose response header is always v0 so that any client
+can read it).
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from functools import lru_cache
+from typing import Any, Mapping
+
+from ..errors import CorruptMessageError, UnsupportedVersionError
+from .primitives import Field as F
+from .primitives import Reader, compile_reader, compile_writer
+
+
+class ApiKey(enum.IntEnum):
+    PRODUCE = 0
+    METADATA = 3
+    FIND_COORDINATOR = 10
+    SASL_HANDSHAKE = 17
+    API_VERSIONS = 18
+    CREATE_TOPICS = 19
+    INIT_PRODUCER_ID = 22
+    ADD_PARTITIONS_TO_TXN = 24
+    ADD_OFFSETS_TO_TXN = 25
+    END_TXN = 26
+    TXN_OFFSET_COMMIT = 28
+    SASL_AUTHENTICATE = 36
+
+
+# (lowest, highest) version we implement, and the first flexible version (99: none).
+CLIENT_VERSIONS: dict[ApiKey, tuple[int, int]] = {
+    ApiKey.PRODUCE: (3, 11),
+    ApiKey.METADATA: (1, 12),
+    ApiKey.FIND_COORDINATOR: (0, 4),
+    ApiKey.SASL_HANDSHAKE: (0, 1),
+    ApiKey.API_VERSIONS: (0, 3),
+    ApiKey.CREATE_TOPICS: (0, 7),
+    ApiKey.INIT_PRODUCER_ID: (0, 5),
+    ApiKey.ADD_PARTITIONS_TO_TXN: (0, 3),  # 4+ batch several transactions (and crash Tansu)
+    ApiKey.ADD_OFFSETS_TO_TXN: (0, 3),
+    ApiKey.END_TXN: (0, 3),
+    ApiKey.TXN_OFFSET_COMMIT: (0, 3),
+    ApiKey.SASL_AUTHENTICATE: (0, 2),
+}
+FLEXIBLE_FROM: dict[ApiKey, int] = {
+    ApiKey.PRODUCE: 9, ApiKey.METADATA: 9, ApiKey.FIND_COORDINATOR: 3,
+    ApiKey.SASL_HANDSHAKE: 99, ApiKey.API_VERSIONS: 3, ApiKey.CREATE_TOPICS: 5,
+    ApiKey.INIT_PRODUCER_ID: 2, ApiKey.ADD_PARTITIONS_TO_TXN: 3, ApiKey.ADD_OFFSETS_TO_TXN: 3,
+    ApiKey.END_TXN: 3, ApiKey.TXN_OFFSET_COMMIT: 3, ApiKey.SASL_AUTHENTICATE: 2,
+}
+
+_REQUESTS: dict[ApiKey, tuple[F, ...]] = {
+    ApiKey.API_VERSIONS: (
+        F("client_software_name", "string", (3, 99)),
+        F("client_software_version", "string", (3, 99)),
+    ),
+    ApiKey.METADATA: (
+        F("topics", (
+            F("topic_id", "uuid", (10, 99)),
+            F("name", "string", nullable_from=10),
+        ), nullable_from=1),
+        F("allow_auto_topic_creation", "bool", (4, 99), default=True),
+        F("include_cluster_authorized_operations", "bool", (8, 10)),
+        F("include_topic_authorized_operations", "bool", (8, 99)),
+    ),
+    ApiKey.PRODUCE: (
+        F("transactional_id", "string", (3, 99), nullable_from=3),
+        F("acks", "int16"),
+        F("timeout_ms", "int32"),
+        F("topic_data", (
+            F("name", "string"),
+            F("partition_data", (
+                F("index", "int32"),
+                F("records", "records", nullable_from=0),
+            )),
+        )),
+    ),
+    ApiKey.INIT_PRODUCER_ID: (
+        F("transactional_id", "string", nullable_from=0),
+        F("transaction_timeout_ms", "int32"),
+        F("producer_id", "int64", (3, 99), default=-1),
+        F("producer_epoch", "int16", (3, 99), default=-1),
+    ),
+    ApiKey.FIND_COORDINATOR: (
+        F("key", "string", (0, 3)),
+        F("key_type", "int8", (1, 99)),
+        F("coordinator_keys", "[string]", (4, 99)),
+    ),
+    ApiKey.CREATE_TOPICS: (
+        F("topics", (
+            F("name", "string"),
+            F("num_partitions", "int32", default=-1),
+            F("replication_factor", "int16", default=-1),
+            F("assignments", (F("partition_index", "int32"), F("broker_ids", "[int32]"))),
+            F("configs", (F("name", "string"), F("value", "string", nullable_from=0))),
+        )),
+        F("timeout_ms", "int32", default=60000),
+        F("validate_only", "bool", (1, 99)),
+    ),
+    ApiKey.ADD_PARTITIONS_TO_TXN: (
+        F("v3_and_below_transactional_id", "string", (0, 3)),
+        F("v3_and_below_producer_id", "int64", (0, 3)),
+        F("v3_and_below_producer_epoch", "int16", (0, 3)),
+        F("v3_and_below_topics", (F("name", "string"), F("partitions", "[int32]")), (0, 3)),
+    ),
+    ApiKey.ADD_OFFSETS_TO_TXN: (
+        F("transactional_id", "string"),
+        F("producer_id", "int64"),
+        F("producer_epoch", "int16"),
+        F("group_id", "string"),
+    ),
+    ApiKey.END_TXN: (
+        F("transactional_id", "string"),
+        F("producer_id", "int64"),
+        F("producer_epoch", "int16"),
+        F("committed", "bool"),
+    ),
+    ApiKey.TXN_OFFSET_COMMIT: (
+        F("transactional_id", "string"),
+        F("group_id", "string"),
+        F("producer_id", "int64"),
+        F("producer_epoch", "int16"),
+        F("generation_id", "int32", (3, 99), default=-1),
+        F("member_id", "string", (3, 99)),
+        F("group_instance_id", "string", (3, 99), nullable_from=3),
+        F("topics", (
+            F("name", "string"),
+            F("partitions", (
+                F("partition_index", "int32"),
+                F("committed_offset", "int64"),
+                F("committed_leader_epoch", "int32", (2, 99), default=-1),
+                F("committed_metadata", "string", nullable_from=0),
+            )),
+        )),
+    ),
+    ApiKey.SASL_HANDSHAKE: (F("mechanism", "string"),),
+    ApiKey.SASL_AUTHENTICATE: (F("auth_bytes", "bytes"),),
+}
+
+_RESPONSES: dict[ApiKey, tuple[F, ...]] = {
+    ApiKey.API_VERSIONS: (
+        F("error_code", "int16"),
+        F("api_keys", (F("api_key", "int16"), F("min_version", "int16"), F("max_version", "int16"))),
+        F("throttle_time_ms", "int32", (1, 99)),
+    ),
+    ApiKey.METADATA: (
+        F("throttle_time_ms", "int32", (3, 99)),
+        F("brokers", (
+            F("node_id", "int32"), F("host", "string"), F("port", "int32"),
+            F("rack", "string", (1, 99), nullable_from=1),
+        )),
+        F("cluster_id", "string", (2, 99), nullable_from=2),
+        F("controller_id", "int32", (1, 99)),
+        F("topics", (
+            F("error_code", "int16"),
+            F("name", "string", nullable_from=12),
+            F("topic_id", "uuid", (10, 99)),
+            F("is_internal", "bool", (1, 99)),
+            F("partitions", (
+                F("error_code", "int16"),
+                F("partition_index", "int32"),
+                F("leader_id", "int32"),
+                F("leader_epoch", "int32", (7, 99)),
+                F("replica_nodes", "[int32]"),
+                F("isr_nodes", "[int32]"),
+                F("offline_replicas", "[int32]", (5, 99)),
+            )),
+            F("topic_authorized_operations", "int32", (8, 99)),
+        )),
+        F("cluster_authorized_operations", "int32", (8, 10)),
+    ),
+    ApiKey.PRODUCE: (
+        F("responses", (
+            F("name", "string"),
+            F("partition_responses", (
+                F("index", "int32"),
+                F("error_code", "int16"),
+                F("base_offset", "int64"),
+                F("log_append_time_ms", "int64", (2, 99)),
+                F("log_start_offset", "int64", (5, 99)),
+                F("record_errors", (
+                    F("batch_index", "int32"),
+                    F("batch_index_error_message", "string", nullable_from=0),
+                ), (8, 99)),
+                F("error_message", "string", (8, 99), nullable_from=0),
+            )),
+        )),
+        F("throttle_time_ms", "int32", (1, 99)),
+    ),
+    ApiKey.INIT_PRODUCER_ID: (
+        F("throttle_time_ms", "int32"),
+        F("error_code", "int16"),
+        F("producer_id", "int64"),
+        F("producer_epoch", "int16"),
+    ),
+    ApiKey.FIND_COORDINATOR: (
+        F("throttle_time_ms", "int32", (1, 99)),
+        F("error_code", "int16", (0, 3)),
+        F("error_message", "string", (1, 3), nullable_from=1),
+        F("node_id", "int32", (0, 3)),
+        F("host", "string", (0, 3)),
+        F("port", "int32", (0, 3)),
+        F("coordinators", (
+            F("key", "string"), F("node_id", "int32"), F("host", "string"), F("port", "int32"),
+            F("error_code", "int16"), F("error_message", "string", nullable_from=0),
+        ), (4, 99)),
+    ),
+    ApiKey.CREATE_TOPICS: (
+        F("throttle_time_ms", "int32", (2, 99)),
+        F("topics", (
+            F("name", "string"),
+            F("topic_id", "uuid", (7, 99)),
+            F("error_code", "int16"),
+            F("error_message", "string", (1, 99), nullable_from=0),
+            F("num_partitions", "int32", (5, 99)),
+            F("replication_factor", "int16", (5, 99)),
+            F("configs", (
+                F("name", "string"), F("value", "string", nullable_from=0),
+                F("read_only", "bool"), F("config_source", "int8"), F("is_sensitive", "bool"),
+            ), (5, 99), nullable_from=5),
+        )),
+    ),
+    ApiKey.ADD_PARTITIONS_TO_TXN: (
+        F("throttle_time_ms", "int32"),
+        F("results_by_topic_v3_and_below", (
+            F("name", "string"),
+            F("results_by_partition", (F("partition_index", "int32"),
+                                       F("partition_error_code", "int16"))),
+        ), (0, 3)),
+    ),
+    ApiKey.ADD_OFFSETS_TO_TXN: (F("throttle_time_ms", "int32"), F("error_code", "int16")),
+    ApiKey.END_TXN: (F("throttle_time_ms", "int32"), F("error_code", "int16")),
+    ApiKey.TXN_OFFSET_COMMIT: (
+        F("throttle_time_ms", "int32"),
+        F("topics", (
+            F("name", "string"),
+            F("partitions", (F("partition_index", "int32"), F("error_code", "int16"))),
+        )),
+    ),
+    ApiKey.SASL_HANDSHAKE: (F("error_code", "int16"), F("mechanisms", "[string]")),
+    ApiKey.SASL_AUTHENTICATE: (
+        F("error_code", "int16"),
+        F("error_message", "string", nullable_from=0),
+        F("auth_bytes", "bytes"),
+        F("session_lifetime_ms", "int64", (1, 99)),
+    ),
+}
+
+_HEADER = struct.Struct(">ihhi")  # size, api_key, api_version, correlation_id
+_INT16 = struct.Struct(">h")
+_CORRELATION = struct.Struct(">i")
+
+
+def pick_version(api_key: ApiKey, broker_range: tuple[int, int] | None) -> int:
+    """The highest version of `api_key` both we and the broker speak."""
+    ours = CLIENT_VERSIONS[api_key]
+    if broker_range is None:
+        raise UnsupportedVersionError(
+            f"the broker does not support {api_key.name} (we speak versions {ours[0]}-{ours[1]})")
+    low, high = max(ours[0], broker_range[0]), min(ours[1], broker_range[1])
+    if low > high:
+        raise UnsupportedVersionError(
+            f"no common version of {api_key.name}: we speak {ours[0]}-{ours[1]}, the broker "
+            f"{broker_range[0]}-{broker_range[1]}")
+    return high
+
+
+def _flexible(api_key: ApiKey, version: int) -> bool:
+    return version >= FLEXIBLE_FROM[api_key]
+
+
+@lru_cache(maxsize=None)
+def _request_writer(api_key: ApiKey, version: int):  # type: ignore[no-untyped-def]
+    return compile_writer(_REQUESTS[api_key], version, _flexible(api_key, version))
+
+
+@lru_cache(maxsize=None)
+def _response_reader(api_key: ApiKey, version: int):  # type: ignore[no-untyped-def]
+    return compile_reader(_RESPONSES[api_key], version, _flexible(api_key, version))
+
+
+def encode_request(api_key: ApiKey, version: int, correlation_id: int, client_id: str | None,
+                   body: Mapping[str, Any]) -> bytes:
+    """A whole request frame, size prefix included."""
+    parts: list[bytes] = [b""]
+    if client_id is None:
+        parts.append(_INT16.pack(-1))
+    else:
+        client = client_id.encode()
+        parts.append(_INT16.pack(len(client)))
+        parts.append(client)
+    if _flexible(api_key, version):
+        parts.append(b"\x00")  # request header v2: no tagged fields
+    _request_writer(api_key, version)(parts, body)
+    size = sum(len(p) for p in parts) + 8
+    parts[0] = _HEADER.pack(size, api_key, version, correlation_id)
+    return b"".join(parts)
+
+
+def response_correlation_id(frame: bytes | memoryview) -> int:
+    if len(frame) < 4:
+        raise CorruptMessageError("a response shorter than its header")
+    return _CORRELATION.unpack_from(frame)[0]
+
+
+def decode_response(api_key: ApiKey, version: int, frame: bytes | memoryview) -> dict[str, Any]:
+    """The body of a response frame (the bytes after the size prefix)."""
+    reader = Reader(frame, 4)
+    if _flexible(api_key, version) and api_key != ApiKey.API_VERSIONS:
+        reader.skip_tags()  # response header v1
+    body = _response_reader(api_key, version)(reader)
+    return body

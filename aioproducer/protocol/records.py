@@ -1,0 +1,287 @@
+"""RecordBatch v2 (magic 2): the writer the producer appends to, and a reader for tests and
+tools. Layout: https://kafka.apache.org/documentation/#recordbatch
+
+The writer encodes each record into the batch's bytearray when it is appended, so a buffered
+record costs bytes, not Python objects (the garbage collector's cost of holding objects per
+record is what bounds Python producers). Compression runs once, when the batch closes. The
+61-byte header is built last and can be built again: the producer id, epoch and base
+sequence are known only when the batch is sent, and change when a retry needs a new epoch.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Sequence
+
+import crc32c
+
+from ..errors import CorruptMessageError
+from .compression import Codec, compress, decompress
+
+HEADER_SIZE = 61
+_HEADER = struct.Struct(">qiibIhiqqqhii")  # from base_offset to the record count
+_CRC_FROM = 21  # the CRC covers attributes .. end
+_TRANSACTIONAL = 0x10
+_CONTROL = 0x20
+
+Headers = Sequence[tuple[str, "bytes | None"]]
+
+
+def _varint(n: int) -> bytes:
+    """Zigzag varint (signed), as records use for lengths, deltas and header counts."""
+    z = (n << 1) ^ (n >> 63)
+    out = bytearray()
+    while z > 0x7F:
+        out.append((z & 0x7F) | 0x80)
+        z >>= 7
+    out.append(z)
+    return bytes(out)
+
+
+# Lengths, offset deltas and small timestamp deltas hit this table: one list index instead of
+# a loop per varint on the hot path.
+_SMALL_MAX = 1 << 14
+_SMALL = [_varint(n) for n in range(-1, _SMALL_MAX)]
+
+
+def varint(n: int) -> bytes:
+    return _SMALL[n + 1] if -1 <= n < _SMALL_MAX else _varint(n)
+
+
+class BatchWriter:
+    """Records of one RecordBatch v2, encoded as they are appended."""
+
+    __slots__ = ("_buffer", "base_timestamp", "max_timestamp", "count", "size", "_limit",
+                 "_payload", "_codec")
+
+    def __init__(self, buffer: bytearray, base_timestamp: int, limit: int) -> None:
+        self._buffer = buffer
+        self.base_timestamp = base_timestamp
+        self.max_timestamp = base_timestamp
+        self.count = 0
+        self.size = HEADER_SIZE  # on the wire, uncompressed
+        self._limit = limit
+        self._payload: bytes | bytearray | None = None
+        self._codec = Codec.NONE
+
+    def try_append(self, timestamp_ms: int, key: bytes | None, value: bytes | None,
+                   headers: Headers | None) -> bool:
+        """Append a record unless it would take the batch past its limit (the first record
+        always fits: a record larger than a batch gets a batch of its own)."""
+        small = _SMALL
+        delta = timestamp_ms - self.base_timestamp
+        count = self.count
+        t = small[delta + 1] if -1 <= delta < _SMALL_MAX else _varint(delta)
+        o = small[count + 1] if count < _SMALL_MAX else _varint(count)
+        if key is None:
+            k = b"\x01"
+            key_length = 0
+        else:
+            key_length = len(key)
+            k = small[key_length + 1] if key_length < _SMALL_MAX else _varint(key_length)
+        if value is None:
+            v = b"\x01"
+            value_length = 0
+        else:
+            value_length = len(value)
+            v = small[value_length + 1] if value_length < _SMALL_MAX else _varint(value_length)
+        h = _encode_headers(headers) if headers else b"\x00"
+        length = 1 + len(t) + len(o) + len(k) + key_length + len(v) + value_length + len(h)
+        prefix = small[length + 1] if length < _SMALL_MAX else _varint(length)
+        size = self.size + len(prefix) + length
+        if size > self._limit and count:
+            return False
+        buffer = self._buffer
+        buffer += prefix
+        buffer += b"\x00"  # record attributes
+        buffer += t
+        buffer += o
+        buffer += k
+        if key_length:
+            buffer += key
+        buffer += v
+        if value_length:
+            buffer += value
+        buffer += h
+        self.size = size
+        self.count = count + 1
+        if timestamp_ms > self.max_timestamp:
+            self.max_timestamp = timestamp_ms
+        return True
+
+    def close(self, codec: Codec, level: int | None = None) -> None:
+        """No more appends; compress the records once."""
+        self._codec = codec
+        self._payload = compress(codec, self._buffer, level) if codec else self._buffer
+
+    def encode(self, *, producer_id: int = -1, producer_epoch: int = -1,
+               base_sequence: int = -1, transactional: bool = False) -> bytes:
+        """The batch as it goes on the wire (after close()); may be called again for a retry."""
+        payload = self._payload
+        assert payload is not None, "close() the batch before encoding it"
+        attributes = int(self._codec) | (_TRANSACTIONAL if transactional else 0)
+        header = bytearray(_HEADER.pack(
+            0, HEADER_SIZE - 12 + len(payload), -1, 2, 0, attributes, self.count - 1,
+            self.base_timestamp, self.max_timestamp, producer_id, producer_epoch,
+            base_sequence, self.count))
+        crc = crc32c.crc32c(payload, crc32c.crc32c(header[_CRC_FROM:]))
+        struct.pack_into(">I", header, 17, crc)
+        header += payload
+        return bytes(header)
+
+
+def _encode_headers(headers: Headers) -> bytes:
+    out = bytearray(varint(len(headers)))
+    for name, value in headers:
+        encoded = name.encode()
+        out += varint(len(encoded))
+        out += encoded
+        if value is None:
+            out += b"\x01"
+        else:
+            out += varint(len(value))
+            out += value
+    return bytes(out)
+
+
+def record_size_upper_bound(key: bytes | None, value: bytes | None, headers: Headers | None) -> int:
+    """Wire size of a batch holding only this record, uncompressed."""
+    size = HEADER_SIZE + 5 + 1 + 10 + 5 + 5 + 5 + 5  # length, attrs, deltas, lengths, count
+    size += len(key) if key is not None else 0
+    size += len(value) if value is not None else 0
+    if headers:
+        size += len(_encode_headers(headers))
+    return size
+
+
+# -- reading ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Record:
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...]
+
+
+@dataclass(frozen=True)
+class RecordBatch:
+    base_offset: int
+    partition_leader_epoch: int
+    magic: int
+    crc: int
+    attributes: int
+    last_offset_delta: int
+    base_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    records: tuple[Record, ...]
+
+    @property
+    def codec(self) -> Codec:
+        return Codec(self.attributes & 0x07)
+
+    @property
+    def timestamp_type(self) -> str:
+        return "LogAppendTime" if self.attributes & 0x08 else "CreateTime"
+
+    @property
+    def is_transactional(self) -> bool:
+        return bool(self.attributes & _TRANSACTIONAL)
+
+    @property
+    def is_control(self) -> bool:
+        return bool(self.attributes & _CONTROL)
+
+    @property
+    def control_type(self) -> str | None:
+        """"COMMIT" or "ABORT" for a control batch (from its record's key), else None."""
+        if not self.is_control or not self.records or not self.records[0].key:
+            return None
+        _, kind = struct.unpack_from(">hh", self.records[0].key)
+        return {0: "ABORT", 1: "COMMIT"}.get(kind, f"CONTROL-{kind}")
+
+
+class _Cursor:
+    __slots__ = ("data", "position")
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.position = 0
+
+    def varint(self) -> int:
+        shift = result = 0
+        while True:
+            if self.position >= len(self.data):
+                raise CorruptMessageError("a record ends in the middle of a varint")
+            byte = self.data[self.position]
+            self.position += 1
+            result |= (byte & 0x7F) << shift
+            if not byte & 0x80:
+                return (result >> 1) ^ -(result & 1)
+            shift += 7
+            if shift > 63:
+                raise CorruptMessageError("a varint is longer than 10 bytes")
+
+    def take(self, length: int) -> bytes | None:
+        if length < 0:
+            return None
+        end = self.position + length
+        if end > len(self.data):
+            raise CorruptMessageError("a record is longer than its batch")
+        chunk = self.data[self.position:end]
+        self.position = end
+        return chunk
+
+
+def read_batches(data: bytes | memoryview) -> list[RecordBatch]:
+    """Decode concatenated v2 batches (as a Fetch returns them), checking each CRC-32C.
+
+    A trailing partial batch is ignored, not an error: brokers may cut a Fetch response in
+    the middle of a batch. A CRC mismatch raises CorruptMessageError."""
+    data = bytes(data)
+    batches = []
+    position = 0
+    while len(data) - position >= HEADER_SIZE:
+        fields = _HEADER.unpack_from(data, position)
+        (base_offset, batch_length, leader_epoch, magic, crc, attributes, last_delta,
+         base_ts, max_ts, producer_id, producer_epoch, base_sequence, count) = fields
+        end = position + 12 + batch_length
+        if batch_length < HEADER_SIZE - 12:
+            raise CorruptMessageError(f"batch at offset {base_offset} has length {batch_length}")
+        if end > len(data):
+            break
+        if magic != 2:
+            raise CorruptMessageError(f"batch at offset {base_offset} has magic {magic}, not 2")
+        if crc32c.crc32c(data[position + _CRC_FROM:end]) != crc:
+            raise CorruptMessageError(f"batch at offset {base_offset} fails its CRC-32C")
+        payload = data[position + HEADER_SIZE:end]
+        if attributes & 0x07:
+            payload = decompress(Codec(attributes & 0x07), payload)
+        cursor = _Cursor(payload)
+        records = []
+        for _ in range(count):
+            length = cursor.varint()
+            record_end = cursor.position + length
+            cursor.position += 1  # attributes
+            timestamp = base_ts + cursor.varint()
+            offset = base_offset + cursor.varint()
+            key = cursor.take(cursor.varint())
+            value = cursor.take(cursor.varint())
+            headers = []
+            for _ in range(cursor.varint()):
+                name = cursor.take(cursor.varint())
+                headers.append(((name or b"").decode(), cursor.take(cursor.varint())))
+            if cursor.position != record_end:
+                raise CorruptMessageError(f"record at offset {offset} has a wrong length")
+            records.append(Record(offset, timestamp, key, value, tuple(headers)))
+        batches.append(RecordBatch(base_offset, leader_epoch, magic, crc, attributes, last_delta,
+                                   base_ts, max_ts, producer_id, producer_epoch, base_sequence,
+                                   tuple(records)))
+        position = end
+    return batches

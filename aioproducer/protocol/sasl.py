@@ -1,0 +1,112 @@
+"""SASL mechanisms as pure state machines: bytes from the server in, bytes to send out.
+
+The connection carries each step in a SaslAuthenticate request (after SaslHandshake names the
+mechanism, KIP-152). PLAIN sends the credentials in one message, so use it only over TLS.
+SCRAM (RFC 5802, RFC 7677) never sends the password and checks the server's signature, so a
+server that does not know the password cannot pose as the broker.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import secrets
+
+from ..errors import AuthenticationError
+
+MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+
+
+class SaslMechanism:
+    """One authentication exchange; `step()` until `done`."""
+
+    name: str
+    done = False
+
+    def step(self, challenge: bytes | None) -> bytes | None:
+        """Answer the server's last message (None at the start); None: nothing more to send."""
+        raise NotImplementedError
+
+
+class Plain(SaslMechanism):
+    name = "PLAIN"
+
+    def __init__(self, username: str, password: str) -> None:
+        self._message = b"\0" + username.encode() + b"\0" + password.encode()
+
+    def __repr__(self) -> str:
+        return "<SASL PLAIN>"  # never the credentials
+
+    def step(self, challenge: bytes | None) -> bytes | None:
+        if challenge is None:
+            return self._message
+        self.done = True
+        return None
+
+
+class Scram(SaslMechanism):
+    def __init__(self, name: str, username: str, password: str, nonce: str | None = None) -> None:
+        if name not in ("SCRAM-SHA-256", "SCRAM-SHA-512"):
+            raise ValueError(f"unknown SCRAM mechanism {name!r}")
+        self.name = name
+        self._hash = hashlib.sha256 if name.endswith("256") else hashlib.sha512
+        self._password = password.encode()
+        self._nonce = nonce or secrets.token_urlsafe(24)
+        user = username.replace("=", "=3D").replace(",", "=2C")
+        self._client_first_bare = f"n={user},r={self._nonce}"
+        self._server_signature = b""
+        self._state = "start"
+
+    def __repr__(self) -> str:
+        return f"<SASL {self.name}>"  # never the credentials
+
+    def _hmac(self, key: bytes, message: bytes) -> bytes:
+        return hmac.new(key, message, self._hash).digest()
+
+    def step(self, challenge: bytes | None) -> bytes | None:
+        if self._state == "start":
+            self._state = "first-sent"
+            return ("n,," + self._client_first_bare).encode()
+        if challenge is None:
+            raise AuthenticationError(f"{self.name}: the server sent nothing")
+        if self._state == "first-sent":
+            self._state = "final-sent"
+            return self._client_final(challenge.decode())
+        if self._state == "final-sent":
+            fields = _parse(challenge.decode())
+            if "e" in fields:
+                raise AuthenticationError(f"{self.name} failed: the server says {fields['e']!r}")
+            if not hmac.compare_digest(base64.b64decode(fields.get("v", "")), self._server_signature):
+                raise AuthenticationError(
+                    f"{self.name}: the server's signature is wrong (not the broker we expected?)")
+            self.done = True
+            return None
+        raise AuthenticationError(f"{self.name}: unexpected message after the exchange ended")
+
+    def _client_final(self, server_first: str) -> bytes:
+        fields = _parse(server_first)
+        nonce, salt, iterations = fields.get("r", ""), fields.get("s"), fields.get("i")
+        if not nonce.startswith(self._nonce) or salt is None or iterations is None:
+            raise AuthenticationError(f"{self.name}: malformed server message")
+        salted = hashlib.pbkdf2_hmac(self._hash().name, self._password,
+                                     base64.b64decode(salt), int(iterations))
+        client_key = self._hmac(salted, b"Client Key")
+        stored_key = self._hash(client_key).digest()
+        without_proof = f"c=biws,r={nonce}"
+        auth_message = f"{self._client_first_bare},{server_first},{without_proof}".encode()
+        signature = self._hmac(stored_key, auth_message)
+        proof = bytes(a ^ b for a, b in zip(client_key, signature))
+        self._server_signature = self._hmac(self._hmac(salted, b"Server Key"), auth_message)
+        return f"{without_proof},p={base64.b64encode(proof).decode()}".encode()
+
+
+def _parse(message: str) -> dict[str, str]:
+    return dict(part.split("=", 1) for part in message.split(",") if "=" in part)
+
+
+def mechanism(name: str, username: str, password: str) -> SaslMechanism:
+    """The mechanism named by the `sasl_mechanism` setting."""
+    if name == "PLAIN":
+        return Plain(username, password)
+    return Scram(name, username, password)

@@ -1,0 +1,5 @@
+"""Testing helpers: an embedded Kafka-compatible dev broker."""
+
+from .broker import BrokerError, EmbeddedBroker
+
+__all__ = ["BrokerError", "EmbeddedBroker"]

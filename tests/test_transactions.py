@@ -1,0 +1,156 @@
+"""Transactions: markers on the wire, fencing, the state machine, offsets in a transaction.
+
+Tansu shows aborted records to read_committed consumers (its Fetch never lists aborted
+transactions), so commits and aborts are checked on the raw record batches, decoded by
+kafka-python: data batches flagged transactional, then a COMMIT or ABORT control batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+
+from aioproducer import Producer
+from aioproducer.errors import (
+    ProducerFencedError,
+    TransactionAbortedError,
+    TransactionStateError,
+)
+from tests.support.readback import consume_all, fetch_raw_batches
+
+
+def _tid() -> str:
+    return f"txn-{uuid.uuid4().hex[:8]}"
+
+
+def _markers(bootstrap: str, topic: str, partition: int) -> list[str]:
+    """The partition's batches as a list: 'data' for a transactional data batch, else the
+    control type ('COMMIT'/'ABORT')."""
+    out = []
+    for batch in fetch_raw_batches(bootstrap, topic, partition):
+        assert batch.is_transactional, "a batch of a transactional producer was not flagged"
+        out.append(batch.control_type if batch.is_control else "data")
+    return out
+
+
+async def test_commit_writes_commit_markers_on_every_partition(broker, topic_factory):
+    topic = topic_factory(2)
+    async with Producer(broker.bootstrap, transactional_id=_tid()) as producer:
+        async with producer.transaction():
+            for i in range(100):
+                await producer.enqueue(topic, b"%d" % i, partition=i % 2)
+        async with producer.transaction():
+            await producer.send(topic, b"second", partition=0)
+    for partition in (0, 1):
+        markers = _markers(broker.bootstrap, topic, partition)
+        assert markers[-1] == "COMMIT" and "ABORT" not in markers
+    assert _markers(broker.bootstrap, topic, 0).count("COMMIT") == 2
+    got = consume_all(broker.bootstrap, topic, expected=101, isolation_level="read_committed")
+    assert sorted(r.value for r in got) == sorted([b"%d" % i for i in range(100)] + [b"second"])
+
+
+async def test_abort_writes_abort_markers_and_the_producer_goes_on(broker, topic_factory):
+    topic = topic_factory(1)
+    async with Producer(broker.bootstrap, transactional_id=_tid()) as producer:
+        producer.begin_transaction()
+        sent = [await producer.enqueue(topic, b"aborted-%d" % i) for i in range(10)]
+        await producer.flush()
+        await producer.abort_transaction()
+        async with producer.transaction():
+            await producer.send(topic, b"kept")
+    assert all(h.result().offset >= 0 for h in sent)  # written, then marked aborted
+    assert _markers(broker.bootstrap, topic, 0) == ["data", "ABORT", "data", "COMMIT"]
+
+
+async def test_exception_in_transaction_block_aborts_unsent_records(broker, topic):
+    async with Producer(broker.bootstrap, transactional_id=_tid(), linger_ms=10_000) as producer:
+        with pytest.raises(RuntimeError, match="boom"):
+            async with producer.transaction():
+                handle = await producer.enqueue(topic, b"never sent")
+                raise RuntimeError("boom")
+        with pytest.raises(TransactionAbortedError):
+            await handle
+        async with producer.transaction():
+            await producer.send(topic, b"after")
+    markers = _markers(broker.bootstrap, topic, 0)
+    assert markers == ["data", "COMMIT"]  # the aborted record never reached the broker
+
+
+async def test_commit_waits_for_records_still_in_flight(broker, topic_factory):
+    topic = topic_factory(3)
+    async with Producer(broker.bootstrap, transactional_id=_tid(), linger_ms=1000) as producer:
+        producer.begin_transaction()
+        handles = [await producer.enqueue(topic, b"%d" % i) for i in range(5000)]
+        assert not all(h.done() for h in handles)
+        await producer.commit_transaction()  # must not commit before the records are written
+        assert all(h.result().offset >= 0 for h in handles)
+    for partition in range(3):
+        markers = _markers(broker.bootstrap, topic, partition)
+        if markers:
+            assert markers[-1] == "COMMIT" and set(markers[:-1]) == {"data"}
+
+
+async def test_second_producer_with_same_id_fences_the_first(broker, topic):
+    tid = _tid()
+    first = Producer(broker.bootstrap, transactional_id=tid)
+    await first.start()
+    try:
+        first.begin_transaction()
+        await first.send(topic, b"zombie")
+        async with Producer(broker.bootstrap, transactional_id=tid) as second:
+            with pytest.raises(ProducerFencedError):
+                await first.commit_transaction()
+            with pytest.raises(ProducerFencedError):  # fatal: stays fenced
+                first.begin_transaction()
+            async with second.transaction():
+                await second.send(topic, b"successor")
+    finally:
+        await first.close()
+    markers = _markers(broker.bootstrap, topic, 0)
+    assert markers[-1] == "COMMIT"
+    assert "ABORT" in markers  # the zombie's open transaction was aborted by the coordinator
+
+
+@pytest.mark.parametrize("call", [
+    "commit_without_begin", "abort_without_begin", "begin_twice", "send_outside",
+])
+async def test_illegal_transitions(broker, topic, call):
+    async with Producer(broker.bootstrap, transactional_id=_tid()) as producer:
+        with pytest.raises(TransactionStateError):
+            if call == "commit_without_begin":
+                await producer.commit_transaction()
+            elif call == "abort_without_begin":
+                await producer.abort_transaction()
+            elif call == "begin_twice":
+                producer.begin_transaction()
+                producer.begin_transaction()
+            else:
+                await producer.send(topic, b"outside")
+
+
+async def test_transaction_calls_need_a_transactional_id(broker):
+    async with Producer(broker.bootstrap) as producer:
+        with pytest.raises(TransactionStateError, match="transactional_id"):
+            producer.begin_transaction()
+
+
+async def test_send_offsets_to_transaction(broker, topic_factory):
+    from confluent_kafka import Consumer, TopicPartition
+
+    source, sink = topic_factory(1), topic_factory(1)
+    group = f"group-{uuid.uuid4().hex[:8]}"
+    async with Producer(broker.bootstrap, transactional_id=_tid()) as producer:
+        async with producer.transaction():
+            await producer.send(sink, b"derived")
+            await producer.send_offsets_to_transaction({(source, 0): 42}, group)
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group,
+                         "enable.auto.commit": False})
+    try:
+        [committed] = await asyncio.to_thread(
+            consumer.committed, [TopicPartition(source, 0)], 10)
+    finally:
+        consumer.close()
+    assert committed.offset == 42
+    assert _markers(broker.bootstrap, sink, 0) == ["data", "COMMIT"]
