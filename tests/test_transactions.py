@@ -100,9 +100,14 @@ async def test_second_producer_with_same_id_fences_the_first(broker, topic):
         first.begin_transaction()
         await first.send(topic, b"zombie")
         async with Producer(broker.bootstrap, transactional_id=tid) as second:
+            # The zombie learns it is fenced from its next request. (Apache Kafka also answers
+            # a fenced EndTxn with PRODUCER_FENCED; Tansu closes the connection instead, so
+            # the produce request is where both brokers tell.)
             with pytest.raises(ProducerFencedError):
+                await first.send(topic, b"zombie-2")
+            with pytest.raises(ProducerFencedError):  # fatal: it stays fenced
                 await first.commit_transaction()
-            with pytest.raises(ProducerFencedError):  # fatal: stays fenced
+            with pytest.raises(ProducerFencedError):
                 first.begin_transaction()
             async with second.transaction():
                 await second.send(topic, b"successor")

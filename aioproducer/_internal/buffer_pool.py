@@ -81,10 +81,13 @@ class BufferPool:
                         "buffer_memory or max_block_ms"
                     )
                 waiter.wakeup.clear()
+                # A timer instead of asyncio.wait_for, which (before Python 3.12) can swallow
+                # a cancellation that arrives as the wait completes.
+                timer = loop.call_later(remaining, waiter.wakeup.set)
                 try:
-                    await asyncio.wait_for(waiter.wakeup.wait(), remaining)
-                except asyncio.TimeoutError:
-                    pass
+                    await waiter.wakeup.wait()
+                finally:
+                    timer.cancel()
         except BaseException:
             # Timed out or cancelled: give back what was gathered so nothing leaks.
             self.available += waiter.gathered
