@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import shutil
+import sys
 
 import pytest
 
@@ -65,6 +67,8 @@ needs_java = pytest.mark.skipif(shutil.which("java") is None,
 @pytest.fixture(scope="module")
 def spark():
     pyspark = pytest.importorskip("pyspark", reason="install the spark extra: aioproducer[spark]")
+    # Spark's Python workers must run this interpreter (the one with aioproducer installed).
+    os.environ["PYSPARK_PYTHON"] = sys.executable
     session = (pyspark.sql.SparkSession.builder.master("local[2]")
                .appName("aioproducer-tests")
                .config("spark.ui.enabled", "false")
