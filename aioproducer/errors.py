@@ -291,8 +291,10 @@ def _make(code: int, name: str, retriable: bool, description: str) -> type[Broke
         "fatal": code in _FATAL, "abortable": code in _ABORTABLE,
         "__doc__": description, "__module__": __name__,
     }
-    return type(f"Broker{_class_name(name)}" if bases and _class_name(name) in globals()
-                else _class_name(name), (BrokerError, *bases), attributes)
+    class_name = _class_name(name)
+    if class_name in globals():  # a contract class of the same name: keep both reachable
+        class_name = "Broker" + class_name
+    return type(class_name, (BrokerError, *bases), attributes)
 
 
 ERROR_CLASSES: Mapping[int, type[BrokerError]] = {-1: BrokerError}

@@ -1,0 +1,211 @@
+"""One benchmark run in this (fresh) process: `python benchmarks/clients.py CLIENT SCENARIO ...`.
+
+Prints one JSON line: wall seconds of the produce phase, the process's CPU seconds, peak RSS,
+and latencies for the latency scenario. The runner (run.py) counts the records back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import time
+
+SETTINGS = {"acks": 1, "linger_ms": 5, "batch_size": 16384}
+
+
+def records(n: int, value_size: int):
+    value = os.urandom(value_size)
+    return [(b"key-%012d" % (i % 100_000), value) for i in range(n)]
+
+
+# -- aioproducer ---------------------------------------------------------------------------------
+
+async def aioproducer_run(args, data):
+    from aioproducer import Producer
+
+    settings = dict(SETTINGS, enable_idempotence=args.idempotence, compression_type=args.codec)
+    if args.idempotence:
+        settings["acks"] = "all"  # idempotence needs it
+    if args.scenario == "latency":
+        settings["linger_ms"] = 0
+    async with Producer(args.bootstrap, **settings) as producer:
+        return await SHAPES[args.scenario](producer.enqueue, producer.send, producer.flush,
+                                           args, data)
+
+
+# -- aiokafka ------------------------------------------------------------------------------------
+
+async def aiokafka_run(args, data):
+    from aiokafka import AIOKafkaProducer
+
+    producer = AIOKafkaProducer(bootstrap_servers=args.bootstrap, acks=1,
+                                linger_ms=0 if args.scenario == "latency" else 5,
+                                max_batch_size=16384, enable_idempotence=False,
+                                compression_type=None if args.codec == "none" else args.codec)
+    await producer.start()
+    try:
+        if args.scenario == "bulk":
+            return await aiokafka_batches(producer, args, data)
+
+        async def enqueue(topic, value, key):
+            return await producer.send(topic, value, key=key)
+        return await SHAPES[args.scenario](enqueue, producer.send_and_wait, producer.flush,
+                                           args, data)
+    finally:
+        await producer.stop()
+
+
+async def aiokafka_batches(producer, args, data):
+    """aiokafka's batch API: build a batch per partition, send_batch, gather the futures."""
+    partitions = sorted(await producer.partitions_for(args.topic))
+    start = time.perf_counter()
+    futures = []
+    batch = producer.create_batch()
+    partition = 0
+    for key, value in data:
+        if batch.append(key=key, value=value, timestamp=None) is None:
+            futures.append(await producer.send_batch(batch, args.topic, partition=partition))
+            partition = (partition + 1) % len(partitions)
+            batch = producer.create_batch()
+            batch.append(key=key, value=value, timestamp=None)
+    futures.append(await producer.send_batch(batch, args.topic, partition=partition))
+    await asyncio.gather(*futures)
+    return time.perf_counter() - start, []
+
+
+# -- confluent-kafka -----------------------------------------------------------------------------
+
+def _confluent_config(args):
+    return {"bootstrap.servers": args.bootstrap, "acks": 1, "enable.idempotence": False,
+            "linger.ms": 0 if args.scenario == "latency" else 5, "batch.size": 16384,
+            "compression.type": args.codec}
+
+
+def confluent_sync_run(args, data):
+    from confluent_kafka import Producer
+
+    producer = Producer(_confluent_config(args))
+    latencies = []
+    start = time.perf_counter()
+    if args.scenario == "latency":
+        interval = 1 / args.rate
+        for i, (key, value) in enumerate(data):
+            sent = start + i * interval
+            while time.perf_counter() < sent:
+                producer.poll(min(0.0005, max(0.0, sent - time.perf_counter())))
+            producer.produce(args.topic, value, key, on_delivery=lambda err, msg, t=time.perf_counter():
+                             latencies.append(time.perf_counter() - t))
+            producer.poll(0)
+    else:
+        for key, value in data:
+            while True:
+                try:
+                    producer.produce(args.topic, value, key)
+                    break
+                except BufferError:
+                    producer.poll(0.001)
+            producer.poll(0)
+    producer.flush(60)
+    return time.perf_counter() - start, latencies
+
+
+async def confluent_aio_run(args, data):
+    from confluent_kafka.aio import AIOProducer
+
+    producer = AIOProducer(_confluent_config(args))
+    try:
+        async def enqueue(topic, value, key):
+            return await producer.produce(topic, value, key)
+
+        async def send(topic, value, key):
+            return await (await producer.produce(topic, value, key))
+        return await SHAPES[args.scenario](enqueue, send, producer.flush, args, data)
+    finally:
+        await producer.close()
+
+
+# -- the shapes of use ---------------------------------------------------------------------------
+
+async def per_record(enqueue, send, flush, args, data):
+    """`fut = await enqueue()` per record, every future awaited at the end."""
+    start = time.perf_counter()
+    futures = [await enqueue(args.topic, value, key) for key, value in data]
+    await flush()
+    for future in futures:
+        await future
+    return time.perf_counter() - start, []
+
+
+async def concurrent(enqueue, send, flush, args, data):
+    """1,000 tasks, each awaiting send() in a loop: an async service under load."""
+    tasks = 1000
+    share = len(data) // tasks
+
+    async def worker(part):
+        for key, value in part:
+            await send(args.topic, value, key)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker(data[i * share:(i + 1) * share]) for i in range(tasks)))
+    return time.perf_counter() - start, []
+
+
+async def latency(enqueue, send, flush, args, data):
+    """args.rate records per second, each awaited: send -> ack latency."""
+    latencies = []
+    start = time.perf_counter()
+
+    async def one(key, value):
+        t = time.perf_counter()
+        await send(args.topic, value, key)
+        latencies.append(time.perf_counter() - t)
+
+    tasks = []
+    for i, (key, value) in enumerate(data):
+        delay = start + i / args.rate - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.ensure_future(one(key, value)))
+    await asyncio.gather(*tasks)
+    return time.perf_counter() - start, latencies
+
+
+SHAPES = {"per-record": per_record, "bulk": per_record, "concurrent": concurrent,
+          "latency": latency}
+CLIENTS = {"aioproducer": aioproducer_run, "aiokafka": aiokafka_run,
+           "confluent-sync": confluent_sync_run, "confluent-aio": confluent_aio_run}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("client", choices=CLIENTS)
+    parser.add_argument("scenario", choices=SHAPES)
+    parser.add_argument("--bootstrap", required=True)
+    parser.add_argument("--topic", required=True)
+    parser.add_argument("--records", type=int, required=True)
+    parser.add_argument("--value-size", type=int, default=100)
+    parser.add_argument("--codec", default="none")
+    parser.add_argument("--idempotence", action="store_true")
+    parser.add_argument("--rate", type=float, default=1000)
+    parser.add_argument("--uvloop", action="store_true")
+    args = parser.parse_args()
+    data = records(args.records, args.value_size)
+    run = CLIENTS[args.client]
+    if asyncio.iscoroutinefunction(run):
+        if args.uvloop:
+            import uvloop
+            seconds, latencies = uvloop.run(run(args, data))
+        else:
+            seconds, latencies = asyncio.run(run(args, data))
+    else:
+        seconds, latencies = run(args, data)
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    print(json.dumps({"seconds": seconds, "cpu": usage.ru_utime + usage.ru_stime,
+                      "rss_mb": usage.ru_maxrss / 1024, "latencies": latencies}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,189 @@
+"""aioproducer side by side with aiokafka and confluent-kafka, in one run, on the embedded broker.
+
+    python benchmarks/run.py            # the full run (~10 minutes on 2 cores)
+    python benchmarks/run.py --quick    # ~2 minutes
+    python benchmarks/run.py --only per-record,latency
+
+Each run: a fresh broker, a fresh 6-partition topic, the client in a fresh process, then the
+records are counted back from the broker with librdkafka's consumer; a run whose count is
+wrong is reported as failed, not as fast. Settings are the same for every client: 100-byte
+values, 16-byte keys, acks=1, idempotence off (aiokafka's cannot start against Tansu),
+linger 5 ms, batch 16 KiB. The table shows medians over the repetitions, with ranges, and
+ratios of aioproducer to each peer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from importlib.metadata import version
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from aioproducer.testing import EmbeddedBroker  # noqa: E402
+
+# (scenario, client, records in the full run, extra args)
+PLAN = [
+    ("per-record", "aioproducer", 500_000, []),
+    ("per-record", "aiokafka", 200_000, []),
+    ("per-record", "confluent-aio", 200_000, []),
+    ("bulk", "aioproducer", 1_000_000, []),
+    ("bulk", "aiokafka", 1_000_000, []),
+    ("bulk", "confluent-sync", 1_000_000, []),
+    ("concurrent", "aioproducer", 200_000, []),
+    ("concurrent", "aiokafka", 100_000, []),
+    ("latency", "aioproducer", 5_000, []),
+    ("latency", "confluent-sync", 5_000, []),
+    ("latency", "aiokafka", 5_000, []),
+    ("1KiB", "aioproducer", 200_000, ["--value-size", "1024"]),
+    ("1KiB", "aiokafka", 100_000, ["--value-size", "1024"]),
+    ("1KiB", "confluent-sync", 200_000, ["--value-size", "1024"]),
+    ("idempotence-on", "aioproducer", 500_000, ["--idempotence"]),
+    ("lz4", "aioproducer", 500_000, ["--codec", "lz4"]),
+]
+SHAPE = {"1KiB": "per-record", "idempotence-on": "per-record", "lz4": "per-record"}
+SHAPE_BY_CLIENT = {("1KiB", "aiokafka"): "bulk", ("1KiB", "confluent-sync"): "bulk"}
+
+
+def count_back(bootstrap: str, topic: str, expected: int) -> int:
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench",
+                         "enable.auto.commit": False, "fetch.wait.max.ms": 50})
+    try:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+        count, deadline = 0, time.monotonic() + 60
+        while count < expected and time.monotonic() < deadline:
+            count += sum(1 for m in consumer.consume(100_000, 0.5) if not m.error())
+        return count
+    finally:
+        consumer.close()
+
+
+def run_one(scenario: str, client: str, records: int, extra: list[str], uvloop: bool) -> dict:
+    shape = SHAPE_BY_CLIENT.get((scenario, client), SHAPE.get(scenario, scenario))
+    with EmbeddedBroker() as broker:
+        topic = f"bench-{scenario}-{client}"
+        broker.create_topic(topic, 6)
+        cmd = [sys.executable, str(ROOT / "benchmarks" / "clients.py"), client, shape,
+               "--bootstrap", broker.bootstrap, "--topic", topic, "--records", str(records),
+               *extra, *(["--uvloop"] if uvloop else [])]
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        except subprocess.TimeoutExpired:
+            return {"error": "timed out"}
+        if done.returncode:
+            return {"error": done.stderr.strip().splitlines()[-1] if done.stderr else "failed"}
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        counted = count_back(broker.bootstrap, topic, records)
+    if counted != records:
+        return {"error": f"counted {counted} of {records} records back"}
+    value_size = int(extra[extra.index("--value-size") + 1]) if "--value-size" in extra else 100
+    result["msgs_per_s"] = records / result["seconds"]
+    result["mb_per_s"] = records * (value_size + 16) / result["seconds"] / 1e6
+    result["cpu_per_million"] = result["cpu"] / records * 1e6
+    lat = sorted(result.pop("latencies"))
+    if lat:
+        result["p50_ms"] = lat[len(lat) // 2] * 1000
+        result["p99_ms"] = lat[int(len(lat) * 0.99)] * 1000
+    return result
+
+
+def median_range(values: list[float], fmt: str) -> str:
+    if not values:
+        return "-"
+    med = statistics.median(values)
+    if len(values) == 1:
+        return format(med, fmt)
+    return f"{format(med, fmt)} ({format(min(values), fmt)}–{format(max(values), fmt)})"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer records, one repetition")
+    parser.add_argument("--repeat", type=int, default=None)
+    parser.add_argument("--only", default="", help="comma-separated scenarios or clients")
+    parser.add_argument("--no-uvloop", action="store_true")
+    args = parser.parse_args()
+    repeat = args.repeat or (1 if args.quick else 3)
+    only = {x for x in args.only.split(",") if x}
+    uvloop = not args.no_uvloop
+    if uvloop:
+        try:
+            import uvloop as _  # noqa: F401
+        except ImportError:
+            uvloop = False
+    rows = []
+    for scenario, client, records, extra in PLAN:
+        if only and scenario not in only and client not in only:
+            continue
+        n = max(records // 5, 1000) if args.quick and scenario != "latency" else records
+        if args.quick and scenario == "latency":
+            n = 2000
+        runs = [run_one(scenario, client, n, extra, uvloop) for _ in range(repeat)]
+        good = [r for r in runs if "error" not in r]
+        errors = [r["error"] for r in runs if "error" in r]
+        rows.append((scenario, client, n, good, errors))
+        print(f"{scenario:15} {client:15} {median_range([r['msgs_per_s'] for r in good], ',.0f')}"
+              f" msgs/s {'; '.join(errors)}", flush=True)
+
+    versions = ", ".join(f"{p} {version(p)}" for p in ("aiokafka", "confluent-kafka")) + \
+        f", aioproducer {version('aioproducer')}"
+    lines = [
+        "# Producer benchmark", "",
+        f"`python benchmarks/run.py {' '.join(sys.argv[1:])}` on {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}, {versions}, uvloop {'on' if uvloop else 'off'} "
+        f"for the asyncio clients; embedded Tansu broker on the same machine; "
+        f"median (min–max) of {repeat} run(s).", "",
+        "| scenario | client | records | msgs/s | MB/s | CPU s / 1M msgs | p50 / p99 ms | peak RSS MB |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    medians: dict[tuple[str, str], dict[str, float]] = {}
+    for scenario, client, n, good, errors in rows:
+        if not good:
+            lines.append(f"| {scenario} | {client} | {n:,} | failed: {'; '.join(errors)} | | | | |")
+            continue
+        med = {k: statistics.median(r[k] for r in good)
+               for k in ("msgs_per_s", "cpu_per_million", "rss_mb", "mb_per_s")}
+        if "p50_ms" in good[0]:
+            med["p50_ms"] = statistics.median(r["p50_ms"] for r in good)
+            med["p99_ms"] = statistics.median(r["p99_ms"] for r in good)
+        medians[(scenario, client)] = med
+        latency = f"{med['p50_ms']:.2f} / {med['p99_ms']:.2f}" if "p50_ms" in med else "-"
+        lines.append(
+            f"| {scenario} | {client} | {n:,} | "
+            f"{median_range([r['msgs_per_s'] for r in good], ',.0f')} | {med['mb_per_s']:.1f} | "
+            f"{med['cpu_per_million']:.1f} | {latency} | {med['rss_mb']:.0f} |")
+    lines += ["", "Ratios (aioproducer / peer, same scenario): throughput, CPU per record, p99.", ""]
+    for (scenario, client), med in medians.items():
+        ours = medians.get((scenario, "aioproducer"))
+        if client == "aioproducer" or ours is None:
+            continue
+        parts = [f"throughput {ours['msgs_per_s'] / med['msgs_per_s']:.2f}x",
+                 f"CPU/record {ours['cpu_per_million'] / med['cpu_per_million']:.2f}x"]
+        if "p99_ms" in med and "p99_ms" in ours:
+            parts.append(f"p99 {ours['p99_ms'] / med['p99_ms']:.2f}x")
+        lines.append(f"- {scenario}, vs {client}: " + ", ".join(parts))
+    off = medians.get(("per-record", "aioproducer"))
+    for variant in ("idempotence-on", "lz4"):
+        if off and (variant, "aioproducer") in medians:
+            ratio = medians[(variant, "aioproducer")]["msgs_per_s"] / off["msgs_per_s"]
+            lines.append(f"- aioproducer {variant} / plain per-record: throughput {ratio:.2f}x")
+    report = "\n".join(lines) + "\n"
+    out = ROOT / "benchmarks" / "results" / "latest.md"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(report)
+    print("\n" + report)
+
+
+if __name__ == "__main__":
+    main()

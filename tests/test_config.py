@@ -1,0 +1,54 @@
+"""Settings: Java-client defaults, Kafka property files, and the idempotence rules."""
+
+import pickle
+
+import pytest
+
+from aioproducer import ProducerConfig
+from aioproducer.errors import ConfigError, ERROR_CLASSES, ProducerFencedError, error_for_code
+
+
+def test_defaults_follow_the_java_client():
+    config = ProducerConfig.from_kwargs(bootstrap_servers="a:1,[::1]:2")
+    assert config.bootstrap_addresses == (("a", 1), ("::1", 2))
+    assert (config.acks, config.enable_idempotence, config.linger_ms, config.batch_size) == \
+        (-1, True, 5, 16384)
+    assert (config.buffer_memory, config.max_block_ms, config.delivery_timeout_ms) == \
+        (33554432, 60000, 120000)
+    assert config.max_in_flight_requests_per_connection == 5
+
+
+def test_from_properties_takes_kafka_names_and_strings():
+    config = ProducerConfig.from_properties({
+        "bootstrap.servers": "h:9092", "linger.ms": "20", "acks": "1",
+        "enable.idempotence": "false", "compression.type": "lz4"})
+    assert (config.linger_ms, config.acks, config.enable_idempotence,
+            config.compression_type) == (20, 1, False, "lz4")
+    with pytest.raises(ConfigError, match="did you mean 'linger_ms'"):
+        ProducerConfig.from_properties({"bootstrap.servers": "h:1", "linger.mss": "1"})
+    with pytest.raises(ConfigError, match="linger_ms must be an integer"):
+        ProducerConfig.from_properties({"bootstrap.servers": "h:1", "linger.ms": "soon"})
+
+
+def test_defaulted_idempotence_turns_off_quietly_when_settings_conflict():
+    assert not ProducerConfig.from_kwargs(bootstrap_servers="h:1", acks=1).enable_idempotence
+    assert not ProducerConfig.from_kwargs(bootstrap_servers="h:1", retries=0).enable_idempotence
+    with pytest.raises(ConfigError, match="enable_idempotence conflicts with retries=0"):
+        ProducerConfig.from_kwargs(bootstrap_servers="h:1", retries=0, enable_idempotence=True)
+    with pytest.raises(ConfigError, match="acks"):
+        ProducerConfig.from_kwargs(bootstrap_servers="h:1", acks=0, transactional_id="t")
+    with pytest.raises(ConfigError, match="transactional_id needs"):
+        ProducerConfig.from_kwargs(bootstrap_servers="h:1", transactional_id="t",
+                                   enable_idempotence=False)
+
+
+def test_every_kafka_error_code_has_a_named_pickleable_exception():
+    assert len(ERROR_CLASSES) > 120
+    for code, cls in ERROR_CLASSES.items():
+        exc = error_for_code(code, "context")
+        assert isinstance(exc, cls) and exc.error_code == code
+        again = pickle.loads(pickle.dumps(exc))
+        assert type(again) is type(exc) and str(again) == str(exc)
+    assert error_for_code(6).retriable and not error_for_code(10).retriable
+    assert isinstance(error_for_code(90), ProducerFencedError) and error_for_code(90).fatal
+    assert "error code 999" in str(error_for_code(999))
