@@ -5,6 +5,7 @@ fill one batch at a time instead of spreading tiny batches over every partition)
 from __future__ import annotations
 
 import random
+import struct
 
 _M = 0x5BD1E995
 _MASK = 0xFFFFFFFF
@@ -16,8 +17,7 @@ def murmur2(data: bytes) -> int:
     length = len(data)
     h = (0x9747B28C ^ length) & _MASK
     end = length - (length & 3)
-    for i in range(0, end, 4):
-        k = int.from_bytes(data[i:i + 4], "little")
+    for k in struct.unpack_from(f"<{end >> 2}I", data):
         k = (k * _M) & _MASK
         k ^= k >> 24
         k = (k * _M) & _MASK

@@ -1,0 +1,122 @@
+"""Lifecycle under stress: cancelled awaits, overload with bounded memory, an unclosed
+producer, and an internal failure that must not go unnoticed."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import random
+import resource
+
+import pytest
+
+from aioproducer import Producer
+from aioproducer.errors import BufferExhaustedError, ProducerClosedError
+from tests.support.readback import consume_all
+
+
+async def test_cancelled_sends_leave_the_producer_healthy(broker, topic_factory):
+    topic = topic_factory(3)
+    rng = random.Random(5)
+    async with Producer(broker.bootstrap, linger_ms=20) as producer:
+        tasks = [asyncio.create_task(producer.send(topic, b"%d" % i, key=b"%d" % (i % 7)))
+                 for i in range(400)]
+        await asyncio.sleep(0)
+        cancelled = set(rng.sample(range(400), 200))
+        for i in cancelled:  # some before their enqueue ran, some while awaiting the ack
+            tasks[i].cancel()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        for i, result in enumerate(results):
+            if i not in cancelled:
+                assert result.offset >= 0, f"record {i} was harmed by others' cancellation"
+        after = await producer.send(topic, b"after")
+        assert after.offset >= 0
+    got = consume_all(broker.bootstrap, topic, expected=201)
+    values = [r.value for r in got]
+    assert len(values) == len(set(values)), "a record was written twice"
+    kept = {b"%d" % i for i in range(400) if i not in cancelled}
+    assert kept <= set(values)  # cancelled ones are either fully in or not at all
+
+
+async def test_cancelled_wait_for_buffer_memory_loses_nothing(proxied_broker):
+    cluster = proxied_broker
+    topic = "buffer-wait"
+    cluster.create_topic(topic, 1)
+    async with Producer(cluster.bootstrap, buffer_memory=64 * 1024, batch_size=16 * 1024,
+                        max_block_ms=5000, linger_ms=1) as producer:
+        await producer.send(topic, b"warm-up")
+        cluster.proxy.stall(True)  # nothing is acknowledged: the buffer fills up
+        accepted = []
+        blocked = None
+        for i in range(1000):
+            task = asyncio.create_task(producer.enqueue(topic, b"x" * 1000 + b"%d" % i))
+            await asyncio.sleep(0.001)
+            if not task.done():
+                blocked = task
+                break
+            accepted.append(task.result())
+        assert blocked is not None, "the buffer never filled"
+        blocked.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await blocked
+        cluster.proxy.stall(False)
+        await asyncio.wait_for(producer.flush(), 30)
+        assert all(h.result().offset >= 0 for h in accepted)
+        pool = producer._accumulator._pool
+        assert pool.available == pool.total_memory and pool.queued == 0
+
+
+async def test_buffer_exhausted_after_max_block(proxied_broker):
+    cluster = proxied_broker
+    cluster.create_topic("full", 1)
+    async with Producer(cluster.bootstrap, buffer_memory=32 * 1024, batch_size=16 * 1024,
+                        max_block_ms=300, request_timeout_ms=2000) as producer:
+        await producer.send("full", b"warm-up")
+        cluster.proxy.stall(True)
+        with pytest.raises(BufferExhaustedError, match="max_block_ms"):
+            for _ in range(100):
+                await producer.enqueue("full", b"x" * 4000)
+        cluster.proxy.stall(False)
+
+
+async def test_memory_stays_bounded_far_beyond_buffer_memory(fresh_broker):
+    """200 MB through a 4 MB buffer: the client's memory must not follow the volume."""
+    fresh_broker.create_topic("volume", 4)
+    value = random.randbytes(1024)
+    async with Producer(fresh_broker.bootstrap, buffer_memory=4 << 20, acks=1,
+                        enable_idempotence=False) as producer:
+        for i in range(20_000):  # warm up the allocator and the caches
+            await producer.enqueue("volume", value)
+        await producer.flush()
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        for i in range(200_000):
+            await producer.enqueue("volume", value)  # handles are dropped, as in a bulk load
+        await producer.flush()
+    growth_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert growth_mb < 60, f"peak RSS grew {growth_mb:.0f} MB for 200 MB produced"
+
+
+async def test_unclosed_producer_warns(broker):
+    producer = Producer(broker.bootstrap)
+    await producer.start()
+    cluster = producer._cluster
+    with pytest.warns(ResourceWarning, match="unclosed"):
+        producer.__del__()
+    await producer.close()
+    assert cluster is not None and not cluster._connections
+
+
+async def test_sender_failure_reaches_every_caller(broker, topic):
+    async with Producer(broker.bootstrap, linger_ms=1000) as producer:
+        handle = await producer.enqueue(topic, b"pending")
+
+        def broken(now):
+            raise RuntimeError("sender bug")
+
+        producer._sender._run_once = broken
+        producer._sender.wake()
+        with pytest.raises(RuntimeError, match="sender bug"):
+            await asyncio.wait_for(handle, 5)
+        with pytest.raises(ProducerClosedError, match="sender bug"):
+            await producer.send(topic, b"later")
+    gc.collect()
