@@ -1,8 +1,9 @@
 """aioproducer: an asyncio-native Kafka producer that speaks the Kafka protocol itself."""
 
-from ._internal.batch import RecordFuture, RecordMetadata
+from ._internal.batch import BulkFuture, RecordFuture, RecordMetadata
 from ._version import __version__
 from .config import ProducerConfig
 from .producer import Producer
 
-__all__ = ["Producer", "ProducerConfig", "RecordFuture", "RecordMetadata", "__version__"]
+__all__ = ["BulkFuture", "Producer", "ProducerConfig", "RecordFuture", "RecordMetadata",
+           "__version__"]

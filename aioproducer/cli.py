@@ -1,5 +1,12 @@
-"""The `aioproducer` command: `broker` (embedded dev broker) and `perf` (a producer load test
-in the spirit of Kafka's kafka-producer-perf-test)."""
+"""The `aioproducer` command.
+
+- `aioproducer broker`: the embedded dev broker in the foreground.
+- `aioproducer produce TOPIC`: records from stdin or a file, like `kcat -P`.
+- `aioproducer perf`: a load test in the spirit of Kafka's kafka-producer-perf-test.
+
+Producer settings come from `--producer-props KEY=VALUE ...` and/or `--producer.config FILE`
+(a Java properties file), with Kafka's dotted names or ours.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +18,7 @@ import os
 import signal
 import sys
 import time
-from typing import AsyncIterator, Sequence
+from typing import Any, AsyncIterator, Iterable, Sequence
 
 from .config import ProducerConfig
 from .errors import KafkaError
@@ -19,35 +26,84 @@ from .producer import Producer
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="aioproducer", description=__doc__)
+    parser = argparse.ArgumentParser(prog="aioproducer", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
 
     broker = commands.add_parser("broker", help="run the embedded dev broker until Ctrl-C")
     broker.add_argument("--port", type=int, default=9092)
 
-    perf = commands.add_parser("perf", help="produce records as fast as asked and report speed")
-    perf.add_argument("--bootstrap-servers", help="default: start an embedded broker")
+    produce = commands.add_parser("produce", help="produce records read from stdin or a file")
+    produce.add_argument("topic")
+    produce.add_argument("--file", help="read from this file instead of stdin")
+    produce.add_argument("--format", choices=("lines", "json"), default="lines",
+                         help="lines: one value per line; json: one object per line with "
+                              "value, and optionally key, headers, partition")
+    produce.add_argument("--key-separator",
+                         help="with lines: split each line into KEY<sep>VALUE at the first sep")
+    _add_connection_options(produce, required=True)
+
+    perf = commands.add_parser("perf", help="produce records as fast as asked; report speed")
     perf.add_argument("--topic", default="perf-test")
     perf.add_argument("--partitions", type=int, default=6,
-                      help="partitions of the topic when this command creates it")
+                      help="partitions of the topic when this command starts its own broker")
     perf.add_argument("--num-records", type=int, default=1_000_000)
     perf.add_argument("--record-size", type=int, default=100)
     perf.add_argument("--throughput", type=float, default=-1,
                       help="records per second at most (-1: no limit)")
-    perf.add_argument("--producer-props", nargs="*", default=[], metavar="KEY=VALUE",
-                      help="producer settings, Kafka names (linger.ms=5) or ours (linger_ms=5)")
     perf.add_argument("--json", action="store_true", help="print the result as JSON")
+    _add_connection_options(perf, required=False)
 
     args = parser.parse_args(argv)
     try:
         if args.command == "broker":
             return _run_broker(args.port)
-        return asyncio.run(_perf(args))
-    except (KafkaError, ValueError) as exc:
+        return asyncio.run(_produce(args) if args.command == "produce" else _perf(args))
+    except (KafkaError, ValueError, OSError) as exc:
         print(f"aioproducer {args.command}: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _add_connection_options(parser: argparse.ArgumentParser, required: bool) -> None:
+    parser.add_argument("--bootstrap-servers", required=required,
+                        help=None if required else "default: start an embedded broker")
+    parser.add_argument("--producer-props", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="producer settings: Kafka names (linger.ms=5) or ours (linger_ms=5)")
+    parser.add_argument("--producer.config", dest="producer_config", metavar="FILE",
+                        help="a properties file of producer settings")
+
+
+def _config(args: argparse.Namespace, bootstrap: str) -> ProducerConfig:
+    raw: dict[str, str] = {}
+    if args.producer_config:
+        with open(args.producer_config) as f:
+            raw.update(_read_properties(f))
+    for prop in args.producer_props:
+        name, sep, value = prop.partition("=")
+        if not sep:
+            raise ValueError(f"--producer-props takes KEY=VALUE, not {prop!r}")
+        raw[name.strip()] = value
+    raw = {name.replace("_", "."): value for name, value in raw.items()}
+    raw["bootstrap.servers"] = bootstrap
+    return ProducerConfig.from_properties(raw)
+
+
+def _read_properties(lines: Iterable[str]) -> dict[str, str]:
+    """A Java properties file's `key=value` (or `key: value`) lines; # and ! start comments."""
+    properties = {}
+    for line in lines:
+        line = line.strip()
+        if not line or line[0] in "#!":
+            continue
+        for separator in ("=", ":"):
+            if separator in line:
+                name, _, value = line.partition(separator)
+                properties[name.strip()] = value.strip()
+                break
+        else:
+            raise ValueError(f"not a property line: {line!r}")
+    return properties
 
 
 def _run_broker(port: int) -> int:
@@ -58,6 +114,68 @@ def _run_broker(port: int) -> int:
         with contextlib.suppress(KeyboardInterrupt):
             signal.sigwait({signal.SIGINT, signal.SIGTERM})
     return 0
+
+
+# -- produce ------------------------------------------------------------------------------------
+
+
+def _records(lines: Iterable[str], fmt: str, separator: str | None) -> Iterable[dict[str, Any]]:
+    for number, line in enumerate(lines, 1):
+        line = line.rstrip("\n")
+        if not line:
+            continue
+        if fmt == "json":
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"line {number} is not JSON: {exc}") from None
+            if not isinstance(item, dict) or "value" not in item:
+                raise ValueError(f"line {number}: expected an object with a \"value\"")
+            headers = item.get("headers") or []
+            if isinstance(headers, dict):
+                headers = list(headers.items())
+            yield {"value": _encode(item["value"]), "key": _encode(item.get("key")),
+                   "partition": item.get("partition"),
+                   "headers": [(str(k), _encode(v)) for k, v in headers]}
+        elif separator is not None:
+            key, found, value = line.partition(separator)
+            if not found:
+                raise ValueError(f"line {number} has no key separator {separator!r}")
+            yield {"value": value.encode(), "key": key.encode()}
+        else:
+            yield {"value": line.encode()}
+
+
+def _encode(value: Any) -> bytes | None:
+    if value is None:
+        return None
+    return value.encode() if isinstance(value, str) else json.dumps(value).encode()
+
+
+async def _produce(args: argparse.Namespace) -> int:
+    source = open(args.file) if args.file else sys.stdin
+    started = time.perf_counter()
+    handles = []
+    try:
+        async with Producer(config=_config(args, args.bootstrap_servers)) as producer:
+            for record in _records(source, args.format, args.key_separator):
+                value = record.pop("value")
+                handles.append(await producer.enqueue(args.topic, value, **record))
+            await producer.flush()
+    finally:
+        if args.file:
+            source.close()
+    failed = [h.exception() for h in handles if h.exception() is not None]
+    seconds = time.perf_counter() - started
+    print(f"{len(handles) - len(failed)} of {len(handles)} records produced to {args.topic} "
+          f"in {seconds:.2f} s", file=sys.stderr)
+    if failed:
+        print(f"aioproducer produce: {len(failed)} failed; first: {failed[0]}", file=sys.stderr)
+        return 1
+    return 0
+
+
+# -- perf ---------------------------------------------------------------------------------------
 
 
 @contextlib.asynccontextmanager
@@ -74,26 +192,18 @@ async def _bootstrap(args: argparse.Namespace) -> AsyncIterator[str]:
         yield broker.bootstrap
 
 
-def _config(bootstrap: str, props: Sequence[str]) -> ProducerConfig:
-    """Settings as Kafka's tools take them: KEY=VALUE strings, Kafka's dotted names or ours."""
-    raw = {"bootstrap.servers": bootstrap}
-    for prop in props:
-        name, sep, value = prop.partition("=")
-        if not sep:
-            raise ValueError(f"--producer-props takes KEY=VALUE, not {prop!r}")
-        raw[name.replace("_", ".")] = value
-    return ProducerConfig.from_properties(raw)
-
-
 async def _perf(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
     payload = os.urandom(args.record_size)
     sample_every = max(1, args.num_records // 20_000)
     latencies: list[float] = []
-    failures = 0
+    sampled = []
     async with _bootstrap(args) as bootstrap:
-        async with Producer(config=_config(bootstrap, args.producer_props)) as producer:
+        async with Producer(config=_config(args, bootstrap)) as producer:
+            progress = tqdm(total=args.num_records, unit="rec", unit_scale=True,
+                            disable=args.json, file=sys.stderr, mininterval=0.25)
             start = time.perf_counter()
-            handles = []
             for i in range(args.num_records):
                 if args.throughput > 0:
                     ahead = i / args.throughput - (time.perf_counter() - start)
@@ -101,12 +211,17 @@ async def _perf(args: argparse.Namespace) -> int:
                         await asyncio.sleep(ahead)
                 handle = await producer.enqueue(args.topic, payload)
                 if i % sample_every == 0:
-                    handles.append((time.perf_counter(), handle))
+                    sent = time.perf_counter()
+                    sampled.append(handle)
                     handle.add_done_callback(
-                        lambda h, t0=handles[-1][0]: latencies.append(time.perf_counter() - t0))
+                        lambda h, t0=sent: latencies.append(time.perf_counter() - t0))
+                if i % 1000 == 999:
+                    progress.update(1000)
             await producer.flush()
             elapsed = time.perf_counter() - start
-            failures = sum(1 for _, h in handles if h.exception() is not None)
+            progress.update(args.num_records - progress.n)
+            progress.close()
+    failures = sum(1 for h in sampled if h.exception() is not None)
     latencies.sort()
     result = {
         "records": args.num_records,

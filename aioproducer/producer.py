@@ -7,10 +7,10 @@ import contextlib
 import logging
 import time
 import warnings
-from typing import Any, AsyncIterator, Callable, Mapping, Sequence
+from typing import Any, AsyncIterator, Callable, Iterable, Mapping, Sequence
 
 from ._internal.accumulator import RecordAccumulator
-from ._internal.batch import RecordFuture, RecordMetadata
+from ._internal.batch import BulkFuture, ProducerBatch, RecordFuture, RecordMetadata
 from ._internal.buffer_pool import BufferPool
 from ._internal.partitioner import StickyPartitioner, partition_for_key
 from ._internal.sender import Sender
@@ -233,9 +233,19 @@ class Producer:
 
         accumulator = self._accumulator
         assert accumulator is not None
-        handle = accumulator.try_append(topic, partition, timestamp_ms, key, value, headers)
-        if handle is not None:
-            return handle
+        batch = accumulator.try_append(topic, partition, timestamp_ms, key, value, headers)
+        if batch is None:
+            batch = await self._append_slow(topic, partition, sticky, count, timestamp_ms,
+                                            key, value, headers)
+        return RecordFuture(batch, batch.writer.count - 1, timestamp_ms)
+
+    async def _append_slow(self, topic: str, partition: int, sticky: bool, count: int,
+                           timestamp_ms: int, key: bytes | None, value: bytes | None,
+                           headers: Headers | None) -> ProducerBatch:
+        """The record needs a new batch: check its size, move a sticky partition on, and
+        wait for buffer memory if it must."""
+        accumulator = self._accumulator
+        assert accumulator is not None
         size = record_size_upper_bound(key, value, headers)
         if size > self._max_request_size:
             raise RecordTooLargeError(
@@ -249,11 +259,75 @@ class Producer:
             # The sticky partition's batch is full: move on to another partition (KIP-480).
             self._partitioner.on_new_batch(topic, count, partition)
             partition = self._partitioner.partition(topic, count)
-            handle = accumulator.try_append(topic, partition, timestamp_ms, key, value, headers)
-            if handle is not None:
-                return handle
+            batch = accumulator.try_append(topic, partition, timestamp_ms, key, value, headers)
+            if batch is not None:
+                return batch
         return await accumulator.append(topic, partition, timestamp_ms, key, value, headers,
                                         self._max_block)
+
+    async def enqueue_many(self, topic: str,
+                           records: Iterable[tuple[Any, Any]], *, partition: int | None = None,
+                           timestamp_ms: int | None = None) -> BulkFuture:
+        """Buffer many (key, value) records in one call; return one future of their metadata.
+
+        The bulk path of `enqueue()`: one call, no per-record await or handle, the same
+        checks and partitioning. All records get the same timestamp (now, unless given) and
+        no headers. If a record is refused (wrong type, too large), the error is raised and
+        the records before it stay buffered: the exception's `accepted` attribute is the
+        BulkFuture of those.
+        """
+        if self._state != "started":
+            self._raise_not_started()
+        if self._transactional:
+            self._txn.check_can_send()  # type: ignore[union-attr]
+        if timestamp_ms is None:
+            timestamp_ms = int(time.time() * 1000)
+        elif type(timestamp_ms) is not int or timestamp_ms < 0:
+            raise InvalidRecordError(
+                f"timestamp_ms must be a non-negative int (ms since the epoch), not {timestamp_ms!r}")
+        info = self._cluster.topics.get(topic)  # type: ignore[union-attr]
+        if info is None or not info.leaders:
+            info = await self._topic_info(topic)
+        count = len(info.leaders)
+        if partition is not None and (type(partition) is not int or not 0 <= partition < count):
+            raise _bad_partition(topic, partition, count)
+        accumulator = self._accumulator
+        assert accumulator is not None
+        try_append = accumulator.try_append
+        key_serializer, value_serializer = self._key_serializer, self._value_serializer
+        segments: list[list[Any]] = []
+        last: list[Any] = [None, 0, 0]
+        accepted = 0
+        try:
+            for key, value in records:
+                if key_serializer is not None and key is not None:
+                    key = self._serialize(key_serializer, key, "key", topic)
+                if value_serializer is not None and value is not None:
+                    value = self._serialize(value_serializer, value, "value", topic)
+                if value is not None and type(value) is not bytes:
+                    value = _as_bytes(value, "value")
+                if key is not None and type(key) is not bytes:
+                    key = _as_bytes(key, "key")
+                if partition is not None:
+                    p = partition
+                elif key is not None:
+                    p = partition_for_key(key, count)
+                else:
+                    p = self._partitioner.partition(topic, count)
+                batch = try_append(topic, p, timestamp_ms, key, value, None)
+                if batch is None:
+                    batch = await self._append_slow(topic, p, partition is None and key is None,
+                                                    count, timestamp_ms, key, value, None)
+                if batch is last[0]:
+                    last[2] += 1
+                else:
+                    last = [batch, batch.writer.count - 1, 1]
+                    segments.append(last)
+                accepted += 1
+        except KafkaError as exc:
+            exc.accepted = BulkFuture(segments, timestamp_ms, accepted)  # type: ignore[attr-defined]
+            raise
+        return BulkFuture(segments, timestamp_ms, accepted)
 
     async def flush(self, timeout: float | None = None) -> None:
         """Send everything buffered now (ignoring linger) and wait until each of those records

@@ -32,6 +32,14 @@ async def aioproducer_run(args, data):
     if args.scenario == "latency":
         settings["linger_ms"] = 0
     async with Producer(args.bootstrap, **settings) as producer:
+        if args.scenario == "bulk":
+            start = time.perf_counter()
+            results = [await producer.enqueue_many(args.topic, data[i:i + 10_000])
+                       for i in range(0, len(data), 10_000)]
+            await producer.flush()
+            for result in results:
+                await result
+            return time.perf_counter() - start, []
         return await SHAPES[args.scenario](producer.enqueue, producer.send, producer.flush,
                                            args, data)
 

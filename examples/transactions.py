@@ -18,7 +18,7 @@ async def main(bootstrap: str) -> None:
         # Records read from "raw" (by any consumer) up to offset 100 are transformed...
         consumed = [(offset, b"event-%d" % offset) for offset in range(100)]
         async with producer.transaction():  # commits at the end, aborts on an exception
-            for offset, value in consumed:
+            for _offset, value in consumed:
                 await producer.enqueue("enriched", value.upper())
             # ...and the group's position moves in the same transaction.
             await producer.send_offsets_to_transaction({("raw", 0): 100}, "enricher")

@@ -42,3 +42,38 @@ def test_cli_perf_on_its_own_broker():
                            "--json"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert '"records": 20000' in done.stdout and '"sampled_failures": 0' in done.stdout
+
+
+def _cli(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "aioproducer", *args], input=stdin,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_cli_produce_lines_and_json(broker, topic_factory, tmp_path):
+    from tests.support.readback import consume_all
+
+    topic = topic_factory(2)
+    config = tmp_path / "producer.properties"
+    config.write_text("# settings as Kafka's tools take them\nlinger.ms=1\nacks = all\n")
+    done = _cli("produce", topic, "--bootstrap-servers", broker.bootstrap, "--key-separator", ":",
+                "--producer.config", str(config), stdin="k1:one\nk2:two\n")
+    assert done.returncode == 0, done.stderr
+    assert "2 of 2 records produced" in done.stderr
+    lines = '{"value": {"n": 3}, "key": "k3", "headers": {"h": "x"}, "partition": 1}\n' \
+            '{"value": "four", "key": null}\n'
+    done = _cli("produce", topic, "--bootstrap-servers", broker.bootstrap, "--format", "json",
+                stdin=lines)
+    assert done.returncode == 0, done.stderr
+    got = {r.value: r for r in consume_all(broker.bootstrap, topic, expected=4)}
+    assert got[b"one"].key == b"k1" and got[b"two"].key == b"k2"
+    assert got[b'{"n": 3}'].partition == 1 and got[b'{"n": 3}'].headers == [("h", b"x")]
+    assert got[b"four"].key is None
+
+
+def test_cli_produce_reports_bad_input(broker, topic):
+    done = _cli("produce", topic, "--bootstrap-servers", broker.bootstrap, "--format", "json",
+                stdin="not json\n")
+    assert done.returncode == 1 and "line 1 is not JSON" in done.stderr
+    done = _cli("produce", topic, "--bootstrap-servers", broker.bootstrap,
+                "--producer-props", "lingr.ms=5", stdin="x\n")
+    assert done.returncode == 1 and "did you mean 'linger_ms'" in done.stderr

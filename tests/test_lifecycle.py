@@ -85,11 +85,11 @@ async def test_memory_stays_bounded_far_beyond_buffer_memory(fresh_broker):
     value = random.randbytes(1024)
     async with Producer(fresh_broker.bootstrap, buffer_memory=4 << 20, acks=1,
                         enable_idempotence=False) as producer:
-        for i in range(20_000):  # warm up the allocator and the caches
+        for _ in range(20_000):  # warm up the allocator and the caches
             await producer.enqueue("volume", value)
         await producer.flush()
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        for i in range(200_000):
+        for _ in range(200_000):
             await producer.enqueue("volume", value)  # handles are dropped, as in a bulk load
         await producer.flush()
     growth_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024

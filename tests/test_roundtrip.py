@@ -145,3 +145,34 @@ async def test_idempotent_producer_writes_one_producer_id_with_contiguous_sequen
         expected_sequence += len(b.records)
         values += [r[2] for r in b.records]
     assert values == [b"%05d" % i for i in range(3000)]
+
+
+async def test_enqueue_many_round_trip(broker, topic_factory):
+    topic = topic_factory(PARTITIONS)
+    records = [(KEYS[i % len(KEYS)] if i % 3 else None, b"bulk-%d" % i) for i in range(30_000)]
+    async with Producer(broker.bootstrap, batch_size=4096) as producer:
+        bulk = await producer.enqueue_many(topic, records[:20_000])
+        more = await producer.enqueue_many(topic, iter(records[20_000:]), timestamp_ms=123)
+        metadata = await bulk + await more
+    assert len(metadata) == 30_000
+    got = {(r.partition, r.offset): r for r in consume_all(broker.bootstrap, topic, 30_000)}
+    assert len(got) == 30_000
+    expected = partition_for_key_librdkafka(broker.bootstrap, topic_factory(PARTITIONS), KEYS)
+    for (key, value), md in zip(records, metadata):
+        record = got[(md.partition, md.offset)]
+        assert (record.key, record.value) == (key, value)
+        if key is not None:
+            assert md.partition == expected[KEYS.index(key)]
+    assert {md.timestamp_ms for md in metadata[20_000:]} == {123}
+
+
+async def test_enqueue_many_bad_record_keeps_what_was_accepted(broker, topic):
+    from aioproducer.errors import InvalidRecordError
+
+    async with Producer(broker.bootstrap) as producer:
+        with pytest.raises(InvalidRecordError, match="value must be bytes") as caught:
+            await producer.enqueue_many(topic, [(None, b"a"), (None, b"b"), (None, "text")])
+        accepted = caught.value.accepted
+        assert len(accepted) == 2
+        assert [md.offset for md in await accepted] == [0, 1]
+    assert [r.value for r in consume_all(broker.bootstrap, topic, 2)] == [b"a", b"b"]

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 from ..errors import DeliveryTimeoutError
 from ..protocol.compression import Codec
 from ..protocol.records import BatchWriter, record_size_upper_bound
-from .batch import ProducerBatch, RecordFuture
+from .batch import ProducerBatch
 from .buffer_pool import BufferPool
 
 if TYPE_CHECKING:
@@ -50,31 +50,32 @@ class RecordAccumulator:
     # -- appending (the hot path) ----------------------------------------------------------
 
     def try_append(self, topic: str, partition: int, timestamp: int, key: bytes | None,
-                   value: bytes | None, headers: Headers | None) -> RecordFuture | None:
-        """Append to the partition's open batch if it has room; None means a new batch is needed."""
+                   value: bytes | None, headers: Headers | None) -> ProducerBatch | None:
+        """Append to the partition's open batch if it has room (the record is then the
+        batch's last); None means a new batch is needed."""
         queue = self._batches.get((topic, partition))
         if queue:
             batch = queue[-1]
-            writer = batch.writer
-            if batch.attempts == 0 and writer.try_append(timestamp, key, value, headers):
-                return RecordFuture(batch, writer.count - 1, timestamp)
+            if batch.attempts == 0 and batch.writer.try_append(timestamp, key, value, headers):
+                return batch
         return None
 
     async def append(self, topic: str, partition: int, timestamp: int, key: bytes | None,
                      value: bytes | None, headers: Headers | None,
-                     max_block: float) -> RecordFuture:
-        """Append, opening a new batch (and waiting up to `max_block` for its memory) if needed."""
-        handle = self.try_append(topic, partition, timestamp, key, value, headers)
-        if handle is not None:
-            return handle
+                     max_block: float) -> ProducerBatch:
+        """Append, opening a new batch (and waiting up to `max_block` for its memory) if
+        needed; returns the batch, whose last record this one is."""
+        batch = self.try_append(topic, partition, timestamp, key, value, headers)
+        if batch is not None:
+            return batch
         size = max(self._batch_size, record_size_upper_bound(key, value, headers))
         if not self._pool.try_reserve(size):
             await self._pool.reserve(size, max_block)
             # Others may have opened a batch while we waited: use it and give the memory back.
-            handle = self.try_append(topic, partition, timestamp, key, value, headers)
-            if handle is not None:
+            batch = self.try_append(topic, partition, timestamp, key, value, headers)
+            if batch is not None:
                 self._pool.release(size)
-                return handle
+                return batch
         now = self._loop.time()
         self._batches_created += 1
         batch = ProducerBatch(self._batches_created, topic, partition,
@@ -89,7 +90,7 @@ class RecordAccumulator:
         if self._txn is not None and self._txn.is_transactional:
             self._txn.add_partition(topic, partition)
         self._wake_sender()  # a new linger deadline, or the previous batch is now full
-        return RecordFuture(batch, 0, timestamp)
+        return batch
 
     # -- the sender's side -----------------------------------------------------------------
 

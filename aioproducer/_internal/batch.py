@@ -112,3 +112,55 @@ class RecordFuture:
     def add_done_callback(self, fn: Callable[["RecordFuture"], object]) -> None:
         """Call `fn(self)` once the record is acknowledged or failed."""
         self._batch.future.add_done_callback(lambda _: fn(self))
+
+
+class BulkFuture:
+    """Awaitable result of `Producer.enqueue_many()`: the records' metadata, in input order.
+
+    It remembers runs of consecutive records per batch, not records, so a million buffered
+    records cost a few hundred small lists until someone asks for their metadata.
+    """
+
+    __slots__ = ("_segments", "_timestamp", "count")
+
+    def __init__(self, segments: list[list[Any]], timestamp: int, count: int) -> None:
+        self._segments = segments  # [batch, first offset delta, number of records]
+        self._timestamp = timestamp
+        self.count = count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __repr__(self) -> str:
+        return f"<BulkFuture records={self.count} {'done' if self.done() else 'pending'}>"
+
+    def __await__(self) -> Generator[Any, None, list[RecordMetadata]]:
+        pending = {segment[0].future for segment in self._segments
+                   if not segment[0].future.done()}
+        if pending:
+            # asyncio.wait never cancels the futures it waits for: a cancelled caller leaves
+            # the batches, which other records share, alone.
+            yield from asyncio.wait(pending).__await__()
+        return self.result()
+
+    def done(self) -> bool:
+        return all(segment[0].future.done() for segment in self._segments)
+
+    def exception(self) -> BaseException | None:
+        """The first failure among the records, if any (None while pending or all acked)."""
+        for batch, _, _ in self._segments:
+            if batch.future.done() and batch.future.exception() is not None:
+                return batch.future.exception()
+        return None
+
+    def result(self) -> list[RecordMetadata]:
+        """Every record's metadata; raises the first failure if any record failed."""
+        out: list[RecordMetadata] = []
+        for batch, first, n in self._segments:
+            base_offset, log_append_time = batch.future.result()
+            timestamp = log_append_time if log_append_time >= 0 else self._timestamp
+            topic, partition = batch.topic, batch.partition
+            out.extend(RecordMetadata(topic, partition,
+                                      base_offset + delta if base_offset >= 0 else -1, timestamp)
+                       for delta in range(first, first + n))
+        return out
