@@ -202,26 +202,11 @@ class Producer:
             self._raise_not_started()
         if self._transactional:
             self._txn.check_can_send()  # type: ignore[union-attr]
-        if self._key_serializer is not None and key is not None:
-            key = self._serialize(self._key_serializer, key, "key", topic)
-        if self._value_serializer is not None and value is not None:
-            value = self._serialize(self._value_serializer, value, "value", topic)
-        if value is not None and type(value) is not bytes:
-            value = _as_bytes(value, "value")
-        if key is not None and type(key) is not bytes:
-            key = _as_bytes(key, "key")
+        key, value = self._key_value(topic, key, value)
         if headers:
             headers = _check_headers(headers)
-        if timestamp_ms is None:
-            timestamp_ms = int(time.time() * 1000)
-        elif type(timestamp_ms) is not int or timestamp_ms < 0:
-            raise InvalidRecordError(
-                f"timestamp_ms must be a non-negative int (ms since the epoch), not {timestamp_ms!r}")
-
-        info = self._cluster.topics.get(topic)  # type: ignore[union-attr]
-        if info is None or not info.leaders:
-            info = await self._topic_info(topic)
-        count = len(info.leaders)
+        timestamp_ms = _timestamp(timestamp_ms)
+        count = await self._partition_count(topic)
         sticky = partition is None and key is None
         if partition is not None:
             if type(partition) is not int or not 0 <= partition < count:
@@ -280,34 +265,19 @@ class Producer:
             self._raise_not_started()
         if self._transactional:
             self._txn.check_can_send()  # type: ignore[union-attr]
-        if timestamp_ms is None:
-            timestamp_ms = int(time.time() * 1000)
-        elif type(timestamp_ms) is not int or timestamp_ms < 0:
-            raise InvalidRecordError(
-                f"timestamp_ms must be a non-negative int (ms since the epoch), not {timestamp_ms!r}")
-        info = self._cluster.topics.get(topic)  # type: ignore[union-attr]
-        if info is None or not info.leaders:
-            info = await self._topic_info(topic)
-        count = len(info.leaders)
+        timestamp_ms = _timestamp(timestamp_ms)
+        count = await self._partition_count(topic)
         if partition is not None and (type(partition) is not int or not 0 <= partition < count):
             raise _bad_partition(topic, partition, count)
         accumulator = self._accumulator
         assert accumulator is not None
         try_append = accumulator.try_append
-        key_serializer, value_serializer = self._key_serializer, self._value_serializer
         segments: list[list[Any]] = []
         last: list[Any] = [None, 0, 0]
         accepted = 0
         try:
             for key, value in records:
-                if key_serializer is not None and key is not None:
-                    key = self._serialize(key_serializer, key, "key", topic)
-                if value_serializer is not None and value is not None:
-                    value = self._serialize(value_serializer, value, "value", topic)
-                if value is not None and type(value) is not bytes:
-                    value = _as_bytes(value, "value")
-                if key is not None and type(key) is not bytes:
-                    key = _as_bytes(key, "key")
+                key, value = self._key_value(topic, key, value)
                 if partition is not None:
                     p = partition
                 elif key is not None:
@@ -440,6 +410,24 @@ class Producer:
 
     # -- helpers ---------------------------------------------------------------------------
 
+    def _key_value(self, topic: str, key: Any, value: Any) -> tuple[bytes | None, bytes | None]:
+        """Serialize (if serializers are set) and check that key and value are bytes."""
+        if self._key_serializer is not None and key is not None:
+            key = self._serialize(self._key_serializer, key, "key", topic)
+        if self._value_serializer is not None and value is not None:
+            value = self._serialize(self._value_serializer, value, "value", topic)
+        if value is not None and type(value) is not bytes:
+            value = _as_bytes(value, "value")
+        if key is not None and type(key) is not bytes:
+            key = _as_bytes(key, "key")
+        return key, value
+
+    async def _partition_count(self, topic: str) -> int:
+        info = self._cluster.topics.get(topic)  # type: ignore[union-attr]
+        if info is None or not info.leaders:
+            info = await self._topic_info(topic)
+        return len(info.leaders)
+
     async def _topic_info(self, topic: str) -> TopicInfo:
         if type(topic) is not str:
             raise InvalidRecordError(f"topic must be a str, not {type(topic).__name__}")
@@ -476,6 +464,15 @@ def _as_bytes(obj: Any, what: str) -> bytes:
     hint = (f" (encode it first, e.g. {what}.encode(), or set {what}_serializer)"
             if isinstance(obj, str) else f" (set {what}_serializer to convert it)")
     raise InvalidRecordError(f"{what} must be bytes or None, not {type(obj).__name__}{hint}")
+
+
+def _timestamp(timestamp_ms: Any) -> int:
+    if timestamp_ms is None:
+        return int(time.time() * 1000)
+    if type(timestamp_ms) is not int or timestamp_ms < 0:
+        raise InvalidRecordError(
+            f"timestamp_ms must be a non-negative int (ms since the epoch), not {timestamp_ms!r}")
+    return timestamp_ms
 
 
 def _check_headers(headers: Headers) -> list[tuple[str, bytes | None]]:

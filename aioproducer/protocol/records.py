@@ -18,6 +18,7 @@ import crc32c
 
 from ..errors import CorruptMessageError
 from .compression import Codec, compress, decompress
+from .primitives import encode_varint as _varint
 
 HEADER_SIZE = 61
 _HEADER = struct.Struct(">qiibIhiqqqhii")  # from base_offset to the record count
@@ -26,17 +27,6 @@ _TRANSACTIONAL = 0x10
 _CONTROL = 0x20
 
 Headers = Sequence[tuple[str, "bytes | None"]]
-
-
-def _varint(n: int) -> bytes:
-    """Zigzag varint (signed), as records use for lengths, deltas and header counts."""
-    z = (n << 1) ^ (n >> 63)
-    out = bytearray()
-    while z > 0x7F:
-        out.append((z & 0x7F) | 0x80)
-        z >>= 7
-    out.append(z)
-    return bytes(out)
 
 
 # Lengths, offset deltas and small timestamp deltas hit this table: one list index instead of
