@@ -274,7 +274,7 @@ class Sender:
                 self._in_flight.pop(batch)
                 batch.fail(exc)
                 self._accumulator.finish(batch)
-                if self._txn is not None and batch.producer_id == self._txn.producer_id:
+                if self._txn is not None and self._txn.is_current(batch):
                     self._txn.sequence_state_lost(exc)
 
     def _next_in_flight_expiry(self) -> float:

@@ -92,6 +92,7 @@ class TransactionManager:
         self._acked_up_to: dict[TopicPartition, int] = {}  # sequence the broker expects next
         self._in_flight: dict[TopicPartition, list[ProducerBatch]] = {}
         self._init_task: asyncio.Task[None] | None = None
+        self._bump_from: tuple[int, int] | None = None  # (id, epoch) whose epoch to bump
         # Transactions only:
         self.state = TxnState.UNINITIALIZED
         self.error: KafkaError | None = None  # why we are in ABORTABLE_ERROR or FATAL_ERROR
@@ -122,18 +123,30 @@ class TransactionManager:
             self._init_task = asyncio.get_running_loop().create_task(self._init_idempotent())
         return self._init_task
 
+    def init_request(self) -> dict[str, Any]:
+        """InitProducerId for an idempotent producer: after lost sequence state, ask to keep
+        the producer id with the next epoch (KIP-360), so the broker can still tell our old
+        batches from new ones; otherwise (or if the broker refused that) a new producer id."""
+        producer_id, epoch = self._bump_from or (-1, -1)
+        return {"transactional_id": None,
+                "transaction_timeout_ms": self._config.transaction_timeout_ms,
+                "producer_id": producer_id, "producer_epoch": epoch}
+
     async def _init_idempotent(self) -> None:
         config = self._config
         delay = config.retry_backoff_ms / 1000
         while True:
             try:
                 conn = await self._cluster.any_connection()
-                response = await conn.request(ApiKey.INIT_PRODUCER_ID, {
-                    "transactional_id": None,
-                    "transaction_timeout_ms": config.transaction_timeout_ms,
-                    "producer_id": -1,
-                    "producer_epoch": -1,
-                })
+                if self._bump_from and conn.version_for(ApiKey.INIT_PRODUCER_ID) < 3:
+                    self._bump_from = None  # the broker predates KIP-360
+                response = await conn.request(ApiKey.INIT_PRODUCER_ID, self.init_request())
+                if response["error_code"] and self._bump_from:
+                    log.warning("the broker refused to bump producer id %d's epoch (%s); "
+                                "taking a new producer id", self._bump_from[0],
+                                error_for_code(response["error_code"]))
+                    self._bump_from = None
+                    continue
                 if response["error_code"]:
                     raise error_for_code(response["error_code"], "InitProducerId")
             except KafkaError as exc:
@@ -144,6 +157,7 @@ class TransactionManager:
                 delay = min(delay * 2, config.retry_backoff_max_ms / 1000)
                 continue
             self._set_producer_id(response)
+            self._bump_from = None
             return
 
     def _set_producer_id(self, response: Mapping[str, Any]) -> None:
@@ -161,7 +175,9 @@ class TransactionManager:
             self._needs_epoch_bump = True
             self.abortable(exc)
             return
-        log.warning("resetting producer id %d: %s", self.producer_id, exc)
+        log.warning("producer id %d epoch %d lost its sequence state (%s): bumping the epoch",
+                    self.producer_id, self.producer_epoch, exc)
+        self._bump_from = (self.producer_id, self.producer_epoch)
         self.producer_id = -1
         self.producer_epoch = -1
         self._next_sequence.clear()
@@ -179,7 +195,7 @@ class TransactionManager:
         in_flight = self._in_flight.get(tp)
         if not in_flight:
             return True
-        if batch.attempts > 0 or in_flight[0].producer_id != self.producer_id:
+        if batch.attempts > 0 or not self.is_current(in_flight[0]):
             # A retry goes only when nothing older is in flight; after a producer id reset,
             # nothing goes until the old id's batches are resolved.
             return False
@@ -187,7 +203,7 @@ class TransactionManager:
 
     def assign_sequence(self, batch: ProducerBatch) -> None:
         """Number a batch under the current producer id (first send, or after a reset)."""
-        if batch.producer_id == self.producer_id and batch.base_sequence >= 0:
+        if self.is_current(batch) and batch.base_sequence >= 0:
             return
         tp = (batch.topic, batch.partition)
         sequence = self._next_sequence.get(tp, 0)
@@ -208,20 +224,24 @@ class TransactionManager:
             in_flight.remove(batch)
 
     def acked(self, batch: ProducerBatch) -> None:
-        if batch.producer_id == self.producer_id:
+        if self.is_current(batch):
             self._acked_up_to[(batch.topic, batch.partition)] = (
                 (batch.base_sequence + batch.record_count) % _SEQUENCE_WRAP)
 
     def is_expected_next(self, batch: ProducerBatch) -> bool:
         """Whether the broker should accept this batch now: it follows the last acknowledged
         one. If not, an OUT_OF_ORDER answer only means an older batch is being retried."""
-        return (batch.producer_id == self.producer_id
+        return (self.is_current(batch)
                 and batch.base_sequence == self._acked_up_to.get((batch.topic, batch.partition), 0))
 
     def renumber_on_reset(self, batch: ProducerBatch) -> None:
         """A batch from before a producer id reset is numbered again when next drained."""
-        if batch.producer_id != self.producer_id:
+        if not self.is_current(batch):
             batch.base_sequence = -1
+
+    def is_current(self, batch: ProducerBatch) -> bool:
+        """Whether the batch was numbered under the current producer id and epoch."""
+        return batch.producer_id == self.producer_id and batch.producer_epoch == self.producer_epoch
 
     # -- transaction state -----------------------------------------------------------------
 
@@ -490,5 +510,5 @@ class TransactionManager:
         return await self._cluster.connection(broker.node_id, broker)
 
 
-def _sequence_order(batch: ProducerBatch) -> tuple[int, int]:
-    return (batch.producer_id, batch.base_sequence)
+def _sequence_order(batch: ProducerBatch) -> tuple[int, int, int]:
+    return (batch.producer_id, batch.producer_epoch, batch.base_sequence)

@@ -1,0 +1,63 @@
+"""Recovering lost sequence state: the KIP-360 epoch bump and the fallback to a new id."""
+
+from __future__ import annotations
+
+from aioproducer import Producer
+from aioproducer.client.connection import BrokerConnection
+from aioproducer.protocol.messages import ApiKey
+from tests.support.readback import consume_all, fetch_raw_batches
+
+
+async def test_epoch_bump_at_the_request_level(broker):
+    host, port = broker.bootstrap.rsplit(":", 1)
+    conn = await BrokerConnection.connect(-1, host, int(port), client_id="t",
+                                          request_timeout=10, connect_timeout=10)
+    try:
+        assert conn.version_for(ApiKey.INIT_PRODUCER_ID) >= 3
+        first = await conn.request(ApiKey.INIT_PRODUCER_ID, {
+            "transactional_id": None, "transaction_timeout_ms": 60000,
+            "producer_id": -1, "producer_epoch": -1})
+        assert first["error_code"] == 0
+        bump = await conn.request(ApiKey.INIT_PRODUCER_ID, {
+            "transactional_id": None, "transaction_timeout_ms": 60000,
+            "producer_id": first["producer_id"], "producer_epoch": first["producer_epoch"]})
+    finally:
+        conn.close()
+    if broker.is_embedded:
+        # Tansu refuses KIP-360 bumps (UNKNOWN_SERVER_ERROR): the producer must fall back to
+        # a new producer id there, which the next test shows.
+        assert bump["error_code"] == -1
+    else:
+        assert bump["error_code"] == 0
+        assert (bump["producer_id"], bump["producer_epoch"]) == \
+            (first["producer_id"], first["producer_epoch"] + 1)
+
+
+async def test_broker_forgetting_our_producer_id_loses_and_duplicates_nothing(broker, topic):
+    """The broker stops knowing our producer id mid-stream (as after its state expired):
+    the producer bumps its epoch, or takes a new id where the broker refuses, renumbers what
+    is pending, and every record arrives once, in order."""
+    async with Producer(broker.bootstrap, batch_size=2048, linger_ms=1) as producer:
+        first = [await producer.enqueue(topic, b"%05d" % i) for i in range(2000)]
+        await producer.flush()
+        txn = producer._txn
+        original_id = txn.producer_id
+        # What the broker would see if it had forgotten us: an id it does not know.
+        txn.producer_id = original_id + 1_000_000
+        txn._next_sequence.clear()
+        txn._acked_up_to.clear()
+        second = [await producer.enqueue(topic, b"%05d" % i) for i in range(2000, 4000)]
+        await producer.flush()
+    assert all(h.exception() is None for h in first + second)
+    values = [r.value for r in consume_all(broker.bootstrap, topic, expected=4000)]
+    assert values == [b"%05d" % i for i in range(4000)]
+    sessions: dict[tuple[int, int], list] = {}
+    for batch in fetch_raw_batches(broker.bootstrap, topic, 0):
+        sessions.setdefault((batch.producer_id, batch.producer_epoch), []).append(batch)
+    assert (original_id, 0) in sessions and len(sessions) == 2
+    for batches in sessions.values():  # each session's sequences start at 0, without gaps
+        expected = 0
+        for batch in batches:
+            assert batch.base_sequence == expected
+            expected += len(batch.records)
+    assert original_id + 1_000_000 not in {pid for pid, _ in sessions}  # recovered, not reused
