@@ -158,3 +158,72 @@ async def test_garbage_from_the_network_is_survived(proxied_broker):
         handles = await _produce_while(producer, topic, 5000, 8, garbage)
     assert all(h.exception() is None for h in handles)
     _assert_exactly_once_in_order(cluster.broker.bootstrap, topic, 5000)
+
+
+async def test_soak_random_faults_reconcile(proxied_broker):
+    """About 45 s of random faults while records flow. Afterwards acked + failed = sent,
+    every acked record is read back exactly once, nothing is read twice, and per key the
+    order holds. The seed is in every failure message; AIOPRODUCER_SOAK_SEED replays one."""
+    import os
+
+    cluster = proxied_broker
+    topic = f"soak-{random.randrange(10**6)}"
+    cluster.create_topic(topic, 4)
+    seed = int(os.environ.get("AIOPRODUCER_SOAK_SEED", random.randrange(10**6)))
+    rng = random.Random(seed)
+    injected = collections.Counter()
+    duration = 45.0
+
+    async def faults():
+        proxy = cluster.proxy
+        while True:
+            await asyncio.sleep(rng.uniform(0.2, 1.0))
+            kind = rng.choice(["cut", "cut_after", "stall", "refuse", "garbage"])
+            injected[kind] += 1
+            if kind == "cut":
+                proxy.cut_all()
+            elif kind == "cut_after":
+                proxy.cut_after(rng.randrange(1, 20_000), rng.choice(["up", "down"]))
+            elif kind == "garbage":
+                proxy.send_garbage()
+            else:
+                toggle = proxy.stall if kind == "stall" else proxy.refuse
+                toggle(True)
+                try:
+                    await asyncio.sleep(rng.uniform(0.2, 1.5))
+                finally:
+                    toggle(False)
+
+    sent = 0
+    handles = []
+    per_key = collections.Counter()
+    loop = asyncio.get_running_loop()
+    async with Producer(cluster.bootstrap, linger_ms=2, batch_size=8192,
+                        request_timeout_ms=1000, retry_backoff_ms=20,
+                        delivery_timeout_ms=30_000) as producer:
+        fault_task = asyncio.create_task(faults())
+        deadline = loop.time() + duration
+        while loop.time() < deadline and sent < 400_000:
+            for _ in range(200):
+                key = b"k%d" % (sent % 16)
+                handles.append(await producer.enqueue(topic, b"%s:%07d" % (key, per_key[key]), key))
+                per_key[key] += 1
+                sent += 1
+            await asyncio.sleep(0.02)
+        if fault_task.done():
+            fault_task.result()
+        fault_task.cancel()
+        await asyncio.gather(fault_task, return_exceptions=True)
+        await asyncio.wait_for(producer.flush(), 60)
+    acked = [h for h in handles if h.exception() is None]
+    failed = len(handles) - len(acked)
+    got = consume_all(cluster.broker.bootstrap, topic, expected=len(acked), timeout=90)
+    values = [r.value for r in got]
+    report = (f"seed {seed}: sent {sent}, acked {len(acked)}, failed {failed}, read back "
+              f"{len(values)}, faults {dict(injected)}")
+    print(report)
+    assert len(acked) + failed == sent, report
+    assert len(values) == len(set(values)), "duplicates: " + report
+    assert len(values) == len(acked) and failed == 0, report  # long delivery timeout: all acked
+    assert sum(injected.values()) >= 20, "too few faults: " + report
+    _assert_exactly_once_in_order(cluster.broker.bootstrap, topic, len(acked))
