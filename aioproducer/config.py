@@ -9,11 +9,14 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
+import ssl
 from typing import Any, Callable, Mapping, Sequence
 
 from .errors import ConfigError
 
 _CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
+_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+_SASL = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 _MAX_INT = 2**31 - 1
 _ADDRESS = re.compile(r"^\s*(?:\[(?P<ipv6>[0-9a-fA-F:.]+)\]|(?P<host>[^:\s\[\]]+)):(?P<port>\d+)\s*$")
 
@@ -48,6 +51,15 @@ class ProducerConfig:
     transaction_timeout_ms: int = 60000
     key_serializer: Callable[[Any], bytes] | None = None
     value_serializer: Callable[[Any], bytes] | None = None
+    security_protocol: str = "PLAINTEXT"
+    ssl_context: Any = None  # an ssl.SSLContext; else one is built from the ssl_* settings
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    ssl_check_hostname: bool = True
+    sasl_mechanism: str = "PLAIN"
+    sasl_username: str | None = None
+    sasl_password: str | None = dataclasses.field(default=None, repr=False)
     # Derived by validation, not settings:
     bootstrap_addresses: tuple[tuple[str, int], ...] = dataclasses.field(default=(), repr=False)
 
@@ -92,7 +104,19 @@ class ProducerConfig:
             _check_int(name, getattr(self, name), low)
         if self.compression_level is not None:
             _check_int("compression_level", self.compression_level, -131072)
-        for name in ("enable_idempotence", "allow_auto_create_topics"):
+        if self.security_protocol not in _PROTOCOLS:
+            raise ConfigError(f"security_protocol must be one of {', '.join(_PROTOCOLS)}, not "
+                              f"{self.security_protocol!r}")
+        if self.security_protocol.startswith("SASL"):
+            if self.sasl_mechanism not in _SASL:
+                raise ConfigError(f"sasl_mechanism must be one of {', '.join(_SASL)}, not "
+                                  f"{self.sasl_mechanism!r}")
+            if not self.sasl_username or self.sasl_password is None:
+                raise ConfigError(f"security_protocol={self.security_protocol} needs "
+                                  "sasl_username and sasl_password")
+        if self.ssl_context is not None and not isinstance(self.ssl_context, ssl.SSLContext):
+            raise ConfigError("ssl_context must be an ssl.SSLContext")
+        for name in ("enable_idempotence", "allow_auto_create_topics", "ssl_check_hostname"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False, not {getattr(self, name)!r}")
         if self.compression_type not in _CODECS:
@@ -132,6 +156,24 @@ class ProducerConfig:
         return dataclasses.replace(self, **changes)
 
 
+def ssl_context_for(config: ProducerConfig) -> ssl.SSLContext | None:
+    """The TLS context for SSL and SASL_SSL: the given one, or one that verifies brokers
+    against ssl_cafile (else the system's CAs), with a client certificate if configured."""
+    if not config.security_protocol.endswith("SSL"):
+        return None
+    if config.ssl_context is not None:
+        return config.ssl_context
+    try:
+        context = ssl.create_default_context(cafile=config.ssl_cafile)
+        if config.ssl_certfile:
+            context.load_cert_chain(config.ssl_certfile, config.ssl_keyfile)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"cannot load the TLS files (ssl_cafile/ssl_certfile/ssl_keyfile): "
+                          f"{exc}") from exc
+    context.check_hostname = config.ssl_check_hostname
+    return context
+
+
 def _setting_names() -> frozenset[str]:
     return frozenset(f.name for f in dataclasses.fields(ProducerConfig)
                      if f.name != "bootstrap_addresses")
@@ -154,12 +196,13 @@ def _parse(name: str, default: Any, raw: Any) -> Any:
     if not isinstance(raw, str):
         return raw
     text = raw.strip()
-    if name == "acks" or isinstance(default, str) or name in ("transactional_id",):
-        return text
     if isinstance(default, bool):
         if text.lower() in ("true", "false"):
             return text.lower() == "true"
         raise ConfigError(f"{name} must be true or false, not {raw!r}")
+    if name == "acks" or isinstance(default, str) or name.startswith(("ssl_", "sasl_")) or \
+            name == "transactional_id":
+        return text
     if isinstance(default, int) or name == "compression_level":
         try:
             return int(text)

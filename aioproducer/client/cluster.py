@@ -15,7 +15,7 @@ import random
 from dataclasses import dataclass
 from typing import Callable
 
-from ..config import ProducerConfig
+from ..config import ProducerConfig, ssl_context_for
 from ..errors import (
     InvalidTopicError,
     KafkaConnectionError,
@@ -25,6 +25,7 @@ from ..errors import (
     error_for_code,
 )
 from ..protocol.messages import ApiKey
+from ..protocol.sasl import mechanism as sasl_mechanism
 from .connection import BrokerConnection
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,7 @@ class Cluster:
         self._stale = True
         self._closed = False
         # Bootstrap servers get negative ids, as in the Java client, until metadata names them.
+        self._ssl_context = ssl_context_for(config)
         self._bootstrap = [Broker(-1 - i, host, port)
                            for i, (host, port) in enumerate(config.bootstrap_addresses)]
 
@@ -252,10 +254,15 @@ class Cluster:
     async def _open(self, broker: Broker) -> BrokerConnection:
         config = self._config
         try:
+            sasl = None
+            if config.security_protocol.startswith("SASL"):
+                sasl = sasl_mechanism(config.sasl_mechanism, config.sasl_username or "",
+                                      config.sasl_password or "")
             conn = await BrokerConnection.connect(
                 broker.node_id, broker.host, broker.port, client_id=config.client_id,
                 request_timeout=config.request_timeout_ms / 1000,
-                connect_timeout=config.request_timeout_ms / 1000)
+                connect_timeout=config.request_timeout_ms / 1000,
+                ssl_context=self._ssl_context, sasl=sasl)
         except KafkaError:
             backoff = self._backoff.setdefault(broker.node_id, _Backoff())
             base = config.reconnect_backoff_ms / 1000 * 2 ** min(backoff.failures, 16)

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import struct
 from typing import Any, Mapping
 
 from ..errors import (
+    AuthenticationError,
     CorruptMessageError,
     KafkaConnectionError,
     KafkaError,
@@ -31,6 +33,7 @@ from ..protocol.messages import (
     pick_version,
     response_correlation_id,
 )
+from ..protocol.sasl import SaslMechanism
 
 log = logging.getLogger(__name__)
 
@@ -84,17 +87,24 @@ class BrokerConnection(asyncio.Protocol):
 
     @classmethod
     async def connect(cls, node_id: int, host: str, port: int, *, client_id: str,
-                      request_timeout: float, connect_timeout: float, ssl: Any = None,
-                      server_hostname: str | None = None) -> "BrokerConnection":
-        """Open the socket and negotiate API versions; raise KafkaConnectionError on failure."""
+                      request_timeout: float, connect_timeout: float,
+                      ssl_context: ssl.SSLContext | None = None,
+                      sasl: SaslMechanism | None = None) -> "BrokerConnection":
+        """Open the socket (TLS if given a context), negotiate API versions, authenticate
+        (SASL if given a mechanism); raise KafkaConnectionError or AuthenticationError."""
         loop = asyncio.get_running_loop()
         conn = cls(node_id, host, port, client_id, request_timeout)
         try:
             await asyncio.wait_for(
-                loop.create_connection(lambda: conn, host, port, ssl=ssl,
-                                       server_hostname=server_hostname if ssl else None),
+                loop.create_connection(lambda: conn, host, port, ssl=ssl_context,
+                                       server_hostname=host if ssl_context else None),
                 connect_timeout,
             )
+        except ssl.SSLError as exc:
+            raise AuthenticationError(
+                f"TLS handshake with {host}:{port} failed: {exc.reason or exc}. Check "
+                "ssl_cafile (the CA that signed the broker's certificate) and that the broker's "
+                "certificate names this host") from exc
         except asyncio.TimeoutError:
             raise KafkaConnectionError(
                 f"connecting to {host}:{port} timed out after {connect_timeout:.1f} s: is the "
@@ -107,10 +117,28 @@ class BrokerConnection(asyncio.Protocol):
             ) from exc
         try:
             await conn._negotiate_versions()
+            if sasl is not None:
+                await conn._authenticate(sasl)
         except BaseException:
             conn.close()
             raise
         return conn
+
+    async def _authenticate(self, mechanism: SaslMechanism) -> None:
+        """SaslHandshake names the mechanism, then SaslAuthenticate carries each step (KIP-152)."""
+        response = await self.request(ApiKey.SASL_HANDSHAKE, {"mechanism": mechanism.name})
+        if response["error_code"]:
+            raise AuthenticationError(
+                f"{self.address} does not offer SASL {mechanism.name}; it offers "
+                f"{', '.join(response['mechanisms'] or []) or 'none'}")
+        token = mechanism.step(None)
+        while token is not None:
+            response = await self.request(ApiKey.SASL_AUTHENTICATE, {"auth_bytes": token})
+            if response["error_code"]:
+                raise AuthenticationError(
+                    f"SASL {mechanism.name} authentication with {self.address} failed: "
+                    f"{response['error_message'] or error_for_code(response['error_code'])}")
+            token = mechanism.step(response["auth_bytes"])
 
     async def _negotiate_versions(self) -> None:
         body = {"client_software_name": "aioproducer", "client_software_version": __version__}

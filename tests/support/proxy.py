@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import os
+import ssl
 import threading
 from typing import Any
 
 
 class FaultProxy:
-    def __init__(self, upstream_port: int, listen_port: int) -> None:
+    def __init__(self, upstream_port: int, listen_port: int,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.upstream_port = upstream_port
+        self._tls = tls  # terminate TLS here: clients speak TLS, the broker plain TCP
         self.port = listen_port
         self.connections_accepted = 0
         self.cuts = 0
@@ -81,7 +84,8 @@ class FaultProxy:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
 
     async def _start_server(self) -> None:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port,
+                                                  ssl=self._tls)
 
     async def _shutdown(self) -> None:
         self._abort_all()

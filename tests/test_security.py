@@ -1,0 +1,104 @@
+"""TLS and SASL settings.
+
+Tansu 0.6 cannot serve TLS here (its CLI refuses --cert together with --key, and with a
+combined PEM the handshake never completes), so TLS is terminated by a proxy built on
+Python's ssl module in front of the broker, which advertises the proxy. SASL cannot be
+exercised: the memory-storage Tansu has no users; the mechanisms are tested with the RFC
+vectors in test_sasl.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+
+import pytest
+import trustme
+
+from aioproducer import Producer, ProducerConfig
+from aioproducer.errors import AuthenticationError, ConfigError
+from aioproducer.testing import EmbeddedBroker
+from tests.support.proxy import FaultProxy
+from tests.support.readback import fetch_raw_batches
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ca():
+    return trustme.CA()
+
+
+@pytest.fixture
+def tls_broker(ca, tmp_path):
+    """A broker reached only through TLS, with a certificate for 127.0.0.1 from `ca`."""
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1", "localhost").configure_cert(server)
+    proxy_port = _free_port()
+    with EmbeddedBroker(advertised_port=proxy_port) as broker:
+        with FaultProxy(broker.port, proxy_port, tls=server):
+            cafile = tmp_path / "ca.pem"
+            ca.cert_pem.write_to_path(str(cafile))
+            yield broker, f"127.0.0.1:{proxy_port}", str(cafile)
+
+
+async def test_produce_over_tls(tls_broker):
+    broker, bootstrap, cafile = tls_broker
+    broker.create_topic("secure", 1)
+    async with Producer(bootstrap, security_protocol="SSL", ssl_cafile=cafile) as producer:
+        md = await producer.send("secure", b"encrypted in transit", key=b"k")
+    assert md.offset == 0
+    [batch] = fetch_raw_batches(f"127.0.0.1:{broker.port}", "secure", 0)
+    assert batch.records[0][1:3] == (b"k", b"encrypted in transit")
+
+
+async def test_wrong_ca_is_refused_clearly(tls_broker, tmp_path):
+    _, bootstrap, _ = tls_broker
+    other = tmp_path / "other-ca.pem"
+    trustme.CA().cert_pem.write_to_path(str(other))
+    producer = Producer(bootstrap, security_protocol="SSL", ssl_cafile=str(other))
+    with pytest.raises(AuthenticationError, match="TLS handshake .* failed.*ssl_cafile"):
+        await asyncio.wait_for(producer.start(), 10)
+
+
+async def test_plaintext_client_against_tls_broker_fails_clearly(tls_broker):
+    _, bootstrap, _ = tls_broker
+    producer = Producer(bootstrap, request_timeout_ms=2000)
+    with pytest.raises(Exception, match=bootstrap):
+        await asyncio.wait_for(producer.start(), 15)
+
+
+async def test_hostname_is_checked_unless_disabled(ca, tmp_path):
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("kafka.example").configure_cert(server)  # not our address
+    cafile = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(cafile))
+    proxy_port = _free_port()
+    with EmbeddedBroker(advertised_port=proxy_port) as broker, \
+            FaultProxy(broker.port, proxy_port, tls=server):
+        broker.create_topic("named", 1)
+        bootstrap = f"127.0.0.1:{proxy_port}"
+        with pytest.raises(AuthenticationError, match="TLS handshake"):
+            await Producer(bootstrap, security_protocol="SSL", ssl_cafile=str(cafile)).start()
+        async with Producer(bootstrap, security_protocol="SSL", ssl_cafile=str(cafile),
+                            ssl_check_hostname=False) as producer:
+            assert (await producer.send("named", b"v")).offset == 0
+
+
+def test_security_settings_are_validated_and_secrets_hidden():
+    with pytest.raises(ConfigError, match="sasl_username and sasl_password"):
+        ProducerConfig.from_kwargs(bootstrap_servers="h:1", security_protocol="SASL_SSL")
+    with pytest.raises(ConfigError, match="security_protocol"):
+        ProducerConfig.from_kwargs(bootstrap_servers="h:1", security_protocol="TLS")
+    with pytest.raises(ConfigError, match="sasl_mechanism"):
+        ProducerConfig.from_kwargs(bootstrap_servers="h:1", security_protocol="SASL_PLAINTEXT",
+                                   sasl_mechanism="GSSAPI", sasl_username="u", sasl_password="p")
+    config = ProducerConfig.from_kwargs(
+        bootstrap_servers="h:1", security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512",
+        sasl_username="alice", sasl_password="s3cret-pw")
+    assert "s3cret-pw" not in repr(config) and "s3cret-pw" not in repr(Producer(config=config))
