@@ -227,3 +227,35 @@ async def test_soak_random_faults_reconcile(proxied_broker):
     assert len(values) == len(acked) and failed == 0, report  # long delivery timeout: all acked
     assert sum(injected.values()) >= 20, "too few faults: " + report
     _assert_exactly_once_in_order(cluster.broker.bootstrap, topic, len(acked))
+
+
+async def test_slow_network_is_only_slow(proxied_broker):
+    cluster = proxied_broker
+    cluster.create_topic("slow", 2)
+    cluster.proxy.throttle(200_000)  # bytes per second each way: a very slow reader
+    async with Producer(cluster.bootstrap, linger_ms=5, request_timeout_ms=10_000) as producer:
+        handles = [await producer.enqueue("slow", b"x" * 200 + b"%d" % i) for i in range(2000)]
+        await asyncio.wait_for(producer.flush(), 60)
+    assert all(h.exception() is None for h in handles)
+    cluster.proxy.throttle(None)
+    assert len(consume_all(cluster.broker.bootstrap, "slow", expected=2000)) == 2000
+
+
+async def test_without_idempotence_delivery_is_at_least_once(proxied_broker):
+    """Idempotence off: through cuts nothing acked is lost; duplicates are possible (and
+    documented), so they are counted, not forbidden."""
+    cluster = proxied_broker
+    cluster.create_topic("at-least-once", 2)
+    rng = random.Random(11)
+
+    async def cuts():
+        while True:
+            await asyncio.sleep(rng.uniform(0.05, 0.2))
+            cluster.proxy.cut_after(rng.randrange(1, 3000), rng.choice(["up", "down"]))
+
+    async with Producer(cluster.bootstrap, enable_idempotence=False, acks=1, linger_ms=2,
+                        request_timeout_ms=2000, retry_backoff_ms=10) as producer:
+        handles = await _produce_while(producer, "at-least-once", 10_000, 8, cuts)
+    assert all(h.exception() is None for h in handles)
+    values = {r.value for r in consume_all(cluster.broker.bootstrap, "at-least-once", 10_000)}
+    assert len(values) == 10_000  # every record at least once

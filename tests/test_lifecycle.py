@@ -120,3 +120,15 @@ async def test_sender_failure_reaches_every_caller(broker, topic):
         with pytest.raises(ProducerClosedError, match="sender bug"):
             await producer.send(topic, b"later")
     gc.collect()
+
+
+async def test_cancelled_wait_for_metadata(broker, topic):
+    async with Producer(broker.bootstrap, allow_auto_create_topics=False,
+                        max_block_ms=10_000) as producer:
+        waiting = asyncio.create_task(producer.send("not-created-yet", b"v"))
+        await asyncio.sleep(0.3)
+        assert not waiting.done()  # still looking for the topic's metadata
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert (await producer.send(topic, b"fine")).offset == 0
