@@ -66,6 +66,7 @@ class Producer:
         self._codec = codec_from_name(self.config.compression_type)
         self._key_serializer: Callable[[Any], bytes] | None = self.config.key_serializer
         self._value_serializer: Callable[[Any], bytes] | None = self.config.value_serializer
+        self._serializing = self._key_serializer is not None or self._value_serializer is not None
         self._max_block = self.config.max_block_ms / 1000
         self._max_request_size = self.config.max_request_size
         self._partitioner = StickyPartitioner()
@@ -202,10 +203,16 @@ class Producer:
             self._raise_not_started()
         if self._transactional:
             self._txn.check_can_send()  # type: ignore[union-attr]
-        key, value = self._key_value(topic, key, value)
+        # The common case, bytes and no serializers, costs one test: this is per record.
+        if self._serializing or (value is not None and type(value) is not bytes) or \
+                (key is not None and type(key) is not bytes):
+            key, value = self._key_value(topic, key, value)
         if headers:
             headers = _check_headers(headers)
-        timestamp_ms = _timestamp(timestamp_ms)
+        if timestamp_ms is None:
+            timestamp_ms = int(time.time() * 1000)
+        else:
+            timestamp_ms = _timestamp(timestamp_ms)
         info = self._cluster.topics.get(topic)  # type: ignore[union-attr]
         # Known topic: no await (a coroutine per record is a measurable cost here).
         count = len(info.leaders) if info is not None and info.leaders else \
