@@ -98,7 +98,7 @@ class Sender:
                 txn.maybe_add_partitions()
             elif not txn.has_producer_id:
                 task = txn.ensure_producer_id()
-                if task is not None and not task.done():
+                if task is not None:
                     task.add_done_callback(self._producer_id_done)
 
         ready, next_check, unknown_leader = accumulator.ready(cluster, now)

@@ -115,12 +115,14 @@ class TransactionManager:
     # -- idempotent producer id ------------------------------------------------------------
 
     def ensure_producer_id(self) -> asyncio.Task[None] | None:
-        """Idempotent producers: start fetching a producer id unless there is one (or a
-        fetch is running). Transactional producers get theirs from init_transactions()."""
+        """Idempotent producers: start fetching a producer id unless there is one or a fetch
+        is running; returns the task only when it starts one. Transactional producers get
+        theirs from init_transactions()."""
         if self.has_producer_id or self.is_transactional:
             return None
-        if self._init_task is None or self._init_task.done():
-            self._init_task = asyncio.get_running_loop().create_task(self._init_idempotent())
+        if self._init_task is not None and not self._init_task.done():
+            return None
+        self._init_task = asyncio.get_running_loop().create_task(self._init_idempotent())
         return self._init_task
 
     def init_request(self) -> dict[str, Any]:
