@@ -34,7 +34,7 @@ from aioproducer.protocol.messages import (
     pick_version,
     response_correlation_id,
 )
-from aioproducer.protocol.records import BatchWriter, read_batches
+from aioproducer.protocol.records import BatchWriter, encode_headers, read_batches
 
 BODIES = {
     ApiKey.API_VERSIONS: (ApiVersionsRequest, {"client_software_name": "aioproducer",
@@ -213,9 +213,9 @@ def _records(n: int):
 @pytest.mark.parametrize("codec", list(Codec))
 def test_our_batches_read_by_kafka_python(codec):
     records = list(_records(2000))
-    writer = BatchWriter(bytearray(), records[0][0], 1 << 30)
-    for record in records:
-        assert writer.try_append(*record)
+    writer = BatchWriter(records[0][0], 1 << 30)
+    for ts, key, value, headers in records:
+        assert writer.try_append(ts, key, value, encode_headers(headers) if headers else None)
     writer.close(codec)
     data = writer.encode(producer_id=42, producer_epoch=3, base_sequence=100, transactional=True)
     batch = MemoryRecords(data).next_batch()
@@ -248,10 +248,10 @@ def test_kafka_python_batches_read_by_us(codec):
 
 
 def test_batch_limit_and_corruption():
-    writer = BatchWriter(bytearray(), 0, 200)
+    writer = BatchWriter(0, 200)
     assert writer.try_append(0, None, b"x" * 1000, None)  # the first record always fits
     assert not writer.try_append(0, None, b"y", None)
-    writer = BatchWriter(bytearray(), 0, 200)
+    writer = BatchWriter(0, 200)
     while writer.try_append(0, b"k", b"v" * 20, None):
         pass
     assert 150 < writer.size <= 200

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import TYPE_CHECKING, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from ..errors import DeliveryTimeoutError
 from ..protocol.compression import Codec
@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     from ..config import ProducerConfig
     from .transactions import TransactionManager
 
-Headers = Sequence[tuple[str, "bytes | None"]]
 TopicPartition = tuple[str, int]
 
 
@@ -41,6 +40,10 @@ class RecordAccumulator:
         self._txn = txn
         self._wake_sender = wake_sender
         self._batches: dict[TopicPartition, deque[ProducerBatch]] = {}
+        # Per topic, each partition's newest batch and its writer, for appends without a
+        # tuple key. A batch that leaves its queue is sealed (its writer refuses appends), so
+        # these lists need no other upkeep.
+        self._open: dict[str, tuple[list[ProducerBatch | None], list[BatchWriter | None]]] = {}
         self._drain_start: dict[int, int] = {}
         self._batches_created = 0
         self.incomplete: set[ProducerBatch] = set()
@@ -50,18 +53,32 @@ class RecordAccumulator:
     # -- appending (the hot path) ----------------------------------------------------------
 
     def try_append(self, topic: str, partition: int, timestamp: int, key: bytes | None,
-                   value: bytes | None, headers: Headers | None) -> ProducerBatch | None:
+                   value: bytes | None, headers: bytes | None) -> ProducerBatch | None:
         """Append to the partition's open batch if it has room (the record is then the
-        batch's last); None means a new batch is needed."""
-        queue = self._batches.get((topic, partition))
-        if queue:
-            batch = queue[-1]
-            if batch.attempts == 0 and batch.writer.try_append(timestamp, key, value, headers):
+        batch's last); None means a new batch is needed. `headers` come encoded."""
+        open_ = self._open.get(topic)
+        if open_ is not None and partition < len(open_[0]):
+            batch = open_[0][partition]
+            if batch is not None and batch.writer.try_append(timestamp, key, value, headers):
                 return batch
         return None
 
+    def open_batches(self, topic: str, partitions: int) -> tuple[list[ProducerBatch | None],
+                                                                  list[BatchWriter | None]]:
+        """Each partition's open batch and its writer (None where there is none): the lists
+        the accumulator keeps up to date, as enqueue_many's loop reads them."""
+        open_ = self._open.get(topic)
+        if open_ is None:
+            open_ = self._open[topic] = ([], [])
+        batches, writers = open_
+        if len(batches) != partitions:  # the topic grew (or, never in Kafka, shrank)
+            del batches[partitions:], writers[partitions:]
+            batches.extend([None] * (partitions - len(batches)))
+            writers.extend([None] * (partitions - len(writers)))
+        return open_
+
     async def append(self, topic: str, partition: int, timestamp: int, key: bytes | None,
-                     value: bytes | None, headers: Headers | None,
+                     value: bytes | None, headers: bytes | None, partitions: int,
                      max_block: float) -> ProducerBatch:
         """Append, opening a new batch (and waiting up to `max_block` for its memory) if
         needed; returns the batch, whose last record this one is."""
@@ -78,14 +95,17 @@ class RecordAccumulator:
                 return batch
         now = self._loop.time()
         self._batches_created += 1
-        batch = ProducerBatch(self._batches_created, topic, partition,
-                              BatchWriter(bytearray(), timestamp, self._batch_size),
+        writer = BatchWriter(timestamp, self._batch_size)
+        batch = ProducerBatch(self._batches_created, topic, partition, writer,
                               self._loop.create_future(), now, now + self._delivery_timeout, size)
-        batch.writer.try_append(timestamp, key, value, headers)  # a batch's first record always fits
+        writer.try_append(timestamp, key, value, headers)  # a batch's first record always fits
         queue = self._batches.get((topic, partition))
         if queue is None:
             queue = self._batches[(topic, partition)] = deque()
         queue.append(batch)
+        batches, writers = self.open_batches(topic, max(partitions, partition + 1))
+        batches[partition] = batch
+        writers[partition] = writer
         self.incomplete.add(batch)
         if self._txn is not None and self._txn.is_transactional:
             self._txn.add_partition(topic, partition)
@@ -179,7 +199,9 @@ class RecordAccumulator:
         expired: list[ProducerBatch] = []
         for queue in self._batches.values():
             while queue and queue[0].deadline <= now:
-                expired.append(queue.popleft())
+                batch = queue.popleft()
+                batch.writer.seal()
+                expired.append(batch)
         return expired
 
     def next_expiry(self) -> float:
@@ -196,6 +218,7 @@ class RecordAccumulator:
         for queue in self._batches.values():
             while queue:
                 batch = queue.popleft()
+                batch.writer.seal()
                 batch.fail(exc)
                 self.finish(batch)
 

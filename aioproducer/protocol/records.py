@@ -1,7 +1,7 @@
 """RecordBatch v2 (magic 2): the writer the producer appends to, and a reader for tests and
 tools. Layout: https://kafka.apache.org/documentation/#recordbatch
 
-The writer encodes each record into the batch's bytearray when it is appended, so a buffered
+The writer encodes each record into the batch's buffer when it is appended, so a buffered
 record costs bytes, not Python objects (the garbage collector's cost of holding objects per
 record is what bounds Python producers). Compression runs once, when the batch closes. The
 61-byte header is built last and can be built again: the producer id, epoch and base
@@ -16,9 +16,10 @@ from typing import Sequence
 
 import crc32c
 
+from .._speedups import RecordWriter
 from ..errors import CorruptMessageError
 from .compression import Codec, compress, decompress
-from .primitives import encode_varint as _varint
+from .primitives import encode_varint
 
 HEADER_SIZE = 61
 _HEADER = struct.Struct(">qiibIhiqqqhii")  # from base_offset to the record count
@@ -29,81 +30,23 @@ _CONTROL = 0x20
 Headers = Sequence[tuple[str, "bytes | None"]]
 
 
-# Lengths, offset deltas and small timestamp deltas hit this table: one list index instead of
-# a loop per varint on the hot path.
-_SMALL_MAX = 1 << 14
-_SMALL = [_varint(n) for n in range(-1, _SMALL_MAX)]
+class BatchWriter(RecordWriter):
+    """Records of one RecordBatch v2: `try_append(timestamp, key, value, encoded_headers)`
+    encodes each record as it comes (in C when the speed-up is built), `close()` seals and
+    compresses, `encode()` adds the header."""
 
+    __slots__ = ("_payload", "_codec")
 
-def varint(n: int) -> bytes:
-    return _SMALL[n + 1] if -1 <= n < _SMALL_MAX else _varint(n)
-
-
-class BatchWriter:
-    """Records of one RecordBatch v2, encoded as they are appended."""
-
-    __slots__ = ("_buffer", "base_timestamp", "max_timestamp", "count", "size", "_limit",
-                 "_payload", "_codec")
-
-    def __init__(self, buffer: bytearray, base_timestamp: int, limit: int) -> None:
-        self._buffer = buffer
-        self.base_timestamp = base_timestamp
-        self.max_timestamp = base_timestamp
-        self.count = 0
-        self.size = HEADER_SIZE  # on the wire, uncompressed
-        self._limit = limit
-        self._payload: bytes | bytearray | None = None
+    def __init__(self, base_timestamp: int, limit: int) -> None:
+        super().__init__(base_timestamp, limit)
+        self._payload: bytes | None = None
         self._codec = Codec.NONE
-
-    def try_append(self, timestamp_ms: int, key: bytes | None, value: bytes | None,
-                   headers: Headers | None) -> bool:
-        """Append a record unless it would take the batch past its limit (the first record
-        always fits: a record larger than a batch gets a batch of its own)."""
-        small = _SMALL
-        delta = timestamp_ms - self.base_timestamp
-        count = self.count
-        t = small[delta + 1] if -1 <= delta < _SMALL_MAX else _varint(delta)
-        o = small[count + 1] if count < _SMALL_MAX else _varint(count)
-        if key is None:
-            k = b"\x01"
-            key_length = 0
-        else:
-            key_length = len(key)
-            k = small[key_length + 1] if key_length < _SMALL_MAX else _varint(key_length)
-        if value is None:
-            v = b"\x01"
-            value_length = 0
-        else:
-            value_length = len(value)
-            v = small[value_length + 1] if value_length < _SMALL_MAX else _varint(value_length)
-        h = _encode_headers(headers) if headers else b"\x00"
-        length = 1 + len(t) + len(o) + len(k) + key_length + len(v) + value_length + len(h)
-        prefix = small[length + 1] if length < _SMALL_MAX else _varint(length)
-        size = self.size + len(prefix) + length
-        if size > self._limit and count:
-            return False
-        buffer = self._buffer
-        buffer += prefix
-        buffer += b"\x00"  # record attributes
-        buffer += t
-        buffer += o
-        buffer += k
-        if key_length:
-            buffer += key
-        buffer += v
-        if value_length:
-            buffer += value
-        buffer += h
-        self.size = size
-        self.count = count + 1
-        if timestamp_ms > self.max_timestamp:
-            self.max_timestamp = timestamp_ms
-        return True
 
     def close(self, codec: Codec, level: int | None = None) -> None:
         """No more appends; compress the records once."""
         self._codec = codec
-        self._payload = compress(codec, self._buffer, level) if codec else self._buffer
+        records = self.seal()
+        self._payload = compress(codec, records, level) if codec else records
 
     def encode(self, *, producer_id: int = -1, producer_epoch: int = -1,
                base_sequence: int = -1, transactional: bool = False) -> bytes:
@@ -121,27 +64,28 @@ class BatchWriter:
         return bytes(header)
 
 
-def _encode_headers(headers: Headers) -> bytes:
-    out = bytearray(varint(len(headers)))
+def encode_headers(headers: Headers) -> bytes:
+    """A record's header section (count, then each name and value), as try_append takes it."""
+    out = bytearray(encode_varint(len(headers)))
     for name, value in headers:
         encoded = name.encode()
-        out += varint(len(encoded))
+        out += encode_varint(len(encoded))
         out += encoded
         if value is None:
             out += b"\x01"
         else:
-            out += varint(len(value))
+            out += encode_varint(len(value))
             out += value
     return bytes(out)
 
 
-def record_size_upper_bound(key: bytes | None, value: bytes | None, headers: Headers | None) -> int:
-    """Wire size of a batch holding only this record, uncompressed."""
-    size = HEADER_SIZE + 5 + 1 + 10 + 5 + 5 + 5 + 5  # length, attrs, deltas, lengths, count
+def record_size_upper_bound(key: bytes | None, value: bytes | None,
+                            headers: bytes | None) -> int:
+    """Wire size of a batch holding only this record (headers encoded), uncompressed."""
+    size = HEADER_SIZE + 5 + 1 + 10 + 5 + 5 + 5 + 1  # length, attrs, deltas, lengths, count
     size += len(key) if key is not None else 0
     size += len(value) if value is not None else 0
-    if headers:
-        size += len(_encode_headers(headers))
+    size += len(headers) if headers is not None else 0
     return size
 
 

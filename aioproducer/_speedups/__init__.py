@@ -1,0 +1,25 @@
+"""The per-record work of producing: the record encoder, murmur2 and enqueue_many's loop.
+
+Compiled from _c.c when the package is built (an optional extension: installing never fails
+for want of a compiler), else the pure-Python _py.py with the same interface and results.
+AIOPRODUCER_PURE_PYTHON=1 forces the pure-Python one. `IMPLEMENTATION` says which is in use.
+"""
+
+import os
+
+if os.environ.get("AIOPRODUCER_PURE_PYTHON", "") not in ("", "0"):
+    from ._py import DONE, NEEDS_BATCH, NEEDS_PYTHON, RecordWriter, append_many, murmur2, \
+        partition_for_key
+    IMPLEMENTATION = "python"
+else:
+    try:
+        from ._c import DONE, NEEDS_BATCH, NEEDS_PYTHON, RecordWriter, append_many, murmur2, \
+            partition_for_key
+        IMPLEMENTATION = "c"
+    except ImportError:
+        from ._py import DONE, NEEDS_BATCH, NEEDS_PYTHON, RecordWriter, append_many, murmur2, \
+            partition_for_key
+        IMPLEMENTATION = "python"
+
+__all__ = ["DONE", "IMPLEMENTATION", "NEEDS_BATCH", "NEEDS_PYTHON", "RecordWriter",
+           "append_many", "murmur2", "partition_for_key"]

@@ -1,0 +1,485 @@
+/* The compiled speed-up of aioproducer: the per-record work of producing, in C.
+ *
+ * Optional. _py.py is the pure-Python implementation of exactly this interface and is what
+ * runs when this module cannot be built (or AIOPRODUCER_PURE_PYTHON=1); the test suite checks
+ * that both produce the same bytes and partitions. Keep the two in step.
+ *
+ *   RecordWriter(base_timestamp, limit)   records of one RecordBatch v2, encoded on append
+ *   murmur2(data) -> int                  Kafka's Utils.murmur2, signed 32-bit
+ *   partition_for_key(key, n) -> int      toPositive(murmur2(key)) % n
+ *   append_many(...)                      enqueue_many's loop: partition, append, remember
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <stdint.h>
+#include <string.h>
+
+#define BATCH_HEADER_SIZE 61
+
+/* -- murmur2 ------------------------------------------------------------------------------ */
+
+static int32_t
+murmur2_hash(const unsigned char *data, Py_ssize_t length)
+{
+    const uint32_t m = 0x5bd1e995;
+    uint32_t h = 0x9747b28c ^ (uint32_t)length;
+    Py_ssize_t end = length & ~(Py_ssize_t)3;
+    for (Py_ssize_t i = 0; i < end; i += 4) {
+        uint32_t k = (uint32_t)data[i] | (uint32_t)data[i + 1] << 8 |
+                     (uint32_t)data[i + 2] << 16 | (uint32_t)data[i + 3] << 24;
+        k *= m;
+        k ^= k >> 24;
+        k *= m;
+        h *= m;
+        h ^= k;
+    }
+    switch (length & 3) {
+    case 3: h ^= (uint32_t)data[end + 2] << 16; /* fall through */
+    case 2: h ^= (uint32_t)data[end + 1] << 8;  /* fall through */
+    case 1: h ^= (uint32_t)data[end]; h *= m;
+    }
+    h ^= h >> 13;
+    h *= m;
+    h ^= h >> 15;
+    return (int32_t)h;
+}
+
+static Py_ssize_t
+partition_of(const unsigned char *key, Py_ssize_t length, Py_ssize_t partitions)
+{
+    return (Py_ssize_t)((uint32_t)murmur2_hash(key, length) & 0x7fffffff) % partitions;
+}
+
+static PyObject *
+py_murmur2(PyObject *module, PyObject *arg)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    int32_t h = murmur2_hash(view.buf, view.len);
+    PyBuffer_Release(&view);
+    return PyLong_FromLong(h);
+}
+
+static PyObject *
+py_partition_for_key(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "partition_for_key(key, num_partitions)");
+        return NULL;
+    }
+    Py_ssize_t partitions = PyLong_AsSsize_t(args[1]);
+    if (partitions == -1 && PyErr_Occurred())
+        return NULL;
+    if (partitions <= 0) {
+        PyErr_SetString(PyExc_ValueError, "num_partitions must be positive");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    Py_ssize_t p = partition_of(view.buf, view.len, partitions);
+    PyBuffer_Release(&view);
+    return PyLong_FromSsize_t(p);
+}
+
+/* -- varints ------------------------------------------------------------------------------ */
+
+static inline uint64_t
+zigzag(int64_t n)
+{
+    return ((uint64_t)n << 1) ^ (uint64_t)(n >> 63);
+}
+
+static inline int
+varint_size(int64_t n)
+{
+    uint64_t z = zigzag(n);
+    int size = 1;
+    while (z >= 0x80) {
+        z >>= 7;
+        size++;
+    }
+    return size;
+}
+
+static inline char *
+put_varint(char *out, int64_t n)
+{
+    uint64_t z = zigzag(n);
+    while (z >= 0x80) {
+        *out++ = (char)((z & 0x7f) | 0x80);
+        z >>= 7;
+    }
+    *out++ = (char)z;
+    return out;
+}
+
+/* -- RecordWriter ------------------------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    char *buffer;
+    Py_ssize_t length;    /* bytes of encoded records */
+    Py_ssize_t capacity;
+    long long base_timestamp;
+    long long max_timestamp;
+    Py_ssize_t count;
+    Py_ssize_t size;      /* the batch on the wire, uncompressed, header included */
+    Py_ssize_t limit;
+    int sealed;
+} RecordWriter;
+
+static PyTypeObject RecordWriterType;
+
+static int
+writer_init(RecordWriter *self, PyObject *args, PyObject *kwargs)
+{
+    static char *names[] = {"base_timestamp", "limit", NULL};
+    long long base_timestamp;
+    Py_ssize_t limit;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "Ln", names, &base_timestamp, &limit))
+        return -1;
+    PyMem_Free(self->buffer);
+    self->buffer = NULL;
+    self->length = self->capacity = 0;
+    self->base_timestamp = self->max_timestamp = base_timestamp;
+    self->count = 0;
+    self->size = BATCH_HEADER_SIZE;
+    self->limit = limit;
+    self->sealed = 0;
+    return 0;
+}
+
+static void
+writer_dealloc(RecordWriter *self)
+{
+    PyMem_Free(self->buffer);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* Append one record; 1 if appended, 0 if the batch is full or sealed, -1 on error. The key
+ * and value are NULL for a null key or value. */
+static int
+writer_append(RecordWriter *self, long long timestamp,
+              const char *key, Py_ssize_t key_length,
+              const char *value, Py_ssize_t value_length,
+              const char *headers, Py_ssize_t headers_length)
+{
+    if (self->sealed)
+        return 0;
+    int64_t delta = (int64_t)timestamp - (int64_t)self->base_timestamp;
+    Py_ssize_t body = 1 + varint_size(delta) + varint_size(self->count)
+        + (key ? varint_size(key_length) + key_length : 1)
+        + (value ? varint_size(value_length) + value_length : 1)
+        + (headers ? headers_length : 1);
+    Py_ssize_t total = varint_size(body) + body;
+    if (self->size + total > self->limit && self->count > 0)
+        return 0;
+    if (self->length + total > self->capacity) {
+        Py_ssize_t capacity = self->capacity ? self->capacity : 256;
+        while (capacity < self->length + total)
+            capacity *= 2;
+        char *grown = PyMem_Realloc(self->buffer, capacity);
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        self->buffer = grown;
+        self->capacity = capacity;
+    }
+    char *out = put_varint(self->buffer + self->length, body);
+    *out++ = 0;  /* record attributes */
+    out = put_varint(out, delta);
+    out = put_varint(out, self->count);
+    if (key) {
+        out = put_varint(out, key_length);
+        memcpy(out, key, key_length);
+        out += key_length;
+    } else {
+        *out++ = 1;  /* varint -1 */
+    }
+    if (value) {
+        out = put_varint(out, value_length);
+        memcpy(out, value, value_length);
+        out += value_length;
+    } else {
+        *out++ = 1;
+    }
+    if (headers) {
+        memcpy(out, headers, headers_length);
+        out += headers_length;
+    } else {
+        *out++ = 0;  /* no headers */
+    }
+    self->length += total;
+    self->size += total;
+    self->count++;
+    if (timestamp > self->max_timestamp)
+        self->max_timestamp = timestamp;
+    return 1;
+}
+
+/* A view of an optional bytes-like argument; data is NULL for None. */
+typedef struct {
+    Py_buffer view;
+    const char *data;
+    Py_ssize_t length;
+    int held;
+} OptionalBytes;
+
+static int
+optional_bytes(PyObject *obj, OptionalBytes *out)
+{
+    out->held = 0;
+    if (obj == Py_None) {
+        out->data = NULL;
+        out->length = 0;
+    } else if (PyBytes_CheckExact(obj)) {
+        out->data = PyBytes_AS_STRING(obj);
+        out->length = PyBytes_GET_SIZE(obj);
+    } else {
+        if (PyObject_GetBuffer(obj, &out->view, PyBUF_SIMPLE) < 0)
+            return -1;
+        out->held = 1;
+        out->data = out->view.buf;
+        out->length = out->view.len;
+    }
+    return 0;
+}
+
+static void
+release_optional(OptionalBytes *b)
+{
+    if (b->held)
+        PyBuffer_Release(&b->view);
+}
+
+static PyObject *
+writer_try_append(RecordWriter *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "try_append(timestamp, key, value, headers)");
+        return NULL;
+    }
+    long long timestamp = PyLong_AsLongLong(args[0]);
+    if (timestamp == -1 && PyErr_Occurred())
+        return NULL;
+    OptionalBytes key, value, headers;
+    if (optional_bytes(args[1], &key) < 0)
+        return NULL;
+    if (optional_bytes(args[2], &value) < 0) {
+        release_optional(&key);
+        return NULL;
+    }
+    if (optional_bytes(args[3], &headers) < 0) {
+        release_optional(&key);
+        release_optional(&value);
+        return NULL;
+    }
+    int appended = writer_append(self, timestamp, key.data, key.length, value.data,
+                                 value.length, headers.data, headers.length);
+    release_optional(&key);
+    release_optional(&value);
+    release_optional(&headers);
+    if (appended < 0)
+        return NULL;
+    return PyBool_FromLong(appended);
+}
+
+static PyObject *
+writer_seal(RecordWriter *self, PyObject *unused)
+{
+    PyObject *records = PyBytes_FromStringAndSize(self->buffer ? self->buffer : "", self->length);
+    if (records == NULL)
+        return NULL;
+    self->sealed = 1;
+    PyMem_Free(self->buffer);
+    self->buffer = NULL;
+    self->capacity = 0;
+    return records;
+}
+
+static PyMethodDef writer_methods[] = {
+    {"try_append", (PyCFunction)(void (*)(void))writer_try_append, METH_FASTCALL,
+     "try_append(timestamp, key, value, headers) -> bool\n\n"
+     "Append a record unless it would take the batch past its limit (the first record\n"
+     "always fits). `headers` is the encoded header section, or None for no headers."},
+    {"seal", (PyCFunction)writer_seal, METH_NOARGS,
+     "seal() -> bytes: no more appends; the encoded records."},
+    {NULL}
+};
+
+static PyMemberDef writer_members[] = {
+    {"count", T_PYSSIZET, offsetof(RecordWriter, count), READONLY, "records appended"},
+    {"size", T_PYSSIZET, offsetof(RecordWriter, size), READONLY,
+     "the batch's uncompressed size on the wire"},
+    {"base_timestamp", T_LONGLONG, offsetof(RecordWriter, base_timestamp), READONLY, NULL},
+    {"max_timestamp", T_LONGLONG, offsetof(RecordWriter, max_timestamp), READONLY, NULL},
+    {NULL}
+};
+
+static PyTypeObject RecordWriterType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "aioproducer._speedups._c.RecordWriter",
+    .tp_doc = "Records of one RecordBatch v2, encoded as they are appended.",
+    .tp_basicsize = sizeof(RecordWriter),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)writer_init,
+    .tp_dealloc = (destructor)writer_dealloc,
+    .tp_methods = writer_methods,
+    .tp_members = writer_members,
+};
+
+/* -- append_many -------------------------------------------------------------------------- */
+
+enum { DONE = 0, NEEDS_BATCH = 1, NEEDS_PYTHON = 2 };
+
+static PyObject *
+py_append_many(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 9) {
+        PyErr_SetString(PyExc_TypeError, "append_many(records, start, batches, writers, "
+                        "partition, sticky, timestamp, out_batches, out_deltas)");
+        return NULL;
+    }
+    PyObject *records = args[0], *batches = args[2], *writers = args[3];
+    PyObject *out_batches = args[7], *out_deltas = args[8];
+    Py_ssize_t start, fixed, sticky;
+    long long timestamp;
+    if ((start = PyLong_AsSsize_t(args[1])) == -1 && PyErr_Occurred())
+        return NULL;
+    if ((fixed = PyLong_AsSsize_t(args[4])) == -1 && PyErr_Occurred())
+        return NULL;
+    if ((sticky = PyLong_AsSsize_t(args[5])) == -1 && PyErr_Occurred())
+        return NULL;
+    if ((timestamp = PyLong_AsLongLong(args[6])) == -1 && PyErr_Occurred())
+        return NULL;
+    if (!PyList_CheckExact(records) || !PyList_CheckExact(batches) ||
+        !PyList_CheckExact(writers) || !PyList_CheckExact(out_batches) ||
+        !PyByteArray_CheckExact(out_deltas)) {
+        PyErr_SetString(PyExc_TypeError, "append_many takes lists of records, batches, writers "
+                        "and out_batches, and a bytearray of out_deltas");
+        return NULL;
+    }
+    Py_ssize_t partitions = PyList_GET_SIZE(writers);
+    if (partitions == 0 || PyList_GET_SIZE(batches) != partitions || fixed >= partitions ||
+        sticky >= partitions) {
+        PyErr_SetString(PyExc_ValueError, "batches and writers need one entry per partition");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(records);
+    Py_ssize_t deltas_length = PyByteArray_GET_SIZE(out_deltas);
+    if (start < 0)
+        start = 0;
+    if (start < n && PyByteArray_Resize(out_deltas, deltas_length + (n - start) * 4) < 0)
+        return NULL;
+    int status = DONE;
+    Py_ssize_t i = start, partition = -1;
+    /* No Python code runs in this loop (exact bytes and tuples only), so no list changes. */
+    for (; i < n; i++) {
+        PyObject *record = PyList_GET_ITEM(records, i);
+        if (!PyTuple_CheckExact(record) || PyTuple_GET_SIZE(record) != 2) {
+            status = NEEDS_PYTHON;
+            break;
+        }
+        PyObject *key = PyTuple_GET_ITEM(record, 0), *value = PyTuple_GET_ITEM(record, 1);
+        if ((key != Py_None && !PyBytes_CheckExact(key)) ||
+            (value != Py_None && !PyBytes_CheckExact(value))) {
+            status = NEEDS_PYTHON;
+            break;
+        }
+        const char *k = key == Py_None ? NULL : PyBytes_AS_STRING(key);
+        Py_ssize_t k_length = key == Py_None ? 0 : PyBytes_GET_SIZE(key);
+        if (fixed >= 0)
+            partition = fixed;
+        else if (k != NULL)
+            partition = partition_of((const unsigned char *)k, k_length, partitions);
+        else if (sticky >= 0)
+            partition = sticky;
+        else {
+            status = NEEDS_PYTHON;
+            break;
+        }
+        PyObject *writer = PyList_GET_ITEM(writers, partition);
+        if (writer == Py_None) {
+            status = NEEDS_BATCH;
+            break;
+        }
+        if (!PyObject_TypeCheck(writer, &RecordWriterType)) {
+            PyErr_SetString(PyExc_TypeError, "writers must hold RecordWriter or None");
+            goto error;
+        }
+        RecordWriter *w = (RecordWriter *)writer;
+        const char *v = value == Py_None ? NULL : PyBytes_AS_STRING(value);
+        Py_ssize_t v_length = value == Py_None ? 0 : PyBytes_GET_SIZE(value);
+        int appended = writer_append(w, timestamp, k, k_length, v, v_length, NULL, 0);
+        if (appended < 0)
+            goto error;
+        if (appended == 0) {
+            status = NEEDS_BATCH;
+            break;
+        }
+        if (PyList_Append(out_batches, PyList_GET_ITEM(batches, partition)) < 0)
+            goto error;
+        int32_t delta = (int32_t)(w->count - 1);
+        memcpy(PyByteArray_AS_STRING(out_deltas) + deltas_length, &delta, 4);
+        deltas_length += 4;
+    }
+    if (PyByteArray_Resize(out_deltas, deltas_length) < 0)
+        return NULL;
+    if (status != NEEDS_BATCH)
+        partition = -1;
+    return Py_BuildValue("(nin)", i, status, partition);
+error:
+    PyByteArray_Resize(out_deltas, deltas_length);
+    return NULL;
+}
+
+/* -- the module --------------------------------------------------------------------------- */
+
+static PyMethodDef module_methods[] = {
+    {"murmur2", py_murmur2, METH_O,
+     "murmur2(data) -> int: Kafka's Utils.murmur2 (seed 0x9747b28c), signed 32-bit."},
+    {"partition_for_key", (PyCFunction)(void (*)(void))py_partition_for_key, METH_FASTCALL,
+     "partition_for_key(key, num_partitions) -> int: toPositive(murmur2(key)) % n."},
+    {"append_many", (PyCFunction)(void (*)(void))py_append_many, METH_FASTCALL,
+     "append_many(records, start, batches, writers, partition, sticky, timestamp,\n"
+     "            out_batches, out_deltas) -> (index, status, partition)\n\n"
+     "Append records[start:] ((key, value) tuples of bytes or None) to the writers of their\n"
+     "partitions: `partition` if it is not -1, else murmur2 of the key, else `sticky`.\n"
+     "`batches` and `writers` hold each partition's open batch and its writer, or None. For\n"
+     "each record appended, add its batch to `out_batches` and its offset delta (a native\n"
+     "int32) to `out_deltas`. Stop at the first record it cannot take: status 1 (NEEDS_BATCH)\n"
+     "when its partition has no writer or the writer is full, 2 (NEEDS_PYTHON) when it is not\n"
+     "a tuple of bytes or None (or is keyless and `sticky` is -1); 0 (DONE) when every record\n"
+     "was appended. `index` is that record's (or len(records))."},
+    {NULL}
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, "_c", "aioproducer's compiled speed-up (see _py.py).", -1,
+    module_methods,
+};
+
+PyMODINIT_FUNC
+PyInit__c(void)
+{
+    if (PyType_Ready(&RecordWriterType) < 0)
+        return NULL;
+    PyObject *module = PyModule_Create(&module_def);
+    if (module == NULL)
+        return NULL;
+    Py_INCREF(&RecordWriterType);
+    if (PyModule_AddObject(module, "RecordWriter", (PyObject *)&RecordWriterType) < 0 ||
+        PyModule_AddIntConstant(module, "DONE", DONE) < 0 ||
+        PyModule_AddIntConstant(module, "NEEDS_BATCH", NEEDS_BATCH) < 0 ||
+        PyModule_AddIntConstant(module, "NEEDS_PYTHON", NEEDS_PYTHON) < 0) {
+        Py_DECREF(&RecordWriterType);
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
+}

@@ -1,0 +1,171 @@
+"""The pure-Python implementation of the speed-up's interface (see _c.c, which it mirrors).
+
+It runs where the C module could not be built, or with AIOPRODUCER_PURE_PYTHON=1, and the
+tests hold both to the same bytes and partitions: change one, change the other.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from ..protocol.primitives import encode_varint as _varint
+
+HEADER_SIZE = 61
+DONE, NEEDS_BATCH, NEEDS_PYTHON = 0, 1, 2
+
+_M = 0x5BD1E995
+_MASK = 0xFFFFFFFF
+_DELTA = struct.Struct("=i")  # an offset delta, native int32 as the C module writes
+
+# Lengths, offset deltas and small timestamp deltas hit this table: one list index instead of
+# a loop per varint.
+_SMALL_MAX = 1 << 14
+_SMALL = [_varint(n) for n in range(-1, _SMALL_MAX)]
+
+
+def murmur2(data: bytes) -> int:
+    """Kafka's `Utils.murmur2` (seed 0x9747b28c), as a signed 32-bit int."""
+    length = len(data)
+    h = (0x9747B28C ^ length) & _MASK
+    end = length - (length & 3)
+    for k in struct.unpack_from(f"<{end >> 2}I", data):
+        k = (k * _M) & _MASK
+        k ^= k >> 24
+        k = (k * _M) & _MASK
+        h = ((h * _M) & _MASK) ^ k
+    tail = length & 3
+    if tail == 3:
+        h ^= data[end + 2] << 16
+    if tail >= 2:
+        h ^= data[end + 1] << 8
+    if tail >= 1:
+        h ^= data[end]
+        h = (h * _M) & _MASK
+    h ^= h >> 13
+    h = (h * _M) & _MASK
+    h ^= h >> 15
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+_CACHE_LIMIT = 100_000
+_positive_hashes: dict[bytes, int] = {}
+
+
+def partition_for_key(key: bytes, num_partitions: int) -> int:
+    """`toPositive(murmur2(key)) % num_partitions`, with the hash of recent keys cached
+    (murmur2 in Python costs microseconds; services reuse a bounded set of keys)."""
+    if num_partitions <= 0:
+        raise ValueError("num_partitions must be positive")
+    h = _positive_hashes.get(key)
+    if h is None:
+        if len(_positive_hashes) >= _CACHE_LIMIT:
+            _positive_hashes.clear()
+        h = _positive_hashes[bytes(key)] = murmur2(key) & 0x7FFFFFFF
+    return h % num_partitions
+
+
+class RecordWriter:
+    """Records of one RecordBatch v2, encoded as they are appended."""
+
+    __slots__ = ("_buffer", "base_timestamp", "max_timestamp", "count", "size", "_limit")
+
+    def __init__(self, base_timestamp: int, limit: int) -> None:
+        self._buffer: bytearray | None = bytearray()
+        self.base_timestamp = base_timestamp
+        self.max_timestamp = base_timestamp
+        self.count = 0
+        self.size = HEADER_SIZE  # the batch on the wire, uncompressed, header included
+        self._limit = limit
+
+    def try_append(self, timestamp: int, key: bytes | None, value: bytes | None,
+                   headers: bytes | None) -> bool:
+        """Append a record unless it would take the batch past its limit (the first record
+        always fits). `headers` is the encoded header section, or None for no headers."""
+        buffer = self._buffer
+        if buffer is None:  # sealed
+            return False
+        small = _SMALL
+        delta = timestamp - self.base_timestamp
+        count = self.count
+        t = small[delta + 1] if -1 <= delta < _SMALL_MAX else _varint(delta)
+        o = small[count + 1] if count < _SMALL_MAX else _varint(count)
+        if key is None:
+            k = b"\x01"
+            key_length = 0
+        else:
+            key_length = len(key)
+            k = small[key_length + 1] if key_length < _SMALL_MAX else _varint(key_length)
+        if value is None:
+            v = b"\x01"
+            value_length = 0
+        else:
+            value_length = len(value)
+            v = small[value_length + 1] if value_length < _SMALL_MAX else _varint(value_length)
+        h = headers if headers is not None else b"\x00"
+        length = 1 + len(t) + len(o) + len(k) + key_length + len(v) + value_length + len(h)
+        prefix = small[length + 1] if length < _SMALL_MAX else _varint(length)
+        size = self.size + len(prefix) + length
+        if size > self._limit and count:
+            return False
+        buffer += prefix
+        buffer += b"\x00"  # record attributes
+        buffer += t
+        buffer += o
+        buffer += k
+        if key_length:
+            buffer += key
+        buffer += v
+        if value_length:
+            buffer += value
+        buffer += h
+        self.size = size
+        self.count = count + 1
+        if timestamp > self.max_timestamp:
+            self.max_timestamp = timestamp
+        return True
+
+    def seal(self) -> bytes:
+        """No more appends; the encoded records."""
+        records = bytes(self._buffer or b"")
+        self._buffer = None
+        return records
+
+
+def append_many(records: list, start: int, batches: list, writers: list, partition: int,
+                sticky: int, timestamp: int, out_batches: list,
+                out_deltas: bytearray) -> tuple[int, int, int]:
+    """Append records[start:] ((key, value) tuples of bytes or None) to the writers of their
+    partitions: `partition` if it is not -1, else murmur2 of the key, else `sticky`.
+    `batches` and `writers` hold each partition's open batch and its writer, or None. For each
+    record appended, add its batch to `out_batches` and its offset delta (a native int32) to
+    `out_deltas`. Stop at the first record it cannot take: NEEDS_BATCH when its partition has
+    no writer or the writer is full, NEEDS_PYTHON when it is not a tuple of bytes or None (or
+    is keyless and `sticky` is -1); DONE when every record was appended. Returns (index of
+    that record or len(records), status, its partition for NEEDS_BATCH else -1)."""
+    partitions = len(writers)
+    if not partitions or len(batches) != partitions or partition >= partitions \
+            or sticky >= partitions:
+        raise ValueError("batches and writers need one entry per partition")
+    pack = _DELTA.pack
+    for i in range(max(start, 0), len(records)):
+        record = records[i]
+        if type(record) is not tuple or len(record) != 2:
+            return i, NEEDS_PYTHON, -1
+        key, value = record
+        if (key is not None and type(key) is not bytes) or \
+                (value is not None and type(value) is not bytes):
+            return i, NEEDS_PYTHON, -1
+        if partition >= 0:
+            p = partition
+        elif key is not None:
+            p = partition_for_key(key, partitions)
+        elif sticky >= 0:
+            p = sticky
+        else:
+            return i, NEEDS_PYTHON, -1
+        writer = writers[p]
+        if writer is None or not writer.try_append(timestamp, key, value, None):
+            return i, NEEDS_BATCH, p
+        out_batches.append(batches[p])
+        out_deltas += pack(writer.count - 1)
+    return len(records), DONE, -1
