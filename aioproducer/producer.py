@@ -260,8 +260,13 @@ class Producer:
             batch = accumulator.try_append(topic, partition, timestamp_ms, key, value, headers)
             if batch is not None:
                 return batch
-        return await accumulator.append(topic, partition, timestamp_ms, key, value, headers,
-                                        count, self._max_block)
+        batch = await accumulator.append(topic, partition, timestamp_ms, key, value, headers,
+                                         count, self._max_block)
+        # A batch was opened, most likely because the last one is full: let the sender ship
+        # it now, so a loop that never waits keeps the broker busy instead of filling
+        # buffer_memory first.
+        await asyncio.sleep(0)
+        return batch
 
     async def enqueue_many(self, topic: str,
                            records: Iterable[tuple[Any, Any]], *, partition: int | None = None,

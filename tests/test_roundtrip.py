@@ -153,7 +153,7 @@ async def test_enqueue_many_round_trip(broker, topic_factory):
     async with Producer(broker.bootstrap, batch_size=4096) as producer:
         bulk = await producer.enqueue_many(topic, records[:20_000])
         more = await producer.enqueue_many(topic, iter(records[20_000:]), timestamp_ms=123)
-        metadata = await bulk + await more
+        metadata = [*await bulk, *await more]
     assert len(metadata) == 30_000
     got = {(r.partition, r.offset): r for r in consume_all(broker.bootstrap, topic, 30_000)}
     assert len(got) == 30_000

@@ -8,7 +8,8 @@ is what limits Python producers (see benchmarks/), so the handle holds none of t
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any, Callable, Generator, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, Generator, Iterator, NamedTuple, Sequence, \
+    overload
 
 if TYPE_CHECKING:
     from ..protocol.records import BatchWriter
@@ -158,7 +159,7 @@ class BulkFuture:
     def _futures(self) -> set[asyncio.Future]:
         return {batch.future for batch in set(self._batches)}
 
-    def __await__(self) -> Generator[Any, None, list[RecordMetadata]]:
+    def __await__(self) -> Generator[Any, None, BulkMetadata]:
         pending = {future for future in self._futures() if not future.done()}
         if pending:
             # asyncio.wait never cancels the futures it waits for: a cancelled caller leaves
@@ -176,18 +177,52 @@ class BulkFuture:
                 return batch.future.exception()
         return None
 
-    def result(self) -> list[RecordMetadata]:
-        """Every record's metadata; raises the first failure if any record failed."""
-        out: list[RecordMetadata] = []
-        results = {}
-        for batch, delta in zip(self._batches, memoryview(self._deltas).cast("i")):
-            result = results.get(batch)
-            if result is None:
-                base_offset, log_append_time = batch.future.result()
-                result = results[batch] = (
-                    batch.topic, batch.partition, base_offset,
-                    log_append_time if log_append_time >= 0 else self._timestamp)
-            topic, partition, base_offset, timestamp = result
-            out.append(RecordMetadata(topic, partition,
-                                      base_offset + delta if base_offset >= 0 else -1, timestamp))
-        return out
+    def result(self) -> "BulkMetadata":
+        """Every record's metadata (a sequence, built as it is read); raises the first failure
+        if any record failed, InvalidStateError if some are pending."""
+        for batch in set(self._batches):
+            batch.future.result()
+        return BulkMetadata(self._batches, self._deltas, self._timestamp)
+
+
+class BulkMetadata(Sequence[RecordMetadata]):
+    """The RecordMetadata of an enqueue_many() call's records, in input order. Each item is
+    made when it is read: a bulk load that only needs to know it succeeded pays nothing."""
+
+    __slots__ = ("_batches", "_deltas", "_timestamp")
+
+    def __init__(self, batches: list[ProducerBatch], deltas: bytearray, timestamp: int) -> None:
+        self._batches = batches
+        self._deltas = memoryview(bytes(deltas)).cast("i")
+        self._timestamp = timestamp
+
+    def __len__(self) -> int:
+        return len(self._batches)
+
+    @overload
+    def __getitem__(self, index: int) -> RecordMetadata: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[RecordMetadata]: ...
+
+    def __getitem__(self, index: int | slice) -> RecordMetadata | list[RecordMetadata]:
+        if isinstance(index, slice):
+            return [self._item(i) for i in range(*index.indices(len(self._batches)))]
+        if index < 0:
+            index += len(self._batches)
+        if not 0 <= index < len(self._batches):
+            raise IndexError("BulkMetadata index out of range")
+        return self._item(index)
+
+    def _item(self, index: int) -> RecordMetadata:
+        batch = self._batches[index]
+        base_offset, log_append_time = batch.future.result()
+        return RecordMetadata(
+            batch.topic, batch.partition,
+            base_offset + self._deltas[index] if base_offset >= 0 else -1,
+            log_append_time if log_append_time >= 0 else self._timestamp)
+
+    def __iter__(self) -> Iterator[RecordMetadata]:
+        return map(self._item, range(len(self._batches)))
+
+    def __repr__(self) -> str:
+        return f"<BulkMetadata of {len(self._batches)} records>"
