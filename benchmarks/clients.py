@@ -16,8 +16,10 @@ import time
 SETTINGS = {"acks": 1, "linger_ms": 5, "batch_size": 16384}
 
 
-def records(n: int, value_size: int):
+def records(n: int, value_size: int, keyless: bool = False):
     value = os.urandom(value_size)
+    if keyless:
+        return [(None, value)] * n
     return [(b"key-%012d" % (i % 100_000), value) for i in range(n)]
 
 
@@ -67,19 +69,33 @@ async def aiokafka_run(args, data):
 
 
 async def aiokafka_batches(producer, args, data):
-    """aiokafka's batch API: build a batch per partition, send_batch, gather the futures."""
+    """aiokafka's batch API: one open batch per partition, send_batch when it is full, gather
+    the futures. Keyed records go where aiokafka's own partitioner puts them (the batch API
+    leaves that to the caller; ignoring it would break per-key order); keyless records fill
+    one partition's batch after another."""
+    from aiokafka.partitioner import murmur2
+
     partitions = sorted(await producer.partitions_for(args.topic))
     start = time.perf_counter()
     futures = []
-    batch = producer.create_batch()
-    partition = 0
+    batches = {}
+    keyless_partition = 0
     for key, value in data:
+        if key is None:
+            partition = keyless_partition
+        else:
+            partition = partitions[(murmur2(key) & 0x7FFFFFFF) % len(partitions)]
+        batch = batches.get(partition)
+        if batch is None:
+            batch = batches[partition] = producer.create_batch()
         if batch.append(key=key, value=value, timestamp=None) is None:
             futures.append(await producer.send_batch(batch, args.topic, partition=partition))
-            partition = (partition + 1) % len(partitions)
-            batch = producer.create_batch()
+            batch = batches[partition] = producer.create_batch()
             batch.append(key=key, value=value, timestamp=None)
-    futures.append(await producer.send_batch(batch, args.topic, partition=partition))
+            if key is None:
+                keyless_partition = (keyless_partition + 1) % len(partitions)
+    for partition, batch in batches.items():
+        futures.append(await producer.send_batch(batch, args.topic, partition=partition))
     await asyncio.gather(*futures)
     return time.perf_counter() - start, []
 
@@ -197,10 +213,11 @@ def main() -> None:
     parser.add_argument("--value-size", type=int, default=100)
     parser.add_argument("--codec", default="none")
     parser.add_argument("--idempotence", action="store_true")
+    parser.add_argument("--keyless", action="store_true", help="records without keys")
     parser.add_argument("--rate", type=float, default=1000)
     parser.add_argument("--uvloop", action="store_true")
     args = parser.parse_args()
-    data = records(args.records, args.value_size)
+    data = records(args.records, args.value_size, args.keyless)
     run = CLIENTS[args.client]
     if asyncio.iscoroutinefunction(run):
         if args.uvloop:

@@ -38,6 +38,9 @@ PLAN = [
     ("bulk", "aioproducer", 1_000_000, []),
     ("bulk", "aiokafka", 1_000_000, []),
     ("bulk", "confluent-sync", 1_000_000, []),
+    ("bulk-keyless", "aioproducer", 1_000_000, ["--keyless"]),
+    ("bulk-keyless", "aiokafka", 1_000_000, ["--keyless"]),
+    ("bulk-keyless", "confluent-sync", 1_000_000, ["--keyless"]),
     ("concurrent", "aioproducer", 200_000, []),
     ("concurrent", "aiokafka", 100_000, []),
     ("latency", "aioproducer", 5_000, []),
@@ -49,8 +52,8 @@ PLAN = [
     ("idempotence-on", "aioproducer", 500_000, ["--idempotence"]),
     ("lz4", "aioproducer", 500_000, ["--codec", "lz4"]),
 ]
-SHAPE = {"1KiB": "per-record", "idempotence-on": "per-record", "lz4": "per-record"}
-SHAPE_BY_CLIENT = {("1KiB", "aiokafka"): "bulk", ("1KiB", "confluent-sync"): "bulk"}
+SHAPE = {"bulk-keyless": "bulk", "1KiB": "bulk", "idempotence-on": "per-record",
+         "lz4": "per-record"}
 
 
 def count_back(bootstrap: str, topic: str, expected: int) -> int:
@@ -70,7 +73,7 @@ def count_back(bootstrap: str, topic: str, expected: int) -> int:
 
 
 def run_one(scenario: str, client: str, records: int, extra: list[str], uvloop: bool) -> dict:
-    shape = SHAPE_BY_CLIENT.get((scenario, client), SHAPE.get(scenario, scenario))
+    shape = SHAPE.get(scenario, scenario)
     with EmbeddedBroker() as broker:
         topic = f"bench-{scenario}-{client}"
         broker.create_topic(topic, 6)
@@ -88,8 +91,9 @@ def run_one(scenario: str, client: str, records: int, extra: list[str], uvloop: 
     if counted != records:
         return {"error": f"counted {counted} of {records} records back"}
     value_size = int(extra[extra.index("--value-size") + 1]) if "--value-size" in extra else 100
+    key_size = 0 if "--keyless" in extra else 16
     result["msgs_per_s"] = records / result["seconds"]
-    result["mb_per_s"] = records * (value_size + 16) / result["seconds"] / 1e6
+    result["mb_per_s"] = records * (value_size + key_size) / result["seconds"] / 1e6
     result["cpu_per_million"] = result["cpu"] / records * 1e6
     lat = sorted(result.pop("latencies"))
     if lat:
