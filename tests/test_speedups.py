@@ -1,0 +1,151 @@
+"""The compiled speed-up and its pure-Python twin: built, and indistinguishable.
+
+Both implementations are imported directly and fed the same inputs; every output (bytes,
+counts, sizes, partitions, statuses) must match. What either one writes is read back by
+kafka-python in test_protocol.py and by librdkafka in test_roundtrip.py; CI runs those
+again with AIOPRODUCER_PURE_PYTHON=1.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+
+from aioproducer import _speedups
+from aioproducer._speedups import _py
+
+try:
+    from aioproducer._speedups import _c
+except ImportError:  # reported by test_compiled_speedup_is_in_use
+    _c = None
+
+needs_c = pytest.mark.skipif(_c is None, reason="the C speed-up did not build")
+
+
+def test_compiled_speedup_is_in_use():
+    if os.environ.get("AIOPRODUCER_PURE_PYTHON", "") not in ("", "0"):
+        assert _speedups.IMPLEMENTATION == "python"
+        return
+    assert _c is not None, (
+        "aioproducer._speedups._c did not build: reinstall with a C compiler and the Python "
+        "headers (`pip install -e .` prints the compiler's error)")
+    assert _speedups.IMPLEMENTATION == "c"
+
+
+# Kafka's own vectors (clients/src/test/java/org/apache/kafka/common/utils/UtilsTest.java).
+MURMUR2 = {b"21": -973932308, b"foobar": -790332482, b"a-little-bit-long-string": -985981536,
+           b"a-little-bit-longer-string": -1486304829,
+           b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8": -58897971, b"abc": 479470107}
+
+
+@pytest.mark.parametrize("impl", [_py, pytest.param(_c, marks=needs_c)], ids=["python", "c"])
+def test_murmur2_matches_kafka(impl):
+    for data, expected in MURMUR2.items():
+        assert impl.murmur2(data) == expected
+        assert impl.partition_for_key(data, 7) == (expected & 0x7FFFFFFF) % 7
+    with pytest.raises(ValueError):
+        impl.partition_for_key(b"k", 0)
+
+
+@needs_c
+def test_murmur2_same_in_both():
+    rng = random.Random(5)
+    for _ in range(5000):
+        data = rng.randbytes(rng.randrange(0, 70))
+        n = rng.randrange(1, 300)
+        assert _c.murmur2(data) == _py.murmur2(data)
+        assert _c.partition_for_key(data, n) == _py.partition_for_key(data, n)
+
+
+def _random_record(rng: random.Random, base: int):
+    timestamp = base + rng.choice([0, 0, 1, -1, 63, 64, -65, 8191, 8192, 10**6, -(2**40), 2**45])
+    key = rng.choice([None, b"", rng.randbytes(rng.randrange(1, 200))])
+    value = rng.choice([None, b"", rng.randbytes(rng.randrange(1, 300)),
+                        rng.randbytes(rng.randrange(8000, 20000))])
+    headers = rng.choice([None, b"\x00", b"\x02\x02h\x02x\x08null\x01"])
+    return timestamp, key, value, headers
+
+
+@needs_c
+@pytest.mark.parametrize("limit", [100, 2000, 16384, 1 << 30])
+def test_record_writer_same_bytes(limit):
+    rng = random.Random(limit)
+    for _ in range(60):
+        base = rng.randrange(0, 2**42)
+        c, py = _c.RecordWriter(base, limit), _py.RecordWriter(base, limit)
+        for _ in range(rng.randrange(1, 150)):
+            record = _random_record(rng, base)
+            assert c.try_append(*record) == py.try_append(*record)
+            assert (c.count, c.size, c.max_timestamp) == (py.count, py.size, py.max_timestamp)
+        assert c.base_timestamp == py.base_timestamp == base
+        assert c.seal() == py.seal()
+        # Sealed: no more appends, and nothing changes.
+        assert not c.try_append(base, None, b"x", None)
+        assert not py.try_append(base, None, b"x", None)
+        assert (c.count, c.size) == (py.count, py.size)
+
+
+@needs_c
+def test_record_writer_takes_any_bytes_like_and_refuses_others():
+    c, py = _c.RecordWriter(0, 1 << 20), _py.RecordWriter(0, 1 << 20)
+    for key in (bytearray(b"k"), memoryview(b"key")):
+        assert c.try_append(0, key, b"v", None) and py.try_append(0, key, b"v", None)
+    assert c.seal() == py.seal()
+    with pytest.raises(TypeError):
+        _c.RecordWriter(0, 100).try_append(0, "text", b"v", None)
+
+
+def _run_append_many(impl, records, partitions, *, fixed=-1, sticky=-1, open_parts=None,
+                     limit=16384):
+    """One append_many call on fresh writers; everything it produced."""
+    open_parts = range(partitions) if open_parts is None else open_parts
+    writers = [impl.RecordWriter(1000, limit) if p in open_parts else None
+               for p in range(partitions)]
+    batches = [f"batch-{p}" if w is not None else None for p, w in enumerate(writers)]
+    out_batches: list = []
+    out_deltas = bytearray()
+    result = impl.append_many(records, 0, batches, writers, fixed, sticky, 1005, out_batches,
+                              out_deltas)
+    return result, out_batches, bytes(out_deltas), [w and (w.count, w.seal()) for w in writers]
+
+
+@needs_c
+def test_append_many_same_in_both():
+    rng = random.Random(11)
+    keys = [rng.randbytes(16) for _ in range(50)]
+    cases = [
+        ({}, [(rng.choice(keys), rng.randbytes(rng.randrange(0, 200))) for _ in range(3000)]),
+        ({"fixed": 2}, [(rng.choice(keys + [None]), b"v") for _ in range(500)]),
+        ({"sticky": 1}, [(rng.choice([None, keys[0]]), b"v") for _ in range(500)]),
+        ({"sticky": -1}, [(keys[1], b"v"), (None, b"v"), (keys[2], b"v")]),  # keyless: Python
+        ({}, [(keys[0], b"v"), [keys[1], b"v"]]),  # not a tuple
+        ({}, [(keys[0], b"v"), (keys[1], "text")]),  # not bytes
+        ({}, [(keys[0], b"v"), (bytearray(b"k"), b"v")]),  # bytes-like: Python converts it
+        ({}, [(keys[0], b"v"), (keys[1], b"v", b"extra")]),
+        ({"open_parts": {0, 1}}, [(k, b"v") for k in keys]),  # a partition without a batch
+        ({"limit": 300}, [(k, b"v" * 40) for k in keys]),  # a full batch
+    ]
+    for options, records in cases:
+        c = _run_append_many(_c, records, 6, **options)
+        py = _run_append_many(_py, records, 6, **options)
+        assert c == py, options
+
+
+@pytest.mark.parametrize("impl", [_py, pytest.param(_c, marks=needs_c)], ids=["python", "c"])
+def test_append_many_outcomes(impl):
+    keys = [b"key-%d" % i for i in range(100)]
+    (index, status, partition), out_batches, deltas, writers = _run_append_many(
+        impl, [(k, b"v") for k in keys], 6)
+    assert (index, status, partition) == (100, impl.DONE, -1)
+    assert out_batches == [f"batch-{impl.partition_for_key(k, 6)}" for k in keys]
+    assert sum(count for count, _ in writers) == 100
+    (index, status, partition), *_ = _run_append_many(
+        impl, [(keys[0], b"v")] * 3 + [(keys[0], "text")], 6)
+    assert (index, status, partition) == (3, impl.NEEDS_PYTHON, -1)
+    (index, status, partition), *_ = _run_append_many(impl, [(None, b"v")], 6, sticky=4,
+                                                      open_parts={0})
+    assert (index, status, partition) == (0, impl.NEEDS_BATCH, 4)
+    with pytest.raises(ValueError):
+        impl.append_many([], 0, [None], [None, None], -1, -1, 0, [], bytearray())
