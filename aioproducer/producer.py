@@ -193,7 +193,7 @@ class Producer:
         """Produce one record and return its metadata once the broker acknowledged it."""
         handle = await self.enqueue(topic, value, key, partition=partition,
                                     timestamp_ms=timestamp_ms, headers=headers)
-        return await handle
+        return await handle.wait()
 
     async def enqueue(self, topic: str, value: Any, key: Any = None, *,
                       partition: int | None = None, timestamp_ms: int | None = None,

@@ -25,6 +25,9 @@ class RecordMetadata(NamedTuple):
     timestamp_ms: int
 
 
+_new_metadata = tuple.__new__  # RecordMetadata(...) without NamedTuple's Python-level __new__
+
+
 class ProducerBatch:
     """Records bound for one partition, sent and acknowledged together."""
 
@@ -107,8 +110,12 @@ class RecordFuture:
         return f"<RecordFuture {self._batch.topic}-{self._batch.partition} {state}>"
 
     def __await__(self) -> Generator[Any, None, RecordMetadata]:
+        return self.wait().__await__()
+
+    async def wait(self) -> RecordMetadata:
+        """The same as `await record_future`."""
         if not self._batch.future.done():
-            yield from self._batch.waiter().__await__()
+            await self._batch.waiter()
         return self.result()
 
     def done(self) -> bool:
@@ -116,13 +123,14 @@ class RecordFuture:
 
     def result(self) -> RecordMetadata:
         """The metadata if acknowledged; raises the failure, or InvalidStateError if pending."""
-        base_offset, log_append_time = self._batch.future.result()
-        return RecordMetadata(
-            self._batch.topic,
-            self._batch.partition,
+        batch = self._batch
+        base_offset, log_append_time = batch.future.result()
+        return _new_metadata(RecordMetadata, (
+            batch.topic,
+            batch.partition,
             base_offset + self._offset_delta if base_offset >= 0 else -1,
             log_append_time if log_append_time >= 0 else self._timestamp,
-        )
+        ))
 
     def exception(self) -> BaseException | None:
         return self._batch.future.exception()
