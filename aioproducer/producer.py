@@ -83,6 +83,7 @@ class Producer:
         self._txn: TransactionManager | None = None
         self._state = "new"  # new -> started (-> failed) -> closing -> closed
         self._failure: BaseException | None = None
+        self._closing: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
         return f"<Producer {self.config.client_id} {self._state} bootstrap={self.config.bootstrap_servers}>"
@@ -131,8 +132,17 @@ class Producer:
 
     async def close(self, timeout: float | None = None) -> None:
         """Send what is buffered and stop. With `timeout` (seconds), records not acknowledged
-        by then fail with ProducerClosedError; `timeout=0` closes at once. Idempotent."""
-        if self._state in ("closed", "closing"):
+        by then fail with ProducerClosedError; `timeout=0` closes at once.
+
+        Idempotent: a second call waits for the first to finish (its `timeout` applies).
+        Cancelling a caller does not stop the closing, which goes on in its own task."""
+        if self._closing is None:
+            self._closing = asyncio.get_running_loop().create_task(
+                self._close(timeout), name=f"aioproducer-close-{self.config.client_id}")
+        await asyncio.shield(self._closing)
+
+    async def _close(self, timeout: float | None) -> None:
+        if self._state == "closed":
             return
         if self._state in ("new", "failed"):
             if self._cluster is not None:

@@ -66,6 +66,45 @@ async def test_cancelled_wait_for_buffer_memory_loses_nothing(proxied_broker):
         assert pool.available == pool.total_memory and pool.queued == 0
 
 
+async def test_a_second_close_waits_for_the_first(proxied_broker):
+    cluster = proxied_broker
+    cluster.create_topic("closing", 1)
+    producer = Producer(cluster.bootstrap, linger_ms=1, request_timeout_ms=10_000)
+    await producer.start()
+    await producer.send("closing", b"warm-up")
+    cluster.proxy.stall(True)  # the next record cannot be acknowledged
+    handle = await producer.enqueue("closing", b"pending")
+    first = asyncio.create_task(producer.close(timeout=1.0))
+    await asyncio.sleep(0.05)
+    second = asyncio.create_task(producer.close())
+    await asyncio.wait_for(asyncio.shield(second), 10)
+    assert first.done(), "the second close() returned while the first was still closing"
+    with pytest.raises(ProducerClosedError, match=r"close\(timeout=1.0\)"):
+        handle.result()
+    await first
+    cluster.proxy.stall(False)
+
+
+async def test_cancelled_close_still_closes(proxied_broker):
+    cluster = proxied_broker
+    cluster.create_topic("closing", 1)
+    producer = Producer(cluster.bootstrap, linger_ms=1, request_timeout_ms=10_000)
+    await producer.start()
+    await producer.send("closing", b"warm-up")
+    cluster.proxy.stall(True)
+    handle = await producer.enqueue("closing", b"pending")
+    closing = asyncio.create_task(producer.close(timeout=0.5))
+    await asyncio.sleep(0.05)
+    closing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await closing
+    await asyncio.wait_for(producer.close(), 10)  # waits for the close already under way
+    assert isinstance(handle.exception(), ProducerClosedError)
+    with pytest.raises(ProducerClosedError, match="closed"):
+        await producer.send("closing", b"after")
+    cluster.proxy.stall(False)
+
+
 async def test_buffer_exhausted_after_max_block(proxied_broker):
     cluster = proxied_broker
     cluster.create_topic("full", 1)
