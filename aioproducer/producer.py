@@ -334,11 +334,13 @@ class Producer:
                     return
             # One record the loop could not take, done the way enqueue() does it.
             record = records[index]
-            if not isinstance(record, tuple) or len(record) != 2:
+            try:
+                key, value = record
+            except (TypeError, ValueError):
                 raise InvalidRecordError(
-                    f"enqueue_many takes (key, value) tuples, not {type(record).__name__} "
-                    f"(record {index}: {record!r:.80})")
-            key, value = self._key_value(topic, *record)
+                    f"enqueue_many takes (key, value) pairs, not {type(record).__name__} "
+                    f"(record {index}: {record!r:.80})") from None
+            key, value = self._key_value(topic, key, value)
             if partition is not None:
                 p = partition
             elif key is not None:

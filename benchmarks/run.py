@@ -1,6 +1,6 @@
 """aioproducer side by side with aiokafka and confluent-kafka, in one run, on the embedded broker.
 
-    python benchmarks/run.py            # the full run (~10 minutes on 2 cores)
+    python benchmarks/run.py            # the full run (~6 minutes on 2 cores)
     python benchmarks/run.py --quick    # ~2 minutes
     python benchmarks/run.py --only per-record,latency
 

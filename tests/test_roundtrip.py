@@ -176,3 +176,17 @@ async def test_enqueue_many_bad_record_keeps_what_was_accepted(broker, topic):
         assert len(accepted) == 2
         assert [md.offset for md in await accepted] == [0, 1]
     assert [r.value for r in consume_all(broker.bootstrap, topic, 2)] == [b"a", b"b"]
+
+
+async def test_enqueue_many_takes_pairs_of_any_bytes_like(broker, topic):
+    from aioproducer.errors import InvalidRecordError
+
+    async with Producer(broker.bootstrap) as producer:
+        mixed = await producer.enqueue_many(
+            topic, [[b"k", b"list"], (None, bytearray(b"ba")), (b"k2", memoryview(b"mv"))])
+        assert all(md.offset >= 0 for md in await mixed) and len(mixed) == 3
+        with pytest.raises(InvalidRecordError, match=r"\(key, value\) pairs.*record 1") as caught:
+            await producer.enqueue_many(topic, [(None, b"x"), (None, b"y", b"z")])
+        assert [md.offset for md in await caught.value.accepted] == [3]
+    values = sorted(r.value for r in consume_all(broker.bootstrap, topic, 4))
+    assert values == [b"ba", b"list", b"mv", b"x"]
