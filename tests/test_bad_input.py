@@ -185,3 +185,15 @@ async def test_calls_on_a_closed_or_unstarted_producer(broker, topic):
         await producer.enqueue(topic, b"v")
     with pytest.raises(ProducerClosedError):
         await producer.start()
+
+
+def test_record_errors_name_the_refused_records():
+    # Produce v8+ (KIP-467): the broker says which records of a refused batch were invalid.
+    # Tansu never sends these, so the message the sender builds from them is checked here.
+    from aioproducer._internal.sender import _record_errors
+
+    errors = [{"batch_index": i, "batch_index_error_message": "bad" if i == 3 else None}
+              for i in (3, 8, 9, 10, 11, 12, 13)]
+    message = _record_errors(errors)
+    assert message.startswith("; invalid: record 3 (bad), record 8, record 9")
+    assert "record 12" not in message and "and 2 more" in message

@@ -194,6 +194,10 @@ class Sender:
         where = f"producing to {batch.topic}-{batch.partition}"
         if p.get("error_message"):
             where += f": {p['error_message']}"
+        if p.get("record_errors"):
+            # Produce v8+: which records made the broker refuse the batch (KIP-467). As in the
+            # Java client, the whole batch fails; the message names the culprits.
+            where += _record_errors(p["record_errors"])
         exc = error_for_code(p["error_code"], where)
         if p["error_code"] in _STALE_METADATA:
             self._cluster.request_update()
@@ -284,6 +288,14 @@ class Sender:
         """Closing without waiting: fail what is on the wire (its outcome stays unknown)."""
         for batch in list(self._in_flight):
             self._fail(batch, exc)
+
+
+def _record_errors(errors: list[dict[str, Any]], shown: int = 5) -> str:
+    parts = [f"record {e['batch_index']}" + (f" ({e['batch_index_error_message']})"
+                                              if e.get("batch_index_error_message") else "")
+             for e in errors[:shown]]
+    more = f" and {len(errors) - shown} more" if len(errors) > shown else ""
+    return f"; invalid: {', '.join(parts)}{more} (offset deltas in the batch)"
 
 
 def _set_done(future: asyncio.Future[None]) -> None:
