@@ -66,14 +66,19 @@ async def test_cancelled_wait_for_buffer_memory_loses_nothing(proxied_broker):
         assert pool.available == pool.total_memory and pool.queued == 0
 
 
-async def test_a_second_close_waits_for_the_first(proxied_broker):
-    cluster = proxied_broker
+async def _stalled_record(cluster):
+    """A started producer and a record of it that the stalled broker cannot acknowledge."""
     cluster.create_topic("closing", 1)
     producer = Producer(cluster.bootstrap, linger_ms=1, request_timeout_ms=10_000)
     await producer.start()
     await producer.send("closing", b"warm-up")
-    cluster.proxy.stall(True)  # the next record cannot be acknowledged
-    handle = await producer.enqueue("closing", b"pending")
+    cluster.proxy.stall(True)
+    return producer, await producer.enqueue("closing", b"pending")
+
+
+async def test_a_second_close_waits_for_the_first(proxied_broker):
+    cluster = proxied_broker
+    producer, handle = await _stalled_record(cluster)
     first = asyncio.create_task(producer.close(timeout=1.0))
     await asyncio.sleep(0.05)
     second = asyncio.create_task(producer.close())
@@ -87,12 +92,7 @@ async def test_a_second_close_waits_for_the_first(proxied_broker):
 
 async def test_cancelled_close_still_closes(proxied_broker):
     cluster = proxied_broker
-    cluster.create_topic("closing", 1)
-    producer = Producer(cluster.bootstrap, linger_ms=1, request_timeout_ms=10_000)
-    await producer.start()
-    await producer.send("closing", b"warm-up")
-    cluster.proxy.stall(True)
-    handle = await producer.enqueue("closing", b"pending")
+    producer, handle = await _stalled_record(cluster)
     closing = asyncio.create_task(producer.close(timeout=0.5))
     await asyncio.sleep(0.05)
     closing.cancel()
