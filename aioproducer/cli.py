@@ -213,8 +213,9 @@ async def _perf(args: argparse.Namespace) -> int:
                 if i % sample_every == 0:
                     sent = time.perf_counter()
                     sampled.append(handle)
-                    handle.add_done_callback(
-                        lambda h, t0=sent: latencies.append(time.perf_counter() - t0))
+                    def done(_: object, t0: float = sent) -> None:
+                        latencies.append(time.perf_counter() - t0)
+                    handle.add_done_callback(done)
                 if i % 1000 == 999:
                     progress.update(1000)
             await producer.flush()

@@ -10,7 +10,6 @@ This module imports nothing from the package, so every layer may use it.
 
 from __future__ import annotations
 
-import re
 from typing import Mapping
 
 
@@ -73,12 +72,22 @@ class AuthenticationError(KafkaError):
 # -- errors the brokers report by code --------------------------------------------------------
 
 
+_BY_CODE: dict[int, type[BrokerError]] = {}
+ERROR_CLASSES: Mapping[int, type[BrokerError]] = _BY_CODE  # error code -> class
+
+
 class BrokerError(KafkaError):
     """An error a broker answered with; `error_code` and `name` are Kafka's."""
 
     error_code = -1
     name = "UNKNOWN_SERVER_ERROR"
     description = "The server experienced an unexpected error when processing the request."
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if "error_code" in cls.__dict__:  # one class per Kafka error code
+            cls.description = " ".join((cls.__doc__ or "").split())
+            _BY_CODE[cls.error_code] = cls
 
     def __init__(self, message: str | None = None) -> None:
         self.message = message
@@ -87,6 +96,9 @@ class BrokerError(KafkaError):
 
     def __reduce__(self):  # pickle (Spark ships errors between processes) with the message
         return (type(self), (self.message,))
+
+
+_BY_CODE[-1] = BrokerError
 
 
 class UnknownTopicError(RetriableError):
@@ -131,178 +143,763 @@ class UnknownProducerIdError(KafkaError):
     """The broker no longer knows our producer id (its state expired or was lost)."""
 
 
-# Kafka's error codes (clients/.../common/protocol/Errors.java): name, retriable, description.
-# A "base" names the contract class an error also is, so `except UnknownTopicError` catches
-# both our client-side check and the broker's answer.
-_CODES: list[tuple[int, str, bool, str]] = [
-    (1, "OFFSET_OUT_OF_RANGE", False, "The requested offset is not within the range of offsets maintained by the server."),
-    (2, "CORRUPT_MESSAGE", True, "This message has failed its CRC checksum, exceeds the valid size, has a null key for a compacted topic, or is otherwise corrupt."),
-    (3, "UNKNOWN_TOPIC_OR_PARTITION", True, "This server does not host this topic-partition."),
-    (4, "INVALID_FETCH_SIZE", False, "The requested fetch size is invalid."),
-    (5, "LEADER_NOT_AVAILABLE", True, "There is no leader for this topic-partition as we are in the middle of a leadership election."),
-    (6, "NOT_LEADER_OR_FOLLOWER", True, "For requests intended only for the leader, this error indicates that the broker is not the current leader."),
-    (7, "REQUEST_TIMED_OUT", True, "The request timed out."),
-    (8, "BROKER_NOT_AVAILABLE", False, "The broker is not available."),
-    (9, "REPLICA_NOT_AVAILABLE", True, "The replica is not available for the requested topic-partition."),
-    (10, "MESSAGE_TOO_LARGE", False, "The request included a message larger than the max message size the server will accept."),
-    (11, "STALE_CONTROLLER_EPOCH", False, "The controller moved to another broker."),
-    (12, "OFFSET_METADATA_TOO_LARGE", False, "The metadata field of the offset request was too large."),
-    (13, "NETWORK_EXCEPTION", True, "The server disconnected before a response was received."),
-    (14, "COORDINATOR_LOAD_IN_PROGRESS", True, "The coordinator is loading and hence can't process requests."),
-    (15, "COORDINATOR_NOT_AVAILABLE", True, "The coordinator is not available."),
-    (16, "NOT_COORDINATOR", True, "This is not the correct coordinator."),
-    (17, "INVALID_TOPIC_EXCEPTION", False, "The request attempted to perform an operation on an invalid topic."),
-    (18, "RECORD_LIST_TOO_LARGE", False, "The request included message batch larger than the configured segment size on the server."),
-    (19, "NOT_ENOUGH_REPLICAS", True, "Messages are rejected since there are fewer in-sync replicas than required."),
-    (20, "NOT_ENOUGH_REPLICAS_AFTER_APPEND", True, "Messages are written to the log, but to fewer in-sync replicas than required."),
-    (21, "INVALID_REQUIRED_ACKS", False, "Produce request specified an invalid value for required acks."),
-    (22, "ILLEGAL_GENERATION", False, "Specified group generation id is not valid."),
-    (23, "INCONSISTENT_GROUP_PROTOCOL", False, "The group member's supported protocols are incompatible with those of existing members."),
-    (24, "INVALID_GROUP_ID", False, "The configured groupId is invalid."),
-    (25, "UNKNOWN_MEMBER_ID", False, "The coordinator is not aware of this member."),
-    (26, "INVALID_SESSION_TIMEOUT", False, "The session timeout is not within the range allowed by the broker."),
-    (27, "REBALANCE_IN_PROGRESS", False, "The group is rebalancing, so a rejoin is needed."),
-    (28, "INVALID_COMMIT_OFFSET_SIZE", False, "The committing offset data size is not valid."),
-    (29, "TOPIC_AUTHORIZATION_FAILED", False, "Topic authorization failed."),
-    (30, "GROUP_AUTHORIZATION_FAILED", False, "Group authorization failed."),
-    (31, "CLUSTER_AUTHORIZATION_FAILED", False, "Cluster authorization failed."),
-    (32, "INVALID_TIMESTAMP", False, "The timestamp of the message is out of acceptable range."),
-    (33, "UNSUPPORTED_SASL_MECHANISM", False, "The broker does not support the requested SASL mechanism."),
-    (34, "ILLEGAL_SASL_STATE", False, "Request is not valid given the current SASL state."),
-    (35, "UNSUPPORTED_VERSION", False, "The version of API is not supported."),
-    (36, "TOPIC_ALREADY_EXISTS", False, "Topic with this name already exists."),
-    (37, "INVALID_PARTITIONS", False, "Number of partitions is below 1."),
-    (38, "INVALID_REPLICATION_FACTOR", False, "Replication factor is below 1 or larger than the number of available brokers."),
-    (39, "INVALID_REPLICA_ASSIGNMENT", False, "Replica assignment is invalid."),
-    (40, "INVALID_CONFIG", False, "Configuration is invalid."),
-    (41, "NOT_CONTROLLER", True, "This is not the correct controller for this cluster."),
-    (42, "INVALID_REQUEST", False, "This most likely occurs because of a request being malformed by the client library or the message was sent to an incompatible broker."),
-    (43, "UNSUPPORTED_FOR_MESSAGE_FORMAT", False, "The message format version on the broker does not support the request."),
-    (44, "POLICY_VIOLATION", False, "Request parameters do not satisfy the configured policy."),
-    (45, "OUT_OF_ORDER_SEQUENCE_NUMBER", False, "The broker received an out of order sequence number."),
-    (46, "DUPLICATE_SEQUENCE_NUMBER", False, "The broker received a duplicate sequence number."),
-    (47, "INVALID_PRODUCER_EPOCH", False, "Producer attempted to produce with an old epoch."),
-    (48, "INVALID_TXN_STATE", False, "The producer attempted a transactional operation in an invalid state."),
-    (49, "INVALID_PRODUCER_ID_MAPPING", False, "The producer attempted to use a producer id which is not currently assigned to its transactional id."),
-    (50, "INVALID_TRANSACTION_TIMEOUT", False, "The transaction timeout is larger than the maximum value allowed by the broker (as configured by transaction.max.timeout.ms)."),
-    (51, "CONCURRENT_TRANSACTIONS", True, "The producer attempted to update a transaction while another concurrent operation on the same transaction was ongoing."),
-    (52, "TRANSACTION_COORDINATOR_FENCED", False, "Indicates that the transaction coordinator sending a WriteTxnMarker is no longer the current coordinator for a given producer."),
-    (53, "TRANSACTIONAL_ID_AUTHORIZATION_FAILED", False, "Transactional Id authorization failed."),
-    (54, "SECURITY_DISABLED", False, "Security features are disabled."),
-    (55, "OPERATION_NOT_ATTEMPTED", False, "The broker did not attempt to execute this operation."),
-    (56, "KAFKA_STORAGE_ERROR", True, "Disk error when trying to access log file on the disk."),
-    (57, "LOG_DIR_NOT_FOUND", False, "The user-specified log directory is not found in the broker config."),
-    (58, "SASL_AUTHENTICATION_FAILED", False, "SASL Authentication failed."),
-    (59, "UNKNOWN_PRODUCER_ID", False, "This exception is raised by the broker if it could not locate the producer metadata associated with the producerId in question."),
-    (60, "REASSIGNMENT_IN_PROGRESS", False, "A partition reassignment is in progress."),
-    (61, "DELEGATION_TOKEN_AUTH_DISABLED", False, "Delegation Token feature is not enabled."),
-    (62, "DELEGATION_TOKEN_NOT_FOUND", False, "Delegation Token is not found on server."),
-    (63, "DELEGATION_TOKEN_OWNER_MISMATCH", False, "Specified Principal is not valid Owner/Renewer."),
-    (64, "DELEGATION_TOKEN_REQUEST_NOT_ALLOWED", False, "Delegation Token requests are not allowed on PLAINTEXT/1-way SSL channels and on delegation token authenticated channels."),
-    (65, "DELEGATION_TOKEN_AUTHORIZATION_FAILED", False, "Delegation Token authorization failed."),
-    (66, "DELEGATION_TOKEN_EXPIRED", False, "Delegation Token is expired."),
-    (67, "INVALID_PRINCIPAL_TYPE", False, "Supplied principalType is not supported."),
-    (68, "NON_EMPTY_GROUP", False, "The group is not empty."),
-    (69, "GROUP_ID_NOT_FOUND", False, "The group id does not exist."),
-    (70, "FETCH_SESSION_ID_NOT_FOUND", True, "The fetch session ID was not found."),
-    (71, "INVALID_FETCH_SESSION_EPOCH", True, "The fetch session epoch is invalid."),
-    (72, "LISTENER_NOT_FOUND", True, "There is no listener on the leader broker that matches the listener on which metadata request was processed."),
-    (73, "TOPIC_DELETION_DISABLED", False, "Topic deletion is disabled."),
-    (74, "FENCED_LEADER_EPOCH", True, "The leader epoch in the request is older than the epoch on the broker."),
-    (75, "UNKNOWN_LEADER_EPOCH", True, "The leader epoch in the request is newer than the epoch on the broker."),
-    (76, "UNSUPPORTED_COMPRESSION_TYPE", False, "The requesting client does not support the compression type of given partition."),
-    (77, "STALE_BROKER_EPOCH", False, "Broker epoch has changed."),
-    (78, "OFFSET_NOT_AVAILABLE", True, "The leader high watermark has not caught up from a recent leader election so the offsets cannot be guaranteed to be monotonically increasing."),
-    (79, "MEMBER_ID_REQUIRED", False, "The group member needs to have a valid member id before actually entering a consumer group."),
-    (80, "PREFERRED_LEADER_NOT_AVAILABLE", True, "The preferred leader was not available."),
-    (81, "GROUP_MAX_SIZE_REACHED", False, "The consumer group has reached its max size."),
-    (82, "FENCED_INSTANCE_ID", False, "The broker rejected this static consumer since another consumer with the same group.instance.id has registered with a different member.id."),
-    (83, "ELIGIBLE_LEADERS_NOT_AVAILABLE", True, "Eligible topic partition leaders are not available."),
-    (84, "ELECTION_NOT_NEEDED", True, "Leader election not needed for topic partition."),
-    (85, "NO_REASSIGNMENT_IN_PROGRESS", False, "No partition reassignment is in progress."),
-    (86, "GROUP_SUBSCRIBED_TO_TOPIC", False, "Deleting offsets of a topic is forbidden while the consumer group is actively subscribed to it."),
-    (87, "INVALID_RECORD", False, "This record has failed the validation on broker and hence will be rejected."),
-    (88, "UNSTABLE_OFFSET_COMMIT", True, "There are unstable offsets that need to be cleared."),
-    (89, "THROTTLING_QUOTA_EXCEEDED", True, "The throttling quota has been exceeded."),
-    (90, "PRODUCER_FENCED", False, "There is a newer producer with the same transactionalId which fences the current one."),
-    (91, "RESOURCE_NOT_FOUND", False, "A request illegally referred to a resource that does not exist."),
-    (92, "DUPLICATE_RESOURCE", False, "A request illegally referred to the same resource twice."),
-    (93, "UNACCEPTABLE_CREDENTIAL", False, "Requested credential would not meet criteria for acceptability."),
-    (94, "INCONSISTENT_VOTER_SET", False, "Indicates that the either the sender or recipient of a voter-only request is not one of the expected voters."),
-    (95, "INVALID_UPDATE_VERSION", False, "The given update version was invalid."),
-    (96, "FEATURE_UPDATE_FAILED", False, "Unable to update finalized features due to an unexpected server error."),
-    (97, "PRINCIPAL_DESERIALIZATION_FAILURE", False, "Request principal deserialization failed during forwarding."),
-    (98, "SNAPSHOT_NOT_FOUND", False, "Requested snapshot was not found."),
-    (99, "POSITION_OUT_OF_RANGE", False, "Requested position is not greater than or equal to zero, and less than the size of the snapshot."),
-    (100, "UNKNOWN_TOPIC_ID", True, "This server does not host this topic ID."),
-    (101, "DUPLICATE_BROKER_REGISTRATION", False, "This broker ID is already in use."),
-    (102, "BROKER_ID_NOT_REGISTERED", False, "The given broker ID was not registered."),
-    (103, "INCONSISTENT_TOPIC_ID", True, "The log's topic ID did not match the topic ID in the request."),
-    (104, "INCONSISTENT_CLUSTER_ID", False, "The clusterId in the request does not match that found on the server."),
-    (105, "TRANSACTIONAL_ID_NOT_FOUND", False, "The transactionalId could not be found."),
-    (106, "FETCH_SESSION_TOPIC_ID_ERROR", True, "The fetch session encountered inconsistent topic ID usage."),
-    (107, "INELIGIBLE_REPLICA", False, "The new ISR contains at least one ineligible replica."),
-    (108, "NEW_LEADER_ELECTED", False, "The AlterPartition request successfully updated the partition state but the leader has changed."),
-    (109, "OFFSET_MOVED_TO_TIERED_STORAGE", False, "The requested offset is moved to tiered storage."),
-    (110, "FENCED_MEMBER_EPOCH", False, "The member epoch is fenced by the group coordinator. The member must abandon all its partitions and rejoin."),
-    (111, "UNRELEASED_INSTANCE_ID", False, "The instance ID is still used by another member in the consumer group. That member must leave first."),
-    (112, "UNSUPPORTED_ASSIGNOR", False, "The assignor or its version range is not supported by the consumer group."),
-    (113, "STALE_MEMBER_EPOCH", False, "The member epoch is stale. The member must retry after receiving its updated member epoch via the ConsumerGroupHeartbeat API."),
-    (114, "MISMATCHED_ENDPOINT_TYPE", False, "The request was sent to an endpoint of the wrong type."),
-    (115, "UNSUPPORTED_ENDPOINT_TYPE", False, "This endpoint type is not supported yet."),
-    (116, "UNKNOWN_CONTROLLER_ID", False, "This controller ID is not known."),
-    (117, "UNKNOWN_SUBSCRIPTION_ID", False, "Client sent a push telemetry request with an invalid or outdated subscription ID."),
-    (118, "TELEMETRY_TOO_LARGE", False, "Client sent a push telemetry request larger than the maximum size the broker will accept."),
-    (119, "INVALID_REGISTRATION", False, "The controller has considered the broker registration to be invalid."),
-    (120, "TRANSACTION_ABORTABLE", False, "The server encountered an error with the transaction. The client can abort the transaction to continue using this transactional ID."),
-]
-
-# Broker codes that are also one of the contract classes above.
-_BASES: dict[int, tuple[type[KafkaError], ...]] = {
-    2: (CorruptMessageError,),
-    3: (UnknownTopicError,),
-    7: (RequestTimeoutError,),
-    10: (RecordTooLargeError,),
-    17: (InvalidTopicError,),
-    18: (RecordTooLargeError,),
-    35: (UnsupportedVersionError,),
-    45: (OutOfOrderSequenceNumberError,),
-    46: (DuplicateSequenceNumberError,),
-    47: (ProducerFencedError,),
-    58: (AuthenticationError,),
-    59: (UnknownProducerIdError,),
-    90: (ProducerFencedError,),
-}
-_FATAL = frozenset({29, 31, 33, 34, 53, 58, 47, 90})
-_ABORTABLE = frozenset({120})
+# -- Kafka's error codes (clients/.../common/protocol/Errors.java) ----------------------------
+# Each a class of its own, so `except NotLeaderOrFollowerError` works and type checkers see
+# every name. A second base names the contract class an error also is (so `except
+# UnknownTopicError` catches both our own check and the broker's answer); where the names
+# clash, the broker's class is prefixed "Broker". The docstring is Kafka's description.
 
 
-def _class_name(name: str) -> str:
-    name = re.sub(r"_EXCEPTION$", "", name)
-    return "".join(part.capitalize() for part in name.split("_")) + "Error"
+class OffsetOutOfRangeError(BrokerError):
+    """The requested offset is not within the range of offsets maintained by the server."""
+
+    error_code, name = 1, "OFFSET_OUT_OF_RANGE"
 
 
-def _make(code: int, name: str, retriable: bool, description: str) -> type[BrokerError]:
-    bases = _BASES.get(code, ())
-    if retriable and not any(b.retriable for b in bases):
-        bases += (RetriableError,)
-    attributes = {
-        "error_code": code, "name": name, "description": description, "retriable": retriable,
-        "fatal": code in _FATAL, "abortable": code in _ABORTABLE,
-        "__doc__": description, "__module__": __name__,
-    }
-    class_name = _class_name(name)
-    if class_name in globals():  # a contract class of the same name: keep both reachable
-        class_name = "Broker" + class_name
-    return type(class_name, (BrokerError, *bases), attributes)
+class BrokerCorruptMessageError(BrokerError, CorruptMessageError):
+    """This message has failed its CRC checksum, exceeds the valid size, has a null key for
+    a compacted topic, or is otherwise corrupt."""
+
+    error_code, name = 2, "CORRUPT_MESSAGE"
 
 
-ERROR_CLASSES: Mapping[int, type[BrokerError]] = {-1: BrokerError}
-for _code, _name, _retriable, _description in _CODES:
-    _cls = _make(_code, _name, _retriable, _description)
-    ERROR_CLASSES[_code] = _cls  # type: ignore[index]
-    globals().setdefault(_cls.__name__, _cls)
-del _code, _name, _retriable, _description, _cls
+class UnknownTopicOrPartitionError(BrokerError, UnknownTopicError):
+    """This server does not host this topic-partition."""
+
+    error_code, name = 3, "UNKNOWN_TOPIC_OR_PARTITION"
+
+
+class InvalidFetchSizeError(BrokerError):
+    """The requested fetch size is invalid."""
+
+    error_code, name = 4, "INVALID_FETCH_SIZE"
+
+
+class LeaderNotAvailableError(BrokerError, RetriableError):
+    """There is no leader for this topic-partition as we are in the middle of a leadership
+    election."""
+
+    error_code, name = 5, "LEADER_NOT_AVAILABLE"
+
+
+class NotLeaderOrFollowerError(BrokerError, RetriableError):
+    """For requests intended only for the leader, this error indicates that the broker is
+    not the current leader."""
+
+    error_code, name = 6, "NOT_LEADER_OR_FOLLOWER"
+
+
+class RequestTimedOutError(BrokerError, RequestTimeoutError):
+    """The request timed out."""
+
+    error_code, name = 7, "REQUEST_TIMED_OUT"
+
+
+class BrokerNotAvailableError(BrokerError):
+    """The broker is not available."""
+
+    error_code, name = 8, "BROKER_NOT_AVAILABLE"
+
+
+class ReplicaNotAvailableError(BrokerError, RetriableError):
+    """The replica is not available for the requested topic-partition."""
+
+    error_code, name = 9, "REPLICA_NOT_AVAILABLE"
+
+
+class MessageTooLargeError(BrokerError, RecordTooLargeError):
+    """The request included a message larger than the max message size the server will
+    accept."""
+
+    error_code, name = 10, "MESSAGE_TOO_LARGE"
+
+
+class StaleControllerEpochError(BrokerError):
+    """The controller moved to another broker."""
+
+    error_code, name = 11, "STALE_CONTROLLER_EPOCH"
+
+
+class OffsetMetadataTooLargeError(BrokerError):
+    """The metadata field of the offset request was too large."""
+
+    error_code, name = 12, "OFFSET_METADATA_TOO_LARGE"
+
+
+class NetworkError(BrokerError, RetriableError):
+    """The server disconnected before a response was received."""
+
+    error_code, name = 13, "NETWORK_EXCEPTION"
+
+
+class CoordinatorLoadInProgressError(BrokerError, RetriableError):
+    """The coordinator is loading and hence can't process requests."""
+
+    error_code, name = 14, "COORDINATOR_LOAD_IN_PROGRESS"
+
+
+class CoordinatorNotAvailableError(BrokerError, RetriableError):
+    """The coordinator is not available."""
+
+    error_code, name = 15, "COORDINATOR_NOT_AVAILABLE"
+
+
+class NotCoordinatorError(BrokerError, RetriableError):
+    """This is not the correct coordinator."""
+
+    error_code, name = 16, "NOT_COORDINATOR"
+
+
+class BrokerInvalidTopicError(BrokerError, InvalidTopicError):
+    """The request attempted to perform an operation on an invalid topic."""
+
+    error_code, name = 17, "INVALID_TOPIC_EXCEPTION"
+
+
+class RecordListTooLargeError(BrokerError, RecordTooLargeError):
+    """The request included message batch larger than the configured segment size on the
+    server."""
+
+    error_code, name = 18, "RECORD_LIST_TOO_LARGE"
+
+
+class NotEnoughReplicasError(BrokerError, RetriableError):
+    """Messages are rejected since there are fewer in-sync replicas than required."""
+
+    error_code, name = 19, "NOT_ENOUGH_REPLICAS"
+
+
+class NotEnoughReplicasAfterAppendError(BrokerError, RetriableError):
+    """Messages are written to the log, but to fewer in-sync replicas than required."""
+
+    error_code, name = 20, "NOT_ENOUGH_REPLICAS_AFTER_APPEND"
+
+
+class InvalidRequiredAcksError(BrokerError):
+    """Produce request specified an invalid value for required acks."""
+
+    error_code, name = 21, "INVALID_REQUIRED_ACKS"
+
+
+class IllegalGenerationError(BrokerError):
+    """Specified group generation id is not valid."""
+
+    error_code, name = 22, "ILLEGAL_GENERATION"
+
+
+class InconsistentGroupProtocolError(BrokerError):
+    """The group member's supported protocols are incompatible with those of existing
+    members."""
+
+    error_code, name = 23, "INCONSISTENT_GROUP_PROTOCOL"
+
+
+class InvalidGroupIdError(BrokerError):
+    """The configured groupId is invalid."""
+
+    error_code, name = 24, "INVALID_GROUP_ID"
+
+
+class UnknownMemberIdError(BrokerError):
+    """The coordinator is not aware of this member."""
+
+    error_code, name = 25, "UNKNOWN_MEMBER_ID"
+
+
+class InvalidSessionTimeoutError(BrokerError):
+    """The session timeout is not within the range allowed by the broker."""
+
+    error_code, name = 26, "INVALID_SESSION_TIMEOUT"
+
+
+class RebalanceInProgressError(BrokerError):
+    """The group is rebalancing, so a rejoin is needed."""
+
+    error_code, name = 27, "REBALANCE_IN_PROGRESS"
+
+
+class InvalidCommitOffsetSizeError(BrokerError):
+    """The committing offset data size is not valid."""
+
+    error_code, name = 28, "INVALID_COMMIT_OFFSET_SIZE"
+
+
+class TopicAuthorizationFailedError(BrokerError):
+    """Topic authorization failed."""
+
+    error_code, name = 29, "TOPIC_AUTHORIZATION_FAILED"
+    fatal = True
+
+
+class GroupAuthorizationFailedError(BrokerError):
+    """Group authorization failed."""
+
+    error_code, name = 30, "GROUP_AUTHORIZATION_FAILED"
+
+
+class ClusterAuthorizationFailedError(BrokerError):
+    """Cluster authorization failed."""
+
+    error_code, name = 31, "CLUSTER_AUTHORIZATION_FAILED"
+    fatal = True
+
+
+class InvalidTimestampError(BrokerError):
+    """The timestamp of the message is out of acceptable range."""
+
+    error_code, name = 32, "INVALID_TIMESTAMP"
+
+
+class UnsupportedSaslMechanismError(BrokerError):
+    """The broker does not support the requested SASL mechanism."""
+
+    error_code, name = 33, "UNSUPPORTED_SASL_MECHANISM"
+    fatal = True
+
+
+class IllegalSaslStateError(BrokerError):
+    """Request is not valid given the current SASL state."""
+
+    error_code, name = 34, "ILLEGAL_SASL_STATE"
+    fatal = True
+
+
+class BrokerUnsupportedVersionError(BrokerError, UnsupportedVersionError):
+    """The version of API is not supported."""
+
+    error_code, name = 35, "UNSUPPORTED_VERSION"
+
+
+class TopicAlreadyExistsError(BrokerError):
+    """Topic with this name already exists."""
+
+    error_code, name = 36, "TOPIC_ALREADY_EXISTS"
+
+
+class InvalidPartitionsError(BrokerError):
+    """Number of partitions is below 1."""
+
+    error_code, name = 37, "INVALID_PARTITIONS"
+
+
+class InvalidReplicationFactorError(BrokerError):
+    """Replication factor is below 1 or larger than the number of available brokers."""
+
+    error_code, name = 38, "INVALID_REPLICATION_FACTOR"
+
+
+class InvalidReplicaAssignmentError(BrokerError):
+    """Replica assignment is invalid."""
+
+    error_code, name = 39, "INVALID_REPLICA_ASSIGNMENT"
+
+
+class InvalidConfigError(BrokerError):
+    """Configuration is invalid."""
+
+    error_code, name = 40, "INVALID_CONFIG"
+
+
+class NotControllerError(BrokerError, RetriableError):
+    """This is not the correct controller for this cluster."""
+
+    error_code, name = 41, "NOT_CONTROLLER"
+
+
+class InvalidRequestError(BrokerError):
+    """This most likely occurs because of a request being malformed by the client library or
+    the message was sent to an incompatible broker."""
+
+    error_code, name = 42, "INVALID_REQUEST"
+
+
+class UnsupportedForMessageFormatError(BrokerError):
+    """The message format version on the broker does not support the request."""
+
+    error_code, name = 43, "UNSUPPORTED_FOR_MESSAGE_FORMAT"
+
+
+class PolicyViolationError(BrokerError):
+    """Request parameters do not satisfy the configured policy."""
+
+    error_code, name = 44, "POLICY_VIOLATION"
+
+
+class BrokerOutOfOrderSequenceNumberError(BrokerError, OutOfOrderSequenceNumberError):
+    """The broker received an out of order sequence number."""
+
+    error_code, name = 45, "OUT_OF_ORDER_SEQUENCE_NUMBER"
+
+
+class BrokerDuplicateSequenceNumberError(BrokerError, DuplicateSequenceNumberError):
+    """The broker received a duplicate sequence number."""
+
+    error_code, name = 46, "DUPLICATE_SEQUENCE_NUMBER"
+
+
+class InvalidProducerEpochError(BrokerError, ProducerFencedError):
+    """Producer attempted to produce with an old epoch."""
+
+    error_code, name = 47, "INVALID_PRODUCER_EPOCH"
+
+
+class InvalidTxnStateError(BrokerError):
+    """The producer attempted a transactional operation in an invalid state."""
+
+    error_code, name = 48, "INVALID_TXN_STATE"
+
+
+class InvalidProducerIdMappingError(BrokerError):
+    """The producer attempted to use a producer id which is not currently assigned to its
+    transactional id."""
+
+    error_code, name = 49, "INVALID_PRODUCER_ID_MAPPING"
+
+
+class InvalidTransactionTimeoutError(BrokerError):
+    """The transaction timeout is larger than the maximum value allowed by the broker (as
+    configured by transaction.max.timeout.ms)."""
+
+    error_code, name = 50, "INVALID_TRANSACTION_TIMEOUT"
+
+
+class ConcurrentTransactionsError(BrokerError, RetriableError):
+    """The producer attempted to update a transaction while another concurrent operation on
+    the same transaction was ongoing."""
+
+    error_code, name = 51, "CONCURRENT_TRANSACTIONS"
+
+
+class TransactionCoordinatorFencedError(BrokerError):
+    """Indicates that the transaction coordinator sending a WriteTxnMarker is no longer the
+    current coordinator for a given producer."""
+
+    error_code, name = 52, "TRANSACTION_COORDINATOR_FENCED"
+
+
+class TransactionalIdAuthorizationFailedError(BrokerError):
+    """Transactional Id authorization failed."""
+
+    error_code, name = 53, "TRANSACTIONAL_ID_AUTHORIZATION_FAILED"
+    fatal = True
+
+
+class SecurityDisabledError(BrokerError):
+    """Security features are disabled."""
+
+    error_code, name = 54, "SECURITY_DISABLED"
+
+
+class OperationNotAttemptedError(BrokerError):
+    """The broker did not attempt to execute this operation."""
+
+    error_code, name = 55, "OPERATION_NOT_ATTEMPTED"
+
+
+class KafkaStorageErrorError(BrokerError, RetriableError):
+    """Disk error when trying to access log file on the disk."""
+
+    error_code, name = 56, "KAFKA_STORAGE_ERROR"
+
+
+class LogDirNotFoundError(BrokerError):
+    """The user-specified log directory is not found in the broker config."""
+
+    error_code, name = 57, "LOG_DIR_NOT_FOUND"
+
+
+class SaslAuthenticationFailedError(BrokerError, AuthenticationError):
+    """SASL Authentication failed."""
+
+    error_code, name = 58, "SASL_AUTHENTICATION_FAILED"
+
+
+class BrokerUnknownProducerIdError(BrokerError, UnknownProducerIdError):
+    """This exception is raised by the broker if it could not locate the producer metadata
+    associated with the producerId in question."""
+
+    error_code, name = 59, "UNKNOWN_PRODUCER_ID"
+
+
+class ReassignmentInProgressError(BrokerError):
+    """A partition reassignment is in progress."""
+
+    error_code, name = 60, "REASSIGNMENT_IN_PROGRESS"
+
+
+class DelegationTokenAuthDisabledError(BrokerError):
+    """Delegation Token feature is not enabled."""
+
+    error_code, name = 61, "DELEGATION_TOKEN_AUTH_DISABLED"
+
+
+class DelegationTokenNotFoundError(BrokerError):
+    """Delegation Token is not found on server."""
+
+    error_code, name = 62, "DELEGATION_TOKEN_NOT_FOUND"
+
+
+class DelegationTokenOwnerMismatchError(BrokerError):
+    """Specified Principal is not valid Owner/Renewer."""
+
+    error_code, name = 63, "DELEGATION_TOKEN_OWNER_MISMATCH"
+
+
+class DelegationTokenRequestNotAllowedError(BrokerError):
+    """Delegation Token requests are not allowed on PLAINTEXT/1-way SSL channels and on
+    delegation token authenticated channels."""
+
+    error_code, name = 64, "DELEGATION_TOKEN_REQUEST_NOT_ALLOWED"
+
+
+class DelegationTokenAuthorizationFailedError(BrokerError):
+    """Delegation Token authorization failed."""
+
+    error_code, name = 65, "DELEGATION_TOKEN_AUTHORIZATION_FAILED"
+
+
+class DelegationTokenExpiredError(BrokerError):
+    """Delegation Token is expired."""
+
+    error_code, name = 66, "DELEGATION_TOKEN_EXPIRED"
+
+
+class InvalidPrincipalTypeError(BrokerError):
+    """Supplied principalType is not supported."""
+
+    error_code, name = 67, "INVALID_PRINCIPAL_TYPE"
+
+
+class NonEmptyGroupError(BrokerError):
+    """The group is not empty."""
+
+    error_code, name = 68, "NON_EMPTY_GROUP"
+
+
+class GroupIdNotFoundError(BrokerError):
+    """The group id does not exist."""
+
+    error_code, name = 69, "GROUP_ID_NOT_FOUND"
+
+
+class FetchSessionIdNotFoundError(BrokerError, RetriableError):
+    """The fetch session ID was not found."""
+
+    error_code, name = 70, "FETCH_SESSION_ID_NOT_FOUND"
+
+
+class InvalidFetchSessionEpochError(BrokerError, RetriableError):
+    """The fetch session epoch is invalid."""
+
+    error_code, name = 71, "INVALID_FETCH_SESSION_EPOCH"
+
+
+class ListenerNotFoundError(BrokerError, RetriableError):
+    """There is no listener on the leader broker that matches the listener on which metadata
+    request was processed."""
+
+    error_code, name = 72, "LISTENER_NOT_FOUND"
+
+
+class TopicDeletionDisabledError(BrokerError):
+    """Topic deletion is disabled."""
+
+    error_code, name = 73, "TOPIC_DELETION_DISABLED"
+
+
+class FencedLeaderEpochError(BrokerError, RetriableError):
+    """The leader epoch in the request is older than the epoch on the broker."""
+
+    error_code, name = 74, "FENCED_LEADER_EPOCH"
+
+
+class UnknownLeaderEpochError(BrokerError, RetriableError):
+    """The leader epoch in the request is newer than the epoch on the broker."""
+
+    error_code, name = 75, "UNKNOWN_LEADER_EPOCH"
+
+
+class UnsupportedCompressionTypeError(BrokerError):
+    """The requesting client does not support the compression type of given partition."""
+
+    error_code, name = 76, "UNSUPPORTED_COMPRESSION_TYPE"
+
+
+class StaleBrokerEpochError(BrokerError):
+    """Broker epoch has changed."""
+
+    error_code, name = 77, "STALE_BROKER_EPOCH"
+
+
+class OffsetNotAvailableError(BrokerError, RetriableError):
+    """The leader high watermark has not caught up from a recent leader election so the
+    offsets cannot be guaranteed to be monotonically increasing."""
+
+    error_code, name = 78, "OFFSET_NOT_AVAILABLE"
+
+
+class MemberIdRequiredError(BrokerError):
+    """The group member needs to have a valid member id before actually entering a consumer
+    group."""
+
+    error_code, name = 79, "MEMBER_ID_REQUIRED"
+
+
+class PreferredLeaderNotAvailableError(BrokerError, RetriableError):
+    """The preferred leader was not available."""
+
+    error_code, name = 80, "PREFERRED_LEADER_NOT_AVAILABLE"
+
+
+class GroupMaxSizeReachedError(BrokerError):
+    """The consumer group has reached its max size."""
+
+    error_code, name = 81, "GROUP_MAX_SIZE_REACHED"
+
+
+class FencedInstanceIdError(BrokerError):
+    """The broker rejected this static consumer since another consumer with the same
+    group.instance.id has registered with a different member.id."""
+
+    error_code, name = 82, "FENCED_INSTANCE_ID"
+
+
+class EligibleLeadersNotAvailableError(BrokerError, RetriableError):
+    """Eligible topic partition leaders are not available."""
+
+    error_code, name = 83, "ELIGIBLE_LEADERS_NOT_AVAILABLE"
+
+
+class ElectionNotNeededError(BrokerError, RetriableError):
+    """Leader election not needed for topic partition."""
+
+    error_code, name = 84, "ELECTION_NOT_NEEDED"
+
+
+class NoReassignmentInProgressError(BrokerError):
+    """No partition reassignment is in progress."""
+
+    error_code, name = 85, "NO_REASSIGNMENT_IN_PROGRESS"
+
+
+class GroupSubscribedToTopicError(BrokerError):
+    """Deleting offsets of a topic is forbidden while the consumer group is actively
+    subscribed to it."""
+
+    error_code, name = 86, "GROUP_SUBSCRIBED_TO_TOPIC"
+
+
+class BrokerInvalidRecordError(BrokerError):
+    """This record has failed the validation on broker and hence will be rejected."""
+
+    error_code, name = 87, "INVALID_RECORD"
+
+
+class UnstableOffsetCommitError(BrokerError, RetriableError):
+    """There are unstable offsets that need to be cleared."""
+
+    error_code, name = 88, "UNSTABLE_OFFSET_COMMIT"
+
+
+class ThrottlingQuotaExceededError(BrokerError, RetriableError):
+    """The throttling quota has been exceeded."""
+
+    error_code, name = 89, "THROTTLING_QUOTA_EXCEEDED"
+
+
+class BrokerProducerFencedError(BrokerError, ProducerFencedError):
+    """There is a newer producer with the same transactionalId which fences the current one."""
+
+    error_code, name = 90, "PRODUCER_FENCED"
+
+
+class ResourceNotFoundError(BrokerError):
+    """A request illegally referred to a resource that does not exist."""
+
+    error_code, name = 91, "RESOURCE_NOT_FOUND"
+
+
+class DuplicateResourceError(BrokerError):
+    """A request illegally referred to the same resource twice."""
+
+    error_code, name = 92, "DUPLICATE_RESOURCE"
+
+
+class UnacceptableCredentialError(BrokerError):
+    """Requested credential would not meet criteria for acceptability."""
+
+    error_code, name = 93, "UNACCEPTABLE_CREDENTIAL"
+
+
+class InconsistentVoterSetError(BrokerError):
+    """Indicates that the either the sender or recipient of a voter-only request is not one
+    of the expected voters."""
+
+    error_code, name = 94, "INCONSISTENT_VOTER_SET"
+
+
+class InvalidUpdateVersionError(BrokerError):
+    """The given update version was invalid."""
+
+    error_code, name = 95, "INVALID_UPDATE_VERSION"
+
+
+class FeatureUpdateFailedError(BrokerError):
+    """Unable to update finalized features due to an unexpected server error."""
+
+    error_code, name = 96, "FEATURE_UPDATE_FAILED"
+
+
+class PrincipalDeserializationFailureError(BrokerError):
+    """Request principal deserialization failed during forwarding."""
+
+    error_code, name = 97, "PRINCIPAL_DESERIALIZATION_FAILURE"
+
+
+class SnapshotNotFoundError(BrokerError):
+    """Requested snapshot was not found."""
+
+    error_code, name = 98, "SNAPSHOT_NOT_FOUND"
+
+
+class PositionOutOfRangeError(BrokerError):
+    """Requested position is not greater than or equal to zero, and less than the size of
+    the snapshot."""
+
+    error_code, name = 99, "POSITION_OUT_OF_RANGE"
+
+
+class UnknownTopicIdError(BrokerError, RetriableError):
+    """This server does not host this topic ID."""
+
+    error_code, name = 100, "UNKNOWN_TOPIC_ID"
+
+
+class DuplicateBrokerRegistrationError(BrokerError):
+    """This broker ID is already in use."""
+
+    error_code, name = 101, "DUPLICATE_BROKER_REGISTRATION"
+
+
+class BrokerIdNotRegisteredError(BrokerError):
+    """The given broker ID was not registered."""
+
+    error_code, name = 102, "BROKER_ID_NOT_REGISTERED"
+
+
+class InconsistentTopicIdError(BrokerError, RetriableError):
+    """The log's topic ID did not match the topic ID in the request."""
+
+    error_code, name = 103, "INCONSISTENT_TOPIC_ID"
+
+
+class InconsistentClusterIdError(BrokerError):
+    """The clusterId in the request does not match that found on the server."""
+
+    error_code, name = 104, "INCONSISTENT_CLUSTER_ID"
+
+
+class TransactionalIdNotFoundError(BrokerError):
+    """The transactionalId could not be found."""
+
+    error_code, name = 105, "TRANSACTIONAL_ID_NOT_FOUND"
+
+
+class FetchSessionTopicIdErrorError(BrokerError, RetriableError):
+    """The fetch session encountered inconsistent topic ID usage."""
+
+    error_code, name = 106, "FETCH_SESSION_TOPIC_ID_ERROR"
+
+
+class IneligibleReplicaError(BrokerError):
+    """The new ISR contains at least one ineligible replica."""
+
+    error_code, name = 107, "INELIGIBLE_REPLICA"
+
+
+class NewLeaderElectedError(BrokerError):
+    """The AlterPartition request successfully updated the partition state but the leader
+    has changed."""
+
+    error_code, name = 108, "NEW_LEADER_ELECTED"
+
+
+class OffsetMovedToTieredStorageError(BrokerError):
+    """The requested offset is moved to tiered storage."""
+
+    error_code, name = 109, "OFFSET_MOVED_TO_TIERED_STORAGE"
+
+
+class FencedMemberEpochError(BrokerError):
+    """The member epoch is fenced by the group coordinator. The member must abandon all its
+    partitions and rejoin."""
+
+    error_code, name = 110, "FENCED_MEMBER_EPOCH"
+
+
+class UnreleasedInstanceIdError(BrokerError):
+    """The instance ID is still used by another member in the consumer group. That member
+    must leave first."""
+
+    error_code, name = 111, "UNRELEASED_INSTANCE_ID"
+
+
+class UnsupportedAssignorError(BrokerError):
+    """The assignor or its version range is not supported by the consumer group."""
+
+    error_code, name = 112, "UNSUPPORTED_ASSIGNOR"
+
+
+class StaleMemberEpochError(BrokerError):
+    """The member epoch is stale. The member must retry after receiving its updated member
+    epoch via the ConsumerGroupHeartbeat API."""
+
+    error_code, name = 113, "STALE_MEMBER_EPOCH"
+
+
+class MismatchedEndpointTypeError(BrokerError):
+    """The request was sent to an endpoint of the wrong type."""
+
+    error_code, name = 114, "MISMATCHED_ENDPOINT_TYPE"
+
+
+class UnsupportedEndpointTypeError(BrokerError):
+    """This endpoint type is not supported yet."""
+
+    error_code, name = 115, "UNSUPPORTED_ENDPOINT_TYPE"
+
+
+class UnknownControllerIdError(BrokerError):
+    """This controller ID is not known."""
+
+    error_code, name = 116, "UNKNOWN_CONTROLLER_ID"
+
+
+class UnknownSubscriptionIdError(BrokerError):
+    """Client sent a push telemetry request with an invalid or outdated subscription ID."""
+
+    error_code, name = 117, "UNKNOWN_SUBSCRIPTION_ID"
+
+
+class TelemetryTooLargeError(BrokerError):
+    """Client sent a push telemetry request larger than the maximum size the broker will
+    accept."""
+
+    error_code, name = 118, "TELEMETRY_TOO_LARGE"
+
+
+class InvalidRegistrationError(BrokerError):
+    """The controller has considered the broker registration to be invalid."""
+
+    error_code, name = 119, "INVALID_REGISTRATION"
+
+
+class TransactionAbortableError(BrokerError):
+    """The server encountered an error with the transaction. The client can abort the
+    transaction to continue using this transactional ID."""
+
+    error_code, name = 120, "TRANSACTION_ABORTABLE"
+    abortable = True
 
 
 def error_for_code(code: int, message: str | None = None) -> BrokerError:

@@ -424,6 +424,7 @@ class Producer:
             by_partition = {(t, p): o for (t, p), o in offsets.items()}
         else:
             by_partition = {(tp.topic, tp.partition): tp.offset for tp in offsets}
+        group: dict[str, Any]
         if isinstance(group_metadata, str):
             group = {"group_id": group_metadata}
         elif isinstance(group_metadata, Mapping):

@@ -6,8 +6,13 @@ AIOPRODUCER_PURE_PYTHON=1 forces the pure-Python one. `IMPLEMENTATION` says whic
 """
 
 import os
+from typing import TYPE_CHECKING
 
-if os.environ.get("AIOPRODUCER_PURE_PYTHON", "") not in ("", "0"):
+if TYPE_CHECKING:  # the C module has exactly _py's interface
+    from ._py import DONE, NEEDS_BATCH, NEEDS_PYTHON, RecordWriter, append_many, murmur2, \
+        partition_for_key
+    IMPLEMENTATION: str
+elif os.environ.get("AIOPRODUCER_PURE_PYTHON", "") not in ("", "0"):
     from ._py import DONE, NEEDS_BATCH, NEEDS_PYTHON, RecordWriter, append_many, murmur2, \
         partition_for_key
     IMPLEMENTATION = "python"

@@ -112,10 +112,10 @@ class RecordWriter:
         buffer += t
         buffer += o
         buffer += k
-        if key_length:
+        if key:
             buffer += key
         buffer += v
-        if value_length:
+        if value:
             buffer += value
         buffer += h
         self.size = size

@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from ..errors import KafkaError
 from ..producer import Producer
@@ -85,7 +85,7 @@ def write_dataframe(
         value_column = (F.to_json(F.struct(*[F.col(c) for c in df.columns]))
                         if value_format == "json" else F.col("value"))
     else:
-        value_column = column(value)
+        value_column = F.col(value) if isinstance(value, str) else value
         if value_format == "json":
             value_column = F.to_json(value_column)
     key_column = column(key)
@@ -99,7 +99,7 @@ def write_dataframe(
     if exactly_once:
         options["transactional_id"] = transactional_id_prefix
 
-    def write_partition(index: int, rows: Iterator[Any]) -> Iterable[tuple[int, int, int, str]]:
+    def write_partition(index: int, rows: Iterable[Any]) -> Iterable[tuple[int, int, int, str]]:
         yield _run(_write_partition(index, rows, topic, options, exactly_once))
 
     results = selected.rdd.mapPartitionsWithIndex(write_partition).collect()
@@ -132,7 +132,7 @@ def _as_bytes(obj: Any) -> bytes | None:
     return json.dumps(obj).encode()
 
 
-async def _write_partition(index: int, rows: Iterator[Any], topic: str,
+async def _write_partition(index: int, rows: Iterable[Any], topic: str,
                            options: dict[str, Any], exactly_once: bool) -> tuple[int, int, int, str]:
     """Produce one Spark partition; return (records, bytes, failures, first error)."""
     if exactly_once:

@@ -1,0 +1,33 @@
+"""The package ships py.typed: what users import must type-check, error classes included."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+USER_CODE = """
+from aioproducer import Producer
+from aioproducer.errors import BrokerError, NotLeaderOrFollowerError, ERROR_CLASSES
+
+async def main() -> None:
+    async with Producer("localhost:9092", linger_ms=5) as producer:
+        md = await producer.send("t", b"v", key=b"k")
+        offset: int = md.offset
+        bulk = await producer.enqueue_many("t", [(b"k", b"v")])
+        first_offset: int = (await bulk)[0].offset
+    code: int = NotLeaderOrFollowerError.error_code
+    cls: type[BrokerError] = ERROR_CLASSES[6]
+"""
+
+
+def test_package_and_user_code_type_check(tmp_path):
+    sample = tmp_path / "user_code.py"
+    sample.write_text(USER_CODE)
+    done = subprocess.run(
+        [sys.executable, "-m", "mypy", "--ignore-missing-imports", "--no-error-summary",
+         "--cache-dir", str(tmp_path / "cache"), str(ROOT / "aioproducer"), str(sample)],
+        capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
