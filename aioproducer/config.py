@@ -46,6 +46,7 @@ class ProducerConfig:
     compression_type: str = "none"
     compression_level: int | None = None
     metadata_max_age_ms: int = 300000
+    metadata_max_idle_ms: int = 300000  # stop fetching metadata of topics unused this long
     allow_auto_create_topics: bool = True
     transactional_id: str | None = None
     transaction_timeout_ms: int = 60000
@@ -100,7 +101,8 @@ class ProducerConfig:
                           ("retry_backoff_ms", 0), ("retry_backoff_max_ms", 0),
                           ("reconnect_backoff_ms", 0), ("reconnect_backoff_max_ms", 0),
                           ("max_in_flight_requests_per_connection", 1),
-                          ("metadata_max_age_ms", 0), ("transaction_timeout_ms", 1)):
+                          ("metadata_max_age_ms", 0), ("metadata_max_idle_ms", 1000),
+                          ("transaction_timeout_ms", 1)):
             _check_int(name, getattr(self, name), low)
         if self.compression_level is not None:
             _check_int("compression_level", self.compression_level, -131072)

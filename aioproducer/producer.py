@@ -98,7 +98,7 @@ class Producer:
                 return
             raise ProducerClosedError("this producer was closed; create a new one")
         config = self.config
-        self._cluster = Cluster(config, self._wake_sender)
+        self._cluster = Cluster(config, self._wake_sender, self._release_topic)
         if config.enable_idempotence:
             self._txn = TransactionManager(config, self._cluster)
             self._txn.on_change = self._wake_sender
@@ -186,6 +186,9 @@ class Producer:
             if self._sender is not None:
                 self._sender.fail_in_flight(exc)
 
+    def _release_topic(self, topic: str) -> bool:
+        return self._accumulator is None or self._accumulator.release_topic(topic)
+
     def _wake_sender(self) -> None:
         if self._sender is not None:
             self._sender.wake()
@@ -253,7 +256,8 @@ class Producer:
         """The record needs a new batch: check its size, move a sticky partition on, and
         wait for buffer memory if it must."""
         accumulator = self._accumulator
-        assert accumulator is not None
+        assert accumulator is not None and self._cluster is not None
+        self._cluster.touch(topic)  # once per batch, not per record
         size = record_size_upper_bound(key, value, headers)
         if size > self._max_request_size:
             raise RecordTooLargeError(

@@ -171,3 +171,19 @@ async def test_cancelled_wait_for_metadata(broker, topic):
         with pytest.raises(asyncio.CancelledError):
             await waiting
         assert (await producer.send(topic, b"fine")).offset == 0
+
+
+async def test_idle_topics_are_forgotten_and_come_back(broker, topic_factory):
+    # A service writing to many short-lived topics must not fetch all of them for ever.
+    idle, busy = topic_factory(2), topic_factory(2)
+    async with Producer(broker.bootstrap, metadata_max_idle_ms=1000, metadata_max_age_ms=100,
+                        linger_ms=1) as producer:
+        await producer.send(idle, b"once", partition=0)
+        for i in range(40):  # 2 s of producing to the other topic only
+            await producer.send(busy, b"%d" % i)
+            await asyncio.sleep(0.05)
+        known = producer._cluster.topics
+        assert busy in known and idle not in known, "the idle topic's metadata is still fetched"
+        assert idle not in producer._accumulator._open
+        assert (await producer.send(idle, b"again", partition=0)).offset == 1
+    assert [r.value for r in consume_all(broker.bootstrap, idle, 2)] == [b"once", b"again"]

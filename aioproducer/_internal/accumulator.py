@@ -222,6 +222,16 @@ class RecordAccumulator:
                 batch.fail(exc)
                 self.finish(batch)
 
+    def release_topic(self, topic: str) -> bool:
+        """Forget a topic's empty queues (its metadata is being dropped); False, forgetting
+        nothing, while it has batches queued or in flight."""
+        if any(batch.topic == topic for batch in self.incomplete):
+            return False
+        for key in [k for k in self._batches if k[0] == topic]:
+            del self._batches[key]
+        self._open.pop(topic, None)
+        return True
+
     def has_queued(self) -> bool:
         return any(self._batches.values())
 

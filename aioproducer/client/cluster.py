@@ -1,7 +1,8 @@
 """What the producer knows of the cluster: brokers, partition leaders, and a connection each.
 
-Metadata is fetched for the topics the producer has used, refreshed when an error says it is
-stale (unknown topic, no leader, not leader) and when older than `metadata_max_age_ms`.
+Metadata is fetched for the topics the producer has used (in the last `metadata_max_idle_ms`),
+refreshed when an error says it is stale (unknown topic, no leader, not leader) and when older
+than `metadata_max_age_ms`.
 Concurrent refresh requests share one in-flight fetch. Connections are opened on demand, at
 most one per broker, with exponential backoff after failures; the sender asks without
 waiting (`ready_connection`) and is woken when a connection comes up.
@@ -66,9 +67,13 @@ class _Backoff:
 class Cluster:
     """Metadata and one connection per broker; shared by the producer and its sender."""
 
-    def __init__(self, config: ProducerConfig, on_change: Callable[[], None]) -> None:
+    def __init__(self, config: ProducerConfig, on_change: Callable[[], None],
+                 release_topic: Callable[[str], bool] = lambda topic: True) -> None:
         self._config = config
         self._on_change = on_change  # wakes the sender: a connection came up or leaders moved
+        # Asked before an idle topic is forgotten: False while records for it are pending.
+        self._release_topic = release_topic
+        self._used_at: dict[str, float] = {}
         self._loop = asyncio.get_running_loop()
         self.brokers: dict[int, Broker] = {}
         self.topics: dict[str, TopicInfo] = {}
@@ -93,6 +98,21 @@ class Cluster:
         if info is None or partition >= len(info.leaders):
             return -1
         return info.leaders[partition]
+
+    def touch(self, topic: str) -> None:
+        """`topic` is being produced to: keep its metadata (see metadata_max_idle_ms)."""
+        self._used_at[topic] = self._loop.time()
+
+    def _forget_idle_topics(self) -> None:
+        """Stop fetching metadata for topics nothing was produced to for metadata_max_idle_ms
+        (the Java client's rule, KIP-526), so a service that writes to many short-lived
+        topics does not fetch all of them for ever."""
+        cutoff = self._loop.time() - self._config.metadata_max_idle_ms / 1000
+        for topic in [t for t, used in self._used_at.items() if used < cutoff]:
+            if self._release_topic(topic):
+                del self._used_at[topic]
+                self._wanted.discard(topic)
+                self.topics.pop(topic, None)
 
     def request_update(self) -> None:
         """Mark metadata stale (an error said so); the sender refreshes it soon."""
@@ -131,6 +151,7 @@ class Cluster:
         if info is not None and info.error is None and info.leaders:
             return info
         self._wanted.add(topic)
+        self.touch(topic)
         deadline = self._loop.time() + timeout
         delay = self._config.retry_backoff_ms / 1000
         last_error: BaseException | None = None
@@ -161,6 +182,7 @@ class Cluster:
             + ": create it first, or check its name")
 
     async def _fetch_metadata(self) -> None:
+        self._forget_idle_topics()
         conn = await self.any_connection()
         topics = sorted(self._wanted | self.topics.keys())
         response = await conn.request(ApiKey.METADATA, {
