@@ -135,6 +135,30 @@ async def test_memory_stays_bounded_far_beyond_buffer_memory(fresh_broker):
     assert growth_mb < 60, f"peak RSS grew {growth_mb:.0f} MB for 200 MB produced"
 
 
+def _current_rss_mb() -> float:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * resource.getpagesize() / 2**20
+
+
+async def test_kept_handles_do_not_keep_the_records(fresh_broker):
+    """A service may keep every RecordFuture it got; acknowledged records' bytes must go."""
+    fresh_broker.create_topic("kept", 4)
+    value = random.randbytes(1024)
+    async with Producer(fresh_broker.bootstrap, buffer_memory=4 << 20, acks=1,
+                        enable_idempotence=False) as producer:
+        warm = [await producer.enqueue("kept", value) for _ in range(20_000)]
+        await producer.flush()
+        del warm
+        gc.collect()
+        before = _current_rss_mb()
+        handles = [await producer.enqueue("kept", value) for _ in range(100_000)]
+        await producer.flush()
+        gc.collect()
+        growth_mb = _current_rss_mb() - before
+        assert all(h.result().offset >= 0 for h in handles[::997])
+    assert growth_mb < 40, f"100,000 kept handles of 100 MB produced hold {growth_mb:.0f} MB"
+
+
 async def test_unclosed_producer_warns(broker):
     producer = Producer(broker.bootstrap)
     await producer.start()

@@ -83,11 +83,13 @@ class ProducerBatch:
 
     def complete(self, base_offset: int, log_append_time: int) -> None:
         self.done = True
+        self.writer.free()
         if not self.future.done():
             self.future.set_result((base_offset, log_append_time))
 
     def fail(self, exc: BaseException) -> None:
         self.done = True
+        self.writer.free()
         if not self.future.done():
             self.future.set_exception(exc)
             # The batch's error reaches users through their record handles; if nobody awaits

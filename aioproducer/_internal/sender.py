@@ -12,6 +12,7 @@ timeout, reconnect, metadata age) or until something wakes it.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 import random
 from typing import TYPE_CHECKING, Any
@@ -59,6 +60,8 @@ class Sender:
         self._loop = asyncio.get_running_loop()
         self._wakeup: asyncio.Future[None] | None = None
         self._in_flight: dict[ProducerBatch, None] = {}  # ordered set of batches on the wire
+        # (deadline, creation number, batch) of each send; may hold batches already done.
+        self._expiry_heap: list[tuple[float, int, ProducerBatch]] = []
         self._acks = config.acks
         self._retry_backoff = config.retry_backoff_ms / 1000
         self._retry_backoff_max = config.retry_backoff_max_ms / 1000
@@ -149,6 +152,7 @@ class Sender:
             topic_data.setdefault(batch.topic, []).append(
                 {"index": batch.partition, "records": records})
             self._in_flight[batch] = None
+            heapq.heappush(self._expiry_heap, (batch.deadline, batch.number, batch))
         body = {
             "transactional_id": txn.transactional_id if txn is not None else None,
             "acks": self._acks,
@@ -270,19 +274,24 @@ class Sender:
         timeout_ms = self._config.delivery_timeout_ms
         for batch in self._accumulator.expire(now):
             self._fail(batch, delivery_timeout_error(batch, timeout_ms, "waited in the buffer"))
-        if self._next_in_flight_expiry() <= now:
-            for batch in [b for b in self._in_flight if b.deadline <= now]:
-                # Its request is still out; whatever the broker answers later is ignored. With
-                # idempotence the partition's sequence state is now unknown: start afresh.
-                exc = delivery_timeout_error(batch, timeout_ms, "no response in time")
-                self._in_flight.pop(batch)
-                batch.fail(exc)
-                self._accumulator.finish(batch)
-                if self._txn is not None and self._txn.is_current(batch):
-                    self._txn.sequence_state_lost(exc)
+        while self._next_in_flight_expiry() <= now:
+            _, _, batch = heapq.heappop(self._expiry_heap)
+            # Its request is still out; whatever the broker answers later is ignored. With
+            # idempotence the partition's sequence state is now unknown: start afresh.
+            exc = delivery_timeout_error(batch, timeout_ms, "no response in time")
+            self._in_flight.pop(batch)
+            batch.fail(exc)
+            self._accumulator.finish(batch)
+            if self._txn is not None and self._txn.is_current(batch):
+                self._txn.sequence_state_lost(exc)
 
     def _next_in_flight_expiry(self) -> float:
-        return min((b.deadline for b in self._in_flight), default=float("inf"))
+        """The earliest deadline of a batch on the wire (entries of batches no longer there
+        are dropped as they come to the top: O(log n) per batch, not a scan per round)."""
+        heap = self._expiry_heap
+        while heap and heap[0][2] not in self._in_flight:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else float("inf")
 
     def fail_in_flight(self, exc: BaseException) -> None:
         """Closing without waiting: fail what is on the wire (its outcome stays unknown)."""

@@ -48,6 +48,11 @@ class BatchWriter(RecordWriter):
         records = self.seal()
         self._payload = compress(codec, records, level) if codec else records
 
+    def free(self) -> None:
+        """The batch has its final outcome: drop its bytes (record handles that users keep
+        hold the batch, and must not hold its records too)."""
+        self._payload = None
+
     def encode(self, *, producer_id: int = -1, producer_epoch: int = -1,
                base_sequence: int = -1, transactional: bool = False) -> bytes:
         """The batch as it goes on the wire (after close()); may be called again for a retry."""
