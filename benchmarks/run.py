@@ -102,6 +102,17 @@ def run_one(scenario: str, client: str, records: int, extra: list[str], uvloop: 
     return result
 
 
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine()
+
+
 def median_range(values: list[float], fmt: str) -> str:
     if not values:
         return "-"
@@ -144,7 +155,8 @@ def main() -> None:
         f", aioproducer {version('aioproducer')}"
     lines = [
         "# Producer benchmark", "",
-        f"`python benchmarks/run.py {' '.join(sys.argv[1:])}` on {os.cpu_count()} cores, "
+        f"`python benchmarks/run.py {' '.join(sys.argv[1:])}` on {os.cpu_count()} cores "
+        f"({cpu_model()}), "
         f"Python {platform.python_version()}, {versions}, uvloop {'on' if uvloop else 'off'} "
         f"for the asyncio clients; embedded Tansu broker on the same machine; "
         f"median (min–max) of {repeat} run(s).", "",
