@@ -230,7 +230,10 @@ class Producer:
             timestamp_ms = int(time.time() * 1000)
         else:
             timestamp_ms = _timestamp(timestamp_ms)
-        info = self._cluster.topics.get(topic)  # type: ignore[union-attr]
+        try:
+            info = self._cluster.topics.get(topic)  # type: ignore[union-attr]
+        except TypeError:  # unhashable: not a topic name (_partition_count says so)
+            info = None
         # Known topic: no await (a coroutine per record is a measurable cost here).
         count = len(info.leaders) if info is not None and info.leaders else \
             await self._partition_count(topic)
@@ -484,7 +487,8 @@ class Producer:
         return key, value
 
     async def _partition_count(self, topic: str) -> int:
-        info = self._cluster.topics.get(topic)  # type: ignore[union-attr]
+        assert self._cluster is not None
+        info = self._cluster.topics.get(topic) if type(topic) is str else None
         if info is None or not info.leaders:
             info = await self._topic_info(topic)
         return len(info.leaders)

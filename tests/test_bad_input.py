@@ -57,6 +57,7 @@ BAD_TOPICS = [
     ("unicode", "tópico", InvalidTopicError),
     ("none", None, InvalidRecordError),
     ("bytes", b"orders", InvalidRecordError),
+    ("list", ["orders"], InvalidRecordError),  # unhashable
 ]
 
 
@@ -89,6 +90,8 @@ async def test_bad_topic(producer_with_accepted_records, case):
     _, topic, error = case
     with pytest.raises(error, match="topic"):
         await producer.enqueue(topic, b"v")
+    with pytest.raises(error, match="topic"):
+        await producer.enqueue_many(topic, [(None, b"v")])
 
 
 def test_wrong_types_are_also_type_errors():
