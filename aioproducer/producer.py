@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 
 Headers = Sequence[tuple[str, "bytes | None"]]
 _BYTES_TYPES = (bytes, bytearray, memoryview)
-_CHUNK = 10_000  # enqueue_many takes a non-list iterable this many records at a time
+_CHUNK = 10_000  # enqueue_many takes its records this many at a time
 _DELTA = struct.Struct("=i")  # an offset delta in a BulkFuture (as the speed-up writes them)
 _TOPIC_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 
@@ -295,7 +295,8 @@ class Producer:
         the compiled speed-up. All records get the same timestamp (now, unless given) and no
         headers. If a record is refused (wrong type, too large), the error is raised and the
         records before it stay buffered: the exception's `accepted` attribute is the
-        BulkFuture of those.
+        BulkFuture of those. `records` is read as the call goes (it may wait for buffer
+        memory): do not change it until the call returns.
         """
         if self._state != "started":
             self._raise_not_started()
@@ -308,14 +309,11 @@ class Producer:
         out_batches: list[ProducerBatch] = []
         out_deltas = bytearray()
         try:
-            if type(records) is list:
-                await self._append_many(topic, records, count, partition, timestamp_ms,
+            # In chunks, so a generator of any length is fine; a list is read as the call goes.
+            iterator = iter(records)
+            while chunk := list(itertools.islice(iterator, _CHUNK)):
+                await self._append_many(topic, chunk, count, partition, timestamp_ms,
                                         out_batches, out_deltas)
-            else:
-                iterator = iter(records)
-                while chunk := list(itertools.islice(iterator, _CHUNK)):
-                    await self._append_many(topic, chunk, count, partition, timestamp_ms,
-                                            out_batches, out_deltas)
         except KafkaError as exc:
             exc.accepted = BulkFuture(out_batches, out_deltas, timestamp_ms)  # type: ignore[attr-defined]
             raise
