@@ -90,8 +90,8 @@ def test_record_writer_same_bytes(limit):
 @needs_c
 def test_record_writer_takes_any_bytes_like_and_refuses_others():
     c, py = _c.RecordWriter(0, 1 << 20), _py.RecordWriter(0, 1 << 20)
-    for key in (bytearray(b"k"), memoryview(b"key")):
-        assert c.try_append(0, key, b"v", None) and py.try_append(0, key, b"v", None)
+    for key in (bytearray(b"k"), memoryview(b"key"), bytearray(), memoryview(b"")):
+        assert c.try_append(0, key, key, None) and py.try_append(0, key, key, None)
     assert c.seal() == py.seal()
     with pytest.raises(TypeError):
         _c.RecordWriter(0, 100).try_append(0, "text", b"v", None)

@@ -243,7 +243,7 @@ optional_bytes(PyObject *obj, OptionalBytes *out)
         if (PyObject_GetBuffer(obj, &out->view, PyBUF_SIMPLE) < 0)
             return -1;
         out->held = 1;
-        out->data = out->view.buf;
+        out->data = out->view.buf ? out->view.buf : "";  /* empty, not null */
         out->length = out->view.len;
     }
     return 0;
