@@ -270,6 +270,11 @@ class Producer:
         if size > self.config.buffer_memory:
             raise RecordTooLargeError(
                 f"a record of {size} bytes is larger than buffer_memory={self.config.buffer_memory}")
+        if accumulator.close_for_appends(topic, partition):
+            # Let the sender ship the full batch now, so a loop that never waits keeps the
+            # broker busy instead of filling buffer_memory first. Yielding before appending
+            # keeps enqueue() all or nothing: cancelled here, it has buffered nothing.
+            await asyncio.sleep(0)
         if sticky:
             # The sticky partition's batch is full: move on to another partition (KIP-480).
             self._partitioner.on_new_batch(topic, count, partition)
@@ -277,13 +282,8 @@ class Producer:
             batch = accumulator.try_append(topic, partition, timestamp_ms, key, value, headers)
             if batch is not None:
                 return batch
-        batch = await accumulator.append(topic, partition, timestamp_ms, key, value, headers,
-                                         count, self._max_block)
-        # A batch was opened, most likely because the last one is full: let the sender ship
-        # it now, so a loop that never waits keeps the broker busy instead of filling
-        # buffer_memory first.
-        await asyncio.sleep(0)
-        return batch
+        return await accumulator.append(topic, partition, timestamp_ms, key, value, headers,
+                                        count, self._max_block)
 
     async def enqueue_many(self, topic: str,
                            records: Iterable[tuple[Any, Any]], *, partition: int | None = None,
@@ -295,8 +295,8 @@ class Producer:
         the compiled speed-up. All records get the same timestamp (now, unless given) and no
         headers. If a record is refused (wrong type, too large), the error is raised and the
         records before it stay buffered: the exception's `accepted` attribute is the
-        BulkFuture of those. `records` is read as the call goes (it may wait for buffer
-        memory): do not change it until the call returns.
+        BulkFuture of those (also when the call is cancelled). `records` is read as the call
+        goes (it may wait for buffer memory): do not change it until the call returns.
         """
         if self._state != "started":
             self._raise_not_started()
@@ -314,8 +314,8 @@ class Producer:
             while chunk := list(itertools.islice(iterator, _CHUNK)):
                 await self._append_many(topic, chunk, count, partition, timestamp_ms,
                                         out_batches, out_deltas)
-        except KafkaError as exc:
-            exc.accepted = BulkFuture(out_batches, out_deltas, timestamp_ms)  # type: ignore[attr-defined]
+        except (KafkaError, asyncio.CancelledError) as exc:
+            exc.accepted = BulkFuture(out_batches, out_deltas, timestamp_ms)  # type: ignore[union-attr]
             raise
         return BulkFuture(out_batches, out_deltas, timestamp_ms)
 

@@ -211,3 +211,33 @@ async def test_idle_topics_are_forgotten_and_come_back(broker, topic_factory):
         assert idle not in producer._accumulator._open
         assert (await producer.send(idle, b"again", partition=0)).offset == 1
     assert [r.value for r in consume_all(broker.bootstrap, idle, 2)] == [b"once", b"again"]
+
+
+async def test_a_cancelled_enqueue_buffers_nothing(broker, topic):
+    # enqueue() is all or nothing: a caller that is cancelled (a timeout) and tries again
+    # must not end up with the record twice.
+    async with Producer(broker.bootstrap, batch_size=300) as producer:
+        await producer.enqueue(topic, b"a" * 150, partition=0)
+        cancelled = asyncio.create_task(producer.enqueue(topic, b"b" * 150, partition=0))
+        await asyncio.sleep(0)  # it runs until it yields: its record does not fit the batch
+        assert not cancelled.done()
+        cancelled.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        await producer.enqueue(topic, b"c", partition=0)
+    assert [r.value for r in consume_all(broker.bootstrap, topic, 2)] == [b"a" * 150, b"c"]
+
+
+async def test_a_cancelled_enqueue_many_says_what_it_buffered(broker, topic):
+    records = [(None, b"%04d" % i) for i in range(1000)]
+    async with Producer(broker.bootstrap, batch_size=1000) as producer:
+        task = asyncio.create_task(producer.enqueue_many(topic, records, partition=0))
+        await asyncio.sleep(0)  # it runs until its first yield (a full batch)
+        assert not task.done()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError) as caught:
+            await task
+        accepted = await caught.value.accepted
+        assert 0 < len(accepted) < 1000
+    got = consume_all(broker.bootstrap, topic, len(accepted))
+    assert [r.value for r in got] == [value for _, value in records[:len(accepted)]]

@@ -77,6 +77,19 @@ class RecordAccumulator:
             writers.extend([None] * (partitions - len(writers)))
         return open_
 
+    def close_for_appends(self, topic: str, partition: int) -> bool:
+        """A record did not fit in the partition's open batch: take no more appends into it
+        (the Java client's closeForRecordAppends) and let the sender ship it now. False if
+        the partition had no open batch."""
+        open_ = self._open.get(topic)
+        batch = open_[0][partition] if open_ is not None and partition < len(open_[0]) else None
+        if open_ is None or batch is None:
+            return False
+        open_[0][partition] = open_[1][partition] = None
+        batch.full = True
+        self._wake_sender()
+        return True
+
     async def append(self, topic: str, partition: int, timestamp: int, key: bytes | None,
                      value: bytes | None, headers: bytes | None, partitions: int,
                      max_block: float) -> ProducerBatch:
@@ -134,8 +147,8 @@ class RecordAccumulator:
             if batch.retry_at > now:
                 next_check = min(next_check, batch.retry_at - now)
                 continue
-            if (drain_all or len(queue) > 1 or batch.writer.size >= self._batch_size
-                    or batch.attempts > 0):
+            if (drain_all or batch.full or len(queue) > 1
+                    or batch.writer.size >= self._batch_size or batch.attempts > 0):
                 ready.add(leader)
                 continue
             linger_left = batch.created + self._linger - now

@@ -34,7 +34,7 @@ class ProducerBatch:
     __slots__ = (
         "number", "topic", "partition", "writer", "future", "created", "deadline", "reserved",
         "attempts", "retry_at", "base_sequence", "producer_id", "producer_epoch", "done",
-        "_waiters",
+        "full", "_waiters",
     )
 
     def __init__(self, number: int, topic: str, partition: int, writer: BatchWriter,
@@ -53,6 +53,7 @@ class ProducerBatch:
         self.producer_id = -1
         self.producer_epoch = -1
         self.done = False
+        self.full = False  # a record did not fit: closed for appends, sendable now
         self._waiters: list[asyncio.Future] | None = None
 
     def __repr__(self) -> str:
