@@ -245,9 +245,6 @@ class RecordAccumulator:
         self._open.pop(topic, None)
         return True
 
-    def has_queued(self) -> bool:
-        return any(self._batches.values())
-
 
 def delivery_timeout_error(batch: ProducerBatch, timeout_ms: int, cause: str) -> DeliveryTimeoutError:
     return DeliveryTimeoutError(

@@ -68,7 +68,7 @@ class Cluster:
     """Metadata and one connection per broker; shared by the producer and its sender."""
 
     def __init__(self, config: ProducerConfig, on_change: Callable[[], None],
-                 release_topic: Callable[[str], bool] = lambda topic: True) -> None:
+                 release_topic: Callable[[str], bool]) -> None:
         self._config = config
         self._on_change = on_change  # wakes the sender: a connection came up or leaders moved
         # Asked before an idle topic is forgotten: False while records for it are pending.
