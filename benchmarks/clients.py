@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import resource
 import time
@@ -118,8 +119,10 @@ def confluent_sync_run(args, data):
         interval = 1 / args.rate
         for i, (key, value) in enumerate(data):
             sent = start + i * interval
-            while time.perf_counter() < sent:
-                producer.poll(min(0.0005, max(0.0, sent - time.perf_counter())))
+            while (wait := sent - time.perf_counter()) > 0:
+                # poll() serves delivery reports as they arrive, waiting in whole
+                # milliseconds: poll(0.0005) would be poll(0), a loop spinning on a core.
+                producer.poll(math.ceil(wait * 1000) / 1000)
             producer.produce(args.topic, value, key, on_delivery=lambda err, msg, t=time.perf_counter():
                              latencies.append(time.perf_counter() - t))
             producer.poll(0)
