@@ -158,6 +158,9 @@ class RecordAccumulator:
                 next_check = min(next_check, linger_left)
         return ready, next_check, unknown_leader
 
+    def has_queued(self) -> bool:
+        return any(self._batches.values())
+
     def drain(self, cluster: Cluster, nodes: Iterable[int], max_request_size: int,
               now: float) -> dict[int, list[ProducerBatch]]:
         """Take at most one batch per partition for each broker, up to `max_request_size`,

@@ -192,7 +192,10 @@ class Sender:
                     self._complete(batch, p["base_offset"], p["log_append_time_ms"])
                 else:
                     self._on_partition_error(batch, p)
-        self.wake()
+        # Another round only if it has work: batches queued behind this request (or put back
+        # for a retry), or closing. Otherwise it would run before the woken tasks resume.
+        if not self.running or self._accumulator.has_queued():
+            self.wake()
 
     def _on_partition_error(self, batch: ProducerBatch, p: dict[str, Any]) -> None:
         where = f"producing to {batch.topic}-{batch.partition}"
