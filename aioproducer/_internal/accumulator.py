@@ -40,9 +40,9 @@ class RecordAccumulator:
         self._txn = txn
         self._wake_sender = wake_sender
         self._batches: dict[TopicPartition, deque[ProducerBatch]] = {}
-        # Per topic, each partition's newest batch and its writer, for appends without a
-        # tuple key. A batch that leaves its queue is sealed (its writer refuses appends), so
-        # these lists need no other upkeep.
+        # Per topic, each partition's open batch and its writer, for appends without a tuple
+        # key. A batch leaves these lists when it leaves its queue, and is sealed then (its
+        # writer refuses appends) as enqueue_many's compiled loop reads the lists live.
         self._open: dict[str, tuple[list[ProducerBatch | None], list[BatchWriter | None]]] = {}
         self._drain_start: dict[int, int] = {}
         self._batches_created = 0
@@ -190,6 +190,7 @@ class RecordAccumulator:
                     break
                 queue.popleft()
                 if batch.attempts == 0:  # first send: no more appends; compress once
+                    self._unlist(batch)
                     batch.writer.close(self._codec, self._compression_level)
                 if self._txn is not None:
                     self._txn.assign_sequence(batch)
@@ -198,6 +199,12 @@ class RecordAccumulator:
             if batches:
                 drained[node] = batches
         return drained
+
+    def _unlist(self, batch: ProducerBatch) -> None:
+        """The batch left its queue: it is no longer its partition's open batch."""
+        batches, writers = self._open.get(batch.topic) or ([], [])
+        if batch.partition < len(batches) and batches[batch.partition] is batch:
+            batches[batch.partition] = writers[batch.partition] = None
 
     def reenqueue(self, batch: ProducerBatch, retry_at: float) -> None:
         """Put a failed batch back for a retry, in creation order among the queued ones (the
@@ -216,6 +223,7 @@ class RecordAccumulator:
         for queue in self._batches.values():
             while queue and queue[0].deadline <= now:
                 batch = queue.popleft()
+                self._unlist(batch)
                 batch.writer.seal()
                 expired.append(batch)
         return expired
@@ -234,6 +242,7 @@ class RecordAccumulator:
         for queue in self._batches.values():
             while queue:
                 batch = queue.popleft()
+                self._unlist(batch)
                 batch.writer.seal()
                 batch.fail(exc)
                 self.finish(batch)
