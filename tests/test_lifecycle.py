@@ -241,3 +241,15 @@ async def test_a_cancelled_enqueue_many_says_what_it_buffered(broker, topic):
         assert 0 < len(accepted) < 1000
     got = consume_all(broker.bootstrap, topic, len(accepted))
     assert [r.value for r in got] == [value for _, value in records[:len(accepted)]]
+
+
+async def test_a_sent_batch_takes_no_more_records(broker, topic):
+    # Once a batch has gone to the broker, the next record for its partition opens a new batch
+    # at once. It used to be taken for a full batch: every linger_ms=0 send woke the sender
+    # once more and yielded a loop turn for nothing.
+    async with Producer(broker.bootstrap, linger_ms=0) as producer:
+        first = await producer.send(topic, b"a", partition=0)
+        task = asyncio.create_task(producer.enqueue(topic, b"b", partition=0))
+        await asyncio.sleep(0)  # the task runs first, and to the end unless it yields
+        assert task.done(), "enqueue() yielded as if the partition's batch were full"
+        assert (await task.result()).offset == first.offset + 1
