@@ -159,6 +159,7 @@ class RecordAccumulator:
         return ready, next_check, unknown_leader
 
     def has_queued(self) -> bool:
+        """Whether some batch waits to be drained."""
         return any(self._batches.values())
 
     def drain(self, cluster: Cluster, nodes: Iterable[int], max_request_size: int,
