@@ -41,8 +41,8 @@ class RecordAccumulator:
         self._wake_sender = wake_sender
         self._batches: dict[TopicPartition, deque[ProducerBatch]] = {}
         # Per topic, each partition's open batch and its writer, for appends without a tuple
-        # key. A batch leaves these lists when it leaves its queue, and is sealed then (its
-        # writer refuses appends) as enqueue_many's compiled loop reads the lists live.
+        # key (enqueue_many's compiled loop reads them too). A batch leaves these lists when
+        # it is closed for appends or leaves its queue.
         self._open: dict[str, tuple[list[ProducerBatch | None], list[BatchWriter | None]]] = {}
         self._drain_start: dict[int, int] = {}
         self._batches_created = 0
