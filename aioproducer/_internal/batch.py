@@ -67,18 +67,18 @@ class ProducerBatch:
     def waiter(self) -> asyncio.Future:
         """A future of its own for one awaiting task, done when the batch is: cancelling
         it (the task was cancelled) leaves the batch, which other records share, alone.
-        Cheaper than asyncio.shield: one callback per batch, not two per waiting task."""
+        Cheaper than asyncio.shield, and woken by complete()/fail() themselves rather than
+        by a callback of the batch's future, which would cost the waiting tasks a loop turn."""
         waiter = self.future.get_loop().create_future()
         if self._waiters is None:
             self._waiters = [waiter]
-            self.future.add_done_callback(self._wake_waiters)
         else:
             self._waiters.append(waiter)
         return waiter
 
-    def _wake_waiters(self, _: asyncio.Future) -> None:
-        waiters, self._waiters = self._waiters or [], None
-        for waiter in waiters:
+    def _wake_waiters(self) -> None:
+        waiters, self._waiters = self._waiters, None
+        for waiter in waiters or ():
             if not waiter.done():
                 waiter.set_result(None)
 
@@ -87,6 +87,7 @@ class ProducerBatch:
         self.writer.free()
         if not self.future.done():
             self.future.set_result((base_offset, log_append_time))
+        self._wake_waiters()
 
     def fail(self, exc: BaseException) -> None:
         self.done = True
@@ -96,6 +97,7 @@ class ProducerBatch:
             # The batch's error reaches users through their record handles; if nobody awaits
             # them (fire-and-forget), asyncio must not log "exception never retrieved".
             self.future.exception()
+        self._wake_waiters()
 
 
 class RecordFuture:

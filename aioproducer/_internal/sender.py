@@ -15,6 +15,7 @@ import asyncio
 import heapq
 import logging
 import random
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ..errors import (
@@ -161,25 +162,24 @@ class Sender:
         }
         expect_response = self._acks != 0
         try:
-            future = conn.send(ApiKey.PRODUCE, body, expect_response=expect_response)
+            conn.send(ApiKey.PRODUCE, body,
+                      partial(self._on_produce_response, conn, batches) if expect_response else None)
         except KafkaError as exc:  # the connection closed between ready() and now
             self._on_request_failed(batches, exc)
             return
-        if expect_response:
-            future.add_done_callback(lambda f: self._on_produce_response(conn, batches, f))
-        else:
+        if not expect_response:
             for batch in batches:
                 self._complete(batch, -1, -1)
 
     def _on_produce_response(self, conn: BrokerConnection, batches: list[ProducerBatch],
-                             future: asyncio.Future) -> None:
-        exc = future.exception()
+                             response: dict[str, Any] | None, exc: BaseException | None) -> None:
         if exc is not None:
             self._cluster.request_update()
             self._on_request_failed(batches, exc)
         else:
+            assert response is not None
             results = {}
-            for topic in future.result()["responses"]:
+            for topic in response["responses"]:
                 for p in topic["partition_responses"]:
                     results[(topic["name"], p["index"])] = p
             for batch in batches:

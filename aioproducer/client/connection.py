@@ -1,7 +1,8 @@
 """One multiplexed connection per broker.
 
-Requests of every kind share the socket: each gets a correlation id and a future, and the
-response completes it. Kafka answers the requests of one connection in order, so the
+Requests of every kind share the socket: each gets a correlation id and a callback, and the
+response is handed to it straight from the socket's data callback, without a loop turn in
+between (a produce response reaches the tasks awaiting its records one turn after it arrives). Kafka answers the requests of one connection in order, so the
 oldest pending request always has the earliest deadline: a single timer per connection
 (armed for the oldest request) enforces `request_timeout_ms` for all of them, and a timeout
 closes the connection, failing everything on it as retriable, as the Java client does.
@@ -13,7 +14,8 @@ import asyncio
 import logging
 import ssl
 import struct
-from typing import Any, Mapping
+from functools import partial
+from typing import Any, Callable, Mapping
 
 from ..errors import (
     AuthenticationError,
@@ -44,13 +46,18 @@ _MAX_RESPONSE_BYTES = 256 * 1024 * 1024
 _UNSUPPORTED_VERSION = 35
 
 
-class _Pending:
-    __slots__ = ("api_key", "version", "future", "deadline")
+# Called with (response body, None) or (None, exception).
+ResponseCallback = Callable[["dict[str, Any] | None", "BaseException | None"], None]
 
-    def __init__(self, api_key: ApiKey, version: int, future: asyncio.Future, deadline: float):
+
+class _Pending:
+    __slots__ = ("api_key", "version", "on_response", "deadline")
+
+    def __init__(self, api_key: ApiKey, version: int, on_response: ResponseCallback,
+                 deadline: float):
         self.api_key = api_key
         self.version = version
-        self.future = future
+        self.on_response = on_response
         self.deadline = deadline
 
 
@@ -165,12 +172,12 @@ class BrokerConnection(asyncio.Protocol):
 
     # -- sending ---------------------------------------------------------------------------
 
-    def send(self, api_key: ApiKey, body: Mapping[str, Any], *, version: int | None = None,
-             expect_response: bool = True) -> asyncio.Future:
-        """Write a request now; the returned future completes with the decoded response body.
-
-        With `expect_response=False` (acks=0 produce) the future is already done; a response
-        the broker sends anyway is ignored.
+    def send(self, api_key: ApiKey, body: Mapping[str, Any], on_response: ResponseCallback | None,
+             *, version: int | None = None) -> None:
+        """Write a request now. `on_response(body, None)` is called with the decoded response
+        as soon as it arrives, `on_response(None, exc)` if the request fails (the connection
+        closed, timed out, or the response was corrupt). With None (acks=0 produce) no
+        response is awaited: one the broker sends anyway is ignored.
         """
         if self._close_exc is not None:
             raise self._close_exc
@@ -179,24 +186,22 @@ class BrokerConnection(asyncio.Protocol):
         correlation_id = self._next_correlation_id
         self._next_correlation_id = (correlation_id + 1) & 0x7FFFFFFF
         frame = encode_request(api_key, version, correlation_id, self.client_id, body)
-        future = self._loop.create_future()
-        if expect_response:
+        if on_response is not None:
             deadline = self._loop.time() + self.request_timeout
-            self._pending[correlation_id] = _Pending(api_key, version, future, deadline)
+            self._pending[correlation_id] = _Pending(api_key, version, on_response, deadline)
             if api_key == ApiKey.PRODUCE:
                 self.in_flight_produce += 1
             if self._timer is None:
                 self._timer = self._loop.call_at(deadline, self._check_timeouts)
-        else:
-            future.set_result(None)
         assert self._transport is not None
         self._transport.write(frame)
-        return future
 
     async def request(self, api_key: ApiKey, body: Mapping[str, Any], *,
                       version: int | None = None) -> dict[str, Any]:
         """Send and await the response body."""
-        return await self.send(api_key, body, version=version)
+        future: asyncio.Future[dict[str, Any]] = self._loop.create_future()
+        self.send(api_key, body, partial(_settle, future), version=version)
+        return await future
 
     async def wait_writable(self) -> None:
         """Wait while the socket's write buffer is above its high-water mark."""
@@ -218,8 +223,9 @@ class BrokerConnection(asyncio.Protocol):
         pending, self._pending = self._pending, {}
         self.in_flight_produce = 0
         for entry in pending.values():
-            if not entry.future.done():
-                entry.future.set_exception(self._close_exc)
+            # In a loop turn of their own: close() may be called from code the callbacks
+            # would re-enter.
+            self._loop.call_soon(entry.on_response, None, self._close_exc)
         if self._writable is not None and not self._writable.done():
             self._writable.set_result(None)
         if self._transport is not None:
@@ -286,12 +292,19 @@ class BrokerConnection(asyncio.Protocol):
         try:
             body = decode_response(entry.api_key, entry.version, frame)
         except (CorruptMessageError, UnsupportedVersionError) as exc:
-            if not entry.future.done():
-                entry.future.set_exception(exc)
+            self._deliver(entry, None, exc)
             self.close(exc if isinstance(exc, CorruptMessageError) else None)
             return
-        if not entry.future.done():
-            entry.future.set_result(body)
+        self._deliver(entry, body, None)
+
+    def _deliver(self, entry: _Pending, body: dict[str, Any] | None,
+                 exc: BaseException | None) -> None:
+        try:
+            entry.on_response(body, exc)
+        except Exception as error:  # a bug in the callback must not break this connection's framing
+            self._loop.call_exception_handler({
+                "message": f"{self!r}: error in the {entry.api_key.name} response callback",
+                "exception": error, "protocol": self})
 
     def _check_timeouts(self) -> None:
         self._timer = None
@@ -305,3 +318,12 @@ class BrokerConnection(asyncio.Protocol):
                 f"request_timeout_ms={self.request_timeout * 1000:.0f}; connection closed"))
         else:
             self._timer = self._loop.call_at(oldest.deadline, self._check_timeouts)
+
+
+def _settle(future: asyncio.Future, body: dict[str, Any] | None,
+            exc: BaseException | None) -> None:
+    if not future.done():  # the awaiting task may have been cancelled
+        if exc is not None:
+            future.set_exception(exc)
+        else:
+            future.set_result(body)

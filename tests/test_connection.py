@@ -1,0 +1,63 @@
+"""One multiplexed broker connection: responses are handed to their requests' callbacks
+straight from the socket's data callback, so one request's trouble must not reach another's."""
+
+from __future__ import annotations
+
+import asyncio
+
+from aioproducer.client.connection import BrokerConnection
+from aioproducer.protocol.messages import ApiKey
+
+METADATA = {"topics": [], "allow_auto_topic_creation": False}
+
+
+async def _connect(broker) -> BrokerConnection:
+    host, port = broker.bootstrap.rsplit(":", 1)
+    return await BrokerConnection.connect(-1, host, int(port), client_id="t",
+                                          request_timeout=10, connect_timeout=10)
+
+
+async def test_a_failing_response_callback_is_reported_and_the_connection_goes_on(broker):
+    reported: list[dict] = []
+    asyncio.get_running_loop().set_exception_handler(lambda _, context: reported.append(context))
+    conn = await _connect(broker)
+    try:
+        def broken(body, exc):
+            raise RuntimeError("a bug in the callback")
+
+        conn.send(ApiKey.METADATA, METADATA, broken)
+        after = await conn.request(ApiKey.METADATA, METADATA)  # pipelined behind it
+        assert after["brokers"], "the request after the failing callback got no answer"
+        assert not conn.closed
+        assert [type(c["exception"]) for c in reported] == [RuntimeError]
+        assert "METADATA response callback" in reported[0]["message"]
+    finally:
+        conn.close()
+
+
+async def test_a_cancelled_request_leaves_the_others_alone(broker):
+    reported: list[dict] = []
+    asyncio.get_running_loop().set_exception_handler(lambda _, context: reported.append(context))
+    conn = await _connect(broker)
+    try:
+        cancelled = asyncio.ensure_future(conn.request(ApiKey.METADATA, METADATA))
+        await asyncio.sleep(0)  # written; its response is still to come
+        cancelled.cancel()
+        after = await conn.request(ApiKey.METADATA, METADATA)
+        assert cancelled.cancelled()
+        assert after["brokers"]
+        assert not conn.closed and not reported
+    finally:
+        conn.close()
+
+
+async def test_closing_fails_every_pending_request(broker):
+    conn = await _connect(broker)
+    outcomes: list[tuple] = []
+    conn.send(ApiKey.METADATA, METADATA, lambda body, exc: outcomes.append((body, exc)))
+    waiting = asyncio.ensure_future(conn.request(ApiKey.METADATA, METADATA))
+    await asyncio.sleep(0)
+    conn.close()
+    results = await asyncio.wait_for(asyncio.gather(waiting, return_exceptions=True), 5)
+    assert "closed" in str(results[0])
+    assert len(outcomes) == 1 and outcomes[0][0] is None and "closed" in str(outcomes[0][1])
