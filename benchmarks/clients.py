@@ -116,16 +116,18 @@ def confluent_sync_run(args, data):
     latencies = []
     start = time.perf_counter()
     if args.scenario == "latency":
-        interval = 1 / args.rate
         for i, (key, value) in enumerate(data):
-            sent = start + i * interval
-            while (wait := sent - time.perf_counter()) > 0:
-                # poll() serves delivery reports as they arrive, waiting in whole
-                # milliseconds: poll(0.0005) would be poll(0), a loop spinning on a core.
+            while (wait := start + i / args.rate - time.perf_counter()) > 0:
+                # poll() waits in whole milliseconds: poll(0.0005) would be poll(0), a loop
+                # spinning on a core.
                 producer.poll(math.ceil(wait * 1000) / 1000)
-            producer.produce(args.topic, value, key, on_delivery=lambda err, msg, t=time.perf_counter():
-                             latencies.append(time.perf_counter() - t))
-            producer.poll(0)
+            acked: list[float] = []
+            sent = time.perf_counter()
+            producer.produce(args.topic, value, key,
+                             on_delivery=lambda err, msg: acked.append(time.perf_counter()))
+            while not acked:  # returns as soon as the delivery report is served
+                producer.poll(1)
+            latencies.append(acked[0] - sent)
     else:
         for key, value in data:
             while True:
@@ -181,25 +183,19 @@ async def concurrent(enqueue, send, flush, args, data):
 
 
 async def latency(enqueue, send, flush, args, data):
-    """args.rate records per second, each awaited: send -> ack latency."""
+    """Send -> ack latency at args.rate records a second, one record at a time: each is sent
+    at its slot, or when the previous one is acknowledged if that is later. Every client gets
+    this same pattern (confluent_sync_run does it with poll()): in an open loop, each
+    harness's timer granularity decided how often records queued behind each other."""
     latencies = []
     start = time.perf_counter()
-
-    async def one(key, value):
-        t = time.perf_counter()
-        await send(args.topic, value, key)
-        latencies.append(time.perf_counter() - t)
-
-    pending: set[asyncio.Task] = set()  # finished tasks are let go: the harness should not
-    for i, (key, value) in enumerate(data):  # hold 5,000 of them for the GC to walk
+    for i, (key, value) in enumerate(data):
         delay = start + i / args.rate - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
-        task = asyncio.ensure_future(one(key, value))
-        pending.add(task)
-        task.add_done_callback(pending.discard)
-    while pending:
-        await asyncio.gather(*pending)
+        sent = time.perf_counter()
+        await send(args.topic, value, key)
+        latencies.append(time.perf_counter() - sent)
     return time.perf_counter() - start, latencies
 
 
