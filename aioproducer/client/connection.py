@@ -2,10 +2,11 @@
 
 Requests of every kind share the socket: each gets a correlation id and a callback, and the
 response is handed to it straight from the socket's data callback, without a loop turn in
-between (a produce response reaches the tasks awaiting its records one turn after it arrives). Kafka answers the requests of one connection in order, so the
-oldest pending request always has the earliest deadline: a single timer per connection
-(armed for the oldest request) enforces `request_timeout_ms` for all of them, and a timeout
-closes the connection, failing everything on it as retriable, as the Java client does.
+between (so a produce response reaches the tasks awaiting its records one turn after it
+arrives). Kafka answers the requests of one connection in order, so the oldest pending
+request always has the earliest deadline: a single timer per connection (armed for the oldest
+request) enforces `request_timeout_ms` for all of them, and a timeout closes the connection,
+failing everything on it as retriable, as the Java client does.
 """
 
 from __future__ import annotations
@@ -301,7 +302,7 @@ class BrokerConnection(asyncio.Protocol):
                  exc: BaseException | None) -> None:
         try:
             entry.on_response(body, exc)
-        except Exception as error:  # a bug in the callback must not break this connection's framing
+        except Exception as error:  # a bug in a callback must not break the framing of the rest
             self._loop.call_exception_handler({
                 "message": f"{self!r}: error in the {entry.api_key.name} response callback",
                 "exception": error, "protocol": self})
