@@ -2,7 +2,9 @@
 
 The Java client keeps `batches` in a copy-on-write map because many threads append while the
 sender reads. Everything here runs on one event loop, so a plain dict of deques is enough:
-no locks, and an append that finds room in the open batch never suspends.
+no locks, and an append that finds room in the open batch never suspends. The dict holds only
+partitions with batches queued, so a sender round costs what is queued, not every partition
+the producer ever wrote to.
 """
 
 from __future__ import annotations
@@ -39,12 +41,13 @@ class RecordAccumulator:
         self._pool = pool
         self._txn = txn
         self._wake_sender = wake_sender
+        # The partitions with batches queued, least recently drained first (drain() moves a
+        # partition it took from to the end: no partition starves). Empty queues are removed.
         self._batches: dict[TopicPartition, deque[ProducerBatch]] = {}
         # Per topic, each partition's open batch and its writer, for appends without a tuple
         # key (enqueue_many's compiled loop reads them too). A batch leaves these lists when
         # it is closed for appends or leaves its queue.
         self._open: dict[str, tuple[list[ProducerBatch | None], list[BatchWriter | None]]] = {}
-        self._drain_start: dict[int, int] = {}
         self._batches_created = 0
         self.incomplete: set[ProducerBatch] = set()
         self.flushing = 0
@@ -135,8 +138,6 @@ class RecordAccumulator:
         unknown_leader = False
         drain_all = self.flushing > 0 or self.closing or self._pool.queued > 0
         for (topic, partition), queue in self._batches.items():
-            if not queue:
-                continue
             leader = cluster.leader_for(topic, partition)
             if leader < 0:
                 unknown_leader = True
@@ -160,28 +161,23 @@ class RecordAccumulator:
 
     def has_queued(self) -> bool:
         """Whether some batch waits to be drained."""
-        return any(self._batches.values())
+        return bool(self._batches)
 
     def drain(self, cluster: Cluster, nodes: Iterable[int], max_request_size: int,
               now: float) -> dict[int, list[ProducerBatch]]:
         """Take at most one batch per partition for each broker, up to `max_request_size`,
-        starting where the previous drain of that broker stopped (so no partition starves)."""
-        by_node: dict[int, list[deque[ProducerBatch]]] = {node: [] for node in nodes}
-        for (topic, partition), queue in self._batches.items():
-            if queue:
-                entries = by_node.get(cluster.leader_for(topic, partition))
-                if entries is not None:
-                    entries.append(queue)
+        partitions least recently drained first (so no partition starves)."""
+        by_node: dict[int, list[tuple[TopicPartition, deque[ProducerBatch]]]] = \
+            {node: [] for node in nodes}
+        for tp, queue in self._batches.items():
+            entries = by_node.get(cluster.leader_for(*tp))
+            if entries is not None:
+                entries.append((tp, queue))
         drained: dict[int, list[ProducerBatch]] = {}
         for node, queues in by_node.items():
-            if not queues:
-                continue
-            start = self._drain_start.get(node, 0) % len(queues)
-            self._drain_start[node] = start + 1
             size = 0
             batches: list[ProducerBatch] = []
-            for i in range(len(queues)):
-                queue = queues[(start + i) % len(queues)]
+            for tp, queue in queues:
                 batch = queue[0]
                 if batch.retry_at > now:
                     continue
@@ -190,6 +186,9 @@ class RecordAccumulator:
                 if batches and size + batch.writer.size > max_request_size:
                     break
                 queue.popleft()
+                del self._batches[tp]
+                if queue:
+                    self._batches[tp] = queue  # to the back of the line
                 if batch.attempts == 0:  # first send: no more appends; compress once
                     self._unlist(batch)
                     batch.writer.close(self._codec, self._compression_level)
@@ -221,16 +220,18 @@ class RecordAccumulator:
     def expire(self, now: float) -> list[ProducerBatch]:
         """Remove and return queued batches whose delivery_timeout_ms has passed."""
         expired: list[ProducerBatch] = []
-        for queue in self._batches.values():
+        for tp, queue in list(self._batches.items()):
             while queue and queue[0].deadline <= now:
                 batch = queue.popleft()
                 self._unlist(batch)
                 batch.writer.seal()
                 expired.append(batch)
+            if not queue:
+                del self._batches[tp]
         return expired
 
     def next_expiry(self) -> float:
-        return min((q[0].deadline for q in self._batches.values() if q), default=float("inf"))
+        return min((q[0].deadline for q in self._batches.values()), default=float("inf"))
 
     def finish(self, batch: ProducerBatch) -> None:
         """A batch has its final outcome: return its memory."""
@@ -240,7 +241,8 @@ class RecordAccumulator:
 
     def fail_all(self, exc: BaseException) -> None:
         """Fail every queued batch (the producer is closing without flushing, or broken)."""
-        for queue in self._batches.values():
+        queues, self._batches = self._batches, {}
+        for queue in queues.values():
             while queue:
                 batch = queue.popleft()
                 self._unlist(batch)
@@ -249,12 +251,10 @@ class RecordAccumulator:
                 self.finish(batch)
 
     def release_topic(self, topic: str) -> bool:
-        """Forget a topic's empty queues (its metadata is being dropped); False, forgetting
-        nothing, while it has batches queued or in flight."""
+        """Forget a topic (its metadata is being dropped); False, forgetting nothing, while
+        it has batches queued or in flight."""
         if any(batch.topic == topic for batch in self.incomplete):
             return False
-        for key in [k for k in self._batches if k[0] == topic]:
-            del self._batches[key]
         self._open.pop(topic, None)
         return True
 

@@ -1,0 +1,42 @@
+"""The accumulator's drain order: when a request has room for fewer batches than are ready,
+partitions are taken in turn, so none waits behind busier ones."""
+
+from __future__ import annotations
+
+from aioproducer.config import ProducerConfig
+from aioproducer.protocol.compression import Codec
+from aioproducer._internal.accumulator import RecordAccumulator
+from aioproducer._internal.buffer_pool import BufferPool
+
+
+class OneBroker:
+    """All drain() asks of the cluster: which broker leads a partition."""
+
+    def leader_for(self, topic: str, partition: int) -> int:
+        return 0
+
+
+async def test_partitions_are_drained_in_turn_and_none_starves():
+    config = ProducerConfig.from_kwargs(bootstrap_servers="127.0.0.1:9092", batch_size=100,
+                                        linger_ms=0, enable_idempotence=False)
+    accumulator = RecordAccumulator(config, BufferPool(config.buffer_memory), Codec.NONE,
+                                    None, lambda: None)
+    partitions = 4
+    for partition in range(partitions):  # three full batches queued for each partition
+        for _ in range(3):
+            await accumulator.append("t", partition, 0, None, b"v" * 90, None, partitions, 1.0)
+            accumulator.close_for_appends("t", partition)
+
+    order, numbers = [], []
+    for _ in range(3 * partitions):  # room for one batch per request
+        [batch] = accumulator.drain(OneBroker(), [0], max_request_size=1, now=0.0)[0]
+        order.append(batch.partition)
+        numbers.append(batch.number)
+    assert not accumulator.has_queued()
+    for turn in range(3):
+        taken = order[turn * partitions:(turn + 1) * partitions]
+        assert sorted(taken) == list(range(partitions)), f"drain order {order}"
+    # Within each partition, batches left in the order they were made.
+    for partition in range(partitions):
+        made = [n for p, n in zip(order, numbers) if p == partition]
+        assert made == sorted(made)
