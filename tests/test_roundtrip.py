@@ -104,14 +104,25 @@ async def test_many_concurrent_senders(broker, topic_factory):
     assert sorted(r.value for r in got) == sorted(b"%d-%d" % (w, i) for w in range(200) for i in range(20))
 
 
-async def test_serializers(broker, topic):
+async def test_serializers(broker, topic_factory):
     import json
 
+    serialized = []
+
+    def to_json(value):
+        serialized.append(value)
+        return json.dumps(value).encode()
+
     async with Producer(broker.bootstrap, key_serializer=str.encode,
-                        value_serializer=lambda v: json.dumps(v).encode()) as producer:
+                        value_serializer=to_json) as producer:
+        topic = topic_factory(1)  # created after the start: the producer has no metadata for it
+        # The first record waits for the topic's metadata: it is still serialized once.
         await producer.send(topic, {"id": 1}, key="user-1")
-    [record] = consume_all(broker.bootstrap, topic, expected=1)
-    assert (record.key, record.value) == (b"user-1", b'{"id": 1}')
+        await producer.send(topic, {"id": 2}, key="user-2")
+    assert serialized == [{"id": 1}, {"id": 2}]
+    records = consume_all(broker.bootstrap, topic, expected=2)
+    assert sorted((r.key, r.value) for r in records) == [
+        (b"user-1", b'{"id": 1}'), (b"user-2", b'{"id": 2}')]
 
 
 @pytest.mark.parametrize("acks", [0, 1, "all"])

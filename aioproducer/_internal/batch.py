@@ -64,6 +64,18 @@ class ProducerBatch:
     def record_count(self) -> int:
         return self.writer.count
 
+    def metadata(self, offset_delta: int, timestamp: int) -> RecordMetadata:
+        """A record's metadata, from its offset in the batch and its own timestamp (used
+        unless the topic stamps log-append times); raises the batch's failure if it failed,
+        InvalidStateError while pending."""
+        base_offset, log_append_time = self.future.result()
+        return _new_metadata(RecordMetadata, (
+            self.topic,
+            self.partition,
+            base_offset + offset_delta if base_offset >= 0 else -1,
+            log_append_time if log_append_time >= 0 else timestamp,
+        ))
+
     def waiter(self) -> asyncio.Future:
         """A future of its own for one awaiting task, done when the batch is: cancelling
         it (the task was cancelled) leaves the batch, which other records share, alone.
@@ -128,14 +140,7 @@ class RecordFuture:
 
     def result(self) -> RecordMetadata:
         """The metadata if acknowledged; raises the failure, or InvalidStateError if pending."""
-        batch = self._batch
-        base_offset, log_append_time = batch.future.result()
-        return _new_metadata(RecordMetadata, (
-            batch.topic,
-            batch.partition,
-            base_offset + self._offset_delta if base_offset >= 0 else -1,
-            log_append_time if log_append_time >= 0 else self._timestamp,
-        ))
+        return self._batch.metadata(self._offset_delta, self._timestamp)
 
     def exception(self) -> BaseException | None:
         return self._batch.future.exception()
@@ -227,12 +232,7 @@ class BulkMetadata(Sequence[RecordMetadata]):
         return self._item(index)
 
     def _item(self, index: int) -> RecordMetadata:
-        batch = self._batches[index]
-        base_offset, log_append_time = batch.future.result()
-        return RecordMetadata(
-            batch.topic, batch.partition,
-            base_offset + self._deltas[index] if base_offset >= 0 else -1,
-            log_append_time if log_append_time >= 0 else self._timestamp)
+        return self._batches[index].metadata(self._deltas[index], self._timestamp)
 
     def __iter__(self) -> Iterator[RecordMetadata]:
         return map(self._item, range(len(self._batches)))
