@@ -1,6 +1,6 @@
 """aioproducer side by side with aiokafka and confluent-kafka, in one run, on the embedded broker.
 
-    python benchmarks/run.py            # the full run (~6 minutes on 2 cores)
+    python benchmarks/run.py            # the full run (~5 minutes on 2 cores)
     python benchmarks/run.py --quick    # ~2 minutes
     python benchmarks/run.py --only per-record,latency
 
@@ -122,6 +122,16 @@ def median_range(values: list[float], fmt: str) -> str:
     return f"{format(med, fmt)} ({format(min(values), fmt)}–{format(max(values), fmt)})"
 
 
+def paired(ours: list[dict], peer: list[dict], key: str) -> str:
+    """Ratio of ours to the peer's run in the same round: median (min–max) over the rounds."""
+    ratios = [o[key] / p[key] for o, p in zip(ours, peer) if "error" not in o and "error" not in p]
+    if not ratios:
+        return "-"
+    med = statistics.median(ratios)
+    spread = f" ({min(ratios):.2f}–{max(ratios):.2f})" if len(ratios) > 1 else ""
+    return f"{med:.2f}x{spread}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer records, one repetition")
@@ -137,19 +147,28 @@ def main() -> None:
             import uvloop as _  # noqa: F401
         except ImportError:
             uvloop = False
-    rows = []
+    plan = []
     for scenario, client, records, extra in PLAN:
         if only and scenario not in only and client not in only:
             continue
         n = max(records // 5, 1000) if args.quick and scenario != "latency" else records
         if args.quick and scenario == "latency":
             n = 2000
-        runs = [run_one(scenario, client, n, extra, uvloop) for _ in range(repeat)]
-        good = [r for r in runs if "error" not in r]
-        errors = [r["error"] for r in runs if "error" in r]
+        plan.append((scenario, client, n, extra))
+    # Round after round, every client once per round: a shared host's speed drifts over a run,
+    # and this way the drift touches every client alike (the ratios below pair each round).
+    runs: list[list[dict]] = [[] for _ in plan]
+    for round_ in range(repeat):
+        for (scenario, client, n, extra), client_runs in zip(plan, runs):
+            result = run_one(scenario, client, n, extra, uvloop)
+            client_runs.append(result)
+            outcome = result.get("error") or f"{result['msgs_per_s']:,.0f} msgs/s"
+            print(f"round {round_ + 1}/{repeat}  {scenario:15} {client:15} {outcome}", flush=True)
+    rows = []
+    for (scenario, client, n, _), client_runs in zip(plan, runs):
+        good = [r for r in client_runs if "error" not in r]
+        errors = [r["error"] for r in client_runs if "error" in r]
         rows.append((scenario, client, n, good, errors))
-        print(f"{scenario:15} {client:15} {median_range([r['msgs_per_s'] for r in good], ',.0f')}"
-              f" msgs/s {'; '.join(errors)}", flush=True)
 
     versions = ", ".join(f"{p} {version(p)}" for p in ("aiokafka", "confluent-kafka")) + \
         f", aioproducer {version('aioproducer')}"
@@ -179,21 +198,24 @@ def main() -> None:
             f"| {scenario} | {client} | {n:,} | "
             f"{median_range([r['msgs_per_s'] for r in good], ',.0f')} | {med['mb_per_s']:.1f} | "
             f"{med['cpu_per_million']:.1f} | {latency} | {med['rss_mb']:.0f} |")
-    lines += ["", "Ratios (aioproducer / peer, same scenario): throughput, CPU per record, p99.", ""]
-    for (scenario, client), med in medians.items():
-        ours = medians.get((scenario, "aioproducer"))
+    lines += ["", "Ratios aioproducer / peer in the same round (median, and range over the rounds): "
+              "throughput, CPU per record, p99.", ""]
+    by_client = {(scenario, client): client_runs
+                 for (scenario, client, _, _), client_runs in zip(plan, runs)}
+    for (scenario, client), peer_runs in by_client.items():
+        ours = by_client.get((scenario, "aioproducer"))
         if client == "aioproducer" or ours is None:
             continue
-        parts = [f"throughput {ours['msgs_per_s'] / med['msgs_per_s']:.2f}x",
-                 f"CPU/record {ours['cpu_per_million'] / med['cpu_per_million']:.2f}x"]
-        if "p99_ms" in med and "p99_ms" in ours:
-            parts.append(f"p99 {ours['p99_ms'] / med['p99_ms']:.2f}x")
+        parts = [f"throughput {paired(ours, peer_runs, 'msgs_per_s')}",
+                 f"CPU/record {paired(ours, peer_runs, 'cpu_per_million')}"]
+        if "p99_ms" in medians.get((scenario, client), {}):
+            parts.append(f"p99 {paired(ours, peer_runs, 'p99_ms')}")
         lines.append(f"- {scenario}, vs {client}: " + ", ".join(parts))
-    off = medians.get(("per-record", "aioproducer"))
+    plain = by_client.get(("per-record", "aioproducer"))
     for variant in ("idempotence-on", "lz4"):
-        if off and (variant, "aioproducer") in medians:
-            ratio = medians[(variant, "aioproducer")]["msgs_per_s"] / off["msgs_per_s"]
-            lines.append(f"- aioproducer {variant} / plain per-record: throughput {ratio:.2f}x")
+        if plain and (variant, "aioproducer") in by_client:
+            lines.append(f"- aioproducer {variant} / plain per-record: throughput "
+                         f"{paired(by_client[(variant, 'aioproducer')], plain, 'msgs_per_s')}")
     report = "\n".join(lines) + "\n"
     out = ROOT / "benchmarks" / "results" / "latest.md"
     out.parent.mkdir(exist_ok=True)
