@@ -220,14 +220,14 @@ class RecordAccumulator:
     def expire(self, now: float) -> list[ProducerBatch]:
         """Remove and return queued batches whose delivery_timeout_ms has passed."""
         expired: list[ProducerBatch] = []
-        for tp, queue in list(self._batches.items()):
+        for queue in self._batches.values():
             while queue and queue[0].deadline <= now:
                 batch = queue.popleft()
                 self._unlist(batch)
                 batch.writer.seal()
                 expired.append(batch)
-            if not queue:
-                del self._batches[tp]
+        if expired:  # rare: the common round copies nothing (the order is kept)
+            self._batches = {tp: queue for tp, queue in self._batches.items() if queue}
         return expired
 
     def next_expiry(self) -> float:
