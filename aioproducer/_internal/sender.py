@@ -11,7 +11,7 @@ timeout, reconnect, metadata age) or until something wakes it.
 The requests are written last, after the round's bookkeeping and the next wake-up are set:
 the broker a write wakes can be scheduled on this process's core, and then it waits until
 the event loop goes idle. On the benchmark machine, 20 us of work after a write added 37 us to
-the round trip; writing last took 24 us off the median latency of a linger-0 send.
+the round trip; writing last took 22 us off the median latency of a linger-0 send.
 """
 
 from __future__ import annotations
