@@ -185,6 +185,30 @@ async def test_sender_failure_reaches_every_caller(broker, topic):
     gc.collect()
 
 
+async def test_connection_closed_as_a_request_is_written(broker, topic, monkeypatch):
+    """The sender writes a round's requests last: a connection that closed before its write
+    sends the batches back for a retry, and each record arrives once."""
+    from aioproducer.client.connection import BrokerConnection
+    from aioproducer.protocol.messages import ApiKey
+
+    original = BrokerConnection.send
+    closed_before_write = []
+
+    def send(self, api_key, body, on_response, **kwargs):
+        if api_key == ApiKey.PRODUCE and not closed_before_write:
+            closed_before_write.append(self.node_id)
+            self.close()  # then the write raises its KafkaConnectionError
+        return original(self, api_key, body, on_response, **kwargs)
+
+    monkeypatch.setattr(BrokerConnection, "send", send)
+    async with Producer(broker.bootstrap, linger_ms=0) as producer:
+        first = await asyncio.wait_for(producer.send(topic, b"first", partition=0), 15)
+        second = await asyncio.wait_for(producer.send(topic, b"second", partition=0), 15)
+    assert closed_before_write and (first.offset, second.offset) == (0, 1)
+    got = consume_all(broker.bootstrap, topic, expected=2)
+    assert [r.value for r in got] == [b"first", b"second"]
+
+
 async def test_cancelled_wait_for_metadata(broker, topic):
     async with Producer(broker.bootstrap, allow_auto_create_topics=False,
                         max_block_ms=10_000) as producer:
