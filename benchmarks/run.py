@@ -113,23 +113,19 @@ def cpu_model() -> str:
     return platform.machine()
 
 
-def median_range(values: list[float], fmt: str) -> str:
+def median_range(values: list[float], fmt: str, unit: str = "") -> str:
     if not values:
         return "-"
-    med = statistics.median(values)
+    med = format(statistics.median(values), fmt) + unit
     if len(values) == 1:
-        return format(med, fmt)
-    return f"{format(med, fmt)} ({format(min(values), fmt)}–{format(max(values), fmt)})"
+        return med
+    return f"{med} ({format(min(values), fmt)}–{format(max(values), fmt)})"
 
 
 def paired(ours: list[dict], peer: list[dict], key: str) -> str:
     """Ratio of ours to the peer's run in the same round: median (min–max) over the rounds."""
     ratios = [o[key] / p[key] for o, p in zip(ours, peer) if "error" not in o and "error" not in p]
-    if not ratios:
-        return "-"
-    med = statistics.median(ratios)
-    spread = f" ({min(ratios):.2f}–{max(ratios):.2f})" if len(ratios) > 1 else ""
-    return f"{med:.2f}x{spread}"
+    return median_range(ratios, ".2f", "x")
 
 
 def main() -> None:
