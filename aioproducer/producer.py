@@ -190,9 +190,9 @@ class Producer:
     def _release_topic(self, topic: str) -> bool:
         return self._accumulator is None or self._accumulator.release_topic(topic)
 
-    def _wake_sender(self) -> None:
+    def _wake_sender(self, new_batch: ProducerBatch | None = None) -> None:
         if self._sender is not None:
-            self._sender.wake()
+            self._sender.wake(new_batch)
 
     def __del__(self, _warn: Callable[..., None] = warnings.warn) -> None:
         if getattr(self, "_state", None) in ("started", "failed", "closing"):

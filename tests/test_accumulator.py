@@ -20,7 +20,7 @@ async def test_partitions_are_drained_in_turn_and_none_starves():
     config = ProducerConfig.from_kwargs(bootstrap_servers="127.0.0.1:9092", batch_size=100,
                                         linger_ms=0, enable_idempotence=False)
     accumulator = RecordAccumulator(config, BufferPool(config.buffer_memory), Codec.NONE,
-                                    None, lambda: None)
+                                    None, lambda batch: None)
     partitions = 4
     for partition in range(partitions):  # three full batches queued for each partition
         for _ in range(3):

@@ -158,6 +158,31 @@ async def test_idempotent_producer_writes_one_producer_id_with_contiguous_sequen
     assert values == [b"%05d" % i for i in range(3000)]
 
 
+@pytest.mark.parametrize("idempotence", [True, False])
+async def test_linger_0_idle_and_busy_sends_keep_one_order(broker, topic, idempotence):
+    """At linger_ms=0 an idle producer writes a new batch from send() itself, a busy one
+    gathers records in sender rounds: on the wire the records in the order sent (under one
+    producer id, sequences contiguous, when idempotent), and the busy stretch still batched."""
+    from tests.support.readback import fetch_raw_batches
+
+    async with Producer(broker.bootstrap, linger_ms=0, enable_idempotence=idempotence) as producer:
+        for i in range(20):  # one at a time: each finds the producer idle
+            await producer.send(topic, b"%03d" % i, partition=0)
+        await asyncio.gather(*(producer.send(topic, b"%03d" % i, partition=0)
+                               for i in range(20, 220)))
+        for i in range(220, 240):
+            await producer.send(topic, b"%03d" % i, partition=0)
+    batches = fetch_raw_batches(broker.bootstrap, topic, 0)
+    if idempotence:
+        assert len({b.producer_id for b in batches}) == 1 and batches[0].producer_id >= 0
+        expected_sequence = 0
+        for b in batches:
+            assert b.base_sequence == expected_sequence, f"sequence gap at offset {b.base_offset}"
+            expected_sequence += len(b.records)
+    assert [r[2] for b in batches for r in b.records] == [b"%03d" % i for i in range(240)]
+    assert len(batches) <= 60, f"{len(batches)} batches: the 200 concurrent sends were not batched"
+
+
 async def test_enqueue_many_round_trip(broker, topic_factory):
     topic = topic_factory(PARTITIONS)
     records = [(KEYS[i % len(KEYS)] if i % 3 else None, b"bulk-%d" % i) for i in range(30_000)]

@@ -31,7 +31,8 @@ class RecordAccumulator:
     """Per-partition queues of batches; the sender asks which are ready and drains them."""
 
     def __init__(self, config: ProducerConfig, pool: BufferPool, codec: Codec,
-                 txn: TransactionManager | None, wake_sender: Callable[[], None]) -> None:
+                 txn: TransactionManager | None,
+                 wake_sender: Callable[[ProducerBatch | None], None]) -> None:
         self._loop = asyncio.get_running_loop()
         self._batch_size = config.batch_size
         self._linger = config.linger_ms / 1000
@@ -40,6 +41,8 @@ class RecordAccumulator:
         self._codec = codec
         self._pool = pool
         self._txn = txn
+        # Called with each new batch (at linger_ms=0 the sender may write it at once), and
+        # with None when a queued batch became sendable.
         self._wake_sender = wake_sender
         # The partitions with batches queued, least recently drained first (drain() moves a
         # partition it took from to the end: no partition starves). Empty queues are removed.
@@ -90,7 +93,7 @@ class RecordAccumulator:
             return False
         open_[0][partition] = open_[1][partition] = None
         batch.full = True
-        self._wake_sender()
+        self._wake_sender(None)
         return True
 
     async def append(self, topic: str, partition: int, timestamp: int, key: bytes | None,
@@ -125,7 +128,7 @@ class RecordAccumulator:
         self.incomplete.add(batch)
         if self._txn is not None and self._txn.is_transactional:
             self._txn.add_partition(topic, partition)
-        self._wake_sender()  # a new linger deadline, or the previous batch is now full
+        self._wake_sender(batch)  # a new linger deadline, or the previous batch is now full
         return batch
 
     # -- the sender's side -----------------------------------------------------------------
@@ -185,20 +188,34 @@ class RecordAccumulator:
                     continue
                 if batches and size + batch.writer.size > max_request_size:
                     break
-                queue.popleft()
-                del self._batches[tp]
-                if queue:
-                    self._batches[tp] = queue  # to the back of the line
-                if batch.attempts == 0:  # first send: no more appends; compress once
-                    self._unlist(batch)
-                    batch.writer.close(self._codec, self._compression_level)
-                if self._txn is not None:
-                    self._txn.assign_sequence(batch)
+                self._take(tp, queue)
                 size += batch.writer.size
                 batches.append(batch)
             if batches:
                 drained[node] = batches
         return drained
+
+    def drain_lone(self, batch: ProducerBatch) -> bool:
+        """Drain `batch` if it is the only batch queued (a send on an idle producer at
+        linger_ms=0); False, taking nothing, otherwise."""
+        tp = (batch.topic, batch.partition)
+        queue = self._batches.get(tp)
+        if len(self._batches) != 1 or queue is None or len(queue) != 1:
+            return False
+        self._take(tp, queue)
+        return True
+
+    def _take(self, tp: TopicPartition, queue: deque[ProducerBatch]) -> None:
+        """Take the partition's first batch for a request."""
+        batch = queue.popleft()
+        del self._batches[tp]
+        if queue:
+            self._batches[tp] = queue  # to the back of the line
+        if batch.attempts == 0:  # first send: no more appends; compress once
+            self._unlist(batch)
+            batch.writer.close(self._codec, self._compression_level)
+        if self._txn is not None:
+            self._txn.assign_sequence(batch)
 
     def _unlist(self, batch: ProducerBatch) -> None:
         """The batch left its queue: it is no longer its partition's open batch."""
