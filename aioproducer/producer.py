@@ -296,17 +296,23 @@ class Producer:
         if size > self.config.buffer_memory:
             raise RecordTooLargeError(
                 f"a record of {size} bytes is larger than buffer_memory={self.config.buffer_memory}")
+        look_again = False  # whether a batch with room may be open after all
         if accumulator.close_for_appends(topic, partition):
             # Let the sender ship the full batch now, so a loop that never waits keeps the
             # broker busy instead of filling buffer_memory first. Yielding before appending
             # keeps enqueue() all or nothing: cancelled here, it has buffered nothing.
             await asyncio.sleep(0)
+            look_again = True  # others ran meanwhile
         if sticky:
             # The sticky partition's batch is full: move on to another partition (KIP-480).
             self._partitioner.on_new_batch(topic, count, partition)
             partition = self._partitioner.partition(topic, count)
-        batch = await accumulator.append(topic, partition, timestamp_ms, key, value, headers,
-                                         count, self._max_block)
+            look_again = True
+        batch = accumulator.try_append(topic, partition, timestamp_ms, key, value, headers) \
+            if look_again else None
+        if batch is None:
+            batch = await accumulator.append_in_new_batch(
+                topic, partition, timestamp_ms, key, value, headers, size, count, self._max_block)
         return batch, batch.writer.count - 1, timestamp_ms
 
     async def enqueue_many(self, topic: str,

@@ -7,6 +7,7 @@ from aioproducer.config import ProducerConfig
 from aioproducer.protocol.compression import Codec
 from aioproducer._internal.accumulator import RecordAccumulator
 from aioproducer._internal.buffer_pool import BufferPool
+from aioproducer.protocol.records import record_size_upper_bound
 
 
 class OneBroker:
@@ -22,9 +23,11 @@ async def test_partitions_are_drained_in_turn_and_none_starves():
     accumulator = RecordAccumulator(config, BufferPool(config.buffer_memory), Codec.NONE,
                                     None, lambda batch: None)
     partitions = 4
+    size = record_size_upper_bound(None, b"v" * 90, None)
     for partition in range(partitions):  # three full batches queued for each partition
         for _ in range(3):
-            await accumulator.append("t", partition, 0, None, b"v" * 90, None, partitions, 1.0)
+            await accumulator.append_in_new_batch("t", partition, 0, None, b"v" * 90, None,
+                                                  size, partitions, 1.0)
             accumulator.close_for_appends("t", partition)
 
     order, numbers = [], []

@@ -267,6 +267,23 @@ async def test_a_cancelled_enqueue_many_says_what_it_buffered(broker, topic):
     assert [r.value for r in got] == [value for _, value in records[:len(accepted)]]
 
 
+async def test_concurrent_appends_fill_batches(broker, topic):
+    # Tasks appending at once as batches fill up: the one that finds a batch full yields to
+    # let it go, and meanwhile others open the next batch; it must look again and append
+    # there, not open yet another batch and leave that one nearly empty.
+    from tests.support.readback import fetch_raw_batches
+
+    values = [b"%04d" % i + b"x" * 96 for i in range(800)]
+    async with Producer(broker.bootstrap, batch_size=1024, linger_ms=1000) as producer:
+        handles = await asyncio.gather(*(producer.enqueue(topic, v, partition=0) for v in values))
+        await producer.flush()
+        assert all(h.exception() is None for h in handles)
+    batches = fetch_raw_batches(broker.bootstrap, topic, 0)
+    sizes = [len(b.records) for b in batches]
+    assert sorted(r[2] for b in batches for r in b.records) == values
+    assert min(sizes[:-1]) == max(sizes), f"records per batch: {sizes}"
+
+
 async def test_a_sent_batch_takes_no_more_records(broker, topic):
     # Once a batch has gone to the broker, the next record for its partition opens a new batch
     # at once. It used to be taken for a full batch: every linger_ms=0 send woke the sender

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Callable, Iterable
 
 from ..errors import DeliveryTimeoutError
 from ..protocol.compression import Codec
-from ..protocol.records import BatchWriter, record_size_upper_bound
+from ..protocol.records import BatchWriter
 from .batch import ProducerBatch
 from .buffer_pool import BufferPool
 
@@ -96,15 +96,14 @@ class RecordAccumulator:
         self._wake_sender(None)
         return True
 
-    async def append(self, topic: str, partition: int, timestamp: int, key: bytes | None,
-                     value: bytes | None, headers: bytes | None, partitions: int,
-                     max_block: float) -> ProducerBatch:
-        """Append, opening a new batch (and waiting up to `max_block` for its memory) if
-        needed; returns the batch, whose last record this one is."""
-        batch = self.try_append(topic, partition, timestamp, key, value, headers)
-        if batch is not None:
-            return batch
-        size = max(self._batch_size, record_size_upper_bound(key, value, headers))
+    async def append_in_new_batch(self, topic: str, partition: int, timestamp: int,
+                                  key: bytes | None, value: bytes | None, headers: bytes | None,
+                                  record_size: int, partitions: int,
+                                  max_block: float) -> ProducerBatch:
+        """Open a batch for a record that try_append() found no room for (`record_size`: its
+        record_size_upper_bound), waiting up to `max_block` for the memory; returns the batch,
+        whose last record this one is."""
+        size = max(self._batch_size, record_size)
         if not self._pool.try_reserve(size):
             await self._pool.reserve(size, max_block)
             # Others may have opened a batch while we waited: use it and give the memory back.

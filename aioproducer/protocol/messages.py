@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 from ..errors import CorruptMessageError, UnsupportedVersionError
 from .primitives import Field as F
-from .primitives import Reader, compile_reader, compile_writer
+from .primitives import compile_reader, compile_writer, skip_tags
 
 
 class ApiKey(enum.IntEnum):
@@ -298,7 +298,7 @@ def encode_request(api_key: ApiKey, version: int, correlation_id: int, client_id
     if _flexible(api_key, version):
         parts.append(b"\x00")  # request header v2: no tagged fields
     _request_writer(api_key, version)(parts, body)
-    size = sum(len(p) for p in parts) + 8
+    size = sum(map(len, parts)) + 8
     parts[0] = _HEADER.pack(size, api_key, version, correlation_id)
     return b"".join(parts)
 
@@ -311,8 +311,7 @@ def response_correlation_id(frame: bytes | memoryview) -> int:
 
 def decode_response(api_key: ApiKey, version: int, frame: bytes | memoryview) -> dict[str, Any]:
     """The body of a response frame (the bytes after the size prefix)."""
-    reader = Reader(frame, 4)
+    position = 4  # after the correlation id
     if _flexible(api_key, version) and api_key != ApiKey.API_VERSIONS:
-        reader.skip_tags()  # response header v1
-    body = _response_reader(api_key, version)(reader)
-    return body
+        position = skip_tags(frame, position)  # response header v1
+    return _response_reader(api_key, version)(frame, position)  # type: ignore[no-any-return]

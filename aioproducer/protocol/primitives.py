@@ -98,7 +98,7 @@ class Field:
 
 
 Writer = Callable[[list, Any], None]
-ReaderFn = Callable[[Reader], Any]
+ReaderFn = Callable[[bytes | memoryview, int], Any]
 
 _LENGTH = {"string": "int16", "bytes": "int32", "records": "int32"}  # non-compact prefixes
 
@@ -214,16 +214,16 @@ def _default(f: Field, version: int) -> Any:
 
 
 def compile_reader(fields: Sequence[Field], version: int, flexible: bool) -> ReaderFn:
-    """A function that reads a struct into a dict with every field valid in `version`.
-    The generated code reads from local `data` and `pos`, one-byte varints (the common case)
-    inline; running off the end of the frame is a CorruptMessageError."""
+    """A function `(data, pos)` that reads a struct into a dict with every field valid in
+    `version`. The generated code reads from local `data` and `pos`, one-byte varints (the
+    common case) inline; running off the end of the frame is a CorruptMessageError."""
     src = _Source()
-    src.names.update(uvarint_at=_uvarint_at, skip_tags_at=_skip_tags_at,
+    src.names.update(uvarint_at=_uvarint_at, skip_tags=skip_tags,
                      struct_error=struct.error)
     function = _read_struct(src, fields, version, flexible)
-    src.emit(0, "def read(reader):")
+    src.emit(0, "def read(data, pos):")
     src.emit(1, "try:")
-    src.emit(2, f"body, reader.position = {function}(reader.data, reader.position)")
+    src.emit(2, f"body, _ = {function}(data, pos)")
     src.emit(1, "except (IndexError, struct_error):")
     src.emit(2, "raise CorruptMessageError('the frame ends in the middle of a field') from None")
     src.emit(1, "return body")
@@ -245,7 +245,7 @@ def _read_struct(src: _Source, fields: Sequence[Field], version: int, flexible: 
         items.append(f"{f.name!r}: {item}")
     if flexible:
         src.emit(1, "if data[pos]:")
-        src.emit(2, "pos = skip_tags_at(data, pos)")
+        src.emit(2, "pos = skip_tags(data, pos)")
         src.emit(1, "else:")
         src.emit(2, "pos += 1")
     src.emit(1, f"return {{{', '.join(items)}}}, pos")
@@ -314,7 +314,10 @@ def _uvarint_at(data: bytes | memoryview, pos: int) -> tuple[int, int]:
     return reader.uvarint(), reader.position
 
 
-def _skip_tags_at(data: bytes | memoryview, pos: int) -> int:
+def skip_tags(data: bytes | memoryview, pos: int) -> int:
+    """The position after the tagged-field section at `pos` (KIP-482), usually empty."""
+    if pos < len(data) and data[pos] == 0:
+        return pos + 1
     reader = Reader(data, pos)
     reader.skip_tags()
     return reader.position
