@@ -5,7 +5,7 @@ from __future__ import annotations
 from aioproducer import Producer
 from aioproducer.client.connection import BrokerConnection
 from aioproducer.protocol.messages import ApiKey
-from tests.support.readback import consume_all, fetch_raw_batches
+from tests.support.readback import assert_contiguous_sequences, consume_all, fetch_raw_batches
 
 
 async def test_epoch_bump_at_the_request_level(broker):
@@ -56,8 +56,5 @@ async def test_broker_forgetting_our_producer_id_loses_and_duplicates_nothing(br
         sessions.setdefault((batch.producer_id, batch.producer_epoch), []).append(batch)
     assert (original_id, 0) in sessions and len(sessions) == 2
     for batches in sessions.values():  # each session's sequences start at 0, without gaps
-        expected = 0
-        for batch in batches:
-            assert batch.base_sequence == expected
-            expected += len(batch.records)
+        assert_contiguous_sequences(batches)
     assert original_id + 1_000_000 not in {pid for pid, _ in sessions}  # recovered, not reused

@@ -9,7 +9,12 @@ import random
 import pytest
 
 from aioproducer import Producer, RecordMetadata
-from tests.support.readback import consume_all, partition_for_key_librdkafka
+from tests.support.readback import (
+    assert_contiguous_sequences,
+    consume_all,
+    fetch_raw_batches,
+    partition_for_key_librdkafka,
+)
 
 CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
 PARTITIONS = 6
@@ -140,8 +145,6 @@ async def test_acks_settings(broker, topic, acks):
 
 
 async def test_idempotent_producer_writes_one_producer_id_with_contiguous_sequences(broker, topic):
-    from tests.support.readback import fetch_raw_batches
-
     async with Producer(broker.bootstrap, batch_size=1024, linger_ms=1) as producer:
         for i in range(3000):
             await producer.enqueue(topic, b"%05d" % i)
@@ -149,13 +152,8 @@ async def test_idempotent_producer_writes_one_producer_id_with_contiguous_sequen
     batches = [b for b in fetch_raw_batches(broker.bootstrap, topic, 0) if not b.is_control]
     assert len(batches) > 10
     assert len({b.producer_id for b in batches}) == 1 and batches[0].producer_id >= 0
-    expected_sequence = 0
-    values = []
-    for b in batches:
-        assert b.base_sequence == expected_sequence
-        expected_sequence += len(b.records)
-        values += [r[2] for r in b.records]
-    assert values == [b"%05d" % i for i in range(3000)]
+    assert_contiguous_sequences(batches)
+    assert [r[2] for b in batches for r in b.records] == [b"%05d" % i for i in range(3000)]
 
 
 @pytest.mark.parametrize("idempotence", [True, False])
@@ -163,8 +161,6 @@ async def test_linger_0_idle_and_busy_sends_keep_one_order(broker, topic, idempo
     """At linger_ms=0 an idle producer writes a new batch from send() itself, a busy one
     gathers records in sender rounds: on the wire the records in the order sent (under one
     producer id, sequences contiguous, when idempotent), and the busy stretch still batched."""
-    from tests.support.readback import fetch_raw_batches
-
     async with Producer(broker.bootstrap, linger_ms=0, enable_idempotence=idempotence) as producer:
         for i in range(20):  # one at a time: each finds the producer idle
             await producer.send(topic, b"%03d" % i, partition=0)
@@ -175,10 +171,7 @@ async def test_linger_0_idle_and_busy_sends_keep_one_order(broker, topic, idempo
     batches = fetch_raw_batches(broker.bootstrap, topic, 0)
     if idempotence:
         assert len({b.producer_id for b in batches}) == 1 and batches[0].producer_id >= 0
-        expected_sequence = 0
-        for b in batches:
-            assert b.base_sequence == expected_sequence, f"sequence gap at offset {b.base_offset}"
-            expected_sequence += len(b.records)
+        assert_contiguous_sequences(batches)
     assert [r[2] for b in batches for r in b.records] == [b"%03d" % i for i in range(240)]
     assert len(batches) <= 60, f"{len(batches)} batches: the 200 concurrent sends were not batched"
 

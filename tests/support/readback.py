@@ -86,6 +86,14 @@ class RawBatch:
     records: list  # (offset, key, value, headers)
 
 
+def assert_contiguous_sequences(batches: list[RawBatch], context: str = "") -> None:
+    """One producer session's batches: base sequences start at 0 and leave no gap."""
+    expected = 0
+    for b in batches:
+        assert b.base_sequence == expected, f"{context}sequence gap at offset {b.base_offset}"
+        expected += len(b.records)
+
+
 def _fetch_v4(bootstrap: str, topic: str, partition: int, offset: int) -> tuple[int, bytes]:
     """One Fetch v4 request on a plain socket; returns (high watermark, records bytes)."""
     host, port = bootstrap.rsplit(":", 1)
