@@ -15,6 +15,10 @@ import pytest
 
 from aioproducer import _speedups
 from aioproducer._speedups import _py
+from aioproducer.errors import CorruptMessageError
+from aioproducer.protocol import messages
+from aioproducer.protocol.messages import ApiKey
+from aioproducer.protocol.primitives import compile_writer
 
 try:
     from aioproducer._speedups import _c
@@ -149,3 +153,115 @@ def test_append_many_outcomes(impl):
     assert (index, status, partition) == (0, impl.NEEDS_BATCH, 4)
     with pytest.raises(ValueError):
         impl.append_many([], 0, [None], [None, None], -1, -1, 0, [], bytearray())
+
+
+# -- the Produce codec: C for the common case, the generated codec for everything --------------
+
+PRODUCE_VERSIONS = range(messages.CLIENT_VERSIONS[ApiKey.PRODUCE][0],
+                         messages.CLIENT_VERSIONS[ApiKey.PRODUCE][1] + 1)
+
+
+def _random_produce_body(rng: random.Random) -> dict:
+    return {
+        "transactional_id": rng.choice([None, "", "txn-é" * rng.randrange(1, 40)]),
+        "acks": rng.choice([-1, 0, 1]),
+        "timeout_ms": rng.choice([0, 30_000, 2**31 - 1]),
+        "topic_data": [
+            {"name": rng.choice(["t", "tøpic-" * rng.randrange(1, 30)]),
+             "partition_data": [
+                 {"index": rng.choice([0, 5, 2**31 - 1]),
+                  "records": rng.choice([None, b"", rng.randbytes(rng.randrange(1, 300)),
+                                         rng.randbytes(rng.randrange(16_000, 40_000))])}
+                 for _ in range(rng.randrange(0, 4))]}
+            for _ in range(rng.randrange(0, 4))],
+    }
+
+
+def _random_produce_response(rng: random.Random) -> dict:
+    return {
+        "responses": [
+            {"name": rng.choice(["t", "tøpic-" * rng.randrange(1, 30)]),
+             "partition_responses": [
+                 {"index": rng.randrange(0, 2**31), "error_code": rng.choice([0, 0, 6, 87, -1]),
+                  "base_offset": rng.choice([-1, 0, 2**63 - 1]),
+                  "log_append_time_ms": rng.choice([-1, 2**41]),
+                  "log_start_offset": rng.choice([-1, 0, 2**40]),
+                  "record_errors": [], "error_message": rng.choice([None, "", "nöt leader"])}
+                 for _ in range(rng.randrange(0, 4))]}
+            for _ in range(rng.randrange(0, 3))],
+        "throttle_time_ms": rng.choice([0, 1, 2**31 - 1]),
+    }
+
+
+def _produce_response_frame(version: int, response: dict) -> bytes:
+    """The frame a broker would send (after the size prefix), by the generated writer."""
+    flexible = version >= messages.FLEXIBLE_FROM[ApiKey.PRODUCE]
+    parts = [b"\x00\x00\x00\x07" + (b"\x00" if flexible else b"")]  # correlation id, tags
+    compile_writer(messages._RESPONSES[ApiKey.PRODUCE], version, flexible)(parts, response)
+    return b"".join(parts)
+
+
+@needs_c
+@pytest.mark.parametrize("version", PRODUCE_VERSIONS)
+def test_produce_request_same_bytes_in_both(version):
+    rng = random.Random(version)
+    for _ in range(200):
+        body = _random_produce_body(rng)
+        client_id = rng.choice([None, "", "aioproducer-ü"])
+        frame = _c.encode_produce(version, 2**31 - 1, client_id, body)
+        assert frame == messages._encode_request(ApiKey.PRODUCE, version, 2**31 - 1, client_id,
+                                                 body)
+
+
+@needs_c
+@pytest.mark.parametrize("version", PRODUCE_VERSIONS)
+def test_produce_response_same_dict_in_both(version):
+    rng = random.Random(version)
+    for _ in range(200):
+        response = _random_produce_response(rng)
+        frame = _produce_response_frame(version, response)
+        body = _c.decode_produce(version, frame)
+        assert body == messages._decode_response(ApiKey.PRODUCE, version, frame)
+        assert [[p["base_offset"] for p in t["partition_responses"]] for t in body["responses"]] \
+            == [[p["base_offset"] for p in t["partition_responses"]]
+                for t in response["responses"]]
+        for end in range(len(frame)):  # cut short: the generated codec says what is wrong
+            assert _c.decode_produce(version, frame[:end]) is None
+
+
+@needs_c
+def test_produce_codec_leaves_uncommon_cases_to_python():
+    body = {"transactional_id": None, "acks": 1, "timeout_ms": 1000,
+            "topic_data": [{"name": "t", "partition_data": [{"index": 0, "records": b"x"}]}]}
+    assert _c.encode_produce(11, 1, "c", body) is not None
+    uncommon = [
+        (2, body), (12, body),  # versions it does not know
+        (11, {k: v for k, v in body.items() if k != "acks"}),  # a default to fill in
+        (11, dict(body, acks=True)), (11, dict(body, acks=1 << 15)),
+        (11, dict(body, topic_data=tuple(body["topic_data"]))),
+        (11, dict(body, topic_data=[{"name": "t", "partition_data": [
+            {"index": 0, "records": bytearray(b"x")}]}])),
+        (11, dict(body, transactional_id="\udc80")),  # cannot be encoded: Python says so
+    ]
+    for version, odd in uncommon:
+        assert _c.encode_produce(version, 1, "c", odd) is None, odd
+    with pytest.raises(UnicodeEncodeError):
+        messages.encode_request(ApiKey.PRODUCE, 11, 1, "c", uncommon[-1][1])
+
+    partition = {"index": 0, "error_code": 87, "base_offset": -1, "log_append_time_ms": -1,
+                 "log_start_offset": -1, "error_message": "invalid record",
+                 "record_errors": [{"batch_index": 3, "batch_index_error_message": "bad"}]}
+    response = {"responses": [{"name": "t", "partition_responses": [partition]}],
+                "throttle_time_ms": 0}
+    frame = _produce_response_frame(11, response)
+    assert _c.decode_produce(11, frame) is None  # record errors: read by Python
+    assert messages.decode_response(ApiKey.PRODUCE, 11, frame)["responses"][0][
+        "partition_responses"][0]["record_errors"] == partition["record_errors"]
+    tagged = frame[:-1] + b"\x01\x00\x01\x07"  # a tagged field in the body's last tag section
+    assert _c.decode_produce(11, tagged) is None
+    assert messages.decode_response(ApiKey.PRODUCE, 11, tagged)["throttle_time_ms"] == 0
+    bad_name = _produce_response_frame(8, {"responses": [{"name": "tt", "partition_responses": []}],
+                                           "throttle_time_ms": 0}).replace(b"tt", b"t\xff")
+    assert _c.decode_produce(8, bad_name) is None
+    with pytest.raises(CorruptMessageError, match="UTF-8"):
+        messages.decode_response(ApiKey.PRODUCE, 8, bad_name)

@@ -8,6 +8,11 @@
  *   murmur2(data) -> int                  Kafka's Utils.murmur2, signed 32-bit
  *   partition_for_key(key, n) -> int      toPositive(murmur2(key)) % n
  *   append_many(...)                      enqueue_many's loop: partition, append, remember
+ *   encode_produce(...) -> bytes | None   a whole Produce request frame
+ *   decode_produce(...) -> dict | None    a Produce response body
+ *
+ * The last two take only the common case (None: the generated codec in protocol/messages.py,
+ * which is their pure-Python twin, does it), and are checked against that codec.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -438,6 +443,411 @@ error:
     return NULL;
 }
 
+
+/* -- Produce requests and responses ------------------------------------------------------- */
+
+/* Versions 3 to 11, as protocol/messages.py declares them; flexible (KIP-482) from 9. Only
+ * what the sender writes and a healthy broker answers: anything else returns None and the
+ * generated codec, which knows every case and raises the right error, takes over. */
+
+#define PRODUCE_FIRST 3
+#define PRODUCE_LAST 11
+#define PRODUCE_FLEXIBLE 9
+
+static PyObject *s_transactional_id, *s_acks, *s_timeout_ms, *s_topic_data, *s_name,
+    *s_partition_data, *s_index, *s_records, *s_responses, *s_partition_responses,
+    *s_error_code, *s_base_offset, *s_log_append_time_ms, *s_log_start_offset,
+    *s_record_errors, *s_error_message, *s_throttle_time_ms;
+
+static inline int
+uvarint_size(uint64_t n)
+{
+    int size = 1;
+    while (n >= 0x80) {
+        n >>= 7;
+        size++;
+    }
+    return size;
+}
+
+static inline char *
+put_uvarint(char *out, uint64_t n)
+{
+    while (n >= 0x80) {
+        *out++ = (char)((n & 0x7f) | 0x80);
+        n >>= 7;
+    }
+    *out++ = (char)n;
+    return out;
+}
+
+static inline char *
+put_be(char *out, uint64_t n, int bytes)
+{
+    for (int i = bytes - 1; i >= 0; i--)
+        out[i] = (char)(n >> (8 * (bytes - 1 - i)));
+    return out + bytes;
+}
+
+/* Size of a length (or count) prefix: compact (uvarint of n + 1) or int16/int32. */
+static inline Py_ssize_t
+prefix_size(int flexible, Py_ssize_t n, int fixed)
+{
+    return flexible ? uvarint_size((uint64_t)(n + 1)) : fixed;
+}
+
+static inline char *
+put_prefix(char *out, int flexible, Py_ssize_t n, int fixed)
+{
+    return flexible ? put_uvarint(out, (uint64_t)(n + 1)) : put_be(out, (uint64_t)n, fixed);
+}
+
+/* The value at `key` of an exact dict, borrowed; NULL if it is missing or not a dict. */
+static inline PyObject *
+item(PyObject *dict, PyObject *key)
+{
+    return PyDict_CheckExact(dict) ? PyDict_GetItem(dict, key) : NULL;
+}
+
+/* A str's UTF-8 (cached by Python), or NULL without an exception if it is not an exact str. */
+static inline const char *
+utf8(PyObject *obj, Py_ssize_t *length)
+{
+    if (obj == NULL || !PyUnicode_CheckExact(obj))
+        return NULL;
+    const char *data = PyUnicode_AsUTF8AndSize(obj, length);
+    if (data == NULL)
+        PyErr_Clear();
+    return data;
+}
+
+static inline int
+int_in(PyObject *obj, long long low, long long high, long long *out)
+{
+    if (obj == NULL || !PyLong_CheckExact(obj))
+        return 0;
+    int overflow;
+    *out = PyLong_AsLongLongAndOverflow(obj, &overflow);
+    return !overflow && *out >= low && *out <= high;
+}
+
+/* Walks the body twice: to check it and add up the size, then to write it. */
+static Py_ssize_t
+produce_body(PyObject *body, int version, char *out)
+{
+    int flexible = version >= PRODUCE_FLEXIBLE;
+    Py_ssize_t size = 0, length;
+    long long acks, timeout;
+    PyObject *txn = item(body, s_transactional_id), *topics = item(body, s_topic_data);
+    if (txn == NULL || !int_in(item(body, s_acks), -32768, 32767, &acks) ||
+        !int_in(item(body, s_timeout_ms), INT32_MIN, INT32_MAX, &timeout) ||
+        topics == NULL || !PyList_CheckExact(topics))
+        return -1;
+    if (txn == Py_None) {
+        size += flexible ? 1 : 2;
+        if (out) out = flexible ? put_uvarint(out, 0) : put_be(out, (uint64_t)-1, 2);
+    } else {
+        const char *id = utf8(txn, &length);
+        if (id == NULL || length > 32767)
+            return -1;
+        size += prefix_size(flexible, length, 2) + length;
+        if (out) {
+            out = put_prefix(out, flexible, length, 2);
+            memcpy(out, id, length);
+            out += length;
+        }
+    }
+    Py_ssize_t topic_count = PyList_GET_SIZE(topics);
+    size += 2 + 4 + prefix_size(flexible, topic_count, 4);
+    if (out) {
+        out = put_be(out, (uint64_t)acks, 2);
+        out = put_be(out, (uint64_t)timeout, 4);
+        out = put_prefix(out, flexible, topic_count, 4);
+    }
+    for (Py_ssize_t t = 0; t < topic_count; t++) {
+        PyObject *topic = PyList_GET_ITEM(topics, t);
+        const char *name = utf8(item(topic, s_name), &length);
+        PyObject *partitions = item(topic, s_partition_data);
+        if (name == NULL || length > 32767 || partitions == NULL ||
+            !PyList_CheckExact(partitions))
+            return -1;
+        Py_ssize_t partition_count = PyList_GET_SIZE(partitions);
+        size += prefix_size(flexible, length, 2) + length +
+                prefix_size(flexible, partition_count, 4) + flexible;
+        if (out) {
+            out = put_prefix(out, flexible, length, 2);
+            memcpy(out, name, length);
+            out += length;
+            out = put_prefix(out, flexible, partition_count, 4);
+        }
+        for (Py_ssize_t p = 0; p < partition_count; p++) {
+            PyObject *partition = PyList_GET_ITEM(partitions, p);
+            PyObject *records = item(partition, s_records);
+            long long index;
+            if (!int_in(item(partition, s_index), INT32_MIN, INT32_MAX, &index) ||
+                records == NULL || (records != Py_None && !PyBytes_CheckExact(records)))
+                return -1;
+            Py_ssize_t records_length = records == Py_None ? -1 : PyBytes_GET_SIZE(records);
+            if (records_length > INT32_MAX - 1)
+                return -1;
+            size += 4 + (flexible ? uvarint_size((uint64_t)(records_length + 1)) : 4) +
+                    (records_length > 0 ? records_length : 0) + flexible;
+            if (out) {
+                out = put_be(out, (uint64_t)index, 4);
+                out = put_prefix(out, flexible, records_length, 4);
+                if (records_length > 0) {
+                    memcpy(out, PyBytes_AS_STRING(records), records_length);
+                    out += records_length;
+                }
+                if (flexible) *out++ = 0;  /* no tagged fields */
+            }
+        }
+        if (out && flexible) *out++ = 0;
+    }
+    size += flexible;
+    if (out && flexible) *out++ = 0;
+    return size;
+}
+
+static PyObject *
+py_encode_produce(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError,
+                        "encode_produce(version, correlation_id, client_id, body)");
+        return NULL;
+    }
+    long long version, correlation_id;
+    Py_ssize_t client_length = -1;
+    const char *client = NULL;
+    if (!int_in(args[0], PRODUCE_FIRST, PRODUCE_LAST, &version) ||
+        !int_in(args[1], INT32_MIN, INT32_MAX, &correlation_id))
+        Py_RETURN_NONE;
+    if (args[2] != Py_None && ((client = utf8(args[2], &client_length)) == NULL ||
+                               client_length > 32767))
+        Py_RETURN_NONE;
+    int flexible = version >= PRODUCE_FLEXIBLE;
+    Py_ssize_t body_size = produce_body(args[3], (int)version, NULL);
+    if (body_size < 0)
+        Py_RETURN_NONE;
+    /* size, api key, version, correlation id, client id, header tags */
+    Py_ssize_t header_size = 4 + 2 + 2 + 4 + 2 + (client_length > 0 ? client_length : 0) +
+                             flexible;
+    if (header_size + body_size - 4 > INT32_MAX)
+        Py_RETURN_NONE;
+    PyObject *frame = PyBytes_FromStringAndSize(NULL, header_size + body_size);
+    if (frame == NULL)
+        return NULL;
+    char *out = PyBytes_AS_STRING(frame);
+    out = put_be(out, (uint64_t)(header_size + body_size - 4), 4);
+    out = put_be(out, 0, 2);  /* ApiKey.PRODUCE */
+    out = put_be(out, (uint64_t)version, 2);
+    out = put_be(out, (uint64_t)correlation_id, 4);
+    out = put_be(out, (uint64_t)client_length, 2);
+    if (client_length > 0) {
+        memcpy(out, client, client_length);
+        out += client_length;
+    }
+    if (flexible) *out++ = 0;
+    if (produce_body(args[3], (int)version, out) != body_size) {  /* the body changed */
+        Py_DECREF(frame);
+        Py_RETURN_NONE;
+    }
+    return frame;
+}
+
+typedef struct {
+    const unsigned char *data;
+    Py_ssize_t pos, end;
+} Cursor;
+
+/* Each read returns 0 when the frame ends first or holds what only the generated codec
+ * takes (which then raises the right error or reads the rare field). */
+static inline int
+read_be(Cursor *c, int bytes, int64_t *out)
+{
+    if (c->end - c->pos < bytes)
+        return 0;
+    uint64_t n = 0;
+    for (int i = 0; i < bytes; i++)
+        n = n << 8 | c->data[c->pos + i];
+    c->pos += bytes;
+    int shift = 64 - 8 * bytes;
+    *out = (int64_t)(n << shift) >> shift;  /* sign-extend */
+    return 1;
+}
+
+/* A length or count: compact (uvarint minus one) or int16/int32; -1 is null. */
+static inline int
+read_length(Cursor *c, int flexible, int fixed, int64_t *out)
+{
+    if (!flexible)
+        return read_be(c, fixed, out);
+    uint64_t n = 0;
+    for (int shift = 0; shift < 35; shift += 7) {
+        if (c->pos >= c->end)
+            return 0;
+        unsigned char byte = c->data[c->pos++];
+        n |= (uint64_t)(byte & 0x7f) << shift;
+        if (!(byte & 0x80)) {
+            *out = (int64_t)n - 1;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* No tagged fields here (a healthy response has none): the byte that says so. */
+static inline int
+read_no_tags(Cursor *c, int flexible)
+{
+    if (!flexible)
+        return 1;
+    if (c->pos >= c->end || c->data[c->pos] != 0)
+        return 0;
+    c->pos++;
+    return 1;
+}
+
+/* A string, or None if `nullable` and null; NULL without an exception when it cannot. */
+static PyObject *
+read_string(Cursor *c, int flexible, int nullable)
+{
+    int64_t length;
+    if (!read_length(c, flexible, 2, &length) || length < -1 || (length == -1 && !nullable) ||
+        length > c->end - c->pos)
+        return NULL;
+    if (length == -1)
+        Py_RETURN_NONE;
+    PyObject *s = PyUnicode_DecodeUTF8((const char *)c->data + c->pos, length, NULL);
+    if (s == NULL)
+        PyErr_Clear();
+    c->pos += length;
+    return s;
+}
+
+static int
+set_int(PyObject *dict, PyObject *key, int64_t value)
+{
+    PyObject *n = PyLong_FromLongLong(value);
+    if (n == NULL)
+        return -1;
+    int result = PyDict_SetItem(dict, key, n);
+    Py_DECREF(n);
+    return result;
+}
+
+/* One partition's response into a new dict; NULL: error set, or (none set) not for us. */
+static PyObject *
+read_partition(Cursor *c, int version)
+{
+    int flexible = version >= PRODUCE_FLEXIBLE;
+    int64_t index, error_code, base_offset, log_append_time, log_start_offset = 0;
+    if (!read_be(c, 4, &index) || !read_be(c, 2, &error_code) ||
+        !read_be(c, 8, &base_offset) || !read_be(c, 8, &log_append_time) ||
+        (version >= 5 && !read_be(c, 8, &log_start_offset)))
+        return NULL;
+    PyObject *message = NULL;
+    if (version >= 8) {
+        int64_t record_errors;
+        if (!read_length(c, flexible, 4, &record_errors) || record_errors != 0 ||
+            (message = read_string(c, flexible, 1)) == NULL)
+            return NULL;
+    }
+    PyObject *p = NULL;
+    if (!read_no_tags(c, flexible) || (p = PyDict_New()) == NULL)
+        goto done;
+    if (set_int(p, s_index, index) < 0 || set_int(p, s_error_code, error_code) < 0 ||
+        set_int(p, s_base_offset, base_offset) < 0 ||
+        set_int(p, s_log_append_time_ms, log_append_time) < 0 ||
+        (version >= 5 && set_int(p, s_log_start_offset, log_start_offset) < 0))
+        goto fail;
+    if (version >= 8) {
+        PyObject *none = PyList_New(0);
+        if (none == NULL || PyDict_SetItem(p, s_record_errors, none) < 0) {
+            Py_XDECREF(none);
+            goto fail;
+        }
+        Py_DECREF(none);
+        if (PyDict_SetItem(p, s_error_message, message) < 0)
+            goto fail;
+    }
+    goto done;
+fail:
+    Py_CLEAR(p);
+done:
+    Py_XDECREF(message);
+    return p;
+}
+
+/* A list of `read` results; NULL as for read_partition. */
+static PyObject *
+read_array(Cursor *c, int version, PyObject *(*read)(Cursor *, int))
+{
+    int64_t count;
+    if (!read_length(c, version >= PRODUCE_FLEXIBLE, 4, &count) || count < 0 ||
+        count > c->end - c->pos)
+        return NULL;
+    PyObject *list = PyList_New((Py_ssize_t)count);
+    if (list == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *element = read(c, version);
+        if (element == NULL) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, i, element);
+    }
+    return list;
+}
+
+static PyObject *
+read_topic(Cursor *c, int version)
+{
+    int flexible = version >= PRODUCE_FLEXIBLE;
+    PyObject *name = read_string(c, flexible, 0), *partitions = NULL, *topic = NULL;
+    if (name == NULL || (partitions = read_array(c, version, read_partition)) == NULL ||
+        !read_no_tags(c, flexible) || (topic = PyDict_New()) == NULL)
+        goto done;
+    if (PyDict_SetItem(topic, s_name, name) < 0 ||
+        PyDict_SetItem(topic, s_partition_responses, partitions) < 0)
+        Py_CLEAR(topic);
+done:
+    Py_XDECREF(name);
+    Py_XDECREF(partitions);
+    return topic;
+}
+
+static PyObject *
+py_decode_produce(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "decode_produce(version, frame)");
+        return NULL;
+    }
+    long long version;
+    if (!int_in(args[0], PRODUCE_FIRST, PRODUCE_LAST, &version) || !PyBytes_CheckExact(args[1]))
+        Py_RETURN_NONE;
+    int flexible = version >= PRODUCE_FLEXIBLE;
+    Cursor c = {(const unsigned char *)PyBytes_AS_STRING(args[1]), 4, PyBytes_GET_SIZE(args[1])};
+    int64_t throttle;
+    PyObject *topics = NULL, *body = NULL;
+    if (c.end < 4 || !read_no_tags(&c, flexible) ||  /* response header v1's tags */
+        (topics = read_array(&c, (int)version, read_topic)) == NULL ||
+        !read_be(&c, 4, &throttle) || !read_no_tags(&c, flexible) ||
+        (body = PyDict_New()) == NULL)
+        goto done;
+    if (PyDict_SetItem(body, s_responses, topics) < 0 ||
+        set_int(body, s_throttle_time_ms, throttle) < 0)
+        Py_CLEAR(body);
+done:
+    Py_XDECREF(topics);
+    if (body == NULL && !PyErr_Occurred())
+        Py_RETURN_NONE;
+    return body;
+}
+
 /* -- the module --------------------------------------------------------------------------- */
 
 static PyMethodDef module_methods[] = {
@@ -456,6 +866,14 @@ static PyMethodDef module_methods[] = {
      "when its partition has no writer or the writer is full, 2 (NEEDS_PYTHON) when it is not\n"
      "a tuple of bytes or None (or is keyless and `sticky` is -1); 0 (DONE) when every record\n"
      "was appended. `index` is that record's (or len(records))."},
+    {"encode_produce", (PyCFunction)(void (*)(void))py_encode_produce, METH_FASTCALL,
+     "encode_produce(version, correlation_id, client_id, body) -> bytes | None\n\n"
+     "A Produce request frame (size prefix included) as protocol/messages.py's encode_request\n"
+     "writes it, or None when the body is not the common case the sender builds."},
+    {"decode_produce", (PyCFunction)(void (*)(void))py_decode_produce, METH_FASTCALL,
+     "decode_produce(version, frame) -> dict | None\n\n"
+     "A Produce response's body as protocol/messages.py's decode_response reads it, or None\n"
+     "when the frame is short, malformed or holds record errors or tagged fields."},
     {NULL}
 };
 
@@ -469,6 +887,20 @@ PyInit__c(void)
 {
     if (PyType_Ready(&RecordWriterType) < 0)
         return NULL;
+    struct { PyObject **name; const char *text; } names[] = {
+        {&s_transactional_id, "transactional_id"}, {&s_acks, "acks"},
+        {&s_timeout_ms, "timeout_ms"}, {&s_topic_data, "topic_data"}, {&s_name, "name"},
+        {&s_partition_data, "partition_data"}, {&s_index, "index"}, {&s_records, "records"},
+        {&s_responses, "responses"}, {&s_partition_responses, "partition_responses"},
+        {&s_error_code, "error_code"}, {&s_base_offset, "base_offset"},
+        {&s_log_append_time_ms, "log_append_time_ms"},
+        {&s_log_start_offset, "log_start_offset"}, {&s_record_errors, "record_errors"},
+        {&s_error_message, "error_message"}, {&s_throttle_time_ms, "throttle_time_ms"},
+    };
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+        if (*names[i].name == NULL &&
+            (*names[i].name = PyUnicode_InternFromString(names[i].text)) == NULL)
+            return NULL;
     PyObject *module = PyModule_Create(&module_def);
     if (module == NULL)
         return NULL;

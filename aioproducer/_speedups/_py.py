@@ -169,3 +169,15 @@ def append_many(records: list, start: int, batches: list, writers: list, partiti
         out_batches.append(batches[p])
         out_deltas += pack(writer.count - 1)
     return len(records), DONE, -1
+
+
+def encode_produce(version: int, correlation_id: int, client_id: str | None,
+                   body: dict) -> bytes | None:
+    """The C module writes common Produce requests in one call; here None leaves every one
+    to the generated codec of protocol/messages.py, which is the pure-Python twin."""
+    return None
+
+
+def decode_produce(version: int, frame: bytes) -> dict | None:
+    """As encode_produce, for Produce responses."""
+    return None

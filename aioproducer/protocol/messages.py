@@ -13,6 +13,7 @@ import struct
 from functools import lru_cache
 from typing import Any, Mapping
 
+from .._speedups import decode_produce, encode_produce
 from ..errors import CorruptMessageError, UnsupportedVersionError
 from .primitives import Field as F
 from .primitives import compile_reader, compile_writer, skip_tags
@@ -288,6 +289,16 @@ def _response_reader(api_key: ApiKey, version: int):  # type: ignore[no-untyped-
 def encode_request(api_key: ApiKey, version: int, correlation_id: int, client_id: str | None,
                    body: Mapping[str, Any]) -> bytes:
     """A whole request frame, size prefix included."""
+    if api_key == ApiKey.PRODUCE:  # in C for what the sender writes, when compiled
+        frame = encode_produce(version, correlation_id, client_id, body)
+        if frame is not None:
+            return frame
+    return _encode_request(api_key, version, correlation_id, client_id, body)
+
+
+def _encode_request(api_key: ApiKey, version: int, correlation_id: int, client_id: str | None,
+                    body: Mapping[str, Any]) -> bytes:
+    """encode_request() by the generated codec: every request, every case."""
     parts: list[bytes] = [b""]
     if client_id is None:
         parts.append(_INT16.pack(-1))
@@ -311,6 +322,15 @@ def response_correlation_id(frame: bytes | memoryview) -> int:
 
 def decode_response(api_key: ApiKey, version: int, frame: bytes | memoryview) -> dict[str, Any]:
     """The body of a response frame (the bytes after the size prefix)."""
+    if api_key == ApiKey.PRODUCE:  # in C for a healthy broker's answer, when compiled
+        body = decode_produce(version, frame)
+        if body is not None:
+            return body
+    return _decode_response(api_key, version, frame)
+
+
+def _decode_response(api_key: ApiKey, version: int, frame: bytes | memoryview) -> dict[str, Any]:
+    """decode_response() by the generated codec: every response, every case."""
     position = 4  # after the correlation id
     if _flexible(api_key, version) and api_key != ApiKey.API_VERSIONS:
         position = skip_tags(frame, position)  # response header v1
