@@ -84,7 +84,12 @@ def test_record_writer_same_bytes(limit):
             assert c.try_append(*record) == py.try_append(*record)
             assert (c.count, c.size, c.max_timestamp) == (py.count, py.size, py.max_timestamp)
         assert c.base_timestamp == py.base_timestamp == base
-        assert c.seal() == py.seal()
+        records = c.seal()
+        assert records == py.seal()
+        for payload in (records, rng.randbytes(rng.randrange(0, 500))):  # as sent or compressed
+            header = (rng.choice([0, 1, 4, 0x14]), rng.choice([-1, 0, 2**63 - 1]),
+                      rng.choice([-1, 0, 32767]), rng.choice([-1, 0, 2**31 - 1]))
+            assert c.frame(payload, *header) == py.frame(payload, *header)
         # Sealed: no more appends, and nothing changes.
         assert not c.try_append(base, None, b"x", None)
         assert not py.try_append(base, None, b"x", None)

@@ -4,7 +4,8 @@
  * runs when this module cannot be built (or AIOPRODUCER_PURE_PYTHON=1); the test suite checks
  * that both produce the same bytes and partitions. Keep the two in step.
  *
- *   RecordWriter(base_timestamp, limit)   records of one RecordBatch v2, encoded on append
+ *   RecordWriter(base_timestamp, limit)   records of one RecordBatch v2, encoded on append,
+ *                                         and the batch's header
  *   murmur2(data) -> int                  Kafka's Utils.murmur2, signed 32-bit
  *   partition_for_key(key, n) -> int      toPositive(murmur2(key)) % n
  *   append_many(...)                      enqueue_many's loop: partition, append, remember
@@ -119,6 +120,14 @@ put_varint(char *out, int64_t n)
     }
     *out++ = (char)z;
     return out;
+}
+
+static inline char *
+put_be(char *out, uint64_t n, int bytes)
+{
+    for (int i = bytes - 1; i >= 0; i--)
+        out[i] = (char)(n >> (8 * (bytes - 1 - i)));
+    return out + bytes;
 }
 
 /* -- RecordWriter ------------------------------------------------------------------------- */
@@ -306,6 +315,84 @@ writer_seal(RecordWriter *self, PyObject *unused)
     return records;
 }
 
+
+static PyObject *crc32c_function;  /* crc32c.crc32c of the dependency: hardware CRC-32C */
+
+/* int64 `obj` in [low, high], or -1 with an exception set (-1 is also a valid value). */
+static long long
+ranged(PyObject *obj, long long low, long long high, const char *name)
+{
+    long long n = PyLong_AsLongLong(obj);
+    if (n == -1 && PyErr_Occurred())
+        return -1;
+    if (n < low || n > high) {
+        PyErr_Format(PyExc_OverflowError, "%s is out of range", name);
+        return -1;
+    }
+    return n;
+}
+
+static PyObject *
+writer_frame(RecordWriter *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "frame(payload, attributes, producer_id, "
+                        "producer_epoch, base_sequence)");
+        return NULL;
+    }
+    if (!PyBytes_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "frame() takes the payload as bytes");
+        return NULL;
+    }
+    long long attributes = ranged(args[1], -32768, 32767, "attributes");
+    if (attributes == -1 && PyErr_Occurred())
+        return NULL;
+    long long producer_id = ranged(args[2], INT64_MIN, INT64_MAX, "producer_id");
+    if (producer_id == -1 && PyErr_Occurred())
+        return NULL;
+    long long epoch = ranged(args[3], -32768, 32767, "producer_epoch");
+    if (epoch == -1 && PyErr_Occurred())
+        return NULL;
+    long long base_sequence = ranged(args[4], INT32_MIN, INT32_MAX, "base_sequence");
+    if (base_sequence == -1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t payload = PyBytes_GET_SIZE(args[0]);
+    if (payload > INT32_MAX - BATCH_HEADER_SIZE) {
+        PyErr_SetString(PyExc_OverflowError, "the batch is too large");
+        return NULL;
+    }
+    PyObject *frame = PyBytes_FromStringAndSize(NULL, BATCH_HEADER_SIZE + payload);
+    if (frame == NULL)
+        return NULL;
+    char *out = PyBytes_AS_STRING(frame);
+    put_be(out, 0, 8);                                            /* base offset */
+    put_be(out + 8, BATCH_HEADER_SIZE - 12 + payload, 4);         /* batch length */
+    put_be(out + 12, (uint64_t)-1, 4);                            /* leader epoch */
+    out[16] = 2;                                                  /* magic */
+    put_be(out + 21, (uint64_t)attributes, 2);
+    put_be(out + 23, (uint64_t)(self->count - 1), 4);             /* last offset delta */
+    put_be(out + 27, (uint64_t)self->base_timestamp, 8);
+    put_be(out + 35, (uint64_t)self->max_timestamp, 8);
+    put_be(out + 43, (uint64_t)producer_id, 8);
+    put_be(out + 51, (uint64_t)epoch, 2);
+    put_be(out + 53, (uint64_t)base_sequence, 4);
+    put_be(out + 57, (uint64_t)self->count, 4);
+    memcpy(out + BATCH_HEADER_SIZE, PyBytes_AS_STRING(args[0]), payload);
+    /* The CRC covers attributes to the end, contiguous here: one call. */
+    PyObject *view = PyMemoryView_FromMemory(out + 21, BATCH_HEADER_SIZE - 21 + payload,
+                                             PyBUF_READ);
+    PyObject *crc = view ? PyObject_CallOneArg(crc32c_function, view) : NULL;
+    Py_XDECREF(view);
+    unsigned long value = crc ? PyLong_AsUnsignedLong(crc) : (unsigned long)-1;
+    Py_XDECREF(crc);
+    if (PyErr_Occurred()) {
+        Py_DECREF(frame);
+        return NULL;
+    }
+    put_be(out + 17, value, 4);
+    return frame;
+}
+
 static PyMethodDef writer_methods[] = {
     {"try_append", (PyCFunction)(void (*)(void))writer_try_append, METH_FASTCALL,
      "try_append(timestamp, key, value, headers) -> bool\n\n"
@@ -313,6 +400,10 @@ static PyMethodDef writer_methods[] = {
      "always fits). `headers` is the encoded header section, or None for no headers."},
     {"seal", (PyCFunction)writer_seal, METH_NOARGS,
      "seal() -> bytes: no more appends; the encoded records."},
+    {"frame", (PyCFunction)(void (*)(void))writer_frame, METH_FASTCALL,
+     "frame(payload, attributes, producer_id, producer_epoch, base_sequence) -> bytes\n\n"
+     "The RecordBatch v2 as it goes on the wire: the 61-byte header (count and timestamps\n"
+     "from this writer, CRC-32C) and `payload`, the sealed records as sent (compressed or not)."},
     {NULL}
 };
 
@@ -479,14 +570,6 @@ put_uvarint(char *out, uint64_t n)
     }
     *out++ = (char)n;
     return out;
-}
-
-static inline char *
-put_be(char *out, uint64_t n, int bytes)
-{
-    for (int i = bytes - 1; i >= 0; i--)
-        out[i] = (char)(n >> (8 * (bytes - 1 - i)));
-    return out + bytes;
 }
 
 /* Size of a length (or count) prefix: compact (uvarint of n + 1) or int16/int32. */
@@ -887,6 +970,15 @@ PyInit__c(void)
 {
     if (PyType_Ready(&RecordWriterType) < 0)
         return NULL;
+    if (crc32c_function == NULL) {
+        PyObject *crc32c = PyImport_ImportModule("crc32c");
+        if (crc32c == NULL)
+            return NULL;
+        crc32c_function = PyObject_GetAttrString(crc32c, "crc32c");
+        Py_DECREF(crc32c);
+        if (crc32c_function == NULL)
+            return NULL;
+    }
     struct { PyObject **name; const char *text; } names[] = {
         {&s_transactional_id, "transactional_id"}, {&s_acks, "acks"},
         {&s_timeout_ms, "timeout_ms"}, {&s_topic_data, "topic_data"}, {&s_name, "name"},

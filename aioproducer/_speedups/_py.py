@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import struct
 
+import crc32c
+
 from ..protocol.primitives import encode_varint as _varint
 
 HEADER_SIZE = 61
@@ -15,7 +17,9 @@ DONE, NEEDS_BATCH, NEEDS_PYTHON = 0, 1, 2
 
 _M = 0x5BD1E995
 _MASK = 0xFFFFFFFF
-_DELTA = struct.Struct("=i")  # an offset delta, native int32 as the C module writes
+_DELTA = struct.Struct("=i")
+_HEADER = struct.Struct(">qiibIhiqqqhii")  # RecordBatch v2, from base_offset to the count
+_CRC_FROM = 21  # the CRC covers attributes .. end  # an offset delta, native int32 as the C module writes
 
 # Lengths, offset deltas and small timestamp deltas hit this table: one list index instead of
 # a loop per varint.
@@ -129,6 +133,20 @@ class RecordWriter:
         records = bytes(self._buffer or b"")
         self._buffer = None
         return records
+
+    def frame(self, payload: bytes, attributes: int, producer_id: int, producer_epoch: int,
+              base_sequence: int) -> bytes:
+        """The RecordBatch v2 as it goes on the wire: the 61-byte header (count and
+        timestamps from this writer, CRC-32C) and `payload`, the sealed records as sent
+        (compressed or not)."""
+        header = bytearray(_HEADER.pack(
+            0, HEADER_SIZE - 12 + len(payload), -1, 2, 0, attributes, self.count - 1,
+            self.base_timestamp, self.max_timestamp, producer_id, producer_epoch,
+            base_sequence, self.count))
+        crc = crc32c.crc32c(payload, crc32c.crc32c(header[_CRC_FROM:]))
+        struct.pack_into(">I", header, 17, crc)
+        header += payload
+        return bytes(header)
 
 
 def append_many(records: list, start: int, batches: list, writers: list, partition: int,

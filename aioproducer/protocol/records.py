@@ -58,15 +58,8 @@ class BatchWriter(RecordWriter):
         """The batch as it goes on the wire (after close()); may be called again for a retry."""
         payload = self._payload
         assert payload is not None, "close() the batch before encoding it"
-        attributes = int(self._codec) | (_TRANSACTIONAL if transactional else 0)
-        header = bytearray(_HEADER.pack(
-            0, HEADER_SIZE - 12 + len(payload), -1, 2, 0, attributes, self.count - 1,
-            self.base_timestamp, self.max_timestamp, producer_id, producer_epoch,
-            base_sequence, self.count))
-        crc = crc32c.crc32c(payload, crc32c.crc32c(header[_CRC_FROM:]))
-        struct.pack_into(">I", header, 17, crc)
-        header += payload
-        return bytes(header)
+        attributes = (self._codec | _TRANSACTIONAL) if transactional else self._codec
+        return self.frame(payload, attributes, producer_id, producer_epoch, base_sequence)
 
 
 def encode_headers(headers: Headers) -> bytes:
