@@ -7,6 +7,7 @@ tests hold both to the same bytes and partitions: change one, change the other.
 from __future__ import annotations
 
 import struct
+from typing import Any, Mapping
 
 import crc32c
 
@@ -190,12 +191,12 @@ def append_many(records: list, start: int, batches: list, writers: list, partiti
 
 
 def encode_produce(version: int, correlation_id: int, client_id: str | None,
-                   body: dict) -> bytes | None:
+                   body: Mapping[str, Any]) -> bytes | None:
     """The C module writes common Produce requests in one call; here None leaves every one
     to the generated codec of protocol/messages.py, which is the pure-Python twin."""
     return None
 
 
-def decode_produce(version: int, frame: bytes) -> dict | None:
+def decode_produce(version: int, frame: bytes | memoryview) -> dict[str, Any] | None:
     """As encode_produce, for Produce responses."""
     return None
