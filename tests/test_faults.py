@@ -262,6 +262,26 @@ async def test_slow_network_is_only_slow(proxied_broker):
     assert len(consume_all(cluster.broker.bootstrap, "slow", expected=2000)) == 2000
 
 
+async def test_responses_cut_anywhere_are_read(proxied_broker):
+    """Responses arriving in 7-byte pieces (frames cut anywhere, the end of one with the start
+    of the next), several in one read, or one by one are read alike: every send is
+    acknowledged once, in order."""
+    cluster = proxied_broker
+    cluster.create_topic("pieces", 1)
+    async with Producer(cluster.bootstrap, linger_ms=0, request_timeout_ms=10_000,
+                        max_in_flight_requests_per_connection=5) as producer:
+        results = []
+        for piece in (7, 1000, None):
+            cluster.proxy.split(piece)
+            results += await asyncio.wait_for(asyncio.gather(
+                *(producer.send("pieces", b"%d-%d" % (piece or 0, i)) for i in range(30))), 60)
+            results.append(await asyncio.wait_for(producer.send("pieces", b"alone"), 10))
+    cluster.proxy.split(None)
+    offsets = [m.offset for m in results]
+    assert offsets == list(range(len(results))), offsets  # each acked once, in order
+    assert len(consume_all(cluster.broker.bootstrap, "pieces", expected=93)) == 93
+
+
 async def test_without_idempotence_delivery_is_at_least_once(proxied_broker):
     """Idempotence off: through cuts nothing acked is lost; duplicates are possible (and
     documented), so they are counted, not forbidden."""

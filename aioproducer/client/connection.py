@@ -260,6 +260,12 @@ class BrokerConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         buffer = self._buffer
+        if not buffer and len(data) >= 4:
+            # The usual case, one whole response in one read: no copy through the buffer.
+            (size,) = _SIZE.unpack_from(data)
+            if size == len(data) - 4 and size >= 4:
+                self._handle_frame(data[4:])
+                return
         buffer += data
         start = 0
         end = len(buffer)

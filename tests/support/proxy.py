@@ -30,6 +30,7 @@ class FaultProxy:
         self._refusing = False
         self._cut_after: tuple[int, str] | None = None
         self._rate: float | None = None
+        self._split: int | None = None
 
     def start(self) -> "FaultProxy":
         self._thread.start()
@@ -74,6 +75,12 @@ class FaultProxy:
             for client, _ in list(self._pairs):
                 client.write(os.urandom(64))
         self._loop.call_soon_threadsafe(send)
+
+    def split(self, n_bytes: int | None) -> None:
+        """Forward what the broker sends gathered for 2 ms, then cut in pieces of `n_bytes`,
+        each written on its own (None: as it comes): the client reads frames cut anywhere, the
+        end of one with the start of the next, or several whole ones in one read."""
+        self._split = n_bytes
 
     def throttle(self, bytes_per_s: float | None) -> None:
         self._rate = bytes_per_s
@@ -121,6 +128,8 @@ class FaultProxy:
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                     direction: str, pair: tuple) -> None:
         while True:
+            if direction == "down" and self._split:
+                await asyncio.sleep(0.002)  # the read below takes all that came meanwhile
             data = await reader.read(65536)
             if not data:
                 break
@@ -141,5 +150,9 @@ class FaultProxy:
                 await asyncio.sleep(len(data) / self._rate)
             if pair not in self._pairs:
                 return
-            writer.write(data)
-            await writer.drain()
+            step = self._split if direction == "down" and self._split else len(data)
+            for start in range(0, len(data), step):
+                writer.write(data[start:start + step])
+                await writer.drain()
+                if step < len(data):
+                    await asyncio.sleep(0.0005)  # the client's read takes this piece alone
