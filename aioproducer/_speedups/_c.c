@@ -315,7 +315,6 @@ writer_seal(RecordWriter *self, PyObject *unused)
     return records;
 }
 
-
 static PyObject *crc32c_function;  /* crc32c.crc32c of the dependency: hardware CRC-32C */
 
 /* int64 `obj` in [low, high], or -1 with an exception set (-1 is also a valid value). */
@@ -614,35 +613,37 @@ int_in(PyObject *obj, long long low, long long high, long long *out)
     return !overflow && *out >= low && *out <= high;
 }
 
-/* Walks the body twice: to check it and add up the size, then to write it. */
+/* Walks the body twice: to check it and add up its size (out == NULL), then to write it
+ * into [out, end). Each part is checked against the room left: only the sender's plain
+ * dicts come here, but a dict lookup may run a foreign key's __eq__, which could change the
+ * body between the walks. Returns the size, or -1 for None (the generated codec). */
 static Py_ssize_t
-produce_body(PyObject *body, int version, char *out)
+produce_body(PyObject *body, int version, char *out, const char *end)
 {
     int flexible = version >= PRODUCE_FLEXIBLE;
-    Py_ssize_t size = 0, length;
+    Py_ssize_t size = 0, part, length;
     long long acks, timeout;
     PyObject *txn = item(body, s_transactional_id), *topics = item(body, s_topic_data);
     if (txn == NULL || !int_in(item(body, s_acks), -32768, 32767, &acks) ||
         !int_in(item(body, s_timeout_ms), INT32_MIN, INT32_MAX, &timeout) ||
         topics == NULL || !PyList_CheckExact(topics))
         return -1;
-    if (txn == Py_None) {
-        size += flexible ? 1 : 2;
-        if (out) out = flexible ? put_uvarint(out, 0) : put_be(out, (uint64_t)-1, 2);
-    } else {
-        const char *id = utf8(txn, &length);
-        if (id == NULL || length > 32767)
+    const char *id = NULL;
+    length = -1;
+    if (txn != Py_None && ((id = utf8(txn, &length)) == NULL || length > 32767))
+        return -1;
+    Py_ssize_t topic_count = PyList_GET_SIZE(topics);
+    part = prefix_size(flexible, length, 2) + (length > 0 ? length : 0) + 2 + 4 +
+           prefix_size(flexible, topic_count, 4);
+    size += part;
+    if (out) {
+        if (end - out < part)
             return -1;
-        size += prefix_size(flexible, length, 2) + length;
-        if (out) {
-            out = put_prefix(out, flexible, length, 2);
+        out = put_prefix(out, flexible, length, 2);  /* -1: null */
+        if (length > 0) {
             memcpy(out, id, length);
             out += length;
         }
-    }
-    Py_ssize_t topic_count = PyList_GET_SIZE(topics);
-    size += 2 + 4 + prefix_size(flexible, topic_count, 4);
-    if (out) {
         out = put_be(out, (uint64_t)acks, 2);
         out = put_be(out, (uint64_t)timeout, 4);
         out = put_prefix(out, flexible, topic_count, 4);
@@ -655,9 +656,12 @@ produce_body(PyObject *body, int version, char *out)
             !PyList_CheckExact(partitions))
             return -1;
         Py_ssize_t partition_count = PyList_GET_SIZE(partitions);
-        size += prefix_size(flexible, length, 2) + length +
-                prefix_size(flexible, partition_count, 4) + flexible;
+        part = prefix_size(flexible, length, 2) + length +
+               prefix_size(flexible, partition_count, 4);
+        size += part;
         if (out) {
+            if (end - out < part)
+                return -1;
             out = put_prefix(out, flexible, length, 2);
             memcpy(out, name, length);
             out += length;
@@ -673,11 +677,14 @@ produce_body(PyObject *body, int version, char *out)
             Py_ssize_t records_length = records == Py_None ? -1 : PyBytes_GET_SIZE(records);
             if (records_length > INT32_MAX - 1)
                 return -1;
-            size += 4 + (flexible ? uvarint_size((uint64_t)(records_length + 1)) : 4) +
-                    (records_length > 0 ? records_length : 0) + flexible;
+            part = 4 + prefix_size(flexible, records_length, 4) +
+                   (records_length > 0 ? records_length : 0) + flexible;
+            size += part;
             if (out) {
+                if (end - out < part)
+                    return -1;
                 out = put_be(out, (uint64_t)index, 4);
-                out = put_prefix(out, flexible, records_length, 4);
+                out = put_prefix(out, flexible, records_length, 4);  /* -1: null */
                 if (records_length > 0) {
                     memcpy(out, PyBytes_AS_STRING(records), records_length);
                     out += records_length;
@@ -685,10 +692,19 @@ produce_body(PyObject *body, int version, char *out)
                 if (flexible) *out++ = 0;  /* no tagged fields */
             }
         }
-        if (out && flexible) *out++ = 0;
+        size += flexible;
+        if (out && flexible) {
+            if (end - out < 1)
+                return -1;
+            *out++ = 0;
+        }
     }
     size += flexible;
-    if (out && flexible) *out++ = 0;
+    if (out && flexible) {
+        if (end - out < 1)
+            return -1;
+        *out++ = 0;
+    }
     return size;
 }
 
@@ -710,7 +726,7 @@ py_encode_produce(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                                client_length > 32767))
         Py_RETURN_NONE;
     int flexible = version >= PRODUCE_FLEXIBLE;
-    Py_ssize_t body_size = produce_body(args[3], (int)version, NULL);
+    Py_ssize_t body_size = produce_body(args[3], (int)version, NULL, NULL);
     if (body_size < 0)
         Py_RETURN_NONE;
     /* size, api key, version, correlation id, client id, header tags */
@@ -732,7 +748,7 @@ py_encode_produce(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         out += client_length;
     }
     if (flexible) *out++ = 0;
-    if (produce_body(args[3], (int)version, out) != body_size) {  /* the body changed */
+    if (produce_body(args[3], (int)version, out, out + body_size) != body_size) {  /* changed */
         Py_DECREF(frame);
         Py_RETURN_NONE;
     }
@@ -846,12 +862,12 @@ read_partition(Cursor *c, int version)
         (version >= 5 && set_int(p, s_log_start_offset, log_start_offset) < 0))
         goto fail;
     if (version >= 8) {
-        PyObject *none = PyList_New(0);
-        if (none == NULL || PyDict_SetItem(p, s_record_errors, none) < 0) {
-            Py_XDECREF(none);
+        PyObject *empty = PyList_New(0);
+        if (empty == NULL || PyDict_SetItem(p, s_record_errors, empty) < 0) {
+            Py_XDECREF(empty);
             goto fail;
         }
-        Py_DECREF(none);
+        Py_DECREF(empty);
         if (PyDict_SetItem(p, s_error_message, message) < 0)
             goto fail;
     }
