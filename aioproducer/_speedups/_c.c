@@ -99,27 +99,37 @@ zigzag(int64_t n)
 }
 
 static inline int
-varint_size(int64_t n)
+uvarint_size(uint64_t n)
 {
-    uint64_t z = zigzag(n);
     int size = 1;
-    while (z >= 0x80) {
-        z >>= 7;
+    while (n >= 0x80) {
+        n >>= 7;
         size++;
     }
     return size;
 }
 
 static inline char *
+put_uvarint(char *out, uint64_t n)
+{
+    while (n >= 0x80) {
+        *out++ = (char)((n & 0x7f) | 0x80);
+        n >>= 7;
+    }
+    *out++ = (char)n;
+    return out;
+}
+
+static inline int
+varint_size(int64_t n)
+{
+    return uvarint_size(zigzag(n));
+}
+
+static inline char *
 put_varint(char *out, int64_t n)
 {
-    uint64_t z = zigzag(n);
-    while (z >= 0x80) {
-        *out++ = (char)((z & 0x7f) | 0x80);
-        z >>= 7;
-    }
-    *out++ = (char)z;
-    return out;
+    return put_uvarint(out, zigzag(n));
 }
 
 static inline char *
@@ -548,28 +558,6 @@ static PyObject *s_transactional_id, *s_acks, *s_timeout_ms, *s_topic_data, *s_n
     *s_partition_data, *s_index, *s_records, *s_responses, *s_partition_responses,
     *s_error_code, *s_base_offset, *s_log_append_time_ms, *s_log_start_offset,
     *s_record_errors, *s_error_message, *s_throttle_time_ms;
-
-static inline int
-uvarint_size(uint64_t n)
-{
-    int size = 1;
-    while (n >= 0x80) {
-        n >>= 7;
-        size++;
-    }
-    return size;
-}
-
-static inline char *
-put_uvarint(char *out, uint64_t n)
-{
-    while (n >= 0x80) {
-        *out++ = (char)((n & 0x7f) | 0x80);
-        n >>= 7;
-    }
-    *out++ = (char)n;
-    return out;
-}
 
 /* Size of a length (or count) prefix: compact (uvarint of n + 1) or int16/int32. */
 static inline Py_ssize_t
