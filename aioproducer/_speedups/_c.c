@@ -327,20 +327,6 @@ writer_seal(RecordWriter *self, PyObject *unused)
 
 static PyObject *crc32c_function;  /* crc32c.crc32c of the dependency: hardware CRC-32C */
 
-/* int64 `obj` in [low, high], or -1 with an exception set (-1 is also a valid value). */
-static long long
-ranged(PyObject *obj, long long low, long long high, const char *name)
-{
-    long long n = PyLong_AsLongLong(obj);
-    if (n == -1 && PyErr_Occurred())
-        return -1;
-    if (n < low || n > high) {
-        PyErr_Format(PyExc_OverflowError, "%s is out of range", name);
-        return -1;
-    }
-    return n;
-}
-
 static PyObject *
 writer_frame(RecordWriter *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -353,18 +339,22 @@ writer_frame(RecordWriter *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "frame() takes the payload as bytes");
         return NULL;
     }
-    long long attributes = ranged(args[1], -32768, 32767, "attributes");
-    if (attributes == -1 && PyErr_Occurred())
-        return NULL;
-    long long producer_id = ranged(args[2], INT64_MIN, INT64_MAX, "producer_id");
-    if (producer_id == -1 && PyErr_Occurred())
-        return NULL;
-    long long epoch = ranged(args[3], -32768, 32767, "producer_epoch");
-    if (epoch == -1 && PyErr_Occurred())
-        return NULL;
-    long long base_sequence = ranged(args[4], INT32_MIN, INT32_MAX, "base_sequence");
-    if (base_sequence == -1 && PyErr_Occurred())
-        return NULL;
+    static const struct { long long low, high; const char *name; } fields[4] = {
+        {-32768, 32767, "attributes"}, {INT64_MIN, INT64_MAX, "producer_id"},
+        {-32768, 32767, "producer_epoch"}, {INT32_MIN, INT32_MAX, "base_sequence"},
+    };
+    long long value[4];
+    for (int i = 0; i < 4; i++) {
+        value[i] = PyLong_AsLongLong(args[i + 1]);
+        if (value[i] == -1 && PyErr_Occurred())
+            return NULL;
+        if (value[i] < fields[i].low || value[i] > fields[i].high) {
+            PyErr_Format(PyExc_OverflowError, "%s is out of range", fields[i].name);
+            return NULL;
+        }
+    }
+    long long attributes = value[0], producer_id = value[1], epoch = value[2],
+              base_sequence = value[3];
     Py_ssize_t payload = PyBytes_GET_SIZE(args[0]);
     if (payload > INT32_MAX - BATCH_HEADER_SIZE) {
         PyErr_SetString(PyExc_OverflowError, "the batch is too large");
@@ -392,13 +382,13 @@ writer_frame(RecordWriter *self, PyObject *const *args, Py_ssize_t nargs)
                                              PyBUF_READ);
     PyObject *crc = view ? PyObject_CallOneArg(crc32c_function, view) : NULL;
     Py_XDECREF(view);
-    unsigned long value = crc ? PyLong_AsUnsignedLong(crc) : (unsigned long)-1;
+    unsigned long checksum = crc ? PyLong_AsUnsignedLong(crc) : (unsigned long)-1;
     Py_XDECREF(crc);
     if (PyErr_Occurred()) {
         Py_DECREF(frame);
         return NULL;
     }
-    put_be(out + 17, value, 4);
+    put_be(out + 17, checksum, 4);
     return frame;
 }
 
