@@ -18,9 +18,9 @@ DONE, NEEDS_BATCH, NEEDS_PYTHON = 0, 1, 2
 
 _M = 0x5BD1E995
 _MASK = 0xFFFFFFFF
-_DELTA = struct.Struct("=i")
+_DELTA = struct.Struct("=i")  # an offset delta, native int32 as the C module writes
 _HEADER = struct.Struct(">qiibIhiqqqhii")  # RecordBatch v2, from base_offset to the count
-_CRC_FROM = 21  # the CRC covers attributes .. end  # an offset delta, native int32 as the C module writes
+_CRC_FROM = 21  # the CRC covers attributes .. end
 
 # Lengths, offset deltas and small timestamp deltas hit this table: one list index instead of
 # a loop per varint.
