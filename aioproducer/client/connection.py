@@ -260,17 +260,15 @@ class BrokerConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         buffer = self._buffer
-        if not buffer and len(data) >= 4:
-            # The usual case, one whole response in one read: no copy through the buffer.
-            (size,) = _SIZE.unpack_from(data)
-            if size == len(data) - 4 and size >= 4:
-                self._handle_frame(data[4:])
-                return
-        buffer += data
+        if buffer:  # a frame started in an earlier read
+            buffer += data
+            source: bytes | bytearray = buffer
+        else:  # the usual case: whole frames, sliced straight from the read's bytes
+            source = data
         start = 0
-        end = len(buffer)
+        end = len(source)
         while end - start >= 4:
-            (size,) = _SIZE.unpack_from(buffer, start)
+            (size,) = _SIZE.unpack_from(source, start)
             if size < 4 or size > _MAX_RESPONSE_BYTES:
                 self.close(CorruptMessageError(
                     f"{self.address} sent a frame of {size} bytes: it does not speak the Kafka "
@@ -278,13 +276,15 @@ class BrokerConnection(asyncio.Protocol):
                 return
             if end - start - 4 < size:
                 break
-            frame = bytes(buffer[start + 4:start + 4 + size])
+            frame = bytes(source[start + 4:start + 4 + size])  # no second copy of a bytes slice
             start += 4 + size
             self._handle_frame(frame)
             if self._close_exc is not None:
                 return
-        if start:
+        if source is buffer:
             del buffer[:start]
+        elif start < end:
+            buffer += memoryview(data)[start:]
 
     def _handle_frame(self, frame: bytes) -> None:
         correlation_id = response_correlation_id(frame)
