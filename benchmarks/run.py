@@ -87,7 +87,10 @@ def run_one(scenario: str, client: str, records: int, extra: list[str], uvloop: 
             return {"error": "timed out"}
         if done.returncode:
             return {"error": done.stderr.strip().splitlines()[-1] if done.stderr else "failed"}
-        result = json.loads(done.stdout.strip().splitlines()[-1])
+        try:
+            result = json.loads(done.stdout.strip().splitlines()[-1])
+        except (IndexError, ValueError):  # seen once in ~100 runs: a cut-off line
+            return {"error": f"unreadable result ({len(done.stdout)} characters on stdout)"}
         counted = count_back(broker.bootstrap, topic, records)
     if counted != records:
         return {"error": f"counted {counted} of {records} records back"}
