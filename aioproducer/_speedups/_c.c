@@ -68,13 +68,21 @@ py_murmur2(PyObject *module, PyObject *arg)
     return PyLong_FromLong(h);
 }
 
+/* METH_FASTCALL's argument count: 0 and a TypeError naming the arguments if it is wrong. */
+static inline int
+takes_args(Py_ssize_t nargs, Py_ssize_t expected, const char *usage)
+{
+    if (nargs == expected)
+        return 1;
+    PyErr_SetString(PyExc_TypeError, usage);
+    return 0;
+}
+
 static PyObject *
 py_partition_for_key(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "partition_for_key(key, num_partitions)");
+    if (!takes_args(nargs, 2, "partition_for_key(key, num_partitions)"))
         return NULL;
-    }
     Py_ssize_t partitions = PyLong_AsSsize_t(args[1]);
     if (partitions == -1 && PyErr_Occurred())
         return NULL;
@@ -283,10 +291,8 @@ release_optional(OptionalBytes *b)
 static PyObject *
 writer_try_append(RecordWriter *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "try_append(timestamp, key, value, headers)");
+    if (!takes_args(nargs, 4, "try_append(timestamp, key, value, headers)"))
         return NULL;
-    }
     long long timestamp = PyLong_AsLongLong(args[0]);
     if (timestamp == -1 && PyErr_Occurred())
         return NULL;
@@ -330,11 +336,9 @@ static PyObject *crc32c_function;  /* crc32c.crc32c of the dependency: hardware 
 static PyObject *
 writer_frame(RecordWriter *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "frame(payload, attributes, producer_id, "
-                        "producer_epoch, base_sequence)");
+    if (!takes_args(nargs, 5, "frame(payload, attributes, producer_id, "
+                    "producer_epoch, base_sequence)"))
         return NULL;
-    }
     if (!PyBytes_Check(args[0])) {
         PyErr_SetString(PyExc_TypeError, "frame() takes the payload as bytes");
         return NULL;
@@ -435,11 +439,9 @@ enum { DONE = 0, NEEDS_BATCH = 1, NEEDS_PYTHON = 2 };
 static PyObject *
 py_append_many(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 9) {
-        PyErr_SetString(PyExc_TypeError, "append_many(records, start, batches, writers, "
-                        "partition, sticky, timestamp, out_batches, out_deltas)");
+    if (!takes_args(nargs, 9, "append_many(records, start, batches, writers, "
+                    "partition, sticky, timestamp, out_batches, out_deltas)"))
         return NULL;
-    }
     PyObject *records = args[0], *batches = args[2], *writers = args[3];
     PyObject *out_batches = args[7], *out_deltas = args[8];
     Py_ssize_t start, fixed, sticky;
@@ -591,6 +593,18 @@ int_in(PyObject *obj, long long low, long long high, long long *out)
     return !overflow && *out >= low && *out <= high;
 }
 
+/* The empty tagged-field section that ends a struct in flexible versions; 0: no room. */
+static inline int
+put_no_tags(char **out, const char *end, int flexible)
+{
+    if (!flexible)
+        return 1;
+    if (end - *out < 1)
+        return 0;
+    *(*out)++ = 0;
+    return 1;
+}
+
 /* Walks the body twice: to check it and add up its size (out == NULL), then to write it
  * into [out, end). Each part is checked against the room left: only the sender's plain
  * dicts come here, but a dict lookup may run a foreign key's __eq__, which could change the
@@ -671,29 +685,20 @@ produce_body(PyObject *body, int version, char *out, const char *end)
             }
         }
         size += flexible;
-        if (out && flexible) {
-            if (end - out < 1)
-                return -1;
-            *out++ = 0;
-        }
+        if (out && !put_no_tags(&out, end, flexible))
+            return -1;
     }
     size += flexible;
-    if (out && flexible) {
-        if (end - out < 1)
-            return -1;
-        *out++ = 0;
-    }
+    if (out && !put_no_tags(&out, end, flexible))
+        return -1;
     return size;
 }
 
 static PyObject *
 py_encode_produce(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError,
-                        "encode_produce(version, correlation_id, client_id, body)");
+    if (!takes_args(nargs, 4, "encode_produce(version, correlation_id, client_id, body)"))
         return NULL;
-    }
     long long version, correlation_id;
     Py_ssize_t client_length = -1;
     const char *client = NULL;
@@ -899,10 +904,8 @@ done:
 static PyObject *
 py_decode_produce(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "decode_produce(version, frame)");
+    if (!takes_args(nargs, 2, "decode_produce(version, frame)"))
         return NULL;
-    }
     long long version;
     if (!int_in(args[0], PRODUCE_FIRST, PRODUCE_LAST, &version) || !PyBytes_CheckExact(args[1]))
         Py_RETURN_NONE;
