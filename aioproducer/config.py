@@ -18,13 +18,17 @@ _CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
 _PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 _SASL = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 _MAX_INT = 2**31 - 1
+# compression_level: what each codec's library accepts (gzip: zlib's -1 default and 0-9; zstd:
+# its negative fast levels up to 22; lz4 takes any int, clamped).
+_LEVELS = {"gzip": (-1, 9), "zstd": (-131072, 22)}
 _ADDRESS = re.compile(r"^\s*(?:\[(?P<ipv6>[0-9a-fA-F:.]+)\]|(?P<host>[^:\s\[\]]+)):(?P<port>\d+)\s*$")
 
 
 @dataclasses.dataclass(frozen=True)
 class ProducerConfig:
     """Validated producer settings. Build with `from_kwargs(**settings)` or, from Kafka's
-    dotted names and string values, `from_properties({"linger.ms": "5"})`."""
+    dotted names and string values, `from_properties({"linger.ms": "5"})`. One built directly,
+    `ProducerConfig(...)`, is validated when a Producer takes it."""
 
     bootstrap_servers: str | Sequence[str]
     client_id: str = "aioproducer"
@@ -105,7 +109,9 @@ class ProducerConfig:
                           ("transaction_timeout_ms", 1)):
             _check_int(name, getattr(self, name), low)
         if self.compression_level is not None:
-            _check_int("compression_level", self.compression_level, -131072)
+            low, high = _LEVELS.get(self.compression_type, (-131072, _MAX_INT))
+            _check_int("compression_level", self.compression_level, low, high,
+                       f" with compression_type={self.compression_type!r}")
         if self.security_protocol not in _PROTOCOLS:
             raise ConfigError(f"security_protocol must be one of {', '.join(_PROTOCOLS)}, not "
                               f"{self.security_protocol!r}")
@@ -142,6 +148,10 @@ class ProducerConfig:
                               f"least retry_backoff_ms ({self.retry_backoff_ms})")
         if self.batch_size > self.max_request_size:
             changes["batch_size"] = self.max_request_size  # a batch must fit in a request
+        if self.buffer_memory < min(self.batch_size, self.max_request_size):
+            raise ConfigError(f"buffer_memory ({self.buffer_memory}) must be at least batch_size "
+                              f"({min(self.batch_size, self.max_request_size)}): every batch "
+                              "reserves batch_size bytes of it")
         conflicts = [text for bad, text in (
             (acks != -1, f"acks={self.acks!r} (needs \"all\")"),
             (self.retries == 0, "retries=0 (needs > 0)"),
@@ -186,11 +196,11 @@ def _suggest(name: str, names: frozenset[str]) -> str:
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
-def _check_int(name: str, value: Any, low: int) -> None:
+def _check_int(name: str, value: Any, low: int, high: int = _MAX_INT, where: str = "") -> None:
     if type(value) is not int:
         raise ConfigError(f"{name} must be an int, not {type(value).__name__} ({value!r})")
-    if not low <= value <= _MAX_INT:
-        raise ConfigError(f"{name} must be between {low} and {_MAX_INT}, not {value}")
+    if not low <= value <= high:
+        raise ConfigError(f"{name} must be between {low} and {high}{where}, not {value}")
 
 
 def _parse(name: str, default: Any, raw: Any) -> Any:

@@ -9,7 +9,7 @@ import logging
 import struct
 import time
 import warnings
-from typing import Any, AsyncIterator, Callable, Coroutine, Iterable, Mapping, Sequence
+from typing import Any, AsyncIterator, Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 
 from ._internal.accumulator import RecordAccumulator
 from ._internal.batch import BulkFuture, ProducerBatch, RecordFuture, RecordMetadata
@@ -64,7 +64,11 @@ class Producer:
         if config is not None:
             if settings or bootstrap_servers is not None:
                 raise ConfigError("pass either config=ProducerConfig(...) or settings, not both")
-            self.config = config
+            if not isinstance(config, ProducerConfig):
+                raise ConfigError(f"config must be a ProducerConfig, not {type(config).__name__}")
+            # One built directly, ProducerConfig(...), was not validated yet (validating twice
+            # changes nothing). Idempotence counts as defaulted: off if acks etc. conflict.
+            self.config = config._validated(None)
         else:
             if bootstrap_servers is not None:
                 settings["bootstrap_servers"] = bootstrap_servers
@@ -137,6 +141,8 @@ class Producer:
 
         Idempotent: a second call waits for the first to finish (its `timeout` applies).
         Cancelling a caller does not stop the closing, which goes on in its own task."""
+        if timeout is not None and (type(timeout) not in (int, float) or not timeout >= 0):
+            raise ConfigError(f"close(timeout=...) must be None or seconds >= 0, not {timeout!r}")
         if self._closing is None:
             self._closing = asyncio.get_running_loop().create_task(
                 self._close(timeout), name=f"aioproducer-close-{self.config.client_id}")
@@ -171,6 +177,9 @@ class Producer:
                 await asyncio.wait_for(asyncio.shield(self._sender_task), 5)
             except (asyncio.TimeoutError, Exception):  # its failure was already reported
                 self._sender_task.cancel()
+        # The sender is done: no record may be left awaiting it.
+        accumulator.fail_unresolved(ProducerClosedError(
+            "the producer closed before these records could be sent"))
         await self._cluster.close()
         self._state = "closed"
 
@@ -182,10 +191,10 @@ class Producer:
             log.error("aioproducer sender task failed: %r", exc, exc_info=exc)
             self._failure = exc
             self._state = "failed"
-            if self._accumulator is not None:
-                self._accumulator.fail_all(exc)
             if self._sender is not None:
                 self._sender.fail_in_flight(exc)
+            if self._accumulator is not None:
+                self._accumulator.fail_unresolved(exc)
 
     def _release_topic(self, topic: str) -> bool:
         return self._accumulator is None or self._accumulator.release_topic(topic)
@@ -237,17 +246,16 @@ class Producer:
             self._raise_not_started()
         if self._transactional:
             self._txn.check_can_send()  # type: ignore[union-attr]
-        try:
-            info = self._cluster.topics.get(topic)  # type: ignore[union-attr]
-        except TypeError:  # unhashable: not a topic name (_partition_count says so)
-            info = None
+        if type(topic) is not str:
+            topic = _topic_str(topic)
+        info = self._cluster.topics.get(topic)  # type: ignore[union-attr]
         if info is None or not info.leaders:
             return self._append_when_known(topic, value, key, partition, timestamp_ms, headers)
         # The common case, bytes and no serializers, costs one test: this is per record.
         if self._serializing or (value is not None and type(value) is not bytes) or \
                 (key is not None and type(key) is not bytes):
             key, value = self._key_value(topic, key, value)
-        encoded_headers = encode_headers(_check_headers(headers)) if headers else None
+        encoded_headers = _encode_headers(headers) if headers else None
         if timestamp_ms is None:
             timestamp_ms = int(time.time() * 1000)
         else:
@@ -325,14 +333,18 @@ class Producer:
         the compiled speed-up. All records get the same timestamp (now, unless given) and no
         headers. If a record is refused (wrong type, too large), the error is raised and the
         records before it stay buffered: the exception's `accepted` attribute is the
-        BulkFuture of those (also when the call is cancelled). `records` is read as the call
-        goes (it may wait for buffer memory): do not change it until the call returns.
+        BulkFuture of those, always the first len(accepted) records (also when the call is
+        cancelled, or `records` itself raises).
+        `records` is read as the call goes (it may wait for buffer memory): do not change it
+        until the call returns.
         """
         if self._state != "started":
             self._raise_not_started()
         if self._transactional:
             self._txn.check_can_send()  # type: ignore[union-attr]
         timestamp_ms = _timestamp(timestamp_ms)
+        if type(topic) is not str:
+            topic = _topic_str(topic)
         count = await self._partition_count(topic)
         if partition is not None and (type(partition) is not int or not 0 <= partition < count):
             raise _bad_partition(topic, partition, count)
@@ -340,11 +352,11 @@ class Producer:
         out_deltas = bytearray()
         try:
             # In chunks, so a generator of any length is fine; a list is read as the call goes.
-            iterator = iter(records)
+            iterator = _iterate(records)
             while chunk := list(itertools.islice(iterator, _CHUNK)):
                 await self._append_many(topic, chunk, count, partition, timestamp_ms,
                                         out_batches, out_deltas)
-        except (KafkaError, asyncio.CancelledError) as exc:
+        except (Exception, asyncio.CancelledError) as exc:  # also the iterable's own errors
             exc.accepted = BulkFuture(out_batches, out_deltas, timestamp_ms)  # type: ignore[union-attr]
             raise
         return BulkFuture(out_batches, out_deltas, timestamp_ms)
@@ -458,10 +470,7 @@ class Producer:
         group_id and, for fencing of zombie consumers (KIP-447), generation_id, member_id and
         group_instance_id."""
         txn = self._transaction_manager()
-        if isinstance(offsets, Mapping):
-            by_partition = {(t, p): o for (t, p), o in offsets.items()}
-        else:
-            by_partition = {(tp.topic, tp.partition): tp.offset for tp in offsets}
+        by_partition = _offsets(offsets)
         group: dict[str, Any]
         if isinstance(group_metadata, str):
             group = {"group_id": group_metadata}
@@ -474,7 +483,8 @@ class Producer:
         if not group.get("group_id"):
             raise InvalidRecordError(
                 f"group_metadata must be a group id or carry a group_id, not {group_metadata!r}")
-        await txn.send_offsets(by_partition, **group)
+        if by_partition:  # none: nothing to commit (as in the Java client)
+            await txn.send_offsets(by_partition, **group)
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator["Producer"]:
@@ -501,7 +511,9 @@ class Producer:
 
     async def partitions_for(self, topic: str) -> int:
         """Number of partitions of `topic` (fetching its metadata if needed)."""
-        return len((await self._topic_info(topic)).leaders)
+        if self._state != "started":
+            self._raise_not_started()
+        return len((await self._topic_info(_topic_str(topic))).leaders)
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -519,14 +531,12 @@ class Producer:
 
     async def _partition_count(self, topic: str) -> int:
         assert self._cluster is not None
-        info = self._cluster.topics.get(topic) if type(topic) is str else None
+        info = self._cluster.topics.get(topic)
         if info is None or not info.leaders:
             info = await self._topic_info(topic)
         return len(info.leaders)
 
     async def _topic_info(self, topic: str) -> TopicInfo:
-        if type(topic) is not str:
-            raise InvalidRecordError(f"topic must be a str, not {type(topic).__name__}")
         _check_topic_name(topic)
         assert self._cluster is not None
         return await self._cluster.topic(topic, self._max_block)
@@ -562,12 +572,45 @@ def _as_bytes(obj: Any, what: str) -> bytes:
     raise InvalidRecordError(f"{what} must be bytes or None, not {type(obj).__name__}{hint}")
 
 
+def _offsets(offsets: Any) -> dict[tuple[str, int], int]:
+    """send_offsets_to_transaction's offsets, checked before any request goes out."""
+    items: list[Any]
+    try:
+        items = [(*tp, offset) for tp, offset in offsets.items()] if isinstance(offsets, Mapping) \
+            else [(tp.topic, tp.partition, tp.offset) for tp in offsets]
+    except (TypeError, AttributeError):
+        items = [None]
+    for item in items:
+        if not (isinstance(item, tuple) and len(item) == 3 and isinstance(item[0], str)
+                and type(item[1]) is int and item[1] >= 0 and type(item[2]) is int
+                and item[2] >= 0):
+            raise InvalidRecordError(
+                "offsets must map (topic: str, partition: int >= 0) to an offset (int >= 0), "
+                f"or list objects with .topic, .partition and .offset; got {offsets!r}")
+    return {(str.__str__(topic), partition): offset for topic, partition, offset in items}
+
+
+def _iterate(records: Any) -> Iterator[Any]:
+    try:
+        return iter(records)
+    except TypeError:
+        raise InvalidRecordError("records must be an iterable of (key, value) pairs, not "
+                                 f"{type(records).__name__}") from None
+
+
+def _topic_str(topic: Any) -> str:
+    """The topic as a plain str: a str subclass (a str Enum, say) gives its text."""
+    if not isinstance(topic, str):
+        raise InvalidRecordError(f"topic must be a str, not {type(topic).__name__}")
+    return str.__str__(topic)
+
+
 def _timestamp(timestamp_ms: Any) -> int:
     if timestamp_ms is None:
         return int(time.time() * 1000)
-    if type(timestamp_ms) is not int or timestamp_ms < 0:
-        raise InvalidRecordError(
-            f"timestamp_ms must be a non-negative int (ms since the epoch), not {timestamp_ms!r}")
+    if type(timestamp_ms) is not int or not 0 <= timestamp_ms < 1 << 63:  # Kafka's int64
+        raise InvalidRecordError("timestamp_ms must be an int from 0 to 2**63-1 (ms since the "
+                                 f"epoch), not {timestamp_ms!r}")
     return timestamp_ms
 
 
@@ -587,6 +630,13 @@ def _check_headers(headers: Headers) -> list[tuple[str, bytes | None]]:
                 f"header {name!r} must have a bytes or None value, not {type(value).__name__}")
         checked.append((name, None if value is None else bytes(value)))
     return checked
+
+
+def _encode_headers(headers: Headers) -> bytes:
+    try:
+        return encode_headers(_check_headers(headers))
+    except UnicodeEncodeError as exc:
+        raise InvalidRecordError(f"a header name is not valid text ({exc})") from None
 
 
 def _check_topic_name(topic: str) -> None:

@@ -1,8 +1,12 @@
 """The accumulator's drain order: when a request has room for fewer batches than are ready,
-partitions are taken in turn, so none waits behind busier ones."""
+partitions are taken in turn, so none waits behind busier ones. And a BulkFuture over its
+batches reports the first failure in input order."""
 
 from __future__ import annotations
 
+import pytest
+
+from aioproducer._internal.batch import BulkFuture
 from aioproducer.config import ProducerConfig
 from aioproducer.protocol.compression import Codec
 from aioproducer._internal.accumulator import RecordAccumulator
@@ -43,3 +47,20 @@ async def test_partitions_are_drained_in_turn_and_none_starves():
     for partition in range(partitions):
         made = [n for p, n in zip(order, numbers) if p == partition]
         assert made == sorted(made)
+
+
+async def test_a_bulk_future_raises_the_first_failure_in_input_order():
+    config = ProducerConfig.from_kwargs(bootstrap_servers="127.0.0.1:9092", linger_ms=0,
+                                        enable_idempotence=False)
+    accumulator = RecordAccumulator(config, BufferPool(config.buffer_memory), Codec.NONE,
+                                    None, lambda batch: None)
+    partitions = 20
+    size = record_size_upper_bound(None, b"v", None)
+    batches = [await accumulator.append_in_new_batch("t", p, 0, None, b"v", None, size,
+                                                     partitions, 1.0) for p in range(partitions)]
+    bulk = BulkFuture(batches, bytearray(4 * partitions), 0)
+    for batch in reversed(batches):  # the last record's batch fails first
+        batch.fail(RuntimeError(f"record {batch.partition}"))
+    assert str(bulk.exception()) == "record 0"
+    with pytest.raises(RuntimeError, match="^record 0$"):
+        await bulk

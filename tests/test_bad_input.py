@@ -4,11 +4,12 @@ already accepted is lost."""
 from __future__ import annotations
 
 import asyncio
+import enum
 import socket
 
 import pytest
 
-from aioproducer import Producer
+from aioproducer import Producer, ProducerConfig
 from aioproducer.errors import (
     ConfigError,
     InvalidRecordError,
@@ -41,6 +42,10 @@ BAD_RECORDS = [
     ("timestamp-negative", dict(value=b"v", timestamp_ms=-5), InvalidRecordError, "timestamp_ms"),
     ("timestamp-str", dict(value=b"v", timestamp_ms="now"), InvalidRecordError, "timestamp_ms"),
     ("timestamp-float", dict(value=b"v", timestamp_ms=1.5), InvalidRecordError, "timestamp_ms"),
+    ("timestamp-over-int64", dict(value=b"v", timestamp_ms=2**63), InvalidRecordError,
+     "timestamp_ms"),
+    ("header-name-not-utf8", dict(value=b"v", headers=[("\udc80", b"b")]), InvalidRecordError,
+     "header name"),
     ("value-over-max-request-size", dict(value=b"x" * 2_000_000), RecordTooLargeError,
      "max_request_size"),
     ("headers-over-max-request-size", dict(value=b"", headers=[("h", b"x" * 1_100_000)]),
@@ -130,6 +135,9 @@ BAD_SETTINGS = [
     ("delivery-timeout", dict(delivery_timeout_ms=1000, request_timeout_ms=30000),
      "delivery_timeout_ms"),
     ("bool-as-int", dict(batch_size=True), "batch_size"),
+    ("gzip-level", dict(compression_type="gzip", compression_level=42), "between -1 and 9"),
+    ("zstd-level", dict(compression_type="zstd", compression_level=23), "between -131072 and 22"),
+    ("buffer-below-batch", dict(buffer_memory=1000, batch_size=16384), "buffer_memory"),
 ]
 
 
@@ -138,6 +146,20 @@ def test_bad_settings(case):
     _, settings, name = case
     with pytest.raises(ConfigError, match=name):
         Producer("127.0.0.1:9092", **settings)
+
+
+def test_a_config_built_directly_is_validated():
+    with pytest.raises(ConfigError, match="linger_ms"):
+        Producer(config=ProducerConfig("127.0.0.1:9092", linger_ms="soon"))
+    with pytest.raises(ConfigError, match="ProducerConfig"):
+        Producer(config={"bootstrap_servers": "127.0.0.1:9092"})
+
+
+async def test_a_config_built_directly_works(broker, topic):
+    config = ProducerConfig(broker.bootstrap, acks=1, linger_ms=0)
+    async with Producer(config=config) as producer:
+        assert producer.config.enable_idempotence is False  # defaulted: acks=1 turns it off
+        assert (await producer.send(topic, b"v")).offset >= 0
 
 
 @pytest.mark.parametrize("bootstrap", ["localhost", "host:port", "", "127.0.0.1:99999"])
@@ -188,8 +210,52 @@ async def test_calls_on_a_closed_or_unstarted_producer(broker, topic):
         await producer.enqueue(topic, b"v")
     with pytest.raises(ProducerClosedError):
         await producer.start()
+    with pytest.raises(ProducerClosedError, match="closed"):
+        await producer.partitions_for(topic)
+    with pytest.raises(ProducerClosedError, match="start"):
+        await Producer(broker.bootstrap).partitions_for(topic)
 
 
+@pytest.mark.parametrize("timeout", ["5", -1, float("nan"), True])
+async def test_close_with_a_bad_timeout_leaves_a_working_close(broker, timeout):
+    producer = Producer(broker.bootstrap)
+    await producer.start()
+    with pytest.raises(ConfigError, match="timeout"):
+        await producer.close(timeout=timeout)
+    await asyncio.wait_for(producer.close(), 10)
+    with pytest.raises(ProducerClosedError, match="closed"):
+        await producer.send("t", b"v")
+
+
+async def test_a_str_subclass_is_its_text_as_a_topic(broker, topic_factory):
+    name = topic_factory(2)
+    Topic = enum.Enum("Topic", {"ORDERS": name}, type=str)
+    async with Producer(broker.bootstrap, linger_ms=0) as producer:
+        first = await producer.send(Topic.ORDERS, b"before the metadata is known")
+        second = await producer.send(Topic.ORDERS, b"after")
+        bulk = await (await producer.enqueue_many(Topic.ORDERS, [(None, b"bulk")]))
+        assert await producer.partitions_for(Topic.ORDERS) == 2
+    assert type(first.topic) is str and first.topic == second.topic == bulk[0].topic == name
+    got = consume_all(broker.bootstrap, name, expected=3)
+    assert sorted(r.value for r in got) == [b"after", b"before the metadata is known", b"bulk"]
+
+
+async def test_enqueue_many_with_a_bad_records_argument(broker, topic):
+    values = [b"%d" % i for i in range(25_000)]
+
+    def records():
+        yield from ((None, v) for v in values)
+        raise ValueError("the source broke")
+
+    async with Producer(broker.bootstrap) as producer:
+        with pytest.raises(InvalidRecordError, match="iterable"):
+            await producer.enqueue_many(topic, None)
+        with pytest.raises(ValueError, match="the source broke") as caught:
+            await producer.enqueue_many(topic, records())
+        accepted = len(await caught.value.accepted)  # the first records, those buffered
+    assert 0 < accepted < len(values)
+    got = consume_all(broker.bootstrap, topic, expected=accepted)
+    assert [r.value for r in got] == values[:accepted]
 def test_record_errors_name_the_refused_records():
     # Produce v8+ (KIP-467): the broker says which records of a refused batch were invalid.
     # Tansu never sends these, so the message the sender builds from them is checked here.

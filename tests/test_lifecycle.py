@@ -105,6 +105,42 @@ async def test_cancelled_close_still_closes(proxied_broker):
     cluster.proxy.stall(False)
 
 
+async def test_close_fails_a_send_waiting_for_buffer_memory(proxied_broker):
+    """close() frees the memory of the records it fails; a send() waiting for memory must
+    not take it and then wait for a sender that has stopped."""
+    cluster = proxied_broker
+    cluster.create_topic("closing-full", 1)
+    producer = Producer(cluster.bootstrap, linger_ms=0, batch_size=1024, buffer_memory=4096,
+                        max_block_ms=30_000, request_timeout_ms=10_000)
+    await producer.start()
+    await producer.send("closing-full", b"warm-up")
+    cluster.proxy.stall(True)
+    buffered = [await producer.enqueue("closing-full", b"x" * 900) for _ in range(4)]
+    blocked = asyncio.create_task(producer.send("closing-full", b"y" * 900))
+    await asyncio.sleep(0.2)
+    assert not blocked.done(), "the buffer was not full"
+    await asyncio.wait_for(producer.close(timeout=0), 10)
+    with pytest.raises(ProducerClosedError, match="closing"):
+        await asyncio.wait_for(blocked, 5)
+    assert all(isinstance(h.exception(), ProducerClosedError) for h in buffered)
+    pool = producer._accumulator._pool
+    assert pool.available == pool.total_memory and not producer._accumulator.incomplete
+    cluster.proxy.stall(False)
+
+
+async def test_a_batch_the_failing_sender_held_is_failed_too(broker, topic):
+    """The sender takes a batch off its queue, then compresses it: if that raises, the batch
+    is neither queued nor in flight, and must still fail rather than hang."""
+    async with Producer(broker.bootstrap, linger_ms=0, compression_type="gzip") as producer:
+        producer._accumulator._compression_level = 42  # zlib refuses it (config would too)
+        with pytest.raises(ValueError):
+            await asyncio.wait_for(producer.send(topic, b"v"), 5)
+        pool = producer._accumulator._pool
+        assert pool.available == pool.total_memory
+        with pytest.raises(ProducerClosedError, match="internal failure"):
+            await producer.send(topic, b"later")
+
+
 async def test_buffer_exhausted_after_max_block(proxied_broker):
     cluster = proxied_broker
     cluster.create_topic("full", 1)

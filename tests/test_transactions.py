@@ -15,6 +15,7 @@ import pytest
 from aioproducer import Producer
 from aioproducer.errors import (
     DeliveryTimeoutError,
+    InvalidRecordError,
     ProducerFencedError,
     TransactionAbortedError,
     TransactionStateError,
@@ -161,6 +162,17 @@ async def test_send_offsets_to_transaction(broker, topic_factory):
         consumer.close()
     assert committed.offset == 42
     assert _markers(broker.bootstrap, sink, 0) == ["data", "COMMIT"]
+
+
+@pytest.mark.parametrize("offsets", [{("t", "0"): 1}, {("t", 0): "1"}, {"t": 1}, {(None, 0): 1},
+                                     {("t", 0): -1}, [object()], 5])
+async def test_send_offsets_checks_its_input_first(broker, topic, offsets):
+    async with Producer(broker.bootstrap, transactional_id=_tid()) as producer:
+        async with producer.transaction():
+            with pytest.raises(InvalidRecordError, match="offsets must map"):
+                await producer.send_offsets_to_transaction(offsets, "group")
+            await producer.send(topic, b"the transaction goes on")
+    assert _markers(broker.bootstrap, topic, 0) == ["data", "COMMIT"]
 
 
 async def test_abort_after_an_abortable_error_then_go_on(proxied_broker):

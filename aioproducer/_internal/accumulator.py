@@ -13,7 +13,7 @@ import asyncio
 from collections import deque
 from typing import TYPE_CHECKING, Callable, Iterable
 
-from ..errors import DeliveryTimeoutError
+from ..errors import DeliveryTimeoutError, ProducerClosedError
 from ..protocol.compression import Codec
 from ..protocol.records import BatchWriter
 from .batch import ProducerBatch
@@ -104,8 +104,14 @@ class RecordAccumulator:
         record_size_upper_bound), waiting up to `max_block` for the memory; returns the batch,
         whose last record this one is."""
         size = max(self._batch_size, record_size)
+        self._check_open()
         if not self._pool.try_reserve(size):
             await self._pool.reserve(size, max_block)
+            try:
+                self._check_open()
+            except ProducerClosedError:
+                self._pool.release(size)
+                raise
             # Others may have opened a batch while we waited: use it and give the memory back.
             batch = self.try_append(topic, partition, timestamp, key, value, headers)
             if batch is not None:
@@ -129,6 +135,13 @@ class RecordAccumulator:
             self._txn.add_partition(topic, partition)
         self._wake_sender(batch)  # a new linger deadline, or the previous batch is now full
         return batch
+
+    def _check_open(self) -> None:
+        """No new batch once close() began: after it, nothing may wait for the sender (the
+        Java client's "producer closed while send in progress")."""
+        if self.closing:
+            raise ProducerClosedError("the producer is closing: this record was not buffered "
+                                      "(nor sent)")
 
     # -- the sender's side -----------------------------------------------------------------
 
@@ -265,6 +278,14 @@ class RecordAccumulator:
                 batch.writer.seal()
                 batch.fail(exc)
                 self.finish(batch)
+
+    def fail_unresolved(self, exc: BaseException) -> None:
+        """Fail every batch still without an outcome, queued or not: the sender is gone, and
+        nothing else would resolve them (a batch it was preparing when it failed, say)."""
+        self.fail_all(exc)
+        for batch in list(self.incomplete):
+            batch.fail(exc)
+            self.finish(batch)
 
     def release_topic(self, topic: str) -> bool:
         """Forget a topic (its metadata is being dropped); False, forgetting nothing, while

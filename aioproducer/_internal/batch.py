@@ -198,7 +198,7 @@ class BulkFuture:
     def result(self) -> "BulkMetadata":
         """Every record's metadata (a sequence, built as it is read); raises the first failure
         if any record failed, InvalidStateError if some are pending."""
-        for batch in set(self._batches):
+        for batch in dict.fromkeys(self._batches):  # the first failure in input order
             batch.future.result()
         return BulkMetadata(self._batches, self._deltas, self._timestamp)
 
