@@ -121,12 +121,13 @@ async def test_second_producer_with_same_id_fences_the_first(broker, topic):
     assert "ABORT" in markers  # the zombie's open transaction was aborted by the coordinator
 
 
-@pytest.mark.parametrize("call", [
-    "commit_without_begin", "abort_without_begin", "begin_twice", "send_outside",
+@pytest.mark.parametrize("call, advice", [
+    ("commit_without_begin", "begin_transaction"), ("abort_without_begin", "begin_transaction"),
+    ("begin_twice", "commit_transaction"), ("send_outside", "begin_transaction"),
 ])
-async def test_illegal_transitions(broker, topic, call):
+async def test_illegal_transitions(broker, topic, call, advice):
     async with Producer(broker.bootstrap, transactional_id=_tid()) as producer:
-        with pytest.raises(TransactionStateError):
+        with pytest.raises(TransactionStateError, match=advice):
             if call == "commit_without_begin":
                 await producer.commit_transaction()
             elif call == "abort_without_begin":

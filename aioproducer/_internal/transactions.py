@@ -77,6 +77,18 @@ _ALLOWED = {
     TxnState.ABORTABLE_ERROR: {TxnState.ABORTING, TxnState.ABORTABLE_ERROR},
     TxnState.FATAL_ERROR: set(),
 }
+# What to do when a call does not fit the state (the README promises it is said).
+_WHAT_TO_DO = {
+    TxnState.UNINITIALIZED: "start the producer first (`await producer.start()`)",
+    TxnState.INITIALIZING: "wait for init_transactions() to finish",
+    TxnState.READY: "no transaction is open: call begin_transaction() first",
+    TxnState.IN_TRANSACTION: "a transaction is open: commit_transaction() or "
+                             "abort_transaction() it first",
+    TxnState.COMMITTING: "a commit is under way: wait for it",
+    TxnState.ABORTING: "an abort is under way: wait for it",
+    TxnState.ABORTABLE_ERROR: "the transaction failed: call abort_transaction()",
+    TxnState.FATAL_ERROR: "the producer cannot continue: close it",
+}
 
 
 class TransactionManager:
@@ -250,8 +262,8 @@ class TransactionManager:
     def _transition(self, target: TxnState) -> None:
         if target is not TxnState.FATAL_ERROR and target not in _ALLOWED[self.state]:
             raise TransactionStateError(
-                f"cannot go from {self.state.value!r} to {target.value!r}"
-                + (f" (after {self.error!r})" if self.error else ""))
+                f"cannot go from {self.state.value!r} to {target.value!r}: "
+                f"{_WHAT_TO_DO[self.state]}" + (f" (after {self.error!r})" if self.error else ""))
         self.state = target
 
     def check_can_send(self) -> None:
