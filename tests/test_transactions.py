@@ -201,3 +201,38 @@ async def test_read_committed_consumers_see_only_committed_records(broker, topic
             await producer.send(topic, b"committed-2")
     got = consume_all(broker.bootstrap, topic, expected=2, isolation_level="read_committed")
     assert [r.value for r in got] == [b"committed-1", b"committed-2"]
+
+
+async def test_abort_of_a_record_awaiting_its_retry_then_go_on(proxied_broker):
+    """abort_transaction() fails a record that was sent (so numbered) but never reached the
+    broker and waits for its retry. The next transactions commit: the abort starts a new
+    epoch, so the gap that record left in the sequence numbers does not make the broker
+    refuse every later batch of the partition."""
+    cluster = proxied_broker
+    cluster.create_topic("retrying", 1)
+    async with Producer(cluster.bootstrap, transactional_id=_tid(), linger_ms=0,
+                        request_timeout_ms=1000, delivery_timeout_ms=3000,
+                        retry_backoff_ms=1000, retry_backoff_max_ms=1000) as producer:
+        async with producer.transaction():
+            await producer.send("retrying", b"t0")
+        producer.begin_transaction()
+        await producer.send("retrying", b"t1")  # the partition is in the transaction
+        cluster.proxy.cut_after(8, "up")  # the next request never reaches the broker
+        lost = await producer.enqueue("retrying", b"t1-lost")
+        for _ in range(100):
+            if cluster.proxy.cuts:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)  # the producer sees the cut; the retry waits >= 0.8 s
+        assert cluster.proxy.cuts == 1 and not lost.done()
+        await producer.abort_transaction()
+        with pytest.raises(TransactionAbortedError):
+            await lost
+        for n in (2, 3):
+            async with producer.transaction():
+                await producer.send("retrying", b"t%d" % n)
+    markers = _markers(cluster.broker.bootstrap, "retrying", 0)
+    assert markers == ["data", "COMMIT", "data", "ABORT", "data", "COMMIT", "data", "COMMIT"]
+    got = consume_all(cluster.broker.bootstrap, "retrying", expected=4)
+    assert [r.value for r in got] == [b"t0", b"t1", b"t2", b"t3"]  # Tansu shows aborted ones
+

@@ -259,10 +259,11 @@ class RecordAccumulator:
         """Fail every queued batch (the producer is closing without flushing, or broken)."""
         queues, self._batches = self._batches, {}
         for queue in queues.values():
-            while queue:
-                batch = queue.popleft()
+            for batch in queue:
                 self._unlist(batch)
                 batch.writer.seal()
+                if self._txn is not None:
+                    self._txn.batch_failed(batch, exc)
                 batch.fail(exc)
                 self.finish(batch)
 

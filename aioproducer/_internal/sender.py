@@ -324,7 +324,7 @@ class Sender:
         self._in_flight.pop(batch, None)
         if self._txn is not None:
             self._txn.resolved(batch)
-            self._txn.batch_failed(exc)
+            self._txn.batch_failed(batch, exc)
         batch.fail(exc)
         self._accumulator.finish(batch)
 
@@ -336,14 +336,14 @@ class Sender:
             self._fail(batch, delivery_timeout_error(batch, timeout_ms, "waited in the buffer"))
         while self._next_in_flight_expiry() <= now:
             _, _, batch = heapq.heappop(self._expiry_heap)
-            # Its request is still out; whatever the broker answers later is ignored. With
-            # idempotence the partition's sequence state is now unknown: start afresh.
+            # Its request is still out (so it stays in flight for the transaction manager's
+            # ordering); whatever the broker answers later is ignored.
             exc = delivery_timeout_error(batch, timeout_ms, "no response in time")
             self._in_flight.pop(batch)
+            if self._txn is not None:
+                self._txn.batch_failed(batch, exc)
             batch.fail(exc)
             self._accumulator.finish(batch)
-            if self._txn is not None and self._txn.is_current(batch):
-                self._txn.sequence_state_lost(exc)
 
     def _next_in_flight_expiry(self) -> float:
         """The earliest deadline of a batch on the wire (entries of batches no longer there
