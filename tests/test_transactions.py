@@ -15,6 +15,7 @@ import pytest
 from aioproducer import Producer
 from aioproducer.errors import (
     DeliveryTimeoutError,
+    KafkaError,
     ProducerFencedError,
     TransactionAbortedError,
     TransactionStateError,
@@ -236,3 +237,49 @@ async def test_abort_of_a_record_awaiting_its_retry_then_go_on(proxied_broker):
     got = consume_all(cluster.broker.bootstrap, "retrying", expected=4)
     assert [r.value for r in got] == [b"t0", b"t1", b"t2", b"t3"]  # Tansu shows aborted ones
 
+
+async def test_fenced_producer_fails_records_of_partitions_not_yet_added(broker, topic_factory):
+    """Fenced while a record waits for its partition to join the transaction (the fence
+    shows on AddPartitionsToTxn): the record fails with ProducerFencedError, not with
+    DeliveryTimeoutError once delivery_timeout_ms has passed."""
+    topic = topic_factory(2)
+    tid = _tid()
+    zombie = Producer(broker.bootstrap, transactional_id=tid, linger_ms=0,
+                      request_timeout_ms=2000, delivery_timeout_ms=5000)
+    await zombie.start()
+    try:
+        zombie.begin_transaction()
+        await zombie.send(topic, b"a", partition=0)
+        async with Producer(broker.bootstrap, transactional_id=tid):
+            with pytest.raises(ProducerFencedError, match="fenced"):
+                await asyncio.wait_for(zombie.send(topic, b"b", partition=1), 10)
+    finally:
+        await zombie.close()
+
+
+async def test_failed_transaction_fails_records_of_partitions_not_yet_added(proxied_broker):
+    """AddPartitionsToTxn fails (no answer within max_block_ms): the transaction can only be
+    aborted, and the record waiting for its partition fails with that cause at once, not
+    with DeliveryTimeoutError at delivery_timeout_ms. Then abort, and go on."""
+    cluster = proxied_broker
+    cluster.create_topic("unadded", 1)
+    async with Producer(cluster.bootstrap, transactional_id=_tid(), linger_ms=0,
+                        request_timeout_ms=300, max_block_ms=600,
+                        delivery_timeout_ms=5000) as producer:
+        async with producer.transaction():
+            await producer.send("unadded", b"first")  # metadata known before the stall
+        producer.begin_transaction()
+        cluster.proxy.stall(True)
+        waiting = await producer.enqueue("unadded", b"never added")
+        with pytest.raises(KafkaError) as failed:
+            await asyncio.wait_for(waiting, 10)
+        cluster.proxy.stall(False)
+        assert not isinstance(failed.value, DeliveryTimeoutError)
+        with pytest.raises(TransactionStateError, match="abort") as refused:
+            await producer.commit_transaction()
+        assert refused.value.__cause__ is failed.value  # the cause the record failed with
+        await producer.abort_transaction()
+        async with producer.transaction():
+            await producer.send("unadded", b"next")
+    got = consume_all(cluster.broker.bootstrap, "unadded", expected=2)
+    assert [r.value for r in got] == [b"first", b"next"]
