@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+
+import pytest
+
 from aioproducer import Producer
+from aioproducer.errors import DeliveryTimeoutError
 from aioproducer.client.connection import BrokerConnection
 from aioproducer.protocol.messages import ApiKey
 from tests.support.readback import assert_contiguous_sequences, consume_all, fetch_raw_batches
@@ -58,3 +63,30 @@ async def test_broker_forgetting_our_producer_id_loses_and_duplicates_nothing(br
     for batches in sessions.values():  # each session's sequences start at 0, without gaps
         assert_contiguous_sequences(batches)
     assert original_id + 1_000_000 not in {pid for pid, _ in sessions}  # recovered, not reused
+
+
+async def test_a_numbered_batch_that_expires_awaiting_its_retry_leaves_no_gap(proxied_broker):
+    """A batch is numbered and sent, never reaches the broker, and fails at
+    delivery_timeout_ms while waiting for its retry (the broker was unreachable). The records
+    after it, sent once the broker is back, arrive once and in order: its sequence numbers
+    are not left as a gap that makes the broker refuse every later batch of the partition."""
+    cluster = proxied_broker
+    cluster.create_topic("gap", 1)
+    async with Producer(cluster.bootstrap, linger_ms=0, request_timeout_ms=1000,
+                        delivery_timeout_ms=1500, retry_backoff_ms=100,
+                        retry_backoff_max_ms=200, reconnect_backoff_max_ms=100) as producer:
+        await producer.send("gap", b"before")
+        cluster.proxy.refuse(True, cut=False)  # the broker is unreachable from now on ...
+        cluster.proxy.cut_after(8, "up")  # ... and the next request is cut before it arrives
+        with pytest.raises(DeliveryTimeoutError, match="gap-0"):
+            await asyncio.wait_for(producer.send("gap", b"lost"), 10)
+        cluster.proxy.refuse(False)
+        for i in range(3):
+            await asyncio.wait_for(producer.send("gap", b"after-%d" % i), 10)
+    values = [r.value for r in consume_all(cluster.broker.bootstrap, "gap", expected=4)]
+    assert values == [b"before", b"after-0", b"after-1", b"after-2"]
+    sessions: dict[tuple[int, int], list] = {}
+    for batch in fetch_raw_batches(cluster.broker.bootstrap, "gap", 0):
+        sessions.setdefault((batch.producer_id, batch.producer_epoch), []).append(batch)
+    for batches in sessions.values():  # the records after the gap were numbered afresh
+        assert_contiguous_sequences(batches)

@@ -16,6 +16,7 @@ from aioproducer import Producer
 from aioproducer.errors import (
     DeliveryTimeoutError,
     InvalidRecordError,
+    KafkaError,
     ProducerFencedError,
     TransactionAbortedError,
     TransactionStateError,
@@ -214,3 +215,84 @@ async def test_read_committed_consumers_see_only_committed_records(broker, topic
             await producer.send(topic, b"committed-2")
     got = consume_all(broker.bootstrap, topic, expected=2, isolation_level="read_committed")
     assert [r.value for r in got] == [b"committed-1", b"committed-2"]
+
+
+async def test_abort_of_a_record_awaiting_its_retry_then_go_on(proxied_broker):
+    """abort_transaction() fails a record that was sent (so numbered) but never reached the
+    broker and waits for its retry. The next transactions commit: the abort starts a new
+    epoch, so the gap that record left in the sequence numbers does not make the broker
+    refuse every later batch of the partition."""
+    cluster = proxied_broker
+    cluster.create_topic("retrying", 1)
+    async with Producer(cluster.bootstrap, transactional_id=_tid(), linger_ms=0,
+                        request_timeout_ms=1000, delivery_timeout_ms=3000,
+                        retry_backoff_ms=1000, retry_backoff_max_ms=1000) as producer:
+        async with producer.transaction():
+            await producer.send("retrying", b"t0")
+        producer.begin_transaction()
+        await producer.send("retrying", b"t1")  # the partition is in the transaction
+        cluster.proxy.cut_after(8, "up")  # the next request never reaches the broker
+        lost = await producer.enqueue("retrying", b"t1-lost")
+        for _ in range(100):
+            if cluster.proxy.cuts:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)  # the producer sees the cut; the retry waits >= 0.8 s
+        assert cluster.proxy.cuts == 1 and not lost.done()
+        await producer.abort_transaction()
+        with pytest.raises(TransactionAbortedError):
+            await lost
+        for n in (2, 3):
+            async with producer.transaction():
+                await producer.send("retrying", b"t%d" % n)
+    markers = _markers(cluster.broker.bootstrap, "retrying", 0)
+    assert markers == ["data", "COMMIT", "data", "ABORT", "data", "COMMIT", "data", "COMMIT"]
+    got = consume_all(cluster.broker.bootstrap, "retrying", expected=4)
+    assert [r.value for r in got] == [b"t0", b"t1", b"t2", b"t3"]  # Tansu shows aborted ones
+
+
+async def test_fenced_producer_fails_records_of_partitions_not_yet_added(broker, topic_factory):
+    """Fenced while a record waits for its partition to join the transaction (the fence
+    shows on AddPartitionsToTxn): the record fails with ProducerFencedError, not with
+    DeliveryTimeoutError once delivery_timeout_ms has passed."""
+    topic = topic_factory(2)
+    tid = _tid()
+    zombie = Producer(broker.bootstrap, transactional_id=tid, linger_ms=0,
+                      request_timeout_ms=2000, delivery_timeout_ms=5000)
+    await zombie.start()
+    try:
+        zombie.begin_transaction()
+        await zombie.send(topic, b"a", partition=0)
+        async with Producer(broker.bootstrap, transactional_id=tid):
+            with pytest.raises(ProducerFencedError, match="fenced"):
+                await asyncio.wait_for(zombie.send(topic, b"b", partition=1), 10)
+    finally:
+        await zombie.close()
+
+
+async def test_failed_transaction_fails_records_of_partitions_not_yet_added(proxied_broker):
+    """AddPartitionsToTxn fails (no answer within max_block_ms): the transaction can only be
+    aborted, and the record waiting for its partition fails with that cause at once, not
+    with DeliveryTimeoutError at delivery_timeout_ms. Then abort, and go on."""
+    cluster = proxied_broker
+    cluster.create_topic("unadded", 1)
+    async with Producer(cluster.bootstrap, transactional_id=_tid(), linger_ms=0,
+                        request_timeout_ms=300, max_block_ms=600,
+                        delivery_timeout_ms=5000) as producer:
+        async with producer.transaction():
+            await producer.send("unadded", b"first")  # metadata known before the stall
+        producer.begin_transaction()
+        cluster.proxy.stall(True)
+        waiting = await producer.enqueue("unadded", b"never added")
+        with pytest.raises(KafkaError) as failed:
+            await asyncio.wait_for(waiting, 10)
+        cluster.proxy.stall(False)
+        assert not isinstance(failed.value, DeliveryTimeoutError)
+        with pytest.raises(TransactionStateError, match="abort") as refused:
+            await producer.commit_transaction()
+        assert refused.value.__cause__ is failed.value  # the cause the record failed with
+        await producer.abort_transaction()
+        async with producer.transaction():
+            await producer.send("unadded", b"next")
+    got = consume_all(cluster.broker.bootstrap, "unadded", expected=2)
+    assert [r.value for r in got] == [b"first", b"next"]

@@ -268,14 +268,20 @@ class RecordAccumulator:
             self.incomplete.discard(batch)
             self._pool.release(batch.reserved)
 
-    def fail_all(self, exc: BaseException) -> None:
-        """Fail every queued batch (the producer is closing without flushing, or broken)."""
+    def fail_all(self, exc: BaseException, unsent_only: bool = False) -> None:
+        """Fail every queued batch (the producer is closing without flushing, or broken), or
+        with `unsent_only` those never drained (a failed transaction: what it sent is retried
+        until it has an outcome, as in the Java client's abortUndrainedBatches)."""
         queues, self._batches = self._batches, {}
-        for queue in queues.values():
-            while queue:
-                batch = queue.popleft()
+        for tp, queue in queues.items():
+            for batch in queue:
+                if unsent_only and batch.attempts > 0:
+                    self._batches.setdefault(tp, deque()).append(batch)
+                    continue
                 self._unlist(batch)
                 batch.writer.seal()
+                if self._txn is not None:
+                    self._txn.batch_failed(batch, exc)
                 batch.fail(exc)
                 self.finish(batch)
 

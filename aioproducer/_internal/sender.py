@@ -39,12 +39,12 @@ from ..errors import (
 from ..protocol.messages import ApiKey
 from .accumulator import RecordAccumulator, delivery_timeout_error
 from .batch import ProducerBatch
+from .transactions import TransactionManager, TxnState
 
 if TYPE_CHECKING:
     from ..client.cluster import Cluster
     from ..client.connection import BrokerConnection
     from ..config import ProducerConfig
-    from .transactions import TransactionManager
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +151,8 @@ class Sender:
         if txn is not None:
             if txn.is_transactional:
                 txn.maybe_add_partitions()
+                if txn.error is not None and accumulator.has_queued():
+                    self._fail_unsendable(txn)
             elif not txn.has_producer_id:
                 task = txn.ensure_producer_id()
                 if task is not None:
@@ -179,6 +181,16 @@ class Sender:
         self._expire(now)
         next_wake = min(next_wake, accumulator.next_expiry() - now, self._next_in_flight_expiry() - now)
         return max(next_wake, 0.0)
+
+    def _fail_unsendable(self, txn: TransactionManager) -> None:
+        """After a fatal error nothing queued will be sent, after an abortable one nothing not
+        yet sent (its partition may never be added): fail those records now with the cause,
+        not at delivery_timeout_ms (the Java Sender's maybeAbortBatches)."""
+        assert txn.error is not None
+        if txn.state is TxnState.FATAL_ERROR:
+            self._accumulator.fail_all(txn.error)
+        elif txn.state is TxnState.ABORTABLE_ERROR:
+            self._accumulator.fail_all(txn.error, unsent_only=True)
 
     def _producer_id_done(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
@@ -324,7 +336,7 @@ class Sender:
         self._in_flight.pop(batch, None)
         if self._txn is not None:
             self._txn.resolved(batch)
-            self._txn.batch_failed(exc)
+            self._txn.batch_failed(batch, exc)
         batch.fail(exc)
         self._accumulator.finish(batch)
 
@@ -336,14 +348,14 @@ class Sender:
             self._fail(batch, delivery_timeout_error(batch, timeout_ms, "waited in the buffer"))
         while self._next_in_flight_expiry() <= now:
             _, _, batch = heapq.heappop(self._expiry_heap)
-            # Its request is still out; whatever the broker answers later is ignored. With
-            # idempotence the partition's sequence state is now unknown: start afresh.
+            # Its request is still out (so it stays in flight for the transaction manager's
+            # ordering); whatever the broker answers later is ignored.
             exc = delivery_timeout_error(batch, timeout_ms, "no response in time")
             self._in_flight.pop(batch)
+            if self._txn is not None:
+                self._txn.batch_failed(batch, exc)
             batch.fail(exc)
             self._accumulator.finish(batch)
-            if self._txn is not None and self._txn.is_current(batch):
-                self._txn.sequence_state_lost(exc)
 
     def _next_in_flight_expiry(self) -> float:
         """The earliest deadline of a batch on the wire (entries of batches no longer there

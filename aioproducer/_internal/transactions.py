@@ -5,10 +5,12 @@ last batches it wrote, so a retried batch it already has is answered DUPLICATE_S
 instead of being written twice, and a gap is answered OUT_OF_ORDER_SEQUENCE_NUMBER. The client
 numbers each batch when it is first drained, keeps up to `max_in_flight_requests_per_connection`
 of them in flight, sends a retried batch only when nothing older of its partition is in
-flight, and re-queues retries in sequence order. When the sequence state is lost (an unknown
-producer id, a real gap, a batch whose fate is unknown after delivery_timeout_ms) an idempotent
-producer takes a new producer id and numbers its batches afresh, as the Java client does with
-brokers that cannot bump an epoch.
+flight, and re-queues retries in sequence order. A numbered batch that fails for good without
+an acknowledgement (expired, out of retries, refused, aborted) has used up its sequence numbers
+whether or not the broker wrote it. When the sequence state is lost (an unknown producer id, a
+real gap, such a failed batch with nothing after it to show that the broker has it) an
+idempotent producer takes a new epoch or producer id and numbers its batches afresh, as the
+Java client does (KIP-360); a transactional one gets a new epoch when it aborts.
 
 Transactions (KIP-98): the transaction coordinator, found with FindCoordinator, hands out the
 producer id and epoch for a `transactional_id` (fencing older producers with the same id),
@@ -102,6 +104,9 @@ class TransactionManager:
         self.producer_epoch = -1
         self._next_sequence: dict[TopicPartition, int] = {}
         self._acked_up_to: dict[TopicPartition, int] = {}  # sequence the broker expects next
+        # Batches numbered under the current producer id and epoch, neither acknowledged nor
+        # failed yet, in sequence order (a dict as an ordered set).
+        self._unacked: dict[TopicPartition, dict[ProducerBatch, None]] = {}
         self._in_flight: dict[TopicPartition, list[ProducerBatch]] = {}
         self._init_task: asyncio.Task[None] | None = None
         self._bump_from: tuple[int, int] | None = None  # (id, epoch) whose epoch to bump
@@ -179,6 +184,7 @@ class TransactionManager:
         self.producer_epoch = response["producer_epoch"]
         self._next_sequence.clear()
         self._acked_up_to.clear()
+        self._unacked.clear()
         log.debug("producer id %d epoch %d", self.producer_id, self.producer_epoch)
         self.on_change()
 
@@ -196,6 +202,7 @@ class TransactionManager:
         self.producer_epoch = -1
         self._next_sequence.clear()
         self._acked_up_to.clear()
+        self._unacked.clear()
 
     # -- sequencing ------------------------------------------------------------------------
 
@@ -225,6 +232,7 @@ class TransactionManager:
         batch.producer_epoch = self.producer_epoch
         batch.base_sequence = sequence
         self._next_sequence[tp] = (sequence + batch.record_count) % _SEQUENCE_WRAP
+        self._unacked.setdefault(tp, {})[batch] = None
 
     def sent(self, batch: ProducerBatch) -> None:
         in_flight = self._in_flight.setdefault((batch.topic, batch.partition), [])
@@ -239,14 +247,17 @@ class TransactionManager:
 
     def acked(self, batch: ProducerBatch) -> None:
         if self.is_current(batch):
-            self._acked_up_to[(batch.topic, batch.partition)] = (
-                (batch.base_sequence + batch.record_count) % _SEQUENCE_WRAP)
+            tp = (batch.topic, batch.partition)
+            self._acked_up_to[tp] = (batch.base_sequence + batch.record_count) % _SEQUENCE_WRAP
+            self._unacked.get(tp, {}).pop(batch, None)
 
     def is_expected_next(self, batch: ProducerBatch) -> bool:
-        """Whether the broker should accept this batch now: it follows the last acknowledged
-        one. If not, an OUT_OF_ORDER answer only means an older batch is being retried."""
-        return (self.is_current(batch)
-                and batch.base_sequence == self._acked_up_to.get((batch.topic, batch.partition), 0))
+        """Whether the broker should accept this batch now: it is the oldest of its partition
+        not yet acknowledged or failed. If not, an OUT_OF_ORDER answer only means an older
+        batch is being retried; if so, the gap is real (an older batch failed unwritten, or
+        the broker lost our state)."""
+        unacked = self._unacked.get((batch.topic, batch.partition), {})
+        return bool(unacked) and next(iter(unacked)) is batch
 
     def renumber_on_reset(self, batch: ProducerBatch) -> None:
         """A batch from before a producer id reset is numbered again when next drained."""
@@ -298,7 +309,21 @@ class TransactionManager:
             self.error = exc
             self.state = TxnState.ABORTABLE_ERROR
 
-    def batch_failed(self, exc: BaseException) -> None:
+    def batch_failed(self, batch: ProducerBatch, exc: BaseException) -> None:
+        """A batch failed for good without an acknowledgement (every such path comes here)."""
+        tp = (batch.topic, batch.partition)
+        unacked = self._unacked.get(tp, {})
+        if batch in unacked:
+            # Its sequence numbers are used up, whether or not the broker wrote it.
+            del unacked[batch]
+            if self.is_transactional:
+                self._needs_epoch_bump = True  # the abort that must follow starts a new epoch
+            elif not unacked and self._acked_up_to.get(tp, 0) != self._next_sequence[tp]:
+                # Nothing pending of this id can show whether the broker wrote it; if it did
+                # not, every later batch would be refused as out of order. Start afresh.
+                # (While others are pending, the oldest of them, refused as out of order,
+                # shows the gap: is_expected_next.)
+                self.sequence_state_lost(exc)  # type: ignore[arg-type]
         if not self.is_transactional:
             return
         if isinstance(exc, ProducerFencedError):

@@ -65,9 +65,11 @@ class FaultProxy:
     def stall(self, on: bool) -> None:
         self._stalled = on
 
-    def refuse(self, on: bool) -> None:
+    def refuse(self, on: bool, cut: bool = True) -> None:
+        """Refuse new connections (the broker is down); `cut=False` leaves the open ones up
+        until they fail (a partition their sockets have not noticed yet)."""
         self._refusing = on
-        if on:
+        if on and cut:
             self.cut_all()
 
     def send_garbage(self) -> None:
