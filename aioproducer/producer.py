@@ -334,9 +334,8 @@ class Producer:
         headers. If a record is refused (wrong type, too large), the error is raised and the
         records before it stay buffered: the exception's `accepted` attribute is the
         BulkFuture of those, always the first len(accepted) records (also when the call is
-        cancelled, or `records` itself raises).
-        `records` is read as the call goes (it may wait for buffer memory): do not change it
-        until the call returns.
+        cancelled, or `records` itself raises). `records` is read as the call goes (it may
+        wait for buffer memory): do not change it until the call returns.
         """
         if self._state != "started":
             self._raise_not_started()
