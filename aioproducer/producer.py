@@ -89,6 +89,7 @@ class Producer:
         self._state = "new"  # new -> started (-> failed) -> closing -> closed
         self._failure: BaseException | None = None
         self._closing: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the one start() ran on
 
     def __repr__(self) -> str:
         return f"<Producer {self.config.client_id} {self._state} bootstrap={self.config.bootstrap_servers}>"
@@ -117,7 +118,8 @@ class Producer:
             await self._cluster.close()
             self._state = "closed"
             raise
-        self._sender_task = asyncio.get_running_loop().create_task(
+        self._loop = asyncio.get_running_loop()
+        self._sender_task = self._loop.create_task(
             self._sender.run(), name=f"aioproducer-sender-{config.client_id}")
         self._sender_task.add_done_callback(self._sender_done)
         self._state = "started"
@@ -143,6 +145,7 @@ class Producer:
         Cancelling a caller does not stop the closing, which goes on in its own task."""
         if timeout is not None and (type(timeout) not in (int, float) or not timeout >= 0):
             raise ConfigError(f"close(timeout=...) must be None or seconds >= 0, not {timeout!r}")
+        self._check_loop()
         if self._closing is None:
             self._closing = asyncio.get_running_loop().create_task(
                 self._close(timeout), name=f"aioproducer-close-{self.config.client_id}")
@@ -282,6 +285,7 @@ class Producer:
                                  headers: Headers | None) -> Appended:
         """_append() for a topic without metadata yet: fetch it first (as the Java client
         does, so the record is serialized once, with the topic known), then append."""
+        self._check_loop()
         await self._partition_count(topic)
         # Nothing ran since the metadata arrived: this time _append finds the topic.
         appended = self._append(topic, value, key, partition, timestamp_ms, headers)
@@ -292,6 +296,7 @@ class Producer:
                            headers: bytes | None) -> Appended:
         """The record needs a new batch: check its size, move a sticky partition on, and
         wait for buffer memory if it must."""
+        self._check_loop()
         accumulator = self._accumulator
         assert accumulator is not None and self._cluster is not None
         self._cluster.touch(topic)  # once per batch, not per record
@@ -341,6 +346,7 @@ class Producer:
             self._raise_not_started()
         if self._transactional:
             self._txn.check_can_send()  # type: ignore[union-attr]
+        self._check_loop()
         timestamp_ms = _timestamp(timestamp_ms)
         if type(topic) is not str:
             topic = _topic_str(topic)
@@ -412,6 +418,7 @@ class Producer:
             if self._state == "new":
                 self._raise_not_started()
             return
+        self._check_loop()
         accumulator = self._accumulator
         assert accumulator is not None
         pending = [b.future for b in accumulator.incomplete]
@@ -539,6 +546,15 @@ class Producer:
         _check_topic_name(topic)
         assert self._cluster is not None
         return await self._cluster.topic(topic, self._max_block)
+
+    def _check_loop(self) -> None:
+        """Refuse a call from an event loop other than the producer's (its tasks and futures
+        live there: the call would hang or fail obscurely). Checked where a call waits or
+        opens a batch, not per record: asking for the running loop costs a syscall."""
+        if self._loop is not None and asyncio.get_running_loop() is not self._loop:
+            raise RuntimeError(
+                "this producer belongs to the event loop that started it and cannot be used "
+                "from another one: use one producer per event loop (and close it on its own)")
 
     def _raise_not_started(self) -> None:
         if self._failure is not None:

@@ -216,6 +216,31 @@ async def test_calls_on_a_closed_or_unstarted_producer(broker, topic):
         await Producer(broker.bootstrap).partitions_for(topic)
 
 
+def test_calls_from_another_event_loop_are_refused(broker, topic):
+    """A producer started on one loop, then called from another (a producer shared across
+    asyncio.run() calls, or across tests' loops): a clear error, not a hang."""
+    producer = Producer(broker.bootstrap)
+    own = asyncio.new_event_loop()
+    try:
+        own.run_until_complete(producer.start())
+        own.run_until_complete(producer.send(topic, b"on its own loop"))
+
+        async def elsewhere(call):
+            with pytest.raises(RuntimeError, match="another one"):
+                await asyncio.wait_for(call(), 5)
+
+        for call in (lambda: producer.send(topic, b"v"), lambda: producer.flush(),
+                     lambda: producer.enqueue_many(topic, [(None, b"v")]),
+                     lambda: producer.send("not-yet-known", b"v"), lambda: producer.close()):
+            asyncio.run(elsewhere(call))
+        own.run_until_complete(producer.send(topic, b"still works on its own loop"))
+        own.run_until_complete(producer.close())
+    finally:
+        own.close()
+    got = consume_all(broker.bootstrap, topic, expected=2)
+    assert [r.value for r in got] == [b"on its own loop", b"still works on its own loop"]
+
+
 @pytest.mark.parametrize("timeout", ["5", -1, float("nan"), True])
 async def test_close_with_a_bad_timeout_leaves_a_working_close(broker, timeout):
     producer = Producer(broker.bootstrap)
