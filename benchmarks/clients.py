@@ -12,6 +12,7 @@ import json
 import math
 import os
 import resource
+import sys
 import time
 
 SETTINGS = {"acks": 1, "linger_ms": 5, "batch_size": 16384}
@@ -230,8 +231,14 @@ def main() -> None:
     else:
         seconds, latencies = run(args, data)
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    print(json.dumps({"seconds": seconds, "cpu": usage.ru_utime + usage.ru_stime,
-                      "rss_mb": peak_rss_mb(usage), "latencies": latencies}))
+    result = json.dumps({"seconds": seconds, "cpu": usage.ru_utime + usage.ru_stime,
+                         "rss_mb": peak_rss_mb(usage), "latencies": latencies})
+    # Not print(): under PYTHONUNBUFFERED, sys.stdout writes straight to an unbuffered FileIO
+    # and drops the rest of a partial write (a signal during a large write to the pipe;
+    # CPython gh-86210): a latency run's ~470 kB line came back cut about once in 15 runs.
+    # A buffered writer writes until all of it is out.
+    with open(sys.stdout.fileno(), "w", closefd=False) as out:
+        out.write(result + "\n")
 
 
 def peak_rss_mb(usage) -> float:

@@ -89,7 +89,7 @@ def run_one(scenario: str, client: str, records: int, extra: list[str], uvloop: 
             return {"error": done.stderr.strip().splitlines()[-1] if done.stderr else "failed"}
         try:
             result = json.loads(done.stdout.strip().splitlines()[-1])
-        except (IndexError, ValueError):  # seen once in ~100 runs: a cut-off line
+        except (IndexError, ValueError):  # a cut-off line (clients.py says why it should not be)
             return {"error": f"unreadable result ({len(done.stdout)} characters on stdout)"}
         counted = count_back(broker.bootstrap, topic, records)
     if counted != records:
