@@ -104,14 +104,13 @@ class RecordAccumulator:
         record_size_upper_bound), waiting up to `max_block` for the memory; returns the batch,
         whose last record this one is."""
         size = max(self._batch_size, record_size)
-        self._check_open()
+        if self.closing:
+            raise closed_while_buffering()
         if not self._pool.try_reserve(size):
             await self._pool.reserve(size, max_block)
-            try:
-                self._check_open()
-            except ProducerClosedError:
+            if self.closing:  # close() began while we waited: give the memory back
                 self._pool.release(size)
-                raise
+                raise closed_while_buffering()
             # Others may have opened a batch while we waited: use it and give the memory back.
             batch = self.try_append(topic, partition, timestamp, key, value, headers)
             if batch is not None:
@@ -135,13 +134,6 @@ class RecordAccumulator:
             self._txn.add_partition(topic, partition)
         self._wake_sender(batch)  # a new linger deadline, or the previous batch is now full
         return batch
-
-    def _check_open(self) -> None:
-        """No new batch once close() began: after it, nothing may wait for the sender (the
-        Java client's "producer closed while send in progress")."""
-        if self.closing:
-            raise ProducerClosedError("the producer is closing: this record was not buffered "
-                                      "(nor sent)")
 
     # -- the sender's side -----------------------------------------------------------------
 
@@ -306,3 +298,9 @@ def delivery_timeout_error(batch: ProducerBatch, timeout_ms: int, cause: str) ->
     return DeliveryTimeoutError(
         f"{batch.record_count} record(s) for {batch.topic}-{batch.partition} not acknowledged "
         f"within delivery_timeout_ms={timeout_ms} ({cause})")
+
+
+def closed_while_buffering() -> ProducerClosedError:
+    """No new batch once close() began: nothing may wait for the stopped sender (the Java
+    client's "producer closed while send in progress")."""
+    return ProducerClosedError("the producer is closing: this record was not buffered (nor sent)")
