@@ -9,13 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import os
 import random
+import re
 import time
 
 import pytest
 
 from aioproducer import Producer
-from aioproducer.errors import DeliveryTimeoutError, KafkaError
+from aioproducer.errors import (
+    DeliveryTimeoutError,
+    KafkaError,
+    MessageTooLargeError,
+    RecordTooLargeError,
+)
 from tests.support.readback import assert_contiguous_sequences, consume_all, fetch_raw_batches
 
 
@@ -300,3 +307,80 @@ async def test_without_idempotence_delivery_is_at_least_once(proxied_broker):
     assert all(h.exception() is None for h in handles)
     values = {r.value for r in consume_all(cluster.broker.bootstrap, "at-least-once", 10_000)}
     assert len(values) == 10_000  # every record at least once
+
+
+# -- a broker's size limit (Tansu has none: the proxy enforces one) -------------------------
+
+def _assert_offsets_match(metadata, values: list[bytes], consumed) -> None:
+    """Each record's metadata names where a consumer found it."""
+    found = {r.value: (r.partition, r.offset) for r in consumed}
+    assert [(m.partition, m.offset) for m in metadata] == [found[value] for value in values]
+
+
+@pytest.mark.parametrize("idempotence,codec,api", [(True, "none", "enqueue"),
+                                                   (False, "lz4", "enqueue_many")])
+async def test_batches_over_the_brokers_limit_are_split_until_they_fit(proxied_broker,
+                                                                        idempotence, codec, api):
+    """The broker refuses 64 KiB batches (its limit is 3,000 bytes): each is sent again in
+    halves until the pieces fit, and every record arrives once, in order, where its metadata
+    says. buffer_memory holds four batches of the ~6 the records fill: memory a split kept
+    would run out."""
+    cluster = proxied_broker
+    cluster.proxy.message_max_bytes(3000)
+    cluster.create_topic("split", 3)
+    records = [(b"k%d" % (i % 7), b"%06d:" % i + os.urandom(100)) for i in range(3000)]
+    values = [value for _, value in records]
+    async with Producer(cluster.bootstrap, batch_size=65536, linger_ms=20,
+                        buffer_memory=4 * 65536, max_block_ms=10_000,
+                        enable_idempotence=idempotence, compression_type=codec,
+                        # Without idempotence a split, like a retry, keeps the order only
+                        # with one request in flight.
+                        **({} if idempotence else {"acks": 1,
+                                                   "max_in_flight_requests_per_connection": 1})
+                        ) as producer:
+        if api == "enqueue":
+            handles = [await producer.enqueue("split", value, key) for key, value in records]
+            await producer.flush()
+            metadata = [handle.result() for handle in handles]  # raises the first failure
+        else:
+            bulk = await producer.enqueue_many("split", records)
+            metadata = list(await bulk)
+    assert cluster.proxy.refused_batches >= 3, "the limit never bit: the test proves nothing"
+    consumed = consume_all(cluster.broker.bootstrap, "split", len(values))
+    assert sorted(r.value for r in consumed) == sorted(values)  # each once
+    for key in range(7):  # per key (so per partition), in the order sent
+        sent = [value for k, value in records if k == b"k%d" % key]
+        assert [r.value for r in consumed if r.key == b"k%d" % key] == sent
+    _assert_offsets_match(metadata, values, consumed)
+    if idempotence:
+        for partition in range(3):
+            batches = fetch_raw_batches(cluster.broker.bootstrap, "split", partition)
+            assert len({b.producer_id for b in batches}) == 1
+            assert_contiguous_sequences(batches)
+
+
+async def test_a_record_over_the_brokers_limit_fails_alone(proxied_broker):
+    """One record among 200 sent together is too large even on its own: its send() raises
+    MessageTooLargeError saying so, and the others are delivered once, in order (idempotent:
+    the sequence numbers it used up are not left as a gap)."""
+    cluster = proxied_broker
+    cluster.proxy.message_max_bytes(3000)
+    cluster.create_topic("too-large", 1)
+    values = [b"%04d:" % i + b"v" * 100 for i in range(200)]
+    values.insert(120, b"big:" + os.urandom(5000))
+    async with Producer(cluster.bootstrap, batch_size=65536, linger_ms=50) as producer:
+        results = await asyncio.gather(*(producer.send("too-large", value) for value in values),
+                                       return_exceptions=True)
+    big = results.pop(120)
+    values.pop(120)
+    assert isinstance(big, MessageTooLargeError) and isinstance(big, RecordTooLargeError)
+    assert re.search("a record of 5[0-9]{3} bytes", str(big)), big
+    assert not [r for r in results if isinstance(r, BaseException)]
+    consumed = consume_all(cluster.broker.bootstrap, "too-large", len(values))
+    assert [r.value for r in consumed] == values
+    _assert_offsets_match(results, values, consumed)
+    sessions = collections.defaultdict(list)
+    for b in fetch_raw_batches(cluster.broker.bootstrap, "too-large", 0):
+        sessions[(b.producer_id, b.producer_epoch)].append(b)
+    for batches in sessions.values():
+        assert_contiguous_sequences(batches)

@@ -8,6 +8,7 @@ kafka-python: data batches flagged transactional, then a COMMIT or ABORT control
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
 
 import pytest
@@ -21,7 +22,11 @@ from aioproducer.errors import (
     TransactionAbortedError,
     TransactionStateError,
 )
-from tests.support.readback import consume_all, fetch_raw_batches
+from tests.support.readback import (
+    assert_contiguous_sequences,
+    consume_all,
+    fetch_raw_batches,
+)
 
 
 def _tid() -> str:
@@ -249,6 +254,29 @@ async def test_abort_of_a_record_awaiting_its_retry_then_go_on(proxied_broker):
     assert markers == ["data", "COMMIT", "data", "ABORT", "data", "COMMIT", "data", "COMMIT"]
     got = consume_all(cluster.broker.bootstrap, "retrying", expected=4)
     assert [r.value for r in got] == [b"t0", b"t1", b"t2", b"t3"]  # Tansu shows aborted ones
+
+
+async def test_batches_split_for_the_brokers_limit_commit_with_their_transaction(proxied_broker):
+    """The broker refuses the transaction's 64 KiB batches as too large (its limit is 3,000
+    bytes): they are split until they fit, the transaction commits, and every record is
+    there once, in order, with the pieces' sequence numbers contiguous."""
+    cluster = proxied_broker
+    cluster.proxy.message_max_bytes(3000)
+    cluster.create_topic("txn-split", 2)
+    values = [b"%05d:" % i + os.urandom(100) for i in range(1000)]
+    async with Producer(cluster.bootstrap, transactional_id=_tid(), batch_size=65536,
+                        linger_ms=20) as producer:
+        async with producer.transaction():
+            handles = [await producer.enqueue("txn-split", value, partition=i % 2)
+                       for i, value in enumerate(values)]
+    assert cluster.proxy.refused_batches >= 2, "the limit never bit: the test proves nothing"
+    assert all(handle.exception() is None for handle in handles)
+    got = consume_all(cluster.broker.bootstrap, "txn-split", len(values))
+    for partition in (0, 1):
+        assert [r.value for r in got if r.partition == partition] == values[partition::2]
+        batches = fetch_raw_batches(cluster.broker.bootstrap, "txn-split", partition)
+        assert [b.control_type for b in batches if b.is_control] == ["COMMIT"]
+        assert_contiguous_sequences([b for b in batches if not b.is_control])
 
 
 async def test_fenced_producer_fails_records_of_partitions_not_yet_added(broker, topic_factory):

@@ -10,12 +10,13 @@ the producer ever wrote to.
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections import deque
 from typing import TYPE_CHECKING, Callable, Iterable
 
 from ..errors import DeliveryTimeoutError, ProducerClosedError
 from ..protocol.compression import Codec
-from ..protocol.records import BatchWriter
+from ..protocol.records import BatchWriter, encode_headers, read_batches
 from .batch import ProducerBatch
 from .buffer_pool import BufferPool
 
@@ -119,7 +120,7 @@ class RecordAccumulator:
         now = self._loop.time()
         self._batches_created += 1
         writer = BatchWriter(timestamp, self._batch_size)
-        batch = ProducerBatch(self._batches_created, topic, partition, writer,
+        batch = ProducerBatch((self._batches_created,), topic, partition, writer,
                               self._loop.create_future(), now, now + self._delivery_timeout, size)
         writer.try_append(timestamp, key, value, headers)  # a batch's first record always fits
         queue = self._batches.get((topic, partition))
@@ -228,10 +229,43 @@ class RecordAccumulator:
             batches[batch.partition] = writers[batch.partition] = None
 
     def reenqueue(self, batch: ProducerBatch, retry_at: float) -> None:
-        """Put a failed batch back for a retry, in creation order among the queued ones (the
-        Java client's insertInSequenceOrder: batches were numbered in creation order)."""
+        """Put a failed batch back for a retry."""
         batch.attempts += 1
         batch.retry_at = retry_at
+        self._insert(batch)
+
+    def split(self, batch: ProducerBatch) -> None:
+        """The broker refused `batch` as too large: queue its records again as two batches,
+        each half of them, in its place (its sequence numbers and delivery deadline, its
+        memory shared out). Halving ends, at worst, in batches of one record, which then fail
+        as too large on their own. (The Java client splits into batch_size pieces, which
+        cannot get under a broker limit that is itself below batch_size.)"""
+        [read] = read_batches(batch.writer.encode())
+        records = read.records
+        half = len(records) // 2
+        pieces = []
+        for index, part in enumerate((records[:half], records[half:])):
+            writer = BatchWriter(part[0].timestamp, sys.maxsize)  # it held them before
+            for record in part:
+                writer.try_append(record.timestamp, record.key, record.value,
+                                  encode_headers(record.headers) if record.headers else None)
+            reserved = batch.reserved // 2 if index == 0 else batch.reserved - batch.reserved // 2
+            piece = ProducerBatch(batch.number + (index,), batch.topic, batch.partition, writer,
+                                  self._loop.create_future(), batch.created, batch.deadline,
+                                  reserved)
+            piece.full = True  # sendable now
+            pieces.append(piece)
+        batch.split_into(pieces)
+        if self._txn is not None:
+            self._txn.split(batch, pieces)
+        self.incomplete.discard(batch)
+        for piece in pieces:
+            self.incomplete.add(piece)
+            self._insert(piece)
+
+    def _insert(self, batch: ProducerBatch) -> None:
+        """Queue a batch in creation order among its partition's queued ones (the Java
+        client's insertInSequenceOrder: batches are numbered in creation order)."""
         queue = self._batches.setdefault((batch.topic, batch.partition), deque())
         index = 0
         while index < len(queue) and queue[index].number < batch.number:

@@ -3,6 +3,10 @@
 One asyncio future per batch; each record gets only a small slotted handle that remembers
 its batch and its offset delta. Holding a future, a closure or a reference cycle per record
 is what limits Python producers (see benchmarks/), so the handle holds none of those.
+
+A batch the broker refuses as too large is split into pieces that are sent in its place
+(`split_into`); the handles keep pointing at the original batch, which then answers for each
+record from the piece that holds it, and is done when all its pieces are.
 """
 
 from __future__ import annotations
@@ -34,12 +38,12 @@ class ProducerBatch:
     __slots__ = (
         "number", "topic", "partition", "writer", "future", "created", "deadline", "reserved",
         "attempts", "retry_at", "base_sequence", "producer_id", "producer_epoch", "done",
-        "full", "_waiters",
+        "full", "_waiters", "pieces", "parent", "first_delta",
     )
 
-    def __init__(self, number: int, topic: str, partition: int, writer: BatchWriter,
+    def __init__(self, number: tuple[int, ...], topic: str, partition: int, writer: BatchWriter,
                  future: asyncio.Future, created: float, deadline: float, reserved: int) -> None:
-        self.number = number  # creation order: retries go back in this order
+        self.number = number  # creation order (a piece's: its batch's, then its index)
         self.topic = topic
         self.partition = partition
         self.writer = writer
@@ -55,6 +59,9 @@ class ProducerBatch:
         self.done = False
         self.full = False  # a record did not fit: closed for appends, sendable now
         self._waiters: list[asyncio.Future] | None = None
+        self.pieces: list[ProducerBatch] | None = None  # what it was split into, in order
+        self.parent: ProducerBatch | None = None  # the batch this is a piece of
+        self.first_delta = 0  # offset delta of this piece's first record in its parent
 
     def __repr__(self) -> str:
         return (f"<ProducerBatch {self.topic}-{self.partition} records={self.writer.count} "
@@ -68,6 +75,11 @@ class ProducerBatch:
         """A record's metadata, from its offset in the batch and its own timestamp (used
         unless the topic stamps log-append times); raises the batch's failure if it failed,
         InvalidStateError while pending."""
+        if self.pieces is not None:
+            if not self.future.done():
+                raise asyncio.InvalidStateError("Result is not set.")
+            piece = self._piece_of(offset_delta)
+            return piece.metadata(offset_delta - piece.first_delta, timestamp)
         base_offset, log_append_time = self.future.result()
         return _new_metadata(RecordMetadata, (
             self.topic,
@@ -75,6 +87,39 @@ class ProducerBatch:
             base_offset + offset_delta if base_offset >= 0 else -1,
             log_append_time if log_append_time >= 0 else timestamp,
         ))
+
+    def exception_for(self, offset_delta: int) -> BaseException | None:
+        """The failure of one record (None if acknowledged; InvalidStateError while pending)."""
+        if self.pieces is not None and self.future.done():
+            piece = self._piece_of(offset_delta)
+            return piece.exception_for(offset_delta - piece.first_delta)
+        return self.future.exception()
+
+    def split_into(self, pieces: list[ProducerBatch]) -> None:
+        """Hand this batch's records over to `pieces` (consecutive, in order)."""
+        first = 0
+        for piece in pieces:
+            piece.parent = self
+            piece.first_delta = first
+            first += piece.record_count
+        self.pieces = pieces
+        self.writer.free()
+
+    def _piece_of(self, offset_delta: int) -> ProducerBatch:
+        assert self.pieces is not None
+        return next(p for p in reversed(self.pieces) if p.first_delta <= offset_delta)
+
+    def _piece_done(self) -> None:
+        """Done once every piece is: failed with the first piece's failure if any failed
+        (what enqueue_many's future reports), else acknowledged."""
+        assert self.pieces is not None
+        if not all(piece.done for piece in self.pieces):
+            return
+        failure = next((p.future.exception() for p in self.pieces if p.future.exception()), None)
+        if failure is None:
+            self.complete(-1, -1)
+        else:
+            self.fail(failure)
 
     def waiter(self) -> asyncio.Future:
         """A future of its own for one awaiting task, done when the batch is: cancelling
@@ -100,6 +145,8 @@ class ProducerBatch:
         if not self.future.done():
             self.future.set_result((base_offset, log_append_time))
         self._wake_waiters()
+        if self.parent is not None:
+            self.parent._piece_done()
 
     def fail(self, exc: BaseException) -> None:
         self.done = True
@@ -110,6 +157,8 @@ class ProducerBatch:
             # them (fire-and-forget), asyncio must not log "exception never retrieved".
             self.future.exception()
         self._wake_waiters()
+        if self.parent is not None:
+            self.parent._piece_done()
 
 
 class RecordFuture:
@@ -143,7 +192,7 @@ class RecordFuture:
         return self._batch.metadata(self._offset_delta, self._timestamp)
 
     def exception(self) -> BaseException | None:
-        return self._batch.future.exception()
+        return self._batch.exception_for(self._offset_delta)
 
     def add_done_callback(self, fn: Callable[["RecordFuture"], object]) -> None:
         """Call `fn(self)` once the record is acknowledged or failed."""

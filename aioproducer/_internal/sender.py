@@ -48,6 +48,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+_MESSAGE_TOO_LARGE = 10
+
 # Error codes after which the partition's leader should be looked up again.
 _STALE_METADATA = frozenset({
     3,   # UNKNOWN_TOPIC_OR_PARTITION
@@ -77,7 +79,7 @@ class Sender:
         # Requests of this round, written when it has done everything else.
         self._unwritten: list[tuple[BrokerConnection, dict[str, Any], list[ProducerBatch]]] = []
         # (deadline, creation number, batch) of each send; may hold batches already done.
-        self._expiry_heap: list[tuple[float, int, ProducerBatch]] = []
+        self._expiry_heap: list[tuple[float, tuple[int, ...], ProducerBatch]] = []
         self._acks = config.acks
         self._send_at_once = config.linger_ms == 0 and config.acks != 0
         self._retry_backoff = config.retry_backoff_ms / 1000
@@ -267,9 +269,15 @@ class Sender:
             self.wake()
 
     def _on_partition_error(self, batch: ProducerBatch, p: dict[str, Any]) -> None:
+        if p["error_code"] == _MESSAGE_TOO_LARGE and batch.record_count > 1:
+            self._split(batch)
+            return
         where = f"producing to {batch.topic}-{batch.partition}"
         if p.get("error_message"):
             where += f": {p['error_message']}"
+        elif p["error_code"] == _MESSAGE_TOO_LARGE:
+            where += (f": a record of {batch.writer.size} bytes (in its own batch) is over the "
+                      "broker's message.max.bytes or the topic's max.message.bytes")
         if p.get("record_errors"):
             # Produce v8+: which records made the broker refuse the batch (KIP-467). As in the
             # Java client, the whole batch fails; the message names the culprits.
@@ -297,6 +305,18 @@ class Sender:
                     self._retry(batch)  # numbered afresh under a new producer id
                 return
         self._retry_or_fail(batch, exc)
+
+    def _split(self, batch: ProducerBatch) -> None:
+        """The broker's limit (message.max.bytes, or the topic's max.message.bytes) is below
+        this batch: send its records in smaller batches instead, as the Java client does. Not
+        a retry: it does not count against `retries`."""
+        self._in_flight.pop(batch, None)
+        if self._txn is not None:
+            self._txn.resolved(batch)
+        if batch.done:
+            return  # expired while in flight; its outcome was already reported
+        log.info("%s refused as too large by the broker: split in two", batch)
+        self._accumulator.split(batch)
 
     def _on_request_failed(self, batches: list[ProducerBatch], exc: BaseException) -> None:
         for batch in batches:

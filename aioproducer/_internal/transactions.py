@@ -234,6 +234,23 @@ class TransactionManager:
         self._next_sequence[tp] = (sequence + batch.record_count) % _SEQUENCE_WRAP
         self._unacked.setdefault(tp, {})[batch] = None
 
+    def split(self, batch: ProducerBatch, pieces: list[ProducerBatch]) -> None:
+        """`batch` was split (unwritten: the broker refused it as too large): its pieces take
+        its sequence numbers, and its place among the partition's unacknowledged batches."""
+        if not self.is_current(batch) or batch.base_sequence < 0:
+            return  # not numbered yet: the pieces are numbered when drained
+        sequence = batch.base_sequence
+        for piece in pieces:
+            piece.producer_id = batch.producer_id
+            piece.producer_epoch = batch.producer_epoch
+            piece.base_sequence = sequence
+            sequence = (sequence + piece.record_count) % _SEQUENCE_WRAP
+        tp = (batch.topic, batch.partition)
+        unacked = self._unacked.get(tp, {})
+        if batch in unacked:
+            self._unacked[tp] = {b: None for old in unacked
+                                 for b in (pieces if old is batch else (old,))}
+
     def sent(self, batch: ProducerBatch) -> None:
         in_flight = self._in_flight.setdefault((batch.topic, batch.partition), [])
         in_flight.append(batch)

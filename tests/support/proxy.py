@@ -2,7 +2,8 @@
 
 It runs its own event loop in a thread, so it keeps forwarding while a test's loop is busy
 and works from sync tests as well. Faults: cut every connection now, cut after N more bytes
-(mid-frame), stall responses, refuse connections (broker "down"), send garbage, throttle.
+(mid-frame), stall responses, refuse connections (broker "down"), send garbage, throttle,
+and a broker's size limit on record batches (which Tansu does not have).
 """
 
 from __future__ import annotations
@@ -10,8 +11,14 @@ from __future__ import annotations
 import asyncio
 import os
 import ssl
+import struct
 import threading
 from typing import Any
+
+from kafka.protocol.producer import ProduceRequest, ProduceResponse
+
+_PRODUCE = 0
+_MESSAGE_TOO_LARGE = 10
 
 
 class FaultProxy:
@@ -31,6 +38,8 @@ class FaultProxy:
         self._cut_after: tuple[int, str] | None = None
         self._rate: float | None = None
         self._split: int | None = None
+        self._message_max_bytes: int | None = None
+        self.refused_batches = 0
 
     def start(self) -> "FaultProxy":
         self._thread.start()
@@ -87,6 +96,13 @@ class FaultProxy:
     def throttle(self, bytes_per_s: float | None) -> None:
         self._rate = bytes_per_s
 
+    def message_max_bytes(self, limit: int | None) -> None:
+        """Act as a broker whose message.max.bytes is `limit`: a Produce request's record
+        batch larger than that is not forwarded, and its partition is answered with
+        MESSAGE_TOO_LARGE (the others go through). Applies to connections made afterwards.
+        Requests are decoded and responses re-encoded with kafka-python, not our codec."""
+        self._message_max_bytes = limit
+
     # -- inside the proxy's loop -----------------------------------------------------------
 
     def _call(self, coroutine: Any, timeout: float = 5) -> Any:
@@ -120,9 +136,14 @@ class FaultProxy:
         self.connections_accepted += 1
         pair = (writer, up_writer)
         self._pairs.add(pair)
-        await asyncio.gather(self._pipe(reader, up_writer, "up", pair),
-                             self._pipe(up_reader, writer, "down", pair),
-                             return_exceptions=True)
+        if self._message_max_bytes is not None:
+            refused: dict[int, tuple[int, list[tuple[str, int]]]] = {}
+            pipes = (self._limit_requests(reader, up_writer, self._message_max_bytes, refused),
+                     self._answer_refused(up_reader, writer, refused))
+        else:
+            pipes = (self._pipe(reader, up_writer, "up", pair),
+                     self._pipe(up_reader, writer, "down", pair))
+        await asyncio.gather(*pipes, return_exceptions=True)
         self._pairs.discard(pair)
         writer.transport.abort()
         up_writer.transport.abort()
@@ -158,3 +179,58 @@ class FaultProxy:
                 await writer.drain()
                 if step < len(data):
                     await asyncio.sleep(0.0005)  # the client's read takes this piece alone
+
+    async def _limit_requests(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                              limit: int, refused: dict[int, tuple[int, list[tuple[str, int]]]]
+                              ) -> None:
+        """Client to broker, frame by frame: take oversized batches out of Produce requests
+        and note, by correlation id, which partitions to answer with MESSAGE_TOO_LARGE."""
+        while True:
+            frame = await _read_frame(reader)
+            api_key, version, correlation_id = struct.unpack_from(">hhi", frame, 4)
+            if api_key == _PRODUCE:
+                request = ProduceRequest.decode(frame[4:], version=version, header=True)
+                too_large = []
+                for topic in request.topic_data:
+                    kept = []
+                    for partition in topic.partition_data:
+                        if partition.records is not None and len(partition.records) > limit:
+                            too_large.append((topic.name, partition.index))
+                        else:
+                            kept.append(partition)
+                    topic.partition_data = kept
+                if too_large:
+                    self.refused_batches += len(too_large)
+                    refused[correlation_id] = (version, too_large)
+                    body = request.encode(header=True)
+                    frame = struct.pack(">i", len(body)) + body
+            writer.write(frame)
+            await writer.drain()
+
+    async def _answer_refused(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                              refused: dict[int, tuple[int, list[tuple[str, int]]]]) -> None:
+        """Broker to client: add the refused partitions to their requests' responses."""
+        topic_cls = ProduceResponse.TopicProduceResponse
+        partition_cls = topic_cls.PartitionProduceResponse
+        while True:
+            frame = await _read_frame(reader)
+            (correlation_id,) = struct.unpack_from(">i", frame, 4)
+            if correlation_id in refused:
+                version, too_large = refused.pop(correlation_id)
+                response = ProduceResponse.decode(frame[4:], version=version, header=True)
+                for name, index in too_large:
+                    response.responses.append(topic_cls(
+                        version=version, name=name, partition_responses=[partition_cls(
+                            version=version, index=index, error_code=_MESSAGE_TOO_LARGE,
+                            base_offset=-1, log_append_time_ms=-1, log_start_offset=-1,
+                            record_errors=[], error_message=None)]))
+                body = response.encode(header=True)
+                frame = struct.pack(">i", len(body)) + body
+            writer.write(frame)
+            await writer.drain()
+
+
+async def _read_frame(reader: asyncio.StreamReader) -> bytes:
+    """One size-prefixed Kafka frame, prefix included (IncompleteReadError at the end)."""
+    size = await reader.readexactly(4)
+    return size + await reader.readexactly(struct.unpack(">i", size)[0])
