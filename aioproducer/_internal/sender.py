@@ -315,7 +315,10 @@ class Sender:
             self._txn.resolved(batch)
         if batch.done:
             return  # expired while in flight; its outcome was already reported
-        log.info("%s refused as too large by the broker: split in two", batch)
+        if batch.parent is None:  # once per batch the user filled, not per piece
+            log.warning("%s of %d bytes refused as too large by the broker: sending it in "
+                        "smaller batches (lower batch_size, or raise the topic's "
+                        "max.message.bytes, to save the round trips)", batch, batch.writer.size)
         self._accumulator.split(batch)
 
     def _on_request_failed(self, batches: list[ProducerBatch], exc: BaseException) -> None:
