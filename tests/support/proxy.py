@@ -33,6 +33,7 @@ class FaultProxy:
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._server: asyncio.AbstractServer | None = None
         self._pairs: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
+        self._handlers: set[asyncio.Task] = set()  # one per client connection
         self._stalled = False
         self._refusing = False
         self._cut_after: tuple[int, str] | None = None
@@ -116,6 +117,8 @@ class FaultProxy:
         self._abort_all()
         if self._server is not None:
             self._server.close()
+        if self._handlers:  # let them see their connections end, or the loop stops on them
+            await asyncio.wait(self._handlers, timeout=1)
 
     def _abort_all(self) -> None:
         for client, upstream in list(self._pairs):
@@ -125,6 +128,15 @@ class FaultProxy:
         self._pairs.clear()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
+        try:
+            await self._forward(reader, writer)
+        finally:
+            self._handlers.discard(task)
+
+    async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self._refusing:
             writer.transport.abort()
             return
