@@ -384,3 +384,21 @@ async def test_a_record_over_the_brokers_limit_fails_alone(proxied_broker):
         sessions[(b.producer_id, b.producer_epoch)].append(b)
     for batches in sessions.values():
         assert_contiguous_sequences(batches)
+
+
+async def test_enqueue_many_answers_for_its_own_records_of_a_split_batch(proxied_broker):
+    """enqueue_many's 60 records share a batch with another call's record that is too large
+    on its own: the batch is split, that record fails, and the 60, all written, succeed."""
+    cluster = proxied_broker
+    cluster.proxy.message_max_bytes(3000)
+    cluster.create_topic("bulk-split", 1)
+    records = [(None, b"%04d:" % i + b"v" * 100) for i in range(60)]
+    async with Producer(cluster.bootstrap, batch_size=65536, linger_ms=200) as producer:
+        bulk = await producer.enqueue_many("bulk-split", records)
+        big = await producer.enqueue("bulk-split", b"big:" + os.urandom(5000))
+        await producer.flush()
+    assert isinstance(big.exception(), MessageTooLargeError)
+    assert bulk.exception() is None
+    metadata = list(bulk.result())
+    consumed = consume_all(cluster.broker.bootstrap, "bulk-split", len(records))
+    _assert_offsets_match(metadata, [value for _, value in records], consumed)

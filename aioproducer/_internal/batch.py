@@ -240,16 +240,38 @@ class BulkFuture:
     def exception(self) -> BaseException | None:
         """The first failure among the records, if any (None while pending or all acked)."""
         for batch in dict.fromkeys(self._batches):  # each batch once, in input order
-            if batch.future.done() and batch.future.exception() is not None:
-                return batch.future.exception()
+            if batch.future.done():
+                failure = self._failure_in(batch)
+                if failure is not None:
+                    return failure
         return None
 
     def result(self) -> "BulkMetadata":
         """Every record's metadata (a sequence, built as it is read); raises the first failure
         if any record failed, InvalidStateError if some are pending."""
-        for batch in dict.fromkeys(self._batches):  # the first failure in input order
-            batch.future.result()
+        batches = dict.fromkeys(self._batches)
+        for batch in batches:
+            if not batch.future.done():
+                raise asyncio.InvalidStateError("Result is not set.")
+        for batch in batches:  # the first failure in input order
+            failure = self._failure_in(batch)
+            if failure is not None:
+                raise failure
         return BulkMetadata(self._batches, self._deltas, self._timestamp)
+
+    def _failure_in(self, batch: ProducerBatch) -> BaseException | None:
+        """The first failure among these records in `batch` (done). A split batch failed if
+        any of its pieces did, maybe a piece holding only other calls' records: ask for ours."""
+        failure = batch.future.exception()
+        if failure is None or batch.pieces is None:
+            return failure
+        deltas = memoryview(bytes(self._deltas)).cast("i")
+        for held_by, delta in zip(self._batches, deltas):
+            if held_by is batch:
+                failure = batch.exception_for(delta)
+                if failure is not None:
+                    return failure
+        return None
 
 
 class BulkMetadata(Sequence[RecordMetadata]):
