@@ -245,7 +245,7 @@ class RecordAccumulator:
         half = len(records) // 2
         pieces = []
         for index, part in enumerate((records[:half], records[half:])):
-            writer = BatchWriter(part[0].timestamp, sys.maxsize)  # it held them before
+            writer = BatchWriter(part[0].timestamp, sys.maxsize)  # no limit: they were one batch
             for record in part:
                 writer.try_append(record.timestamp, record.key, record.value,
                                   encode_headers(record.headers) if record.headers else None)

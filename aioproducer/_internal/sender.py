@@ -4,7 +4,8 @@ Each round, as in the Java client's `Sender.runOnce`: refresh metadata if due, a
 accumulator which brokers have sendable batches, make sure their connections are up and have
 room in flight, drain one request's worth per broker, expire what waited too long, and write
 one ProduceRequest per broker. It never waits for a response: the response's callback
-completes the batches (or re-queues them with backoff, or fails them) and wakes the task.
+completes the batches (or re-queues them with backoff, splits one the broker found too large,
+or fails them) and wakes the task.
 Between rounds it sleeps until the earliest deadline (linger, retry backoff, delivery
 timeout, reconnect, metadata age) or until something wakes it.
 
