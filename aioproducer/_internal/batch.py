@@ -115,7 +115,7 @@ class ProducerBatch:
         assert self.pieces is not None
         if not all(piece.done for piece in self.pieces):
             return
-        failure = next((p.future.exception() for p in self.pieces if p.future.exception()), None)
+        failure = next(filter(None, (piece.future.exception() for piece in self.pieces)), None)
         if failure is None:
             self.complete(-1, -1)
         else:
