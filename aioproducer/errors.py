@@ -437,7 +437,7 @@ class BrokerDuplicateSequenceNumberError(BrokerError, DuplicateSequenceNumberErr
     error_code, name = 46, "DUPLICATE_SEQUENCE_NUMBER"
 
 
-class InvalidProducerEpochError(BrokerError, ProducerFencedError):
+class InvalidProducerEpochError(BrokerError):
     """Producer attempted to produce with an old epoch."""
 
     error_code, name = 47, "INVALID_PRODUCER_EPOCH"

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import asyncio
 
+from kafka.protocol.metadata import ApiVersionsResponse
+
+from aioproducer import Producer
 from aioproducer.client.connection import BrokerConnection
 from aioproducer.protocol.messages import ApiKey
+from tests.support.readback import consume_all
 
 METADATA = {"topics": [], "allow_auto_topic_creation": False}
 
@@ -61,3 +65,30 @@ async def test_closing_fails_every_pending_request(broker):
     results = await asyncio.wait_for(asyncio.gather(waiting, return_exceptions=True), 5)
     assert "closed" in str(results[0])
     assert len(outcomes) == 1 and outcomes[0][0] is None and "closed" in str(outcomes[0][1])
+
+
+async def test_a_broker_before_kafka_2_4_is_asked_again_at_its_apiversions_version(
+        proxied_broker):
+    """Brokers before Kafka 2.4 speak ApiVersions up to v2: they answer our v3 with
+    UNSUPPORTED_VERSION in a v0 body that lists what they speak. The producer asks again at
+    v2, on every connection, and works."""
+    cluster = proxied_broker
+    asked: list[int] = []
+
+    def before_2_4(response):
+        asked.append(response.version)
+        if response.version <= 2:
+            return None
+        return ApiVersionsResponse(version=0, error_code=35, api_keys=[
+            ApiVersionsResponse.ApiVersion(
+                version=0, api_key=k.api_key, min_version=k.min_version,
+                max_version=min(k.max_version, 2) if k.api_key == ApiKey.API_VERSIONS
+                else k.max_version)
+            for k in response.api_keys])
+    cluster.proxy.rewrite_responses(ApiVersionsResponse, before_2_4)
+    cluster.create_topic("old-broker", 1)
+    async with Producer(cluster.bootstrap) as producer:
+        metadata = await producer.send("old-broker", b"hello")
+    assert asked and asked == [3, 2] * (len(asked) // 2)
+    got = consume_all(cluster.broker.bootstrap, "old-broker", expected=1)
+    assert [(r.offset, r.value) for r in got] == [(metadata.offset, b"hello")]

@@ -9,6 +9,7 @@ import struct
 import pytest
 from kafka.protocol.admin import CreateTopicsRequest
 from kafka.protocol.metadata import ApiVersionsRequest, FindCoordinatorRequest, MetadataRequest
+from kafka.protocol.metadata import ApiVersionsResponse
 from kafka.protocol.metadata import FindCoordinatorResponse, MetadataResponse
 from kafka.protocol.producer import (
     AddOffsetsToTxnRequest,
@@ -158,6 +159,22 @@ def test_find_coordinator_response_from_kafka_python(version):
     body = decode_response(ApiKey.FIND_COORDINATOR, version, response.encode(header=True))
     found = body["coordinators"][0] if version >= 4 else body
     assert (found["node_id"], found["host"], found["port"]) == (3, "h", 1)
+
+
+def test_an_unsupported_api_versions_answer_is_read_as_v0():
+    """A broker that cannot read our ApiVersions version answers UNSUPPORTED_VERSION in a v0
+    body (whatever we asked), listing the versions it speaks: it is read as such."""
+    versions = [(0, 0, 7), (3, 0, 8), (18, 0, 2)]
+    response = ApiVersionsResponse(version=0, error_code=35, api_keys=[
+        ApiVersionsResponse.ApiVersion(version=0, api_key=k, min_version=lo, max_version=hi)
+        for k, lo, hi in versions])
+    response.with_header(correlation_id=1)
+    frame = response.encode(header=True)
+    for asked in (1, 2, 3):
+        body = decode_response(ApiKey.API_VERSIONS, asked, frame)
+        assert body["error_code"] == 35
+        assert [(k["api_key"], k["min_version"], k["max_version"])
+                for k in body["api_keys"]] == versions
 
 
 def test_golden_request_bytes():

@@ -12,13 +12,22 @@ import os
 import uuid
 
 import pytest
+from kafka.protocol.producer import ProduceResponse
+from kafka.protocol.producer.transaction import (
+    AddPartitionsToTxnResponse,
+    TxnOffsetCommitResponse,
+)
 
 from aioproducer import Producer
 from aioproducer.errors import (
     DeliveryTimeoutError,
+    IllegalGenerationError,
+    InvalidProducerEpochError,
     InvalidRecordError,
+    InvalidTxnStateError,
     KafkaError,
     ProducerFencedError,
+    TransactionalIdAuthorizationFailedError,
     TransactionAbortedError,
     TransactionStateError,
 )
@@ -109,14 +118,14 @@ async def test_second_producer_with_same_id_fences_the_first(broker, topic):
         first.begin_transaction()
         await first.send(topic, b"zombie")
         async with Producer(broker.bootstrap, transactional_id=tid) as second:
-            # The zombie learns it is fenced from its next request. (Apache Kafka also answers
-            # a fenced EndTxn with PRODUCER_FENCED; Tansu closes the connection instead, so
-            # the produce request is where both brokers tell.)
-            with pytest.raises(ProducerFencedError):
+            # The zombie's next records fail: Tansu answers them PRODUCER_FENCED (fatal),
+            # Apache Kafka INVALID_PRODUCER_EPOCH (abortable, as in the Java client), and its
+            # coordinator then answers the abort PRODUCER_FENCED.
+            with pytest.raises((ProducerFencedError, InvalidProducerEpochError)):
                 await first.send(topic, b"zombie-2")
-            with pytest.raises(ProducerFencedError):  # fatal: it stays fenced
-                await first.commit_transaction()
             with pytest.raises(ProducerFencedError):
+                await first.abort_transaction()
+            with pytest.raises(ProducerFencedError):  # fatal: it stays fenced
                 first.begin_transaction()
             async with second.transaction():
                 await second.send(topic, b"successor")
@@ -324,3 +333,154 @@ async def test_failed_transaction_fails_records_of_partitions_not_yet_added(prox
             await producer.send("unadded", b"next")
     got = consume_all(cluster.broker.bootstrap, "unadded", expected=2)
     assert [r.value for r in got] == [b"first", b"next"]
+
+
+# -- errors Tansu never sends, as Apache Kafka's brokers send them (the proxy rewrites answers)
+
+
+def _once(change):
+    """A rewrite for FaultProxy.rewrite_responses that changes the first response only."""
+    changed = []
+
+    def rewrite(response):
+        if changed:
+            return None
+        changed.append(change(response))
+        return response
+    rewrite.changed = changed
+    return rewrite
+
+
+async def test_records_refused_for_an_old_epoch_make_the_transaction_abortable(proxied_broker):
+    """Apache Kafka refuses a batch whose epoch is no longer the coordinator's with
+    INVALID_PRODUCER_EPOCH (KIP-588: the transaction timed out). As in the Java client, that
+    is abortable, not fatal: the abort works, starts a new epoch, and the producer goes on."""
+    cluster = proxied_broker
+    cluster.create_topic("old-epoch", 1)
+
+    def old_epoch(response):
+        for topic in response.responses:
+            for partition in topic.partition_responses:
+                partition.error_code, partition.base_offset = 47, -1
+    cluster.proxy.rewrite_responses(ProduceResponse, _once(old_epoch))
+    async with Producer(cluster.bootstrap, transactional_id=_tid(), linger_ms=0) as producer:
+        producer.begin_transaction()
+        with pytest.raises(InvalidProducerEpochError):
+            await producer.send("old-epoch", b"refused")
+        with pytest.raises(TransactionStateError, match="abort") as refused:
+            await producer.commit_transaction()
+        assert isinstance(refused.value.__cause__, InvalidProducerEpochError)
+        await producer.abort_transaction()
+        async with producer.transaction():
+            await producer.send("old-epoch", b"next")
+    assert cluster.proxy.rewritten == 1
+    batches = fetch_raw_batches(cluster.broker.bootstrap, "old-epoch", 0)
+    assert [b.control_type if b.is_control else "data" for b in batches] == \
+        ["data", "ABORT", "data", "COMMIT"]  # the broker did write the refused batch
+    assert batches[2].producer_epoch > batches[0].producer_epoch
+    assert [r[2] for r in batches[2].records] == [b"next"]
+
+
+@pytest.mark.parametrize("code, error", [(53, TransactionalIdAuthorizationFailedError),
+                                         (48, InvalidTxnStateError)])
+async def test_fatal_answers_of_the_coordinator_close_the_door(proxied_broker, code, error):
+    """AddPartitionsToTxn answered TRANSACTIONAL_ID_AUTHORIZATION_FAILED or INVALID_TXN_STATE
+    is fatal, as in the Java client: the record fails with that error, and every transaction
+    call after it says the producer cannot go on."""
+    cluster = proxied_broker
+    cluster.create_topic("refused-txn", 1)
+
+    def refuse(response):
+        for topic in response.results_by_topic_v3_and_below:
+            for partition in topic.results_by_partition:
+                partition.partition_error_code = code
+    cluster.proxy.rewrite_responses(AddPartitionsToTxnResponse, _once(refuse))
+    async with Producer(cluster.bootstrap, transactional_id=_tid(), linger_ms=0) as producer:
+        producer.begin_transaction()
+        with pytest.raises(error):
+            await asyncio.wait_for(producer.send("refused-txn", b"never"), 10)
+        for call in (producer.abort_transaction, producer.commit_transaction):
+            with pytest.raises(TransactionStateError, match="fatal error.*close it"):
+                await call()
+        with pytest.raises(TransactionStateError, match="fatal error.*close it"):
+            producer.begin_transaction()
+    assert cluster.proxy.rewritten == 1
+
+
+async def test_a_retriable_partition_error_retries_the_whole_add(proxied_broker):
+    """Apache Kafka answers AddPartitionsToTxn for a topic it does not know yet with
+    UNKNOWN_TOPIC_OR_PARTITION for it and OPERATION_NOT_ATTEMPTED for the others: the
+    request is sent again (as the Java client does), not taken as the transaction failing."""
+    cluster = proxied_broker
+    cluster.create_topic("add-again", 2)
+
+    def one_unknown(response):
+        partitions = [p for t in response.results_by_topic_v3_and_below
+                      for p in t.results_by_partition]
+        for partition in partitions:
+            partition.partition_error_code = 55 if partition.partition_index == 0 else 3
+        return len(partitions)
+    rewrite = _once(one_unknown)
+    cluster.proxy.rewrite_responses(AddPartitionsToTxnResponse, rewrite)
+    async with Producer(cluster.bootstrap, transactional_id=_tid(), linger_ms=20) as producer:
+        await producer.partitions_for("add-again")
+        async with producer.transaction():
+            handles = [await producer.enqueue("add-again", b"%d" % p, partition=p)
+                       for p in (0, 1)]
+    assert rewrite.changed == [2], "both partitions must be in the refused request"
+    assert [(await h).partition for h in handles] == [0, 1]
+    for partition in (0, 1):
+        assert _markers(cluster.broker.bootstrap, "add-again", partition) == ["data", "COMMIT"]
+
+
+async def test_failed_send_offsets_make_the_transaction_abortable(proxied_broker):
+    """TxnOffsetCommit answered ILLEGAL_GENERATION (the consumer group moved on): the offsets
+    are not in the transaction, so it must not commit; the abort works and the producer
+    goes on. The same when send_offsets_to_transaction() is cancelled half way."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    cluster = proxied_broker
+    cluster.create_topic("offsets-src", 1)
+    cluster.create_topic("offsets-out", 1)
+    group = f"group-{uuid.uuid4().hex[:8]}"
+
+    def illegal_generation(response):
+        for topic in response.topics:
+            for partition in topic.partitions:
+                partition.error_code = 22
+    cluster.proxy.rewrite_responses(TxnOffsetCommitResponse, _once(illegal_generation))
+    async with Producer(cluster.bootstrap, transactional_id=_tid(), linger_ms=0,
+                        request_timeout_ms=5000) as producer:
+        producer.begin_transaction()
+        await producer.send("offsets-out", b"derived-1")
+        with pytest.raises(IllegalGenerationError):
+            await producer.send_offsets_to_transaction({("offsets-src", 0): 7}, group)
+        with pytest.raises(TransactionStateError, match="abort"):
+            await producer.commit_transaction()
+        await producer.abort_transaction()
+
+        producer.begin_transaction()
+        await producer.send("offsets-out", b"derived-2")
+        cluster.proxy.stall(True)
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(
+                producer.send_offsets_to_transaction({("offsets-src", 0): 8}, group), 0.5)
+        cluster.proxy.stall(False)
+        with pytest.raises(TransactionStateError, match="cancelled"):
+            await producer.commit_transaction()
+        await producer.abort_transaction()
+
+        async with producer.transaction():
+            await producer.send("offsets-out", b"derived-3")
+            await producer.send_offsets_to_transaction({("offsets-src", 0): 9}, group)
+    assert cluster.proxy.rewritten == 1
+    assert _markers(cluster.broker.bootstrap, "offsets-out", 0) == \
+        ["data", "ABORT", "data", "ABORT", "data", "COMMIT"]
+    consumer = Consumer({"bootstrap.servers": cluster.broker.bootstrap, "group.id": group,
+                         "enable.auto.commit": False})
+    try:
+        [committed] = await asyncio.to_thread(
+            consumer.committed, [TopicPartition("offsets-src", 0)], 10)
+    finally:
+        consumer.close()
+    assert committed.offset == 9

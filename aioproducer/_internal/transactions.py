@@ -25,13 +25,20 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from ..client.cluster import Broker
 from ..errors import (
+    ERROR_CLASSES,
+    BrokerError,
+    ClusterAuthorizationFailedError,
+    InvalidTxnStateError,
     KafkaError,
     ProducerFencedError,
+    TransactionalIdAuthorizationFailedError,
     TransactionStateError,
+    UnsupportedForMessageFormatError,
+    UnsupportedVersionError,
     error_for_code,
 )
 from ..protocol.messages import ApiKey
@@ -52,10 +59,19 @@ _COORDINATOR_LOAD_IN_PROGRESS = 14
 _COORDINATOR_NOT_AVAILABLE = 15
 _NOT_COORDINATOR = 16
 _CONCURRENT_TRANSACTIONS = 51
+_OPERATION_NOT_ATTEMPTED = 55
 _FENCED = frozenset({47, 90})  # INVALID_PRODUCER_EPOCH, PRODUCER_FENCED
 _RETRY_SAME_COORDINATOR = frozenset({_COORDINATOR_LOAD_IN_PROGRESS, _CONCURRENT_TRANSACTIONS})
 _FIND_COORDINATOR_AGAIN = frozenset({_COORDINATOR_NOT_AVAILABLE, _NOT_COORDINATOR})
 _GROUP, _TRANSACTION = 0, 1  # FindCoordinator key types
+
+# Failures after which a transactional producer cannot go on, as in the Java client (its
+# TransactionManager.maybeTransitionToErrorState); any other failure of a batch makes the
+# transaction abortable.
+_FATAL = (ProducerFencedError, ClusterAuthorizationFailedError,
+          TransactionalIdAuthorizationFailedError, UnsupportedVersionError)
+# A coordinator's answers add these (the Java client's request handlers).
+_FATAL_FROM_COORDINATOR = _FATAL + (InvalidTxnStateError, UnsupportedForMessageFormatError)
 
 
 class TxnState(enum.Enum):
@@ -343,9 +359,16 @@ class TransactionManager:
                 self.sequence_state_lost(exc)  # type: ignore[arg-type]
         if not self.is_transactional:
             return
-        if isinstance(exc, ProducerFencedError):
+        if isinstance(exc, _FATAL):
             self.fatal(exc)
         elif isinstance(exc, KafkaError):
+            self.abortable(exc)
+
+    def _coordinator_failed(self, exc: KafkaError) -> None:
+        """A coordinator request of the transaction failed for good (retries are behind)."""
+        if isinstance(exc, _FATAL_FROM_COORDINATOR):
+            self.fatal(exc)
+        else:
             self.abortable(exc)
 
     async def init_transactions(self) -> None:
@@ -402,21 +425,16 @@ class TransactionManager:
                 "v3_and_below_topics": [{"name": t, "partitions": ps} for t, ps in topics.items()],
             }
 
-        def first_error(response: Mapping[str, Any]) -> int:
-            for topic in response["results_by_topic_v3_and_below"]:
-                for p in topic["results_by_partition"]:
-                    if p["partition_error_code"]:
-                        return p["partition_error_code"]
-            return 0
+        def deciding_error(response: Mapping[str, Any]) -> int:
+            return _deciding_error(p["partition_error_code"]
+                                   for topic in response["results_by_topic_v3_and_below"]
+                                   for p in topic["results_by_partition"])
 
         try:
             await self._coordinator_request(_TRANSACTION, ApiKey.ADD_PARTITIONS_TO_TXN, body,
-                                            "AddPartitionsToTxn", first_error)
+                                            "AddPartitionsToTxn", deciding_error)
         except KafkaError as exc:
-            if isinstance(exc, ProducerFencedError):
-                self.fatal(exc)
-            else:
-                self.abortable(exc)
+            self._coordinator_failed(exc)
             self.on_change()
             return
         self._partitions.update(adding)
@@ -448,10 +466,10 @@ class TransactionManager:
                         "committed": commit,
                     }, "EndTxn")
             except KafkaError as exc:
-                if isinstance(exc, ProducerFencedError) or not commit:
-                    self.fatal(exc)
+                if commit:
+                    self._coordinator_failed(exc)
                 else:
-                    self.abortable(exc)
+                    self.fatal(exc)  # nothing is left to end the transaction with
                 raise
         self._partitions.clear()
         self._pending.clear()
@@ -466,9 +484,27 @@ class TransactionManager:
     async def send_offsets(self, offsets: Mapping[TopicPartition, int],
                            group_id: str, generation_id: int = -1, member_id: str = "",
                            group_instance_id: str | None = None) -> None:
-        """Make a consumer group's offsets part of the transaction (consume-transform-produce)."""
+        """Make a consumer group's offsets part of the transaction (consume-transform-produce).
+
+        If this fails (or is cancelled), the transaction can only be aborted: the offsets
+        may be in it or not, and a commit without them would lose exactly-once."""
         if self.state is not TxnState.IN_TRANSACTION:
             self.check_can_send()
+        try:
+            await self._add_offsets(offsets, group_id, generation_id, member_id,
+                                    group_instance_id)
+        except KafkaError as exc:
+            self._coordinator_failed(exc)
+            raise
+        except asyncio.CancelledError:
+            self.abortable(TransactionStateError(
+                "send_offsets_to_transaction() was cancelled: the offsets may or may not be "
+                "part of the transaction"))
+            raise
+
+    async def _add_offsets(self, offsets: Mapping[TopicPartition, int], group_id: str,
+                           generation_id: int, member_id: str,
+                           group_instance_id: str | None) -> None:
         await self._coordinator_request(
             _TRANSACTION, ApiKey.ADD_OFFSETS_TO_TXN, lambda: {
                 "transactional_id": self.transactional_id,
@@ -483,12 +519,9 @@ class TransactionManager:
                 "partition_index": partition, "committed_offset": offset,
                 "committed_leader_epoch": -1, "committed_metadata": None})
 
-        def first_error(response: Mapping[str, Any]) -> int:
-            for topic in response["topics"]:
-                for p in topic["partitions"]:
-                    if p["error_code"]:
-                        return p["error_code"]
-            return 0
+        def deciding_error(response: Mapping[str, Any]) -> int:
+            return _deciding_error(p["error_code"] for topic in response["topics"]
+                                   for p in topic["partitions"])
 
         await self._coordinator_request(
             _GROUP, ApiKey.TXN_OFFSET_COMMIT, lambda: {
@@ -500,7 +533,7 @@ class TransactionManager:
                 "member_id": member_id,
                 "group_instance_id": group_instance_id,
                 "topics": [{"name": t, "partitions": ps} for t, ps in topics.items()],
-            }, "TxnOffsetCommit", first_error, key=group_id)
+            }, "TxnOffsetCommit", deciding_error, key=group_id)
 
     # -- coordinator requests --------------------------------------------------------------
 
@@ -568,3 +601,17 @@ class TransactionManager:
 
 def _sequence_order(batch: ProducerBatch) -> tuple[int, int, int]:
     return (batch.producer_id, batch.producer_epoch, batch.base_sequence)
+
+
+def _deciding_error(codes: Iterable[int]) -> int:
+    """The error code that decides an answer with one per partition, as in the Java client:
+    a fatal one, else a retriable one (the whole request is sent again), else any other.
+    OPERATION_NOT_ATTEMPTED comes last: it only says that another partition failed."""
+    def rank(code: int) -> int:
+        cls = ERROR_CLASSES.get(code, BrokerError)
+        if code in _FENCED or issubclass(cls, _FATAL_FROM_COORDINATOR):
+            return 0
+        if code in _RETRY_SAME_COORDINATOR or code in _FIND_COORDINATOR_AGAIN or cls.retriable:
+            return 1
+        return 3 if code == _OPERATION_NOT_ATTEMPTED else 2
+    return min((code for code in codes if code), key=rank, default=0)

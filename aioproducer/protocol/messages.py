@@ -256,6 +256,7 @@ _RESPONSES: dict[ApiKey, tuple[F, ...]] = {
 _HEADER = struct.Struct(">ihhi")  # size, api_key, api_version, correlation_id
 _INT16 = struct.Struct(">h")
 _CORRELATION = struct.Struct(">i")
+_UNSUPPORTED_VERSION = 35
 
 
 def pick_version(api_key: ApiKey, broker_range: tuple[int, int] | None) -> int:
@@ -332,6 +333,12 @@ def decode_response(api_key: ApiKey, version: int, frame: bytes | memoryview) ->
 def _decode_response(api_key: ApiKey, version: int, frame: bytes | memoryview) -> dict[str, Any]:
     """decode_response() by the generated codec: every response, every case."""
     position = 4  # after the correlation id
-    if _flexible(api_key, version) and api_key != ApiKey.API_VERSIONS:
+    if api_key == ApiKey.API_VERSIONS:
+        # A broker that does not speak the version we asked for answers in a v0 body (with
+        # its own range in it), as Apache Kafka's ApiVersionsResponse.parse expects.
+        if version and len(frame) >= 6 and \
+                _INT16.unpack_from(frame, position)[0] == _UNSUPPORTED_VERSION:
+            version = 0
+    elif _flexible(api_key, version):
         position = skip_tags(frame, position)  # response header v1
     return _response_reader(api_key, version)(frame, position)  # type: ignore[no-any-return]

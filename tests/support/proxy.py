@@ -3,7 +3,8 @@
 It runs its own event loop in a thread, so it keeps forwarding while a test's loop is busy
 and works from sync tests as well. Faults: cut every connection now, cut after N more bytes
 (mid-frame), stall responses, refuse connections (broker "down"), send garbage, throttle,
-and a broker's size limit on record batches (which Tansu does not have).
+a broker's size limit on record batches (which Tansu does not have), and answers changed
+(error codes Tansu never sends, an older broker's ApiVersions).
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ import os
 import ssl
 import struct
 import threading
-from typing import Any
+from typing import Any, Callable
 
 from kafka.protocol.producer import ProduceRequest, ProduceResponse
 
 _PRODUCE = 0
 _MESSAGE_TOO_LARGE = 10
+Rewrite = Callable[[Any], Any]  # a decoded response -> the one to send instead, or None
 
 
 class FaultProxy:
@@ -40,7 +42,9 @@ class FaultProxy:
         self._rate: float | None = None
         self._split: int | None = None
         self._message_max_bytes: int | None = None
+        self._rewrites: dict[int, tuple[Any, Rewrite]] = {}
         self.refused_batches = 0
+        self.rewritten = 0  # responses changed by a rewrite function
 
     def start(self) -> "FaultProxy":
         self._thread.start()
@@ -104,6 +108,18 @@ class FaultProxy:
         Requests are decoded and responses re-encoded with kafka-python, not our codec."""
         self._message_max_bytes = limit
 
+    def rewrite_responses(self, response_cls: Any, rewrite: Rewrite | None) -> None:
+        """Act as a broker that answers one kind of request differently: its responses are
+        decoded by kafka-python (a `response_cls`, at the request's version) and passed to
+        `rewrite`, which returns the response to send instead (of any version: an old broker
+        answers an ApiVersions request it cannot read in v0), or None to forward it as it
+        came. Applies to connections made afterwards; of the other faults, only stall() and
+        cut_all() apply to them (they are forwarded frame by frame, not byte by byte)."""
+        if rewrite is None:
+            self._rewrites.pop(response_cls.API_KEY, None)
+        else:
+            self._rewrites[response_cls.API_KEY] = (response_cls, rewrite)
+
     # -- inside the proxy's loop -----------------------------------------------------------
 
     def _call(self, coroutine: Any, timeout: float = 5) -> Any:
@@ -148,10 +164,11 @@ class FaultProxy:
         self.connections_accepted += 1
         pair = (writer, up_writer)
         self._pairs.add(pair)
-        if self._message_max_bytes is not None:
-            refused: dict[int, tuple[int, list[tuple[str, int]]]] = {}
-            pipes = (self._limit_requests(reader, up_writer, self._message_max_bytes, refused),
-                     self._answer_refused(up_reader, writer, refused))
+        if self._message_max_bytes is not None or self._rewrites:
+            rewrites = dict(self._rewrites)
+            asked: dict[int, tuple[int, int, list[tuple[str, int]]]] = {}
+            pipes = (self._requests(reader, up_writer, self._message_max_bytes, rewrites, asked),
+                     self._responses(up_reader, writer, rewrites, asked))
         else:
             pipes = (self._pipe(reader, up_writer, "up", pair),
                      self._pipe(up_reader, writer, "down", pair))
@@ -192,17 +209,18 @@ class FaultProxy:
                 if step < len(data):
                     await asyncio.sleep(0.0005)  # the client's read takes this piece alone
 
-    async def _limit_requests(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                              limit: int, refused: dict[int, tuple[int, list[tuple[str, int]]]]
-                              ) -> None:
-        """Client to broker, frame by frame: take oversized batches out of Produce requests
-        and note, by correlation id, which partitions to answer with MESSAGE_TOO_LARGE."""
+    async def _requests(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                        limit: int | None, rewrites: dict[int, tuple[Any, Rewrite]],
+                        asked: dict[int, tuple[int, int, list[tuple[str, int]]]]) -> None:
+        """Client to broker, frame by frame: take batches over `limit` out of Produce
+        requests, and note by correlation id which responses to change (api key, version,
+        partitions to answer with MESSAGE_TOO_LARGE)."""
         while True:
             frame = await _read_frame(reader)
             api_key, version, correlation_id = struct.unpack_from(">hhi", frame, 4)
-            if api_key == _PRODUCE:
+            too_large: list[tuple[str, int]] = []
+            if api_key == _PRODUCE and limit is not None:
                 request = ProduceRequest.decode(frame[4:], version=version, header=True)
-                too_large = []
                 for topic in request.topic_data:
                     kept = []
                     for partition in topic.partition_data:
@@ -213,31 +231,43 @@ class FaultProxy:
                     topic.partition_data = kept
                 if too_large:
                     self.refused_batches += len(too_large)
-                    refused[correlation_id] = (version, too_large)
                     body = request.encode(header=True)
                     frame = struct.pack(">i", len(body)) + body
+            if too_large or api_key in rewrites:
+                asked[correlation_id] = (api_key, version, too_large)
             writer.write(frame)
             await writer.drain()
 
-    async def _answer_refused(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                              refused: dict[int, tuple[int, list[tuple[str, int]]]]) -> None:
-        """Broker to client: add the refused partitions to their requests' responses."""
+    async def _responses(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                         rewrites: dict[int, tuple[Any, Rewrite]],
+                         asked: dict[int, tuple[int, int, list[tuple[str, int]]]]) -> None:
+        """Broker to client: add the refused partitions to their Produce responses, and pass
+        the responses to rewrite through their functions."""
         topic_cls = ProduceResponse.TopicProduceResponse
         partition_cls = topic_cls.PartitionProduceResponse
         while True:
             frame = await _read_frame(reader)
+            while self._stalled:
+                await asyncio.sleep(0.01)
             (correlation_id,) = struct.unpack_from(">i", frame, 4)
-            if correlation_id in refused:
-                version, too_large = refused.pop(correlation_id)
-                response = ProduceResponse.decode(frame[4:], version=version, header=True)
+            if correlation_id in asked:
+                api_key, version, too_large = asked.pop(correlation_id)
+                response_cls, rewrite = rewrites.get(api_key, (ProduceResponse, None))
+                response = response_cls.decode(frame[4:], version=version, header=True)
                 for name, index in too_large:
                     response.responses.append(topic_cls(
                         version=version, name=name, partition_responses=[partition_cls(
                             version=version, index=index, error_code=_MESSAGE_TOO_LARGE,
                             base_offset=-1, log_append_time_ms=-1, log_start_offset=-1,
                             record_errors=[], error_message=None)]))
-                body = response.encode(header=True)
-                frame = struct.pack(">i", len(body)) + body
+                replaced = rewrite(response) if rewrite is not None else None
+                if replaced is not None:
+                    self.rewritten += 1
+                    response = replaced
+                    response.with_header(correlation_id=correlation_id)
+                if too_large or replaced is not None:
+                    body = response.encode(header=True)
+                    frame = struct.pack(">i", len(body)) + body
             writer.write(frame)
             await writer.drain()
 
