@@ -9,6 +9,7 @@ import logging
 import struct
 import time
 import warnings
+from threading import get_ident
 from typing import Any, AsyncIterator, Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 
 from ._internal.accumulator import RecordAccumulator
@@ -86,10 +87,12 @@ class Producer:
         self._sender: Sender | None = None
         self._sender_task: asyncio.Task[None] | None = None
         self._txn: TransactionManager | None = None
-        self._state = "new"  # new -> started (-> failed) -> closing -> closed
+        self._state = "new"  # new -> starting -> started (-> failed) -> closing -> closed
+        self._started: asyncio.Future[None] | None = None  # the outcome of starting
         self._failure: BaseException | None = None
         self._closing: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # the one start() ran on
+        self._thread: int | None = None  # and the thread it runs in
 
     def __repr__(self) -> str:
         return f"<Producer {self.config.client_id} {self._state} bootstrap={self.config.bootstrap_servers}>"
@@ -98,11 +101,27 @@ class Producer:
 
     async def start(self) -> None:
         """Connect to the cluster (fails fast with KafkaConnectionError if no bootstrap server
-        answers) and start the sender task."""
+        answers) and start the sender task. Calls while it starts wait for that start."""
+        if self._state == "starting":
+            assert self._started is not None
+            await asyncio.shield(self._started)
+            return
         if self._state != "new":
             if self._state == "started":
                 return
             raise ProducerClosedError("this producer was closed; create a new one")
+        self._state = "starting"
+        started = self._started = asyncio.get_running_loop().create_future()
+        try:
+            await self._start()
+        except BaseException as exc:
+            started.set_exception(exc if isinstance(exc, Exception) else ProducerClosedError(
+                "the producer's start() was cancelled"))
+            started.exception()  # retrieved: nobody else may be waiting for it
+            raise
+        started.set_result(None)
+
+    async def _start(self) -> None:
         config = self.config
         self._cluster = Cluster(config, self._wake_sender, self._release_topic)
         if config.enable_idempotence:
@@ -112,13 +131,18 @@ class Producer:
         self._accumulator = RecordAccumulator(config, pool, self._codec, self._txn,
                                               self._wake_sender)
         self._sender = Sender(config, self._cluster, self._accumulator, self._txn)
+        refresh = self._cluster.refresh()
         try:
-            await self._cluster.refresh()
-        except BaseException:
+            await refresh
+        except BaseException as exc:
+            closed_meanwhile = self._state != "starting"
             await self._cluster.close()
             self._state = "closed"
+            if closed_meanwhile and refresh.cancelled():
+                raise ProducerClosedError("the producer was closed while it started") from None
             raise
         self._loop = asyncio.get_running_loop()
+        self._thread = get_ident()
         self._sender_task = self._loop.create_task(
             self._sender.run(), name=f"aioproducer-sender-{config.client_id}")
         self._sender_task.add_done_callback(self._sender_done)
@@ -143,8 +167,7 @@ class Producer:
 
         Idempotent: a second call waits for the first to finish (its `timeout` applies).
         Cancelling a caller does not stop the closing, which goes on in its own task."""
-        if timeout is not None and (type(timeout) not in (int, float) or not timeout >= 0):
-            raise ConfigError(f"close(timeout=...) must be None or seconds >= 0, not {timeout!r}")
+        _check_timeout("close", timeout)
         self._check_loop()
         if self._closing is None:
             self._closing = asyncio.get_running_loop().create_task(
@@ -154,11 +177,26 @@ class Producer:
     async def _close(self, timeout: float | None) -> None:
         if self._state == "closed":
             return
-        if self._state in ("new", "failed"):
+        if self._state in ("new", "starting", "failed"):
+            self._state = "closed"
             if self._cluster is not None:
                 await self._cluster.close()
-            self._state = "closed"
             return
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        txn = self._txn
+        if timeout != 0 and txn is not None and \
+                txn.state in (TxnState.IN_TRANSACTION, TxnState.ABORTABLE_ERROR):
+            # As the Java client does: left open, the transaction would hold back
+            # read_committed consumers until the coordinator times it out.
+            log.warning("closing with a transaction open: aborting it")
+            try:
+                await asyncio.wait_for(self.abort_transaction(), timeout)
+            except (KafkaError, asyncio.TimeoutError) as exc:
+                log.warning("could not abort the open transaction (%r): its coordinator will, "
+                            "after transaction_timeout_ms", exc)
+            if deadline is not None:
+                timeout = max(0.0, deadline - loop.time())
         self._state = "closing"
         accumulator, sender = self._accumulator, self._sender
         assert accumulator is not None and sender is not None and self._cluster is not None
@@ -247,6 +285,8 @@ class Producer:
         handle per record, in send) were a tenth of a send's cost with 1,000 tasks sending."""
         if self._state != "started":
             self._raise_not_started()
+        if get_ident() != self._thread:  # the cheap half of _check_loop(), for every record
+            self._check_loop()
         if self._transactional:
             self._txn.check_can_send()  # type: ignore[union-attr]
         if type(topic) is not str:
@@ -336,35 +376,37 @@ class Producer:
         The bulk path of `enqueue()`: the same checks and partitioning, no per-record await or
         handle, and for (bytes | None, bytes | None) tuples without serializers, a loop in
         the compiled speed-up. All records get the same timestamp (now, unless given) and no
-        headers. If a record is refused (wrong type, too large), the error is raised and the
-        records before it stay buffered: the exception's `accepted` attribute is the
-        BulkFuture of those, always the first len(accepted) records (also when the call is
-        cancelled, or `records` itself raises). `records` is read as the call goes (it may
-        wait for buffer memory): do not change it until the call returns.
+        headers. Whatever the call raises (a record refused for its type or size, an unknown
+        topic, a cancellation, `records` itself raising), the records before stay buffered:
+        the exception's `accepted` attribute is the BulkFuture of those, always the first
+        len(accepted) records. `records` is read as the call goes (it may wait for buffer
+        memory): do not change it until the call returns.
         """
-        if self._state != "started":
-            self._raise_not_started()
-        if self._transactional:
-            self._txn.check_can_send()  # type: ignore[union-attr]
-        self._check_loop()
-        timestamp_ms = _timestamp(timestamp_ms)
-        if type(topic) is not str:
-            topic = _topic_str(topic)
-        count = await self._partition_count(topic)
-        if partition is not None and (type(partition) is not int or not 0 <= partition < count):
-            raise _bad_partition(topic, partition, count)
         out_batches: list[ProducerBatch] = []
         out_deltas = bytearray()
+        stamp = 0
         try:
+            if self._state != "started":
+                self._raise_not_started()
+            if self._transactional:
+                self._txn.check_can_send()  # type: ignore[union-attr]
+            self._check_loop()
+            stamp = timestamp_ms = _timestamp(timestamp_ms)
+            if type(topic) is not str:
+                topic = _topic_str(topic)
+            count = await self._partition_count(topic)
+            if partition is not None and (type(partition) is not int or
+                                          not 0 <= partition < count):
+                raise _bad_partition(topic, partition, count)
             # In chunks, so a generator of any length is fine; a list is read as the call goes.
             iterator = _iterate(records)
             while chunk := list(itertools.islice(iterator, _CHUNK)):
                 await self._append_many(topic, chunk, count, partition, timestamp_ms,
                                         out_batches, out_deltas)
         except (Exception, asyncio.CancelledError) as exc:  # also the iterable's own errors
-            exc.accepted = BulkFuture(out_batches, out_deltas, timestamp_ms)  # type: ignore[union-attr]
+            exc.accepted = BulkFuture(out_batches, out_deltas, stamp)  # type: ignore[union-attr]
             raise
-        return BulkFuture(out_batches, out_deltas, timestamp_ms)
+        return BulkFuture(out_batches, out_deltas, stamp)
 
     async def _append_many(self, topic: str, records: list[Any], count: int,
                            partition: int | None, timestamp_ms: int,
@@ -414,8 +456,9 @@ class Producer:
         """Send everything buffered now (ignoring linger) and wait until each of those records
         is acknowledged or failed. Failures stay on the records' futures; flush itself raises
         only TimeoutError if `timeout` (seconds) passes first."""
-        if self._state != "started":
-            if self._state == "new":
+        _check_timeout("flush", timeout)
+        if self._state not in ("started", "closing"):  # closing also sends what is buffered
+            if self._state in ("new", "starting"):
                 self._raise_not_started()
             return
         self._check_loop()
@@ -549,9 +592,11 @@ class Producer:
 
     def _check_loop(self) -> None:
         """Refuse a call from an event loop other than the producer's (its tasks and futures
-        live there: the call would hang or fail obscurely). Checked where a call waits or
-        opens a batch, not per record: asking for the running loop costs a syscall."""
-        if self._loop is not None and asyncio.get_running_loop() is not self._loop:
+        live there: the call would hang or fail obscurely, and from another thread, corrupt
+        a batch). Checked where a call waits or opens a batch; per record only the thread
+        is: asking for the running loop costs a syscall."""
+        if self._loop is not None and (get_ident() != self._thread or
+                                       asyncio.get_running_loop() is not self._loop):
             raise RuntimeError(
                 "this producer belongs to the event loop that started it and cannot be used "
                 "from another one: use one producer per event loop (and close it on its own)")
@@ -561,9 +606,10 @@ class Producer:
             raise ProducerClosedError(
                 f"the producer stopped after an internal failure: {self._failure!r}"
             ) from self._failure
-        if self._state == "new":
+        if self._state in ("new", "starting"):
             raise ProducerClosedError(
-                "the producer is not started: `await producer.start()` or use `async with`")
+                "the producer is not started: `await producer.start()` (and let it finish) "
+                "or use `async with`")
         raise ProducerClosedError("the producer is closed: no more records can be sent")
 
     @staticmethod
@@ -611,6 +657,11 @@ def _iterate(records: Any) -> Iterator[Any]:
     except TypeError:
         raise InvalidRecordError("records must be an iterable of (key, value) pairs, not "
                                  f"{type(records).__name__}") from None
+
+
+def _check_timeout(call: str, timeout: float | None) -> None:
+    if timeout is not None and (type(timeout) not in (int, float) or not timeout >= 0):
+        raise ConfigError(f"{call}(timeout=...) must be None or seconds >= 0, not {timeout!r}")
 
 
 def _topic_str(topic: Any) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import socket
+import threading
 
 import pytest
 
@@ -239,6 +240,73 @@ def test_calls_from_another_event_loop_are_refused(broker, topic):
         own.close()
     got = consume_all(broker.bootstrap, topic, expected=2)
     assert [r.value for r in got] == [b"on its own loop", b"still works on its own loop"]
+
+
+def test_calls_from_another_thread_are_refused_before_anything_is_buffered(broker, topic):
+    """From another thread even a record that fits the open batch is refused, before it is
+    appended: there it would race the sender, and a send() that raised would be delivered."""
+    producer = Producer(broker.bootstrap, linger_ms=60_000)
+    own = asyncio.new_event_loop()
+    refused: list[str] = []
+
+    async def from_another_thread():
+        for call in (lambda: producer.send(topic, b"x", partition=0),
+                     lambda: producer.enqueue(topic, b"y", partition=0)):
+            try:
+                await asyncio.wait_for(call(), 5)
+            except RuntimeError as exc:
+                refused.append(str(exc))
+
+    async def result(handle):
+        return await handle
+
+    try:
+        own.run_until_complete(producer.start())
+        handle = own.run_until_complete(producer.enqueue(topic, b"opens a batch", partition=0))
+        thread = threading.Thread(target=asyncio.run, args=(from_another_thread(),))
+        thread.start()
+        thread.join(30)
+        assert len(refused) == 2 and all("another one" in text for text in refused), refused
+        own.run_until_complete(producer.flush())
+        assert own.run_until_complete(result(handle)).offset == 0
+        own.run_until_complete(producer.close())
+    finally:
+        own.close()
+    got = consume_all(broker.bootstrap, topic, expected=1)
+    assert [r.value for r in got] == [b"opens a batch"]
+
+
+async def test_enqueue_many_failing_before_its_first_record_says_so(broker, topic):
+    """`accepted` is on whatever enqueue_many raises, also before its first record: a caller
+    that resumes from len(accepted) must not meet an AttributeError."""
+    async with Producer(broker.bootstrap, allow_auto_create_topics=False,
+                        max_block_ms=300) as producer:
+        calls = [
+            (lambda: producer.enqueue_many("never-created", [(None, b"v")]), UnknownTopicError),
+            (lambda: producer.enqueue_many(topic, [(None, b"v")], partition=99),
+             InvalidRecordError),
+            (lambda: producer.enqueue_many(topic, [(None, b"v")], timestamp_ms="now"),
+             InvalidRecordError),
+        ]
+        for call, error in calls:
+            with pytest.raises(error) as caught:
+                await call()
+            assert len(caught.value.accepted) == 0 and len(await caught.value.accepted) == 0
+        waiting = asyncio.create_task(producer.enqueue_many("not-yet", [(None, b"v")]))
+        await asyncio.sleep(0.1)  # waiting for the topic's metadata
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError) as caught:
+            await waiting
+        assert len(caught.value.accepted) == 0
+        await producer.send(topic, b"the producer goes on")
+    assert [r.value for r in consume_all(broker.bootstrap, topic, 1)] == [b"the producer goes on"]
+
+
+@pytest.mark.parametrize("timeout", ["5", -1, float("nan"), True])
+async def test_flush_with_a_bad_timeout_says_so(broker, timeout):
+    async with Producer(broker.bootstrap) as producer:
+        with pytest.raises(ConfigError, match=r"flush\(timeout"):
+            await producer.flush(timeout=timeout)
 
 
 @pytest.mark.parametrize("timeout", ["5", -1, float("nan"), True])

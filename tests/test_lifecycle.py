@@ -90,6 +90,65 @@ async def test_a_second_close_waits_for_the_first(proxied_broker):
     cluster.proxy.stall(False)
 
 
+async def test_flush_while_closing_waits_for_the_records(proxied_broker):
+    """close() sends what is buffered; a flush() in another task meanwhile still waits for
+    those records (code that flushes before committing offsets relies on it)."""
+    cluster = proxied_broker
+    producer, handle = await _stalled_record(cluster)
+    closing = asyncio.create_task(producer.close(timeout=10))
+    await asyncio.sleep(0.05)
+    with pytest.raises(asyncio.TimeoutError):
+        await producer.flush(timeout=0.3)
+    cluster.proxy.stall(False)
+    await asyncio.wait_for(producer.flush(), 10)
+    assert handle.done() and handle.result().offset == 1
+    await asyncio.wait_for(closing, 10)
+
+
+@pytest.mark.parametrize("stalled", [False, True], ids=["between-retries", "mid-request"])
+async def test_close_ends_a_wait_for_metadata_with_producer_closed(proxied_broker, stalled):
+    """A send waiting for a topic's metadata ends with ProducerClosedError when the producer
+    closes: not a CancelledError in a task nobody cancelled, nor after max_block_ms."""
+    cluster = proxied_broker
+    producer = Producer(cluster.bootstrap, allow_auto_create_topics=False,
+                        max_block_ms=20_000, request_timeout_ms=20_000)
+    await producer.start()
+    cluster.proxy.stall(stalled)
+    waiting = asyncio.create_task(producer.send("not-created", b"v"))
+    await asyncio.sleep(0.3)
+    assert not waiting.done()
+    await asyncio.wait_for(producer.close(timeout=0), 10)
+    with pytest.raises(ProducerClosedError, match="closed while"):
+        await asyncio.wait_for(waiting, 5)
+    cluster.proxy.stall(False)
+
+
+async def test_close_while_starting(proxied_broker):
+    cluster = proxied_broker
+    cluster.proxy.stall(True)  # start() waits for the first metadata
+    producer = Producer(cluster.bootstrap, request_timeout_ms=20_000)
+    starting = asyncio.create_task(producer.start())
+    await asyncio.sleep(0.3)
+    assert not starting.done()
+    await asyncio.wait_for(producer.close(), 10)
+    with pytest.raises(ProducerClosedError, match="closed while it started"):
+        await asyncio.wait_for(starting, 5)
+    with pytest.raises(ProducerClosedError, match="closed"):
+        await producer.start()
+    cluster.proxy.stall(False)
+
+
+async def test_concurrent_starts_share_one_start(broker, topic):
+    """Two tasks starting the same producer (each on first use) get one producer: no second
+    sender task and connections left running after close()."""
+    producer = Producer(broker.bootstrap)
+    await asyncio.gather(producer.start(), producer.start())
+    await producer.send(topic, b"v")
+    await producer.close()
+    left = [t.get_name() for t in asyncio.all_tasks() if t.get_name().startswith("aioproducer")]
+    assert not left, f"still running after close(): {left}"
+
+
 async def test_cancelled_close_still_closes(proxied_broker):
     cluster = proxied_broker
     producer, handle = await _stalled_record(cluster)
@@ -271,6 +330,45 @@ async def test_idle_topics_are_forgotten_and_come_back(broker, topic_factory):
         assert idle not in producer._accumulator._open
         assert (await producer.send(idle, b"again", partition=0)).offset == 1
     assert [r.value for r in consume_all(broker.bootstrap, idle, 2)] == [b"once", b"again"]
+
+
+async def test_a_topic_forgotten_while_its_record_waits_for_memory_comes_back(proxied_broker):
+    """A record waits for buffer memory longer than metadata_max_idle_ms (max_block_ms is
+    longer), so its topic's metadata is dropped as idle meanwhile. Its batch must fetch it
+    again and be delivered, not wait for a leader until delivery_timeout_ms."""
+    cluster = proxied_broker
+    for name in ("full", "waiting", "in-use"):
+        cluster.create_topic(name, 1)
+
+    async def keep_in_use(calls):
+        # Keeps a topic in every metadata request: Tansu answers an empty list with every
+        # topic, which would bring the forgotten one back by chance.
+        for _ in range(150):  # until cancelled, at most 15 s
+            calls.append(asyncio.create_task(producer.enqueue("in-use", b"u")))
+            await asyncio.sleep(0.1)
+
+    async with Producer(cluster.bootstrap, batch_size=1024, buffer_memory=2048, linger_ms=0,
+                        max_block_ms=15_000, request_timeout_ms=1000,
+                        delivery_timeout_ms=15_000, metadata_max_idle_ms=1000,
+                        metadata_max_age_ms=200) as producer:
+        await producer.send("waiting", b"first")
+        in_use: list[asyncio.Task] = []
+        using = asyncio.create_task(keep_in_use(in_use))
+        cluster.proxy.stall(True)
+        full = [await producer.enqueue("full", b"x" * 900) for _ in range(2)]
+        waiting = asyncio.create_task(producer.enqueue("waiting", b"second"))
+        await asyncio.sleep(2.5)
+        assert not waiting.done(), "the buffer was not full"
+        assert "waiting" not in producer._cluster.topics, "the topic was not forgotten"
+        cluster.proxy.stall(False)
+        handle = await asyncio.wait_for(waiting, 10)
+        metadata = await asyncio.wait_for(handle, 5)  # (not waiting for delivery_timeout_ms)
+        assert metadata.offset == 1
+        await asyncio.wait_for(asyncio.gather(*full), 10)
+        using.cancel()
+        await asyncio.wait_for(asyncio.gather(*in_use), 10)
+    got = consume_all(cluster.broker.bootstrap, "waiting", 2)
+    assert [r.value for r in got] == [b"first", b"second"]
 
 
 async def test_a_cancelled_enqueue_buffers_nothing(broker, topic):

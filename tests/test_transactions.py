@@ -81,6 +81,22 @@ async def test_abort_writes_abort_markers_and_the_producer_goes_on(broker, topic
     assert _markers(broker.bootstrap, topic, 0) == ["data", "ABORT", "data", "COMMIT"]
 
 
+async def test_close_aborts_a_transaction_left_open(broker, topic):
+    """As the Java client does: a transaction still open at close() is aborted, or
+    read_committed consumers would wait for it until the coordinator times it out."""
+    producer = Producer(broker.bootstrap, transactional_id=_tid(), linger_ms=10_000)
+    await producer.start()
+    producer.begin_transaction()
+    sent = await producer.enqueue(topic, b"sent")
+    await producer.flush()
+    unsent = await producer.enqueue(topic, b"unsent")
+    await asyncio.wait_for(producer.close(), 10)
+    assert sent.result().offset == 0
+    with pytest.raises(TransactionAbortedError):
+        unsent.result()
+    assert _markers(broker.bootstrap, topic, 0) == ["data", "ABORT"]
+
+
 async def test_exception_in_transaction_block_aborts_unsent_records(broker, topic):
     async with Producer(broker.bootstrap, transactional_id=_tid(), linger_ms=10_000) as producer:
         with pytest.raises(RuntimeError, match="boom"):

@@ -138,17 +138,17 @@ class RecordAccumulator:
 
     # -- the sender's side -----------------------------------------------------------------
 
-    def ready(self, cluster: Cluster, now: float) -> tuple[set[int], float, bool]:
+    def ready(self, cluster: Cluster, now: float) -> tuple[set[int], float, set[str]]:
         """Brokers with a sendable batch, seconds until the next batch may become sendable,
-        and whether some partition's leader is unknown (metadata must be refreshed)."""
+        and the topics with a batch for a partition whose leader is unknown."""
         ready: set[int] = set()
         next_check = float("inf")
-        unknown_leader = False
+        unknown_leader: set[str] = set()
         drain_all = self.flushing > 0 or self.closing or self._pool.queued > 0
         for (topic, partition), queue in self._batches.items():
             leader = cluster.leader_for(topic, partition)
             if leader < 0:
-                unknown_leader = True
+                unknown_leader.add(topic)
                 continue
             if leader in ready:
                 continue

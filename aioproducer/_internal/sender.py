@@ -56,6 +56,8 @@ _STALE_METADATA = frozenset({
     3,   # UNKNOWN_TOPIC_OR_PARTITION
     5,   # LEADER_NOT_AVAILABLE
     6,   # NOT_LEADER_OR_FOLLOWER
+    9,   # REPLICA_NOT_AVAILABLE
+    13,  # NETWORK_EXCEPTION
     56,  # KAFKA_STORAGE_ERROR
     74,  # FENCED_LEADER_EPOCH
     75,  # UNKNOWN_LEADER_EPOCH
@@ -164,7 +166,7 @@ class Sender:
         ready, next_check, unknown_leader = accumulator.ready(cluster, now)
         next_wake = min(next_wake, next_check)
         if unknown_leader:
-            cluster.request_update()
+            cluster.want(unknown_leader)
             next_wake = min(next_wake, cluster.maybe_refresh(now))
 
         sendable: dict[int, BrokerConnection] = {}

@@ -14,13 +14,14 @@ import asyncio
 import logging
 import random
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 from ..config import ProducerConfig, ssl_context_for
 from ..errors import (
     InvalidTopicError,
     KafkaConnectionError,
     KafkaError,
+    ProducerClosedError,
     TopicAuthorizationFailedError,
     UnknownTopicError,
     error_for_code,
@@ -118,6 +119,14 @@ class Cluster:
         """Mark metadata stale (an error said so); the sender refreshes it soon."""
         self._stale = True
 
+    def want(self, topics: Iterable[str]) -> None:
+        """Batches wait for these topics' leaders: fetch their metadata soon (again, if it
+        was forgotten as idle while their records waited for buffer memory)."""
+        for topic in topics:
+            self._wanted.add(topic)
+            self.touch(topic)
+        self._stale = True
+
     def maybe_refresh(self, now: float) -> float:
         """Start a fetch if metadata is stale or old (not sooner than retry_backoff_ms after
         the last attempt); return the seconds until the next one is due."""
@@ -156,10 +165,18 @@ class Cluster:
         delay = self._config.retry_backoff_ms / 1000
         last_error: BaseException | None = None
         while True:
+            if self._closed:
+                raise ProducerClosedError(
+                    f"the producer was closed while it fetched metadata for topic {topic!r}")
+            refresh = self.refresh()
             try:
-                await asyncio.shield(self.refresh())
+                await asyncio.shield(refresh)
             except KafkaError as exc:
                 last_error = exc
+            except asyncio.CancelledError:
+                if refresh.cancelled():  # by close(); the caller was not cancelled
+                    continue
+                raise
             info = self.topics.get(topic)
             if info is not None:
                 if info.error is None and info.leaders:
