@@ -15,6 +15,8 @@ import re
 import time
 
 import pytest
+from kafka.protocol.metadata import MetadataResponse
+from kafka.protocol.producer import ProduceResponse
 
 from aioproducer import Producer
 from aioproducer.errors import (
@@ -402,3 +404,42 @@ async def test_enqueue_many_answers_for_its_own_records_of_a_split_batch(proxied
     metadata = list(bulk.result())
     consumed = consume_all(cluster.broker.bootstrap, "bulk-split", len(records))
     _assert_offsets_match(metadata, [value for _, value in records], consumed)
+
+
+@pytest.mark.parametrize("code", [6, 9, 13], ids=["NOT_LEADER", "REPLICA_NOT_AVAILABLE",
+                                                 "NETWORK_EXCEPTION"])
+async def test_errors_that_say_the_leader_may_have_moved_refresh_metadata(proxied_broker, code):
+    """A Produce answer that says the partition's leader may be elsewhere makes the producer
+    look the leaders up again (the Java client's InvalidMetadataException codes); the record
+    is written once."""
+    cluster = proxied_broker
+    cluster.create_topic("moved", 1)
+    armed, refused = [], []
+    lookups: list[float] = []
+
+    def refuse_once(response):
+        if not armed or refused:
+            return None
+        for topic in response.responses:
+            for partition in topic.partition_responses:
+                partition.error_code, partition.base_offset = code, -1
+        refused.append(len(lookups))
+        return response
+
+    def count(response):
+        lookups.append(time.monotonic())
+    cluster.proxy.rewrite_responses(ProduceResponse, refuse_once)
+    cluster.proxy.rewrite_responses(MetadataResponse, count)
+    async with Producer(cluster.bootstrap, linger_ms=0, retry_backoff_ms=300) as producer:
+        await producer.send("moved", b"warm-up")
+        armed.append(True)
+        await asyncio.wait_for(producer.send("moved", b"v"), 10)
+        for _ in range(30):  # lookups are at least retry_backoff_ms apart
+            if len(lookups) > refused[0]:
+                break
+            await asyncio.sleep(0.1)
+    assert refused and len(lookups) > refused[0], "no metadata lookup after the refusal"
+    # The broker had written the batch it was made to refuse: the retry is a duplicate it
+    # drops (Tansu then answers offset -1, see tansu.md).
+    got = consume_all(cluster.broker.bootstrap, "moved", expected=2)
+    assert [r.value for r in got] == [b"warm-up", b"v"]
