@@ -127,6 +127,8 @@ async def test_failing_serializer(broker, topic):
 BAD_SETTINGS = [
     ("typo", dict(lingr_ms=5), "linger_ms"),
     ("acks-2", dict(acks=2), "acks"),
+    ("acks-float", dict(acks=1.0), "acks"),
+    ("acks-bool", dict(acks=True), "acks"),
     ("linger-negative", dict(linger_ms=-1), "linger_ms"),
     ("batch-size-str", dict(batch_size="big"), "batch_size"),
     ("codec", dict(compression_type="brotli"), "compression_type"),

@@ -134,6 +134,22 @@ async def test_broker_down_longer_than_delivery_timeout(proxied_broker):
     assert sorted(r.value for r in got) == [b"after", b"before"]
 
 
+async def test_a_record_that_expires_awaiting_its_retry_says_so(proxied_broker):
+    """The message tells a batch that was sent and then waited for its retry from one that
+    never left the buffer: the first may have been written."""
+    cluster = proxied_broker
+    cluster.create_topic("retry-expired", 1)
+    async with Producer(cluster.bootstrap, linger_ms=0, request_timeout_ms=500,
+                        delivery_timeout_ms=1500, retry_backoff_ms=50) as producer:
+        await producer.send("retry-expired", b"before")
+        cluster.proxy.refuse(True, cut=False)  # no new connection
+        cluster.proxy.cut_after(8, "up")  # and the next request is cut mid-frame
+        with pytest.raises(DeliveryTimeoutError, match="waited for a retry"):
+            await asyncio.wait_for(producer.send("retry-expired", b"lost"), 10)
+        assert cluster.proxy.cuts == 1
+        cluster.proxy.refuse(False)
+
+
 async def test_idle_linger_0_send_times_out_by_its_deadline(proxied_broker):
     """At linger_ms=0 an idle producer writes the batch from send() itself, outside the sender's
     rounds; the sender still fails it at delivery_timeout_ms, saying why."""

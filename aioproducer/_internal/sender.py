@@ -371,7 +371,8 @@ class Sender:
     def _expire(self, now: float) -> None:
         timeout_ms = self._config.delivery_timeout_ms
         for batch in self._accumulator.expire(now):
-            self._fail(batch, delivery_timeout_error(batch, timeout_ms, "waited in the buffer"))
+            self._fail(batch, delivery_timeout_error(
+                batch, timeout_ms, "waited for a retry" if batch.attempts else "waited in the buffer"))
         while self._next_in_flight_expiry() <= now:
             _, _, batch = heapq.heappop(self._expiry_heap)
             # Its request is still out (so it stays in flight for the transaction manager's
