@@ -21,8 +21,9 @@ import time
 from typing import Any, AsyncIterator, Iterable, Sequence
 
 from .config import ProducerConfig
-from .errors import KafkaError
-from .producer import Producer
+from .errors import InvalidRecordError, KafkaError, RecordTooLargeError
+from .producer import Producer, RecordFuture
+from .testing.broker import BrokerError
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -40,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                               "value, and optionally key, headers, partition")
     produce.add_argument("--key-separator",
                          help="with lines: split each line into KEY<sep>VALUE at the first sep")
-    _add_connection_options(produce, required=True)
+    _add_connection_options(produce, help="default: bootstrap.servers of the producer settings")
 
     perf = commands.add_parser("perf", help="produce records as fast as asked; report speed")
     perf.add_argument("--topic", default="perf-test")
@@ -51,30 +52,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     perf.add_argument("--throughput", type=float, default=-1,
                       help="records per second at most (-1: no limit)")
     perf.add_argument("--json", action="store_true", help="print the result as JSON")
-    _add_connection_options(perf, required=False)
+    _add_connection_options(perf, help="default: bootstrap.servers of the producer settings, "
+                                       "else start an embedded broker")
 
     args = parser.parse_args(argv)
+    if args.command == "perf" and args.num_records < 1:
+        perf.error("--num-records must be at least 1")
     try:
         if args.command == "broker":
             return _run_broker(args.port)
-        return asyncio.run(_produce(args) if args.command == "produce" else _perf(args))
-    except (KafkaError, ValueError, OSError) as exc:
+        properties = _properties(args)
+        if args.command == "perf":
+            return asyncio.run(_perf(args, properties))
+        if "bootstrap.servers" not in properties:
+            produce.error("no broker to produce to: give --bootstrap-servers HOST:PORT, or "
+                          "bootstrap.servers in --producer.config or --producer-props")
+        return asyncio.run(_produce(args, properties))
+    except (KafkaError, ValueError, OSError, BrokerError) as exc:
         print(f"aioproducer {args.command}: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
 
 
-def _add_connection_options(parser: argparse.ArgumentParser, required: bool) -> None:
-    parser.add_argument("--bootstrap-servers", required=required,
-                        help=None if required else "default: start an embedded broker")
+def _add_connection_options(parser: argparse.ArgumentParser, help: str) -> None:
+    parser.add_argument("--bootstrap-servers", help=help)
     parser.add_argument("--producer-props", nargs="*", default=[], metavar="KEY=VALUE",
                         help="producer settings: Kafka names (linger.ms=5) or ours (linger_ms=5)")
     parser.add_argument("--producer.config", dest="producer_config", metavar="FILE",
                         help="a properties file of producer settings")
 
 
-def _config(args: argparse.Namespace, bootstrap: str) -> ProducerConfig:
+def _properties(args: argparse.Namespace) -> dict[str, str]:
+    """The producer settings, dotted; --bootstrap-servers wins over a bootstrap.servers in them."""
     raw: dict[str, str] = {}
     if args.producer_config:
         with open(args.producer_config) as f:
@@ -84,9 +94,10 @@ def _config(args: argparse.Namespace, bootstrap: str) -> ProducerConfig:
         if not sep:
             raise ValueError(f"--producer-props takes KEY=VALUE, not {prop!r}")
         raw[name.strip()] = value
-    raw = {name.replace("_", "."): value for name, value in raw.items()}
-    raw["bootstrap.servers"] = bootstrap
-    return ProducerConfig.from_properties(raw)
+    raw = {name.replace("_", ".").replace("-", "."): value for name, value in raw.items()}
+    if args.bootstrap_servers:
+        raw["bootstrap.servers"] = args.bootstrap_servers
+    return raw
 
 
 def _read_properties(lines: Iterable[str]) -> dict[str, str]:
@@ -107,43 +118,54 @@ def _read_properties(lines: Iterable[str]) -> dict[str, str]:
 
 
 def _run_broker(port: int) -> int:
+    """Until SIGINT or SIGTERM (then the broker is stopped), or until the broker exits.
+
+    The signals are blocked so that sigwait, not their default action, takes them and `with`
+    stops the broker; blocked only once it runs, as its process would inherit the mask.
+    SIGCHLD says the broker process has exited."""
     from .testing import EmbeddedBroker
 
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # while starting: as Ctrl-C
+    signals = {signal.SIGINT, signal.SIGTERM, signal.SIGCHLD}
     with EmbeddedBroker(port=port) as broker:
-        print(f"embedded Kafka broker (Tansu) at {broker.bootstrap}; Ctrl-C stops it", flush=True)
-        with contextlib.suppress(KeyboardInterrupt):
-            signal.sigwait({signal.SIGINT, signal.SIGTERM})
-    return 0
+        signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+        if broker.running:
+            print(f"embedded Kafka broker (Tansu) at {broker.bootstrap}; Ctrl-C stops it",
+                  flush=True)
+            if signal.sigwait(signals) != signal.SIGCHLD:
+                return 0
+        raise broker.exit_error()
 
 
 # -- produce ------------------------------------------------------------------------------------
 
 
-def _records(lines: Iterable[str], fmt: str, separator: str | None) -> Iterable[dict[str, Any]]:
-    for number, line in enumerate(lines, 1):
-        line = line.rstrip("\n")
-        if not line:
-            continue
-        if fmt == "json":
-            try:
-                item = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"line {number} is not JSON: {exc}") from None
-            if not isinstance(item, dict) or "value" not in item:
-                raise ValueError(f"line {number}: expected an object with a \"value\"")
-            headers = item.get("headers") or []
-            if isinstance(headers, dict):
-                headers = list(headers.items())
-            yield {"value": _encode(item["value"]), "key": _encode(item.get("key")),
-                   "partition": item.get("partition"),
-                   "headers": [(str(k), _encode(v)) for k, v in headers]}
-        elif separator is not None:
-            key, found, value = line.partition(separator)
-            if not found:
-                raise ValueError(f"line {number} has no key separator {separator!r}")
-            yield {"value": value.encode(), "key": key.encode()}
-        else:
-            yield {"value": line.encode()}
+def _record(line: bytes, fmt: str, separator: bytes | None) -> dict[str, Any] | None:
+    """One input line as enqueue() arguments; None for an empty line."""
+    if not line:
+        return None
+    if fmt == "json":
+        try:
+            item = json.loads(line)
+        except ValueError as exc:
+            raise ValueError(f"not JSON: {exc}") from None
+        if not isinstance(item, dict) or "value" not in item:
+            raise ValueError("expected an object with a \"value\"")
+        headers = item.get("headers") or []
+        if isinstance(headers, dict):
+            headers = list(headers.items())
+        if not isinstance(headers, list) or any(
+                not isinstance(h, (list, tuple)) or len(h) != 2 for h in headers):
+            raise ValueError("\"headers\" must be an object or a list of [key, value] pairs")
+        return {"value": _encode(item["value"]), "key": _encode(item.get("key")),
+                "partition": item.get("partition"),
+                "headers": [(str(k), _encode(v)) for k, v in headers]}
+    if separator is not None:
+        key, found, value = line.partition(separator)
+        if not found:
+            raise ValueError(f"no key separator {os.fsdecode(separator)!r}")
+        return {"value": value, "key": key}
+    return {"value": line}
 
 
 def _encode(value: Any) -> bytes | None:
@@ -152,36 +174,57 @@ def _encode(value: Any) -> bytes | None:
     return value.encode() if isinstance(value, str) else json.dumps(value).encode()
 
 
-async def _produce(args: argparse.Namespace) -> int:
-    source = open(args.file) if args.file else sys.stdin
+async def _produce(args: argparse.Namespace, properties: dict[str, str]) -> int:
+    """Reads bytes and splits lines at b"\\n" only, so values pass through as given.
+
+    However it stops, it says how many records were produced and from which line to resume,
+    so that a re-run does not produce the first lines twice."""
+    separator = None if args.key_separator is None else os.fsencode(args.key_separator)
     started = time.perf_counter()
-    handles = []
+    sent: list[tuple[int, RecordFuture]] = []
+    line, finished = 0, False
     try:
-        async with Producer(config=_config(args, args.bootstrap_servers)) as producer:
-            for record in _records(source, args.format, args.key_separator):
-                value = record.pop("value")
-                handles.append(await producer.enqueue(args.topic, value, **record))
-            await producer.flush()
+        with open(args.file, "rb") if args.file else contextlib.nullcontext(
+                sys.stdin.buffer) as source:
+            async with Producer(config=ProducerConfig.from_properties(properties)) as producer:
+                for line, text in enumerate(source, 1):
+                    try:
+                        record = _record(text.removesuffix(b"\n"), args.format, separator)
+                        if record is not None:
+                            sent.append((line, await producer.enqueue(args.topic, **record)))
+                    except (InvalidRecordError, RecordTooLargeError, ValueError) as exc:
+                        raise ValueError(f"line {line}: {exc}") from exc
+                finished = True
     finally:
-        if args.file:
-            source.close()
-    failed = [h.exception() for h in handles if h.exception() is not None]
-    seconds = time.perf_counter() - started
-    print(f"{len(handles) - len(failed)} of {len(handles)} records produced to {args.topic} "
+        if line or finished:
+            _report(args.topic, sent, time.perf_counter() - started, None if finished else line)
+    return 1 if any(future.exception() for _, future in sent) else 0
+
+
+def _report(topic: str, sent: list[tuple[int, RecordFuture]], seconds: float,
+            stopped_at: int | None) -> None:
+    failed = [(line, future.exception() if future.done() else "not acknowledged")
+              for line, future in sent if not future.done() or future.exception() is not None]
+    print(f"{len(sent) - len(failed)} of {len(sent)} records produced to {topic} "
           f"in {seconds:.2f} s", file=sys.stderr)
     if failed:
-        print(f"aioproducer produce: {len(failed)} failed; first: {failed[0]}", file=sys.stderr)
-        return 1
-    return 0
+        line, error = failed[0]
+        print(f"aioproducer produce: {len(failed)} failed; the first, line {line}: {error}",
+              file=sys.stderr)
+    if stopped_at is not None:
+        print(f"aioproducer produce: stopped at line {stopped_at}; nothing from it on was "
+              f"produced: resume from line {stopped_at} (e.g. tail -n +{stopped_at} FILE | "
+              "aioproducer produce ...)", file=sys.stderr)
 
 
 # -- perf ---------------------------------------------------------------------------------------
 
 
 @contextlib.asynccontextmanager
-async def _bootstrap(args: argparse.Namespace) -> AsyncIterator[str]:
-    if args.bootstrap_servers:
-        yield args.bootstrap_servers
+async def _bootstrap(args: argparse.Namespace, properties: dict[str, str]) -> AsyncIterator[str]:
+    """The broker the settings name, or else one started for this run."""
+    if "bootstrap.servers" in properties:
+        yield properties["bootstrap.servers"]
         return
     from .testing import EmbeddedBroker
 
@@ -192,15 +235,16 @@ async def _bootstrap(args: argparse.Namespace) -> AsyncIterator[str]:
         yield broker.bootstrap
 
 
-async def _perf(args: argparse.Namespace) -> int:
+async def _perf(args: argparse.Namespace, properties: dict[str, str]) -> int:
     from tqdm import tqdm
 
     payload = os.urandom(args.record_size)
     sample_every = max(1, args.num_records // 20_000)
     latencies: list[float] = []
     sampled = []
-    async with _bootstrap(args) as bootstrap:
-        async with Producer(config=_config(args, bootstrap)) as producer:
+    async with _bootstrap(args, properties) as bootstrap:
+        config = ProducerConfig.from_properties({**properties, "bootstrap.servers": bootstrap})
+        async with Producer(config=config) as producer:
             progress = tqdm(total=args.num_records, unit="rec", unit_scale=True,
                             disable=args.json, file=sys.stderr, mininterval=0.25)
             start = time.perf_counter()

