@@ -134,7 +134,7 @@ class Producer:
         refresh = self._cluster.refresh()
         try:
             await refresh
-        except BaseException as exc:
+        except BaseException:
             closed_meanwhile = self._state != "starting"
             await self._cluster.close()
             self._state = "closed"
