@@ -902,6 +902,55 @@ class TransactionAbortableError(BrokerError):
     abortable = True
 
 
+class InvalidRecordStateError(BrokerError):
+    """The record state is invalid. The acknowledgement of delivery could not be completed."""
+
+    error_code, name = 121, "INVALID_RECORD_STATE"
+
+
+class ShareSessionNotFoundError(BrokerError, RetriableError):
+    """The share session was not found."""
+
+    error_code, name = 122, "SHARE_SESSION_NOT_FOUND"
+
+
+class InvalidShareSessionEpochError(BrokerError, RetriableError):
+    """The share session epoch is invalid."""
+
+    error_code, name = 123, "INVALID_SHARE_SESSION_EPOCH"
+
+
+class FencedStateEpochError(BrokerError):
+    """The share coordinator rejected the request because the share-group state epoch did
+    not match."""
+
+    error_code, name = 124, "FENCED_STATE_EPOCH"
+
+
+class InvalidVoterKeyError(BrokerError):
+    """The voter key doesn't match the receiving replica's key."""
+
+    error_code, name = 125, "INVALID_VOTER_KEY"
+
+
+class DuplicateVoterError(BrokerError):
+    """The voter is already part of the set of voters."""
+
+    error_code, name = 126, "DUPLICATE_VOTER"
+
+
+class VoterNotFoundError(BrokerError):
+    """The voter is not part of the set of voters."""
+
+    error_code, name = 127, "VOTER_NOT_FOUND"
+
+
+class InvalidRegularExpressionError(BrokerError):
+    """The regular expression is not valid."""
+
+    error_code, name = 128, "INVALID_REGULAR_EXPRESSION"
+
+
 def error_for_code(code: int, message: str | None = None) -> BrokerError:
     """The exception for a Kafka error code (a generic BrokerError for codes we don't know)."""
     cls = ERROR_CLASSES.get(code)
