@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import sys
+from collections import Counter
 
 import pytest
 
@@ -113,3 +114,142 @@ def test_spark_exactly_once_commits_each_partition(spark, broker, topic_factory)
         batches = fetch_raw_batches(broker.bootstrap, topic, partition)
         assert batches and batches[-1].is_control and batches[-1].control_type == "COMMIT"
         assert all(b.is_transactional for b in batches)
+
+
+_HEADERS_SCHEMA = "value string, headers array<struct<key:string,value:binary>>"
+
+
+def _rows_with_a_bad_header(spark, bad_row: int, rows: int = 2000):
+    """`rows` rows in two Spark partitions (the first half in 0); row `bad_row` has a null
+    header name, which the producer refuses when that row is enqueued."""
+    data = [(f"r{i}", [(None if i == bad_row else "h", b"x")]) for i in range(rows)]
+    return spark.createDataFrame(spark.sparkContext.parallelize(data, 2), _HEADERS_SCHEMA)
+
+
+def _jobs_run(spark) -> int:
+    return len(spark.sparkContext.statusTracker().getJobIdsForGroup())
+
+
+@needs_java
+def test_spark_exactly_once_aborts_a_failed_partition(spark, broker, topic_factory):
+    """A task that fails mid-partition aborts its transaction: left open, it would hold back
+    read_committed consumers (on Tansu forever: it never times transactions out). Tansu's
+    read_committed consumers also see aborted records, so the outcome is read from the raw
+    batches: each producer's data must be followed by its COMMIT or ABORT marker."""
+    from aioproducer.integrations.spark import SparkWriteError, write_dataframe
+
+    topic = topic_factory(1)
+    df = _rows_with_a_bad_header(spark, bad_row=1900)
+    with pytest.raises(SparkWriteError, match="header names must be str") as raised:
+        # Small batches, so the failing task has sent some before it reaches the bad row.
+        write_dataframe(df, topic, broker.bootstrap, value="value", headers="headers",
+                        exactly_once=True, transactional_id_prefix=f"{topic}-job", batch_size=1024)
+    assert raised.value.failed_partitions == [1]
+    assert (raised.value.not_confirmed, raised.value.rows) == (1000, 2000)
+    records: Counter[int] = Counter()
+    outcome: dict[int, str | None] = {}  # producer id -> its last marker (None: still open)
+    for batch in fetch_raw_batches(broker.bootstrap, topic, 0):
+        assert batch.is_transactional
+        if batch.is_control:
+            outcome[batch.producer_id] = batch.control_type
+        else:
+            records[batch.producer_id] += len(batch.records)
+            outcome[batch.producer_id] = None
+    assert len(records) == 2
+    assert sorted((outcome[pid], n == 1000) for pid, n in records.items()) == [
+        ("ABORT", False), ("COMMIT", True)]
+
+
+@needs_java
+def test_spark_failure_says_how_many_rows_were_not_confirmed(spark, broker, topic_factory):
+    from pyspark.sql import functions as F
+
+    from aioproducer.integrations.spark import SparkWriteError, write_dataframe
+
+    topic = topic_factory(2)
+    df = _rows_with_a_bad_header(spark, bad_row=1750)
+    with pytest.raises(SparkWriteError) as raised:
+        write_dataframe(df, topic, broker.bootstrap, value="value", headers="headers")
+    message = str(raised.value)
+    assert message.startswith(f"250 of 2000 row(s) not confirmed by Kafka for topic {topic!r}; "
+                              "failed Spark partition(s): 1; first error: InvalidRecordError(")
+    assert (raised.value.not_confirmed, raised.value.rows) == (250, 2000)
+    got = consume_all(broker.bootstrap, topic, expected=1750)
+    assert sorted(int(r.value[1:]) for r in got) == list(range(1750))
+    assert all(r.headers == [("h", b"x")] for r in got)
+
+    # Every task fails on its first row: all rows of both Spark partitions are reported.
+    df = spark.range(100, numPartitions=2).select(F.col("id").cast("string").alias("value"))
+    with pytest.raises(SparkWriteError, match=r"^100 of 100 row\(s\) not confirmed .*"
+                       r"failed Spark partition\(s\): 0, 1; first error: InvalidTopicError"):
+        write_dataframe(df, "bad topic!", broker.bootstrap)
+
+
+@needs_java
+def test_spark_headers_are_read_by_field_name(spark, broker, topic_factory):
+    """Header structs are read by field name, not position; string values are sent as UTF-8."""
+    from pyspark.sql import functions as F
+
+    from aioproducer.integrations.spark import write_dataframe
+
+    topic = topic_factory(1)
+    header = F.struct(F.lit("abc").alias("value"), F.lit("trace").alias("key"))
+    no_value = F.struct(F.lit(None).cast("string").alias("value"), F.lit("empty").alias("key"))
+    df = spark.range(3).select(
+        F.col("id").cast("string").alias("value"),
+        F.when(F.col("id") == 0, F.array(header, no_value))
+         .when(F.col("id") == 1, F.array().cast("array<struct<value:string,key:string>>"))
+         .alias("headers"))
+    totals = write_dataframe(df, topic, broker.bootstrap, headers="headers")
+    assert totals.records == 3
+    got = {r.value: r.headers for r in consume_all(broker.bootstrap, topic, expected=3)}
+    assert got == {b"0": [("trace", b"abc"), ("empty", None)], b"1": [], b"2": []}
+
+
+@needs_java
+def test_spark_checks_column_types_before_running(spark, broker, topic):
+    """A column of a type with no one obvious encoding is refused on the driver, before any
+    Spark job runs: not sent in some made-up form, nor failed in every task."""
+    from pyspark.sql import functions as F
+
+    from aioproducer.errors import InvalidRecordError
+    from aioproducer.integrations.spark import write_dataframe
+
+    ids = spark.range(3)
+    struct_value = ids.select(F.struct("id", F.lit("x").alias("s")).alias("value"))
+    date_value = ids.select(F.current_date().alias("value"))
+    map_headers = ids.select(F.col("id").cast("string").alias("value"),
+                             F.create_map(F.lit("trace"), F.lit("abc").cast("binary")).alias("h"))
+    jobs = _jobs_run(spark)
+    with pytest.raises(InvalidRecordError, match=r"^value column 'value' is "
+                       r"struct<id:bigint,s:string>: it must be string or binary.*"
+                       r"value_format='json'"):
+        write_dataframe(struct_value, topic, broker.bootstrap)
+    with pytest.raises(InvalidRecordError, match=r"^value column 'value' is date: it must be"):
+        write_dataframe(date_value, topic, broker.bootstrap)
+    with pytest.raises(InvalidRecordError, match=r"^key column Column<'id'> is bigint: it must"):
+        write_dataframe(ids, topic, broker.bootstrap, key=F.col("id"),
+                        value=F.col("id").cast("string"))
+    with pytest.raises(InvalidRecordError, match=r"^headers column 'h' is map<string,binary>: "
+                       r"it must be array<struct<key:string,value:binary>>"):
+        write_dataframe(map_headers, topic, broker.bootstrap, headers="h")
+    assert _jobs_run(spark) == jobs
+    # The documented way to send a struct: as JSON.
+    assert write_dataframe(struct_value, topic, broker.bootstrap, value="value",
+                           value_format="json").records == 3
+    got = consume_all(broker.bootstrap, topic, expected=3)
+    assert sorted(json.loads(r.value)["id"] for r in got) == [0, 1, 2]
+
+
+@needs_java
+def test_spark_checks_settings_before_running(spark, broker, topic):
+    from aioproducer.errors import ConfigError
+    from aioproducer.integrations.spark import write_dataframe
+
+    df = spark.range(3).selectExpr("CAST(id AS STRING) AS value")
+    jobs = _jobs_run(spark)
+    with pytest.raises(ConfigError, match="unknown setting 'lingr_ms'; did you mean 'linger_ms'"):
+        write_dataframe(df, topic, broker.bootstrap, lingr_ms=5)
+    with pytest.raises(ConfigError, match="transactional_id_prefix"):
+        write_dataframe(df, topic, broker.bootstrap, transactional_id="mine")
+    assert _jobs_run(spark) == jobs
