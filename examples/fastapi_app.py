@@ -1,5 +1,6 @@
 """An HTTP endpoint that publishes an event to Kafka and answers where it landed.
 
+    pip install 'aioproducer[fastapi]' uvicorn   # the extra brings no server: pick one
     AIOPRODUCER_BOOTSTRAP=127.0.0.1:9092 uvicorn examples.fastapi_app:app
     curl -X POST localhost:8000/events -H 'content-type: application/json' \
          -d '{"user": "u-7", "action": "click"}'

@@ -1,8 +1,10 @@
 """The FastAPI and aiohttp example apps, driven by their real clients, and the Spark writer,
 each checked by reading the events back from Kafka."""
 
-from __future__ import annotations
+# No `from __future__ import annotations`: FastAPI reads the annotations of the handlers
+# defined inside tests, which as strings it could not resolve.
 
+import contextlib
 import importlib
 import json
 import os
@@ -43,6 +45,34 @@ async def test_fastapi_example(broker, events_topic):
     for i, answer in enumerate(answers):  # each answer says truly where its event landed
         body = answer.json()
         assert landed[(body["partition"], body["offset"])] == {"user": f"u{i % 5}", "n": i}
+
+
+def test_fastapi_lifespan_passes_on_the_user_lifespan_state(broker, topic):
+    """producer_lifespan(lifespan=...) hands the state the user's lifespan yields on to the
+    server, so handlers see it on request.state (as with FastAPI(lifespan=user_lifespan))."""
+    from fastapi import FastAPI, Request
+    from fastapi.testclient import TestClient
+
+    from aioproducer.integrations.fastapi import ProducerDep, producer_lifespan
+
+    @contextlib.asynccontextmanager
+    async def user_lifespan(app: FastAPI):
+        await app.state.aioproducer.send(topic, b"started")  # the producer is up first
+        yield {"greeting": "hello"}
+
+    app = FastAPI(lifespan=producer_lifespan(broker.bootstrap, lifespan=user_lifespan))
+
+    @app.post("/greet")
+    async def greet(request: Request, producer: ProducerDep) -> dict:
+        md = await producer.send(topic, request.state.greeting.encode())
+        return {"offset": md.offset}
+
+    with TestClient(app) as client:
+        answer = client.post("/greet")
+    assert answer.status_code == 200
+    assert answer.json() == {"offset": 1}
+    assert [r.value for r in consume_all(broker.bootstrap, topic, expected=2)] == [b"started",
+                                                                                   b"hello"]
 
 
 async def test_aiohttp_example(broker, events_topic):

@@ -25,7 +25,8 @@ from fastapi import Depends, FastAPI, Request
 
 from ..producer import Producer
 
-Lifespan = Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]
+# A FastAPI lifespan, which may yield a state dict (Starlette copies it into request.state).
+Lifespan = Callable[[FastAPI], contextlib.AbstractAsyncContextManager[Any]]
 
 
 def producer_lifespan(bootstrap_servers: str | Sequence[str] | None = None, *,
@@ -33,18 +34,19 @@ def producer_lifespan(bootstrap_servers: str | Sequence[str] | None = None, *,
     """A FastAPI `lifespan` that runs a Producer for the app's lifetime (on `app.state`).
 
     Pass your own lifespan as `lifespan=` to run it inside (the producer is up first and
-    closes last, so your startup and shutdown code can use it)."""
+    closes last, so your startup and shutdown code can use it); the state it yields is
+    passed on to the server, so handlers see it on `request.state` as without us."""
 
     @contextlib.asynccontextmanager
-    async def run(app: FastAPI) -> AsyncIterator[None]:
+    async def run(app: FastAPI) -> AsyncIterator[Any]:
         async with Producer(bootstrap_servers, **settings) as producer:
             app.state.aioproducer = producer
             try:
                 if lifespan is None:
-                    yield
+                    yield None
                 else:
-                    async with lifespan(app):
-                        yield
+                    async with lifespan(app) as state:
+                        yield state
             finally:
                 del app.state.aioproducer
 
