@@ -16,6 +16,10 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 def _run(name: str, timeout: float = 120, **env: str) -> str:
     environment = {k: v for k, v in os.environ.items() if k != "AIOPRODUCER_BOOTSTRAP"}
+    # This checkout's aioproducer, not whichever one is installed (an editable install of
+    # another checkout, say): the example's Spark workers inherit it too.
+    environment["PYTHONPATH"] = os.pathsep.join(
+        [str(EXAMPLES.parent), *filter(None, [os.environ.get("PYTHONPATH")])])
     done = subprocess.run([sys.executable, str(EXAMPLES / name)], capture_output=True,
                           text=True, timeout=timeout, env={**environment, **env})
     assert done.returncode == 0, done.stderr[-2000:]
