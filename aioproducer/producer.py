@@ -192,11 +192,9 @@ class Producer:
             log.warning("closing with a transaction open: aborting it")
             try:
                 await asyncio.wait_for(self.abort_transaction(), timeout)
-            except (KafkaError, asyncio.TimeoutError) as exc:
+            except (KafkaError, asyncio.TimeoutError) as error:
                 log.warning("could not abort the open transaction (%r): its coordinator will, "
-                            "after transaction_timeout_ms", exc)
-            if deadline is not None:
-                timeout = max(0.0, deadline - loop.time())
+                            "after transaction_timeout_ms", error)
         self._state = "closing"
         accumulator, sender = self._accumulator, self._sender
         assert accumulator is not None and sender is not None and self._cluster is not None
@@ -205,7 +203,8 @@ class Producer:
         sender.wake()
         pending = [b.future for b in accumulator.incomplete]
         if pending and timeout != 0:
-            await asyncio.wait(pending, timeout=timeout)
+            await asyncio.wait(pending, timeout=None if deadline is None else
+                               max(0.0, deadline - loop.time()))
         if accumulator.incomplete:
             exc = ProducerClosedError(
                 "the producer was closed before these records were acknowledged "
