@@ -47,6 +47,9 @@ async def test_fastapi_example(broker, events_topic):
         assert landed[(body["partition"], body["offset"])] == {"user": f"u{i % 5}", "n": i}
 
 
+# TestClient is what runs a lifespan and hands its state to requests, as a server does; this
+# Starlette would rather it ran on httpx2, which is not among our test dependencies.
+@pytest.mark.filterwarnings("ignore:Using `httpx` with `starlette.testclient` is deprecated")
 def test_fastapi_lifespan_passes_on_the_user_lifespan_state(broker, topic):
     """producer_lifespan(lifespan=...) hands the state the user's lifespan yields on to the
     server, so handlers see it on request.state (as with FastAPI(lifespan=user_lifespan))."""
