@@ -56,11 +56,11 @@ class SparkWriteError(KafkaError):
 
 @dataclass(frozen=True)
 class WriteTotals:
-    """What a write delivered: records and value/key bytes acknowledged, records failed."""
+    """What a write delivered: records and key/value bytes acknowledged, Spark partitions
+    written. (A write that did not deliver everything raises SparkWriteError instead.)"""
 
     records: int
     bytes: int
-    failures: int
     partitions: int
 
 
@@ -143,7 +143,7 @@ def write_dataframe(
             f"failed Spark partition(s): {', '.join(str(r[0]) for r in failed)}; "
             f"first error: {first_error}",
             rows, rows - records, [r[0] for r in failed])
-    return WriteTotals(records, size, 0, len(results))
+    return WriteTotals(records, size, len(results))
 
 
 def _name(spec: str | Column) -> str:
