@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-import socket
 import uuid
 from dataclasses import dataclass
 
 import pytest
 
 from aioproducer.testing import EmbeddedBroker
+from tests.support.ports import free_port
 from tests.support.proxy import FaultProxy
 
 
@@ -60,12 +60,6 @@ def fresh_broker():
         yield embedded
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @dataclass
 class ProxiedBroker:
     broker: EmbeddedBroker
@@ -83,7 +77,7 @@ class ProxiedBroker:
 def proxied_broker():
     """A broker of its own that advertises a FaultProxy's address: every client connection
     goes through the proxy. (Embedded only: an external cluster advertises itself.)"""
-    proxy_port = _free_port()
+    proxy_port = free_port()
     with EmbeddedBroker(advertised_port=proxy_port) as embedded:
         with FaultProxy(embedded.port, proxy_port) as proxy:
             yield ProxiedBroker(embedded, proxy)

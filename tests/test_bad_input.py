@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import socket
 import threading
 
 import pytest
@@ -22,6 +21,7 @@ from aioproducer.errors import (
     SerializationError,
     UnknownTopicError,
 )
+from tests.support.ports import free_port
 from tests.support.readback import consume_all
 
 # (id, keyword arguments of enqueue beyond the topic, expected exception, text in its message)
@@ -171,14 +171,8 @@ def test_malformed_bootstrap(bootstrap):
         Producer(bootstrap)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 async def test_unreachable_bootstrap_fails_start_clearly():
-    port = _free_port()
+    port = free_port()
     producer = Producer(f"127.0.0.1:{port}", request_timeout_ms=2000)
     with pytest.raises(KafkaConnectionError, match=f"127.0.0.1:{port}"):
         await asyncio.wait_for(producer.start(), 10)

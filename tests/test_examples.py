@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.ports import free_port
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
@@ -141,12 +143,6 @@ def test_cli_perf_refuses_no_records():
     assert done.stdout == ""
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _port_is_free(port: int) -> bool:
     with socket.socket() as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -170,7 +166,7 @@ def _start_cli_broker(port: int) -> tuple[subprocess.Popen, int]:
 
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
 def test_cli_broker_stopped_by_a_signal_frees_its_port(stop):
-    port = _free_port()
+    port = free_port()
     cli, child = _start_cli_broker(port)
     try:
         cli.send_signal(stop)
@@ -187,7 +183,7 @@ def test_cli_broker_stopped_by_a_signal_frees_its_port(stop):
 
 
 def test_cli_broker_exits_when_its_broker_dies():
-    port = _free_port()
+    port = free_port()
     cli, child = _start_cli_broker(port)
     try:
         os.kill(child, signal.SIGKILL)

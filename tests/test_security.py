@@ -10,7 +10,6 @@ vectors in test_sasl.py.
 from __future__ import annotations
 
 import asyncio
-import socket
 import ssl
 
 import pytest
@@ -19,14 +18,9 @@ import trustme
 from aioproducer import Producer, ProducerConfig
 from aioproducer.errors import AuthenticationError, ConfigError
 from aioproducer.testing import EmbeddedBroker
+from tests.support.ports import free_port
 from tests.support.proxy import FaultProxy
 from tests.support.readback import fetch_raw_batches
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +33,7 @@ def tls_broker(ca, tmp_path):
     """A broker reached only through TLS, with a certificate for 127.0.0.1 from `ca`."""
     server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ca.issue_cert("127.0.0.1", "localhost").configure_cert(server)
-    proxy_port = _free_port()
+    proxy_port = free_port()
     with EmbeddedBroker(advertised_port=proxy_port) as broker:
         with FaultProxy(broker.port, proxy_port, tls=server):
             cafile = tmp_path / "ca.pem"
@@ -78,7 +72,7 @@ async def test_hostname_is_checked_unless_disabled(ca, tmp_path):
     ca.issue_cert("kafka.example").configure_cert(server)  # not our address
     cafile = tmp_path / "ca.pem"
     ca.cert_pem.write_to_path(str(cafile))
-    proxy_port = _free_port()
+    proxy_port = free_port()
     with EmbeddedBroker(advertised_port=proxy_port) as broker, \
             FaultProxy(broker.port, proxy_port, tls=server):
         broker.create_topic("named", 1)

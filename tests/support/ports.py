@@ -1,0 +1,11 @@
+"""A free TCP port on 127.0.0.1, for a proxy or broker whose port must be known first."""
+
+from __future__ import annotations
+
+import socket
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
