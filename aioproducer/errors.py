@@ -3,7 +3,10 @@
 `except KafkaError` catches everything this package raises. Three flags say what a caller can
 do about an error: `retriable` (trying again may work; the producer retries these itself
 within delivery_timeout_ms), `abortable` (the current transaction must be aborted, then the
-producer goes on) and `fatal` (the producer cannot continue: close it).
+producer goes on) and `fatal` (the producer cannot continue: close it). They say what an
+error usually means; a few mean more from a transaction coordinator (INVALID_TXN_STATE is
+fatal there, as in the Java client), and inside a transaction any failed record makes the
+transaction abortable.
 
 This module imports nothing from the package, so every layer may use it.
 """
@@ -125,6 +128,8 @@ class CorruptMessageError(RetriableError):
 
 class UnsupportedVersionError(KafkaError):
     """The broker speaks no version of a request that we do."""
+
+    fatal = True
 
 
 class RequestTimeoutError(RetriableError, TimeoutError):
@@ -328,7 +333,6 @@ class TopicAuthorizationFailedError(BrokerError):
     """Topic authorization failed."""
 
     error_code, name = 29, "TOPIC_AUTHORIZATION_FAILED"
-    fatal = True
 
 
 class GroupAuthorizationFailedError(BrokerError):
@@ -441,6 +445,7 @@ class InvalidProducerEpochError(BrokerError):
     """Producer attempted to produce with an old epoch."""
 
     error_code, name = 47, "INVALID_PRODUCER_EPOCH"
+    abortable = True  # KIP-588: the transaction timed out; abort, and go on with a new epoch
 
 
 class InvalidTxnStateError(BrokerError):

@@ -93,6 +93,7 @@ class Producer:
         self._closing: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # the one start() ran on
         self._thread: int | None = None  # and the thread it runs in
+        self._loop_running: Callable[[], bool] = lambda: False
 
     def __repr__(self) -> str:
         return f"<Producer {self.config.client_id} {self._state} bootstrap={self.config.bootstrap_servers}>"
@@ -102,9 +103,8 @@ class Producer:
     async def start(self) -> None:
         """Connect to the cluster (fails fast with KafkaConnectionError if no bootstrap server
         answers) and start the sender task. Calls while it starts wait for that start."""
-        if self._state == "starting":
-            assert self._started is not None
-            await asyncio.shield(self._started)
+        if self._started is not None and not self._started.done():
+            await asyncio.shield(self._started)  # (a transactional one is "started" meanwhile)
             return
         if self._state != "new":
             if self._state == "started":
@@ -141,8 +141,11 @@ class Producer:
             if closed_meanwhile and refresh.cancelled():
                 raise ProducerClosedError("the producer was closed while it started") from None
             raise
+        if self._state != "starting":  # close() came as the metadata did
+            raise ProducerClosedError("the producer was closed while it started")
         self._loop = asyncio.get_running_loop()
         self._thread = get_ident()
+        self._loop_running = self._loop.is_running
         self._sender_task = self._loop.create_task(
             self._sender.run(), name=f"aioproducer-sender-{config.client_id}")
         self._sender_task.add_done_callback(self._sender_done)
@@ -284,8 +287,8 @@ class Producer:
         handle per record, in send) were a tenth of a send's cost with 1,000 tasks sending."""
         if self._state != "started":
             self._raise_not_started()
-        if get_ident() != self._thread:  # the cheap half of _check_loop(), for every record
-            self._check_loop()
+        if get_ident() != self._thread or not self._loop_running():
+            self._check_loop()  # raises: another thread, or another loop in this one
         if self._transactional:
             self._txn.check_can_send()  # type: ignore[union-attr]
         if type(topic) is not str:
@@ -592,8 +595,8 @@ class Producer:
     def _check_loop(self) -> None:
         """Refuse a call from an event loop other than the producer's (its tasks and futures
         live there: the call would hang or fail obscurely, and from another thread, corrupt
-        a batch). Checked where a call waits or opens a batch; per record only the thread
-        is: asking for the running loop costs a syscall."""
+        a batch). Per record, cheaper: the same thread with the producer's loop running in it
+        means the same loop (asking for the running loop costs a syscall)."""
         if self._loop is not None and (get_ident() != self._thread or
                                        asyncio.get_running_loop() is not self._loop):
             raise RuntimeError(

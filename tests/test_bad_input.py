@@ -238,14 +238,17 @@ def test_calls_from_another_event_loop_are_refused(broker, topic):
     assert [r.value for r in got] == [b"on its own loop", b"still works on its own loop"]
 
 
-def test_calls_from_another_thread_are_refused_before_anything_is_buffered(broker, topic):
-    """From another thread even a record that fits the open batch is refused, before it is
-    appended: there it would race the sender, and a send() that raised would be delivered."""
+@pytest.mark.parametrize("elsewhere", ["thread", "loop"])
+def test_calls_from_another_thread_or_loop_are_refused_before_anything_is_buffered(
+        broker, topic, elsewhere):
+    """From another thread or loop even a record that fits the open batch is refused before
+    it is appended: there it would race the sender or never be sent, and a send() that
+    raised would be delivered."""
     producer = Producer(broker.bootstrap, linger_ms=60_000)
     own = asyncio.new_event_loop()
     refused: list[str] = []
 
-    async def from_another_thread():
+    async def from_elsewhere():
         for call in (lambda: producer.send(topic, b"x", partition=0),
                      lambda: producer.enqueue(topic, b"y", partition=0)):
             try:
@@ -259,9 +262,12 @@ def test_calls_from_another_thread_are_refused_before_anything_is_buffered(broke
     try:
         own.run_until_complete(producer.start())
         handle = own.run_until_complete(producer.enqueue(topic, b"opens a batch", partition=0))
-        thread = threading.Thread(target=asyncio.run, args=(from_another_thread(),))
-        thread.start()
-        thread.join(30)
+        if elsewhere == "thread":
+            thread = threading.Thread(target=asyncio.run, args=(from_elsewhere(),))
+            thread.start()
+            thread.join(30)
+        else:
+            asyncio.run(from_elsewhere())  # this thread's next loop (the producer's is idle)
         assert len(refused) == 2 and all("another one" in text for text in refused), refused
         own.run_until_complete(producer.flush())
         assert own.run_until_complete(result(handle)).offset == 0

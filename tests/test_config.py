@@ -51,4 +51,6 @@ def test_every_kafka_error_code_has_a_named_pickleable_exception():
         assert type(again) is type(exc) and str(again) == str(exc)
     assert error_for_code(6).retriable and not error_for_code(10).retriable
     assert isinstance(error_for_code(90), ProducerFencedError) and error_for_code(90).fatal
+    assert error_for_code(47).abortable and not error_for_code(47).fatal  # KIP-588
+    assert error_for_code(35).fatal and not error_for_code(29).fatal
     assert "error code 999" in str(error_for_code(999))

@@ -11,6 +11,7 @@ import resource
 import pytest
 
 from aioproducer import Producer
+from aioproducer.client.cluster import Cluster
 from aioproducer.errors import BufferExhaustedError, ProducerClosedError
 from tests.support.readback import consume_all
 
@@ -135,6 +136,43 @@ async def test_close_while_starting(proxied_broker):
         await asyncio.wait_for(starting, 5)
     with pytest.raises(ProducerClosedError, match="closed"):
         await producer.start()
+    cluster.proxy.stall(False)
+
+
+async def test_close_as_the_first_metadata_arrives_wins_over_start(broker, topic, monkeypatch):
+    """close() called in the moment start()'s metadata arrives: start() raises, and the
+    producer stays closed (no sender task left running on a closed cluster)."""
+    producer = Producer(broker.bootstrap)
+    fetch = Cluster._fetch_metadata
+
+    async def fetch_then_close(cluster):
+        await fetch(cluster)
+        asyncio.get_running_loop().create_task(producer.close())
+        await asyncio.sleep(0)  # the close runs now, before start() goes on
+    monkeypatch.setattr(Cluster, "_fetch_metadata", fetch_then_close)
+    with pytest.raises(ProducerClosedError, match="closed while it started"):
+        await asyncio.wait_for(producer.start(), 10)
+    await asyncio.wait_for(producer.close(), 10)
+    left = [t.get_name() for t in asyncio.all_tasks() if t.get_name().startswith("aioproducer")]
+    assert not left, f"still running after close(): {left}"
+    with pytest.raises(ProducerClosedError, match="closed"):
+        await producer.send(topic, b"v")
+
+
+async def test_a_caller_cancelled_as_close_ends_its_metadata_wait_is_cancelled(proxied_broker):
+    """A send waiting for metadata, cancelled (say by its timeout) in the moment close()
+    stops the fetch: it ends cancelled, as asked, not with ProducerClosedError."""
+    cluster = proxied_broker
+    producer = Producer(cluster.bootstrap, allow_auto_create_topics=False,
+                        max_block_ms=20_000, request_timeout_ms=20_000)
+    await producer.start()
+    cluster.proxy.stall(True)
+    waiting = asyncio.create_task(producer.send("not-created", b"v"))
+    await asyncio.sleep(0.3)
+    producer._cluster._refresh.add_done_callback(lambda _: waiting.cancel())
+    await asyncio.wait_for(producer.close(timeout=0), 10)
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(waiting, 5)
     cluster.proxy.stall(False)
 
 

@@ -19,6 +19,7 @@ from kafka.protocol.producer.transaction import (
 )
 
 from aioproducer import Producer
+from aioproducer._internal.transactions import TxnState
 from aioproducer.errors import (
     DeliveryTimeoutError,
     IllegalGenerationError,
@@ -79,6 +80,26 @@ async def test_abort_writes_abort_markers_and_the_producer_goes_on(broker, topic
             await producer.send(topic, b"kept")
     assert all(h.result().offset >= 0 for h in sent)  # written, then marked aborted
     assert _markers(broker.bootstrap, topic, 0) == ["data", "ABORT", "data", "COMMIT"]
+
+
+async def test_a_second_start_waits_for_init_transactions(broker, topic):
+    """A task that starts the producer while another task's start() is registering the
+    transactional id returns when the producer can begin a transaction, not before."""
+    producer = Producer(broker.bootstrap, transactional_id=_tid())
+    first = asyncio.create_task(producer.start())
+    for _ in range(10_000):  # until the first start() is in init_transactions()
+        await asyncio.sleep(0)
+        if producer._txn is not None and producer._txn.state is TxnState.INITIALIZING:
+            break
+    assert producer._txn.state is TxnState.INITIALIZING
+    await asyncio.wait_for(producer.start(), 10)
+    try:
+        async with producer.transaction():
+            await producer.send(topic, b"v")
+        await first
+    finally:
+        await producer.close()
+    assert _markers(broker.bootstrap, topic, 0) == ["data", "COMMIT"]
 
 
 async def test_close_aborts_a_transaction_left_open(broker, topic):

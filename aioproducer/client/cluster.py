@@ -174,7 +174,7 @@ class Cluster:
             except KafkaError as exc:
                 last_error = exc
             except asyncio.CancelledError:
-                if refresh.cancelled():  # by close(); the caller was not cancelled
+                if refresh.cancelled() and not _cancelling():  # by close(), not the caller
                     continue
                 raise
             info = self.topics.get(topic)
@@ -336,6 +336,11 @@ class Cluster:
         for conn in list(self._connections.values()):
             conn.close()
         self._connections.clear()
+
+
+def _cancelling() -> bool:
+    """Whether the current task was asked to stop (Python 3.11+; on 3.10 taken as not)."""
+    return bool(getattr(asyncio.current_task(), "cancelling", lambda: 0)())
 
 
 def _consume_exception(task: asyncio.Task) -> None:
