@@ -91,6 +91,7 @@ class Producer:
         self._started: asyncio.Future[None] | None = None  # the outcome of starting
         self._failure: BaseException | None = None
         self._closing: asyncio.Task[None] | None = None
+        self._ending: tuple[bool, asyncio.Task[None]] | None = None  # (commit?, its task)
         self._loop: asyncio.AbstractEventLoop | None = None  # the one start() ran on
         self._thread: int | None = None  # and the thread it runs in
         self._loop_running: Callable[[], bool] = lambda: False
@@ -187,14 +188,20 @@ class Producer:
             return
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
+
+        def remaining() -> float | None:
+            return None if deadline is None else max(0.0, deadline - loop.time())
         txn = self._txn
+        if timeout != 0 and self._ending is not None and not self._ending[1].done():
+            # Another task's commit or abort: let it end, as the Java client's sender does.
+            await asyncio.wait({self._ending[1]}, timeout=remaining())
         if timeout != 0 and txn is not None and \
                 txn.state in (TxnState.IN_TRANSACTION, TxnState.ABORTABLE_ERROR):
             # As the Java client does: left open, the transaction would hold back
             # read_committed consumers until the coordinator times it out.
             log.warning("closing with a transaction open: aborting it")
             try:
-                await asyncio.wait_for(self.abort_transaction(), timeout)
+                await asyncio.wait_for(self.abort_transaction(), remaining())
             except (KafkaError, asyncio.TimeoutError) as error:
                 log.warning("could not abort the open transaction (%r): its coordinator will, "
                             "after transaction_timeout_ms", error)
@@ -206,8 +213,7 @@ class Producer:
         sender.wake()
         pending = [b.future for b in accumulator.incomplete]
         if pending and timeout != 0:
-            await asyncio.wait(pending, timeout=None if deadline is None else
-                               max(0.0, deadline - loop.time()))
+            await asyncio.wait(pending, timeout=remaining())
         if accumulator.incomplete:
             exc = ProducerClosedError(
                 "the producer was closed before these records were acknowledged "
@@ -488,22 +494,42 @@ class Producer:
 
     def begin_transaction(self) -> None:
         """Start a transaction: records sent until commit or abort are in it."""
-        self._transaction_manager().begin()
+        txn = self._transaction_manager()
+        if self._closing is not None:
+            raise ProducerClosedError("the producer is closing: no new transaction can begin")
+        txn.begin()
 
     async def commit_transaction(self) -> None:
         """Send what is buffered, wait for every record of the transaction to be acknowledged,
-        then commit. If a record failed, raises TransactionStateError: abort instead."""
-        txn = self._transaction_manager()
-        txn.start_commit_or_abort(commit=True)
-        await self.flush()
-        await txn.end_transaction(commit=True)
+        then commit. If a record failed, raises TransactionStateError: abort instead.
+
+        Cancelling the caller (a timeout) does not stop the commit, which goes on in its own
+        task: call commit_transaction() again to wait for its outcome."""
+        await self._end_transaction(commit=True)
 
     async def abort_transaction(self) -> None:
         """Abort: records not yet sent fail with TransactionAbortedError, records already on
         their way are written but marked aborted, which consumers with
-        isolation_level=read_committed skip."""
+        isolation_level=read_committed skip. Goes on when its caller is cancelled, as
+        commit_transaction() does."""
+        await self._end_transaction(commit=False)
+
+    async def _end_transaction(self, commit: bool) -> None:
+        """Start the commit or abort in a task of its own, or join the one under way."""
         txn = self._transaction_manager()
-        txn.start_commit_or_abort(commit=False)
+        if self._ending is None or self._ending[1].done() or self._ending[0] != commit:
+            txn.start_commit_or_abort(commit)  # refuses what the state does not allow
+            task = asyncio.get_running_loop().create_task(
+                self._commit(txn) if commit else self._abort(txn))
+            task.add_done_callback(_retrieve)  # its callers may all have been cancelled
+            self._ending = (commit, task)
+        await asyncio.shield(self._ending[1])
+
+    async def _commit(self, txn: TransactionManager) -> None:
+        await self.flush()
+        await txn.end_transaction(commit=True)
+
+    async def _abort(self, txn: TransactionManager) -> None:
         accumulator = self._accumulator
         assert accumulator is not None
         accumulator.fail_all(TransactionAbortedError(
@@ -659,6 +685,11 @@ def _iterate(records: Any) -> Iterator[Any]:
     except TypeError:
         raise InvalidRecordError("records must be an iterable of (key, value) pairs, not "
                                  f"{type(records).__name__}") from None
+
+
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def _check_timeout(call: str, timeout: float | None) -> None:

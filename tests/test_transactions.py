@@ -27,6 +27,7 @@ from aioproducer.errors import (
     InvalidRecordError,
     InvalidTxnStateError,
     KafkaError,
+    ProducerClosedError,
     ProducerFencedError,
     TransactionalIdAuthorizationFailedError,
     TransactionAbortedError,
@@ -100,6 +101,51 @@ async def test_a_second_start_waits_for_init_transactions(broker, topic):
     finally:
         await producer.close()
     assert _markers(broker.bootstrap, topic, 0) == ["data", "COMMIT"]
+
+
+async def test_a_cancelled_commit_goes_on_and_a_second_call_waits_for_it(proxied_broker):
+    """commit_transaction() under a timeout that fires (the broker is slow): the commit is not
+    left half done, wedging the producer; it goes on, and calling it again waits for it."""
+    cluster = proxied_broker
+    cluster.create_topic("slow-commit", 1)
+    async with Producer(cluster.bootstrap, transactional_id=_tid(), linger_ms=0,
+                        request_timeout_ms=10_000) as producer:
+        producer.begin_transaction()
+        await producer.send("slow-commit", b"a")
+        cluster.proxy.stall(True)
+        await producer.enqueue("slow-commit", b"b")
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(producer.commit_transaction(), 0.5)
+        cluster.proxy.stall(False)
+        await asyncio.wait_for(producer.commit_transaction(), 10)
+        async with producer.transaction():  # and the producer goes on
+            await producer.send("slow-commit", b"c")
+    assert _markers(cluster.broker.bootstrap, "slow-commit", 0) == \
+        ["data", "data", "COMMIT", "data", "COMMIT"]
+
+
+async def test_close_lets_a_commit_under_way_finish(proxied_broker):
+    """close() while another task commits (a service shutting down mid-request): the commit
+    ends, committed, instead of failing because close() took the connections away."""
+    cluster = proxied_broker
+    cluster.create_topic("closing-commit", 1)
+    producer = Producer(cluster.bootstrap, transactional_id=_tid(), linger_ms=0,
+                        request_timeout_ms=10_000)
+    await producer.start()
+    producer.begin_transaction()
+    await producer.send("closing-commit", b"a")
+    cluster.proxy.stall(True)
+    await producer.enqueue("closing-commit", b"b")
+    committing = asyncio.create_task(producer.commit_transaction())
+    await asyncio.sleep(0.2)
+    closing = asyncio.create_task(producer.close())
+    await asyncio.sleep(0.2)
+    with pytest.raises(ProducerClosedError, match="closing"):
+        producer.begin_transaction()  # no new transaction once close() began
+    cluster.proxy.stall(False)
+    await asyncio.wait_for(committing, 10)
+    await asyncio.wait_for(closing, 10)
+    assert _markers(cluster.broker.bootstrap, "closing-commit", 0) == ["data", "data", "COMMIT"]
 
 
 async def test_close_aborts_a_transaction_left_open(broker, topic):
