@@ -16,9 +16,10 @@ import contextlib
 import json
 import os
 import signal
+import stat
 import sys
 import time
-from typing import Any, AsyncIterator, Iterable, Sequence
+from typing import Any, AsyncIterator, BinaryIO, Iterable, Sequence
 
 from .config import ProducerConfig
 from .errors import InvalidRecordError, KafkaError, RecordTooLargeError
@@ -177,28 +178,72 @@ def _encode(value: Any) -> bytes | None:
 async def _produce(args: argparse.Namespace, properties: dict[str, str]) -> int:
     """Reads bytes and splits lines at b"\\n" only, so values pass through as given.
 
-    However it stops, it says how many records were produced and from which line to resume,
-    so that a re-run does not produce the first lines twice."""
+    However it stops (the end of the input, a bad line, Ctrl-C), it sends what it read, then
+    says how many records were produced and from which line to resume, so that a re-run
+    does not produce the first lines twice. Ctrl-C once stops reading; twice, at once."""
     separator = None if args.key_separator is None else os.fsencode(args.key_separator)
     started = time.perf_counter()
     sent: list[tuple[int, RecordFuture]] = []
-    line, finished = 0, False
+    line = 0
+    resume: int | None = 1  # the first line not taken yet; None once the input ended
+    interrupted = False
     try:
         with open(args.file, "rb") if args.file else contextlib.nullcontext(
                 sys.stdin.buffer) as source:
             async with Producer(config=ProducerConfig.from_properties(properties)) as producer:
-                for line, text in enumerate(source, 1):
-                    try:
-                        record = _record(text.removesuffix(b"\n"), args.format, separator)
-                        if record is not None:
-                            sent.append((line, await producer.enqueue(args.topic, **record)))
-                    except (InvalidRecordError, RecordTooLargeError, ValueError) as exc:
-                        raise ValueError(f"line {line}: {exc}") from exc
-                finished = True
+                try:
+                    async with contextlib.aclosing(_lines(source)) as lines:
+                        async for text in lines:
+                            line += 1
+                            try:
+                                record = _record(text.removesuffix(b"\n"), args.format,
+                                                 separator)
+                                if record is not None:
+                                    sent.append(
+                                        (line, await producer.enqueue(args.topic, **record)))
+                            except (InvalidRecordError, RecordTooLargeError, ValueError) as exc:
+                                raise ValueError(f"line {line}: {exc}") from exc
+                            resume = line + 1
+                    resume = None
+                except asyncio.CancelledError:  # Ctrl-C: stop reading, send what was read
+                    interrupted = True
+                    _uncancel()
     finally:
-        if line or finished:
-            _report(args.topic, sent, time.perf_counter() - started, None if finished else line)
+        if sent or resume != 1:
+            _report(args.topic, sent, time.perf_counter() - started, resume)
+    if interrupted:
+        return 130
     return 1 if any(future.exception() for _, future in sent) else 0
+
+
+async def _lines(source: BinaryIO) -> AsyncIterator[bytes]:
+    """The input's lines. From a pipe or a terminal they are awaited without blocking the
+    event loop, so what was read is sent meanwhile; a file never blocks."""
+    if stat.S_ISREG(os.fstat(source.fileno()).st_mode):
+        for text in source:
+            yield text
+        return
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=1 << 26)
+    try:
+        transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), source)
+    except (OSError, ValueError):  # a device the event loop cannot watch, say /dev/null
+        for text in source:
+            yield text
+        return
+    try:
+        while text := await reader.readline():
+            yield text
+    finally:
+        transport.close()
+        with contextlib.suppress(OSError, ValueError):
+            os.set_blocking(source.fileno(), True)  # as the shell that shares it expects
+
+
+def _uncancel() -> None:
+    """The cancellation was taken (Python 3.11+ counts them; 3.10 does not)."""
+    getattr(asyncio.current_task(), "uncancel", lambda: 0)()
 
 
 def _report(topic: str, sent: list[tuple[int, RecordFuture]], seconds: float,
@@ -212,9 +257,9 @@ def _report(topic: str, sent: list[tuple[int, RecordFuture]], seconds: float,
         print(f"aioproducer produce: {len(failed)} failed; the first, line {line}: {error}",
               file=sys.stderr)
     if stopped_at is not None:
-        print(f"aioproducer produce: stopped at line {stopped_at}; nothing from it on was "
-              f"produced: resume from line {stopped_at} (e.g. tail -n +{stopped_at} FILE | "
-              "aioproducer produce ...)", file=sys.stderr)
+        print(f"aioproducer produce: stopped before line {stopped_at}, which was not "
+              f"produced, nor any after it: resume from line {stopped_at} (e.g. "
+              f"tail -n +{stopped_at} FILE | aioproducer produce ...)", file=sys.stderr)
 
 
 # -- perf ---------------------------------------------------------------------------------------

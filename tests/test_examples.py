@@ -115,6 +115,32 @@ def test_cli_produce_says_what_was_produced_and_where_to_resume(broker, topic):
     assert [r.value for r in consume_all(broker.bootstrap, topic, expected=3)] == [b"a", b"b", b"c"]
 
 
+def test_cli_produce_sends_what_a_pipe_gave_while_it_waits_and_stops_on_ctrl_c(broker, topic):
+    """Lines from a pipe that stays open (tail -f | aioproducer produce) are sent without
+    waiting for more; Ctrl-C stops reading, and the command says where to resume."""
+    from tests.support.readback import consume_all
+
+    cli = subprocess.Popen([sys.executable, "-m", "aioproducer", "produce", topic,
+                            "--bootstrap-servers", broker.bootstrap],
+                           stdin=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        cli.stdin.write(b"a\nb\nc\n")
+        cli.stdin.flush()
+        got = consume_all(broker.bootstrap, topic, expected=3, timeout=20)
+        assert [r.value for r in got] == [b"a", b"b", b"c"]
+        assert cli.poll() is None, "it should still be reading"
+        cli.send_signal(signal.SIGINT)
+        assert cli.wait(20) == 130
+        report = cli.stderr.read().decode()
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.wait(10)
+        cli.stdin.close()
+        cli.stderr.close()
+    assert "3 of 3 records produced" in report and "resume from line 4" in report, report
+
+
 def test_cli_produce_names_the_line_of_bad_headers(broker, topic):
     done = _cli("produce", topic, "--bootstrap-servers", broker.bootstrap, "--format", "json",
                 stdin='{"value": "x", "headers": [["h", "v"]]}\n{"value": "y", "headers": "h"}\n')
