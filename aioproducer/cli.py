@@ -19,7 +19,7 @@ import signal
 import stat
 import sys
 import time
-from typing import Any, AsyncIterator, BinaryIO, Iterable, Sequence
+from typing import Any, AsyncGenerator, AsyncIterator, BinaryIO, Iterable, Sequence
 
 from .config import ProducerConfig
 from .errors import InvalidRecordError, KafkaError, RecordTooLargeError
@@ -216,29 +216,26 @@ async def _produce(args: argparse.Namespace, properties: dict[str, str]) -> int:
     return 1 if any(future.exception() for _, future in sent) else 0
 
 
-async def _lines(source: BinaryIO) -> AsyncIterator[bytes]:
-    """The input's lines. From a pipe or a terminal they are awaited without blocking the
-    event loop, so what was read is sent meanwhile; a file never blocks."""
-    if stat.S_ISREG(os.fstat(source.fileno()).st_mode):
+async def _lines(source: BinaryIO) -> AsyncGenerator[bytes, None]:
+    """The input's lines. From a pipe, socket or terminal they are awaited without blocking
+    the event loop, so what was read is sent meanwhile; a file (or /dev/null) never blocks."""
+    fd = source.fileno()
+    mode = os.fstat(fd).st_mode
+    if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or os.isatty(fd)):
         for text in source:
             yield text
         return
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=1 << 26)
-    try:
-        transport, _ = await loop.connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(reader), source)
-    except (OSError, ValueError):  # a device the event loop cannot watch, say /dev/null
-        for text in source:
-            yield text
-        return
+    transport, _ = await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), source)
     try:
         while text := await reader.readline():
             yield text
     finally:
         transport.close()
-        with contextlib.suppress(OSError, ValueError):
-            os.set_blocking(source.fileno(), True)  # as the shell that shares it expects
+        with contextlib.suppress(OSError):
+            os.set_blocking(fd, True)  # as the shell that shares it expects
 
 
 def _uncancel() -> None:

@@ -141,6 +141,14 @@ def test_cli_produce_sends_what_a_pipe_gave_while_it_waits_and_stops_on_ctrl_c(b
     assert "3 of 3 records produced" in report and "resume from line 4" in report, report
 
 
+def test_cli_produce_from_dev_null_ends_at_once(broker, topic):
+    """/dev/null is a device the event loop cannot watch: it is read as a file."""
+    done = subprocess.run([sys.executable, "-m", "aioproducer", "produce", topic,
+                           "--bootstrap-servers", broker.bootstrap], stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0 and "0 of 0 records produced" in done.stderr, done.stderr
+
+
 def test_cli_produce_names_the_line_of_bad_headers(broker, topic):
     done = _cli("produce", topic, "--bootstrap-servers", broker.bootstrap, "--format", "json",
                 stdin='{"value": "x", "headers": [["h", "v"]]}\n{"value": "y", "headers": "h"}\n')
