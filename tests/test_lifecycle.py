@@ -106,11 +106,9 @@ async def test_flush_while_closing_waits_for_the_records(proxied_broker):
     await asyncio.wait_for(closing, 10)
 
 
-@pytest.mark.parametrize("stalled", [False, True], ids=["between-retries", "mid-request"])
-async def test_close_ends_a_wait_for_metadata_with_producer_closed(proxied_broker, stalled):
-    """A send waiting for a topic's metadata ends with ProducerClosedError when the producer
-    closes: not a CancelledError in a task nobody cancelled, nor after max_block_ms."""
-    cluster = proxied_broker
+async def _send_waiting_for_metadata(cluster, stalled: bool):
+    """A started producer, and a send() of it waiting for a topic that does not exist (its
+    metadata request unanswered if `stalled`, else between retries)."""
     producer = Producer(cluster.bootstrap, allow_auto_create_topics=False,
                         max_block_ms=20_000, request_timeout_ms=20_000)
     await producer.start()
@@ -118,6 +116,15 @@ async def test_close_ends_a_wait_for_metadata_with_producer_closed(proxied_broke
     waiting = asyncio.create_task(producer.send("not-created", b"v"))
     await asyncio.sleep(0.3)
     assert not waiting.done()
+    return producer, waiting
+
+
+@pytest.mark.parametrize("stalled", [False, True], ids=["between-retries", "mid-request"])
+async def test_close_ends_a_wait_for_metadata_with_producer_closed(proxied_broker, stalled):
+    """A send waiting for a topic's metadata ends with ProducerClosedError when the producer
+    closes: not a CancelledError in a task nobody cancelled, nor after max_block_ms."""
+    cluster = proxied_broker
+    producer, waiting = await _send_waiting_for_metadata(cluster, stalled)
     await asyncio.wait_for(producer.close(timeout=0), 10)
     with pytest.raises(ProducerClosedError, match="closed while"):
         await asyncio.wait_for(waiting, 5)
@@ -163,12 +170,7 @@ async def test_a_caller_cancelled_as_close_ends_its_metadata_wait_is_cancelled(p
     """A send waiting for metadata, cancelled (say by its timeout) in the moment close()
     stops the fetch: it ends cancelled, as asked, not with ProducerClosedError."""
     cluster = proxied_broker
-    producer = Producer(cluster.bootstrap, allow_auto_create_topics=False,
-                        max_block_ms=20_000, request_timeout_ms=20_000)
-    await producer.start()
-    cluster.proxy.stall(True)
-    waiting = asyncio.create_task(producer.send("not-created", b"v"))
-    await asyncio.sleep(0.3)
+    producer, waiting = await _send_waiting_for_metadata(cluster, stalled=True)
     producer._cluster._refresh.add_done_callback(lambda _: waiting.cancel())
     await asyncio.wait_for(producer.close(timeout=0), 10)
     with pytest.raises(asyncio.CancelledError):
