@@ -142,7 +142,13 @@ def test_spark_exactly_once_commits_each_partition(spark, broker, topic_factory)
                              exactly_once=True, transactional_id_prefix=f"{topic}-job")
     assert totals.records == 1000
     got = consume_all(broker.bootstrap, topic, expected=1000)
-    assert sorted(json.loads(r.value)["n"] for r in got) == list(range(1000))
+    values = sorted(json.loads(r.value)["n"] for r in got)
+    if values != list(range(1000)):  # once seen in CI: say whether the log has them
+        layout = {p: [(b.producer_id, b.producer_epoch, b.base_sequence, len(b.records),
+                       b.control_type) for b in fetch_raw_batches(broker.bootstrap, topic, p)]
+                  for p in (0, 1)}
+        pytest.fail(f"read back {len(values)} records ({len(set(values))} distinct) of 1000; "
+                    f"batches per partition (pid, epoch, sequence, records, control): {layout}")
     for partition in (0, 1):  # every partition's data is followed by a COMMIT marker
         batches = fetch_raw_batches(broker.bootstrap, topic, partition)
         assert batches and batches[-1].is_control and batches[-1].control_type == "COMMIT"
