@@ -459,3 +459,29 @@ async def test_errors_that_say_the_leader_may_have_moved_refresh_metadata(proxie
     # drops (Tansu then answers offset -1, see tansu.md).
     got = consume_all(cluster.broker.bootstrap, "moved", expected=2)
     assert [r.value for r in got] == [b"warm-up", b"v"]
+
+
+async def test_a_duplicate_answer_to_a_first_attempt_is_reported(proxied_broker, caplog):
+    """DUPLICATE_SEQUENCE_NUMBER means the broker has the batch from an earlier attempt, so it
+    counts as written (as in the Java client). For a batch sent only once there was no
+    earlier attempt: the broker is wrong, and the log says so (the record may be lost)."""
+    cluster = proxied_broker
+    cluster.create_topic("dup-first", 1)
+    armed = []
+
+    def duplicate(response):
+        if armed != [True]:
+            return None
+        armed.append("used")
+        for topic in response.responses:
+            for partition in topic.partition_responses:
+                partition.error_code, partition.base_offset = 46, -1
+        return response
+    cluster.proxy.rewrite_responses(ProduceResponse, duplicate)
+    async with Producer(cluster.bootstrap, linger_ms=0) as producer:
+        await producer.send("dup-first", b"warm-up")
+        armed.append(True)
+        with caplog.at_level("WARNING", logger="aioproducer"):
+            metadata = await asyncio.wait_for(producer.send("dup-first", b"v"), 10)
+    assert metadata.offset == -1
+    assert "sent once, was answered as a duplicate" in caplog.text

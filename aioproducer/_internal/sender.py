@@ -293,6 +293,9 @@ class Sender:
             if isinstance(exc, DuplicateSequenceNumberError):
                 # The broker already has this batch (an earlier attempt was written); Apache
                 # Kafka answers with its original offset, some brokers with -1.
+                if batch.attempts == 0:  # there was no earlier attempt: the broker is wrong
+                    log.warning("%s, sent once, was answered as a duplicate: the broker "
+                                "may not have written it", batch)
                 self._complete(batch, p["base_offset"], p["log_append_time_ms"])
                 return
             if isinstance(exc, (OutOfOrderSequenceNumberError, UnknownProducerIdError)):
