@@ -95,7 +95,8 @@ class ProducerConfig:
     def _validated(self, explicit_idempotence: Any) -> "ProducerConfig":
         changes: dict[str, Any] = {"bootstrap_addresses": _parse_bootstrap(self.bootstrap_servers)}
         acks = {"all": -1, "-1": -1, -1: -1, "1": 1, 1: 1, "0": 0, 0: 0}.get(
-            self.acks if type(self.acks) in (int, str) else None)  # type: ignore[arg-type]
+            self.acks if isinstance(self.acks, (int, str)) and not isinstance(self.acks, bool)
+            else None)  # type: ignore[arg-type]
         if acks is None:
             raise ConfigError(f"acks must be 0, 1 or \"all\" (or -1), not {self.acks!r}")
         changes["acks"] = acks
