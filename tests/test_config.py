@@ -30,6 +30,17 @@ def test_from_properties_takes_kafka_names_and_strings():
         ProducerConfig.from_properties({"bootstrap.servers": "h:1", "linger.ms": "soon"})
 
 
+def test_acks_takes_an_int_enum_but_not_a_float_or_bool():
+    import enum
+
+    class Acks(enum.IntEnum):
+        LEADER = 1
+    assert ProducerConfig.from_kwargs(bootstrap_servers="h:1", acks=Acks.LEADER).acks == 1
+    for wrong in (1.0, True):
+        with pytest.raises(ConfigError, match="acks must be"):
+            ProducerConfig.from_kwargs(bootstrap_servers="h:1", acks=wrong)
+
+
 def test_defaulted_idempotence_turns_off_quietly_when_settings_conflict():
     assert not ProducerConfig.from_kwargs(bootstrap_servers="h:1", acks=1).enable_idempotence
     assert not ProducerConfig.from_kwargs(bootstrap_servers="h:1", retries=0).enable_idempotence
