@@ -18,7 +18,7 @@ from ._internal.buffer_pool import BufferPool
 from ._internal.partitioner import StickyPartitioner, partition_for_key
 from ._internal.sender import Sender
 from ._internal.transactions import TransactionManager, TxnState
-from .client.cluster import Cluster, TopicInfo
+from .client.cluster import Cluster, TopicInfo, retrieve_exception
 from .config import ProducerConfig
 from .errors import (
     ConfigError,
@@ -521,7 +521,7 @@ class Producer:
             txn.start_commit_or_abort(commit)  # refuses what the state does not allow
             task = asyncio.get_running_loop().create_task(
                 self._commit(txn) if commit else self._abort(txn))
-            task.add_done_callback(_retrieve)  # its callers may all have been cancelled
+            task.add_done_callback(retrieve_exception)  # its callers may all be cancelled
             self._ending = (commit, task)
         await asyncio.shield(self._ending[1])
 
@@ -685,11 +685,6 @@ def _iterate(records: Any) -> Iterator[Any]:
     except TypeError:
         raise InvalidRecordError("records must be an iterable of (key, value) pairs, not "
                                  f"{type(records).__name__}") from None
-
-
-def _retrieve(task: asyncio.Task[Any]) -> None:
-    if not task.cancelled():
-        task.exception()
 
 
 def _check_timeout(call: str, timeout: float | None) -> None:

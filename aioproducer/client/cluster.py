@@ -267,7 +267,7 @@ class Cluster:
             backoff = self._backoff.get(node_id)
             if backoff is None or backoff.not_before <= self._loop.time():
                 task = self._loop.create_task(self.connection(node_id))
-                task.add_done_callback(_consume_exception)
+                task.add_done_callback(retrieve_exception)
         return None
 
     def backoff_remaining(self, node_id: int) -> float:
@@ -343,6 +343,7 @@ def _cancelling() -> bool:
     return bool(getattr(asyncio.current_task(), "cancelling", lambda: 0)())
 
 
-def _consume_exception(task: asyncio.Task) -> None:
+def retrieve_exception(task: asyncio.Task) -> None:
+    """A done callback for a task nobody may await: its failure is not reported as unretrieved."""
     if not task.cancelled():
         task.exception()
