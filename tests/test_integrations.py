@@ -141,18 +141,17 @@ def test_spark_exactly_once_commits_each_partition(spark, broker, topic_factory)
     totals = write_dataframe(df, topic, broker.bootstrap, key="user", value_format="json",
                              exactly_once=True, transactional_id_prefix=f"{topic}-job")
     assert totals.records == 1000
-    got = consume_all(broker.bootstrap, topic, expected=1000)
-    values = sorted(json.loads(r.value)["n"] for r in got)
-    if values != list(range(1000)):  # once seen in CI: say whether the log has them
-        layout = {p: [(b.producer_id, b.producer_epoch, b.base_sequence, len(b.records),
-                       b.control_type) for b in fetch_raw_batches(broker.bootstrap, topic, p)]
-                  for p in (0, 1)}
-        pytest.fail(f"read back {len(values)} records ({len(set(values))} distinct) of 1000; "
-                    f"batches per partition (pid, epoch, sequence, records, control): {layout}")
-    for partition in (0, 1):  # every partition's data is followed by a COMMIT marker
-        batches = fetch_raw_batches(broker.bootstrap, topic, partition)
-        assert batches and batches[-1].is_control and batches[-1].control_type == "COMMIT"
-        assert all(b.is_transactional for b in batches)
+    # Read from the raw log by kafka-python's batch reader. librdkafka's consumer, run after
+    # the rest of the suite on the shared Tansu broker, twice skipped the first batch of a
+    # partition (its 155 records were in the log, as the raw batches showed); that is the
+    # read-back's trouble, not the producer's.
+    batches = {p: fetch_raw_batches(broker.bootstrap, topic, p) for p in (0, 1)}
+    values = sorted(json.loads(record[2])["n"] for partition in batches.values()
+                    for batch in partition if not batch.is_control for record in batch.records)
+    assert values == list(range(1000))
+    for partition in batches.values():  # every partition's data is followed by a COMMIT marker
+        assert partition and partition[-1].is_control and partition[-1].control_type == "COMMIT"
+        assert all(b.is_transactional for b in partition)
 
 
 _HEADERS_SCHEMA = "value string, headers array<struct<key:string,value:binary>>"
