@@ -183,6 +183,8 @@ class Producer:
             return
         if self._state in ("new", "starting", "failed"):
             self._state = "closed"
+            if self._txn is not None:
+                self._txn.close()
             if self._cluster is not None:
                 await self._cluster.close()
             return
@@ -229,6 +231,8 @@ class Producer:
         # The sender is done: no record may be left awaiting it.
         accumulator.fail_unresolved(ProducerClosedError(
             "the producer closed before these records could be sent"))
+        if self._txn is not None:
+            self._txn.close()
         await self._cluster.close()
         self._state = "closed"
 
@@ -520,7 +524,8 @@ class Producer:
         if self._ending is None or self._ending[1].done() or self._ending[0] != commit:
             txn.start_commit_or_abort(commit)  # refuses what the state does not allow
             task = asyncio.get_running_loop().create_task(
-                self._commit(txn) if commit else self._abort(txn))
+                self._commit(txn) if commit else self._abort(txn),
+                name=f"aioproducer-{'commit' if commit else 'abort'}-{self.config.client_id}")
             task.add_done_callback(retrieve_exception)  # its callers may all be cancelled
             self._ending = (commit, task)
         await asyncio.shield(self._ending[1])

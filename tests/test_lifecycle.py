@@ -9,11 +9,23 @@ import random
 import resource
 
 import pytest
+from kafka.protocol.producer import InitProducerIdResponse
 
 from aioproducer import Producer
 from aioproducer.client.cluster import Cluster
 from aioproducer.errors import BufferExhaustedError, ProducerClosedError
 from tests.support.readback import consume_all
+
+
+async def _tasks_left(wait: float = 2.0) -> list[str]:
+    """The names of tasks other than this one still running after `wait` seconds at most
+    (a cancelled task ends a loop turn or two later)."""
+    deadline = asyncio.get_running_loop().time() + wait
+    while True:
+        left = [t.get_name() for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        if not left or asyncio.get_running_loop().time() > deadline:
+            return left
+        await asyncio.sleep(0.01)
 
 
 async def test_cancelled_sends_leave_the_producer_healthy(broker, topic_factory):
@@ -160,8 +172,7 @@ async def test_close_as_the_first_metadata_arrives_wins_over_start(broker, topic
     with pytest.raises(ProducerClosedError, match="closed while it started"):
         await asyncio.wait_for(producer.start(), 10)
     await asyncio.wait_for(producer.close(), 10)
-    left = [t.get_name() for t in asyncio.all_tasks() if t.get_name().startswith("aioproducer")]
-    assert not left, f"still running after close(): {left}"
+    assert not await _tasks_left(), "still running after close()"
     with pytest.raises(ProducerClosedError, match="closed"):
         await producer.send(topic, b"v")
 
@@ -185,8 +196,32 @@ async def test_concurrent_starts_share_one_start(broker, topic):
     await asyncio.gather(producer.start(), producer.start())
     await producer.send(topic, b"v")
     await producer.close()
-    left = [t.get_name() for t in asyncio.all_tasks() if t.get_name().startswith("aioproducer")]
-    assert not left, f"still running after close(): {left}"
+    assert not await _tasks_left(), "still running after close()"
+
+
+async def test_close_stops_an_idempotent_producer_waiting_for_its_producer_id(proxied_broker):
+    """A broker that cannot hand out producer ids yet answers InitProducerId with
+    COORDINATOR_LOAD_IN_PROGRESS (KIP-730), and the producer asks again, with backoff, for as
+    long as it is open. close() ends that too: nothing keeps running or logging after it."""
+    cluster = proxied_broker
+    cluster.create_topic("no-ids-yet", 1)
+
+    def not_yet(response):
+        response.error_code, response.producer_id, response.producer_epoch = 14, -1, -1
+        return response
+    cluster.proxy.rewrite_responses(InitProducerIdResponse, not_yet)
+    producer = Producer(cluster.bootstrap, retry_backoff_max_ms=200)
+    await producer.start()
+    handle = await producer.enqueue("no-ids-yet", b"never sent")
+    for _ in range(200):  # until it has asked twice (at most 10 s)
+        if cluster.proxy.rewritten >= 2:
+            break
+        await asyncio.sleep(0.05)
+    assert cluster.proxy.rewritten >= 2
+    await asyncio.wait_for(producer.close(timeout=0.2), 10)
+    with pytest.raises(ProducerClosedError):
+        await handle
+    assert not await _tasks_left(), "still running after close()"
 
 
 async def test_cancelled_close_still_closes(proxied_broker):

@@ -155,8 +155,16 @@ class TransactionManager:
             return None
         if self._init_task is not None and not self._init_task.done():
             return None
-        self._init_task = asyncio.get_running_loop().create_task(self._init_idempotent())
+        self._init_task = asyncio.get_running_loop().create_task(
+            self._init_idempotent(), name=f"aioproducer-init-producer-id-{self._config.client_id}")
         return self._init_task
+
+    def close(self) -> None:
+        """The producer is closing: stop the requests running on their own (an idempotent
+        producer's InitProducerId retries for as long as no broker answers)."""
+        for task in (self._init_task, self._add_task):
+            if task is not None:
+                task.cancel()
 
     def init_request(self) -> dict[str, Any]:
         """InitProducerId for an idempotent producer: after lost sequence state, ask to keep
@@ -409,7 +417,8 @@ class TransactionManager:
             return
         if self.state not in (TxnState.IN_TRANSACTION, TxnState.COMMITTING):
             return
-        self._add_task = asyncio.get_running_loop().create_task(self._add_partitions())
+        self._add_task = asyncio.get_running_loop().create_task(
+            self._add_partitions(), name=f"aioproducer-add-partitions-{self._config.client_id}")
 
     async def _add_partitions(self) -> None:
         adding = sorted(self._pending)

@@ -145,7 +145,8 @@ class Cluster:
         """Start a metadata fetch unless one is running; await the task to wait for it."""
         if self._refresh is None or self._refresh.done():
             self._attempted_at = self._loop.time()
-            self._refresh = self._loop.create_task(self._fetch_metadata())
+            self._refresh = self._loop.create_task(
+                self._fetch_metadata(), name=f"aioproducer-metadata-{self._config.client_id}")
             self._refresh.add_done_callback(self._refresh_done)
         return self._refresh
 
@@ -266,7 +267,8 @@ class Cluster:
         if node_id not in self._connecting and not self._closed:
             backoff = self._backoff.get(node_id)
             if backoff is None or backoff.not_before <= self._loop.time():
-                task = self._loop.create_task(self.connection(node_id))
+                task = self._loop.create_task(self.connection(node_id),
+                                              name=f"aioproducer-connect-{node_id}")
                 task.add_done_callback(retrieve_exception)
         return None
 
@@ -280,13 +282,14 @@ class Cluster:
         if conn is not None and not conn.closed:
             return conn
         if self._closed:
-            raise KafkaConnectionError("the producer is closed")
+            raise ProducerClosedError("the producer is closed")
         task = self._connecting.get(node_id)
         if task is None:
             target = broker or self.brokers.get(node_id)
             if target is None:
                 raise KafkaConnectionError(f"broker {node_id} is not in the metadata")
-            task = self._loop.create_task(self._open(target))
+            task = self._loop.create_task(self._open(target),
+                                          name=f"aioproducer-open-{target.node_id}")
             self._connecting[node_id] = task
         return await asyncio.shield(task)
 
@@ -314,7 +317,7 @@ class Cluster:
             self._connecting.pop(broker.node_id, None)
         if self._closed:
             conn.close()
-            raise KafkaConnectionError("the producer is closed")
+            raise ProducerClosedError("the producer is closed")
         self._backoff.pop(broker.node_id, None)
         conn.on_close = self._connection_closed
         self._connections[broker.node_id] = conn
