@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from kafka.protocol.producer import InitProducerIdResponse
 
 from aioproducer import Producer
-from aioproducer.errors import DeliveryTimeoutError
+from aioproducer.errors import ClusterAuthorizationFailedError, DeliveryTimeoutError
 from aioproducer.client.connection import BrokerConnection
 from aioproducer.protocol.messages import ApiKey
 from tests.support.readback import assert_contiguous_sequences, consume_all, fetch_raw_batches
@@ -90,3 +91,29 @@ async def test_a_numbered_batch_that_expires_awaiting_its_retry_leaves_no_gap(pr
         sessions.setdefault((batch.producer_id, batch.producer_epoch), []).append(batch)
     for batches in sessions.values():  # the records after the gap were numbered afresh
         assert_contiguous_sequences(batches)
+
+
+async def test_a_principal_refused_idempotent_writes_is_told_what_to_grant(proxied_broker):
+    """A broker with ACLs answers InitProducerId with CLUSTER_AUTHORIZATION_FAILED when the
+    principal has neither Write on a topic nor IdempotentWrite on the cluster. Each record
+    fails with an error that says what to grant; once it is granted (here: the proxy stops
+    refusing), the same producer goes on without a restart. (The Java client instead makes
+    the producer unusable until it is closed.)"""
+    cluster = proxied_broker
+    cluster.create_topic("acl", 1)
+
+    def refuse(response):
+        response.error_code, response.producer_id, response.producer_epoch = 31, -1, -1
+        return response
+    cluster.proxy.rewrite_responses(InitProducerIdResponse, refuse)
+    async with Producer(cluster.bootstrap, linger_ms=0) as producer:
+        for _ in range(2):
+            with pytest.raises(ClusterAuthorizationFailedError,
+                               match="IdempotentWrite on the cluster") as refused:
+                await asyncio.wait_for(producer.send("acl", b"refused"), 10)
+            assert "enable_idempotence" in str(refused.value)
+        cluster.proxy.rewrite_responses(InitProducerIdResponse, None)  # granted
+        cluster.proxy.cut_all()  # (a rewrite applies to the connections made after it)
+        await asyncio.wait_for(producer.send("acl", b"granted"), 10)
+    assert [r.value for r in consume_all(cluster.broker.bootstrap, "acl", expected=1)] == \
+        [b"granted"]

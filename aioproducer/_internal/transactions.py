@@ -58,6 +58,7 @@ TopicPartition = tuple[str, int]
 _COORDINATOR_LOAD_IN_PROGRESS = 14
 _COORDINATOR_NOT_AVAILABLE = 15
 _NOT_COORDINATOR = 16
+_CLUSTER_AUTHORIZATION_FAILED = 31
 _CONCURRENT_TRANSACTIONS = 51
 _OPERATION_NOT_ATTEMPTED = 55
 _FENCED = frozenset({47, 90})  # INVALID_PRODUCER_EPOCH, PRODUCER_FENCED
@@ -190,6 +191,13 @@ class TransactionManager:
                                 error_for_code(response["error_code"]))
                     self._bump_from = None
                     continue
+                if response["error_code"] == _CLUSTER_AUTHORIZATION_FAILED:
+                    raise ClusterAuthorizationFailedError(
+                        "InitProducerId: this producer's principal may not write idempotently "
+                        "(enable_idempotence=True, the default): grant it Write on the topic "
+                        "(brokers 2.8+) or IdempotentWrite on the cluster, or turn idempotence "
+                        "off. The producer asks again for each new batch, so it recovers "
+                        "once the permission is granted")
                 if response["error_code"]:
                     raise error_for_code(response["error_code"], "InitProducerId")
             except KafkaError as exc:
