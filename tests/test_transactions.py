@@ -516,6 +516,37 @@ async def test_a_retriable_partition_error_retries_the_whole_add(proxied_broker)
         assert _markers(cluster.broker.bootstrap, "add-again", partition) == ["data", "COMMIT"]
 
 
+async def test_closing_at_once_during_a_commit_fails_the_commit_with_the_reason(proxied_broker):
+    """close(timeout=0) while a commit waits for its partitions to be added (the coordinator
+    answers CONCURRENT_TRANSACTIONS, retried until max_block_ms): the commit fails at once
+    with the reason, the producer's close, not with a CancelledError nobody asked for."""
+    cluster = proxied_broker
+    cluster.create_topic("busy-coordinator", 1)
+
+    def busy(response):
+        for topic in response.results_by_topic_v3_and_below:
+            for partition in topic.results_by_partition:
+                partition.partition_error_code = 51
+        return response
+    cluster.proxy.rewrite_responses(AddPartitionsToTxnResponse, busy)
+    producer = Producer(cluster.bootstrap, transactional_id=_tid(), linger_ms=0)
+    await producer.start()
+    producer.begin_transaction()
+    handle = await producer.enqueue("busy-coordinator", b"never sent")
+    committing = asyncio.create_task(producer.commit_transaction())
+    for _ in range(200):  # until the coordinator has said it is busy (at most 10 s)
+        if cluster.proxy.rewritten:
+            break
+        await asyncio.sleep(0.05)
+    assert cluster.proxy.rewritten
+    await asyncio.wait_for(producer.close(timeout=0), 10)
+    with pytest.raises(TransactionStateError, match="cannot commit") as failed:
+        await asyncio.wait_for(committing, 10)
+    assert isinstance(failed.value.__cause__, ProducerClosedError)
+    with pytest.raises(ProducerClosedError):
+        await handle
+
+
 async def test_failed_send_offsets_make_the_transaction_abortable(proxied_broker):
     """TxnOffsetCommit answered ILLEGAL_GENERATION (the consumer group moved on): the offsets
     are not in the transaction, so it must not commit; the abort works and the producer

@@ -469,7 +469,8 @@ class TransactionManager:
     async def end_transaction(self, commit: bool) -> None:
         """EndTxn, once every batch of the transaction has its outcome."""
         if self._add_task is not None and not self._add_task.done():
-            await asyncio.shield(self._add_task)
+            # Its outcome, not its cancellation (close() stops it), is what decides below.
+            await asyncio.wait({self._add_task})
         if self.state is TxnState.ABORTABLE_ERROR and commit:
             raise TransactionStateError(
                 f"cannot commit: the transaction failed ({self.error!r}); abort it") from self.error
