@@ -11,6 +11,7 @@ from aioproducer import Producer
 from aioproducer.errors import ClusterAuthorizationFailedError, DeliveryTimeoutError
 from aioproducer.client.connection import BrokerConnection
 from aioproducer.protocol.messages import ApiKey
+from tests.support.proxy import refuse_producer_ids
 from tests.support.readback import assert_contiguous_sequences, consume_all, fetch_raw_batches
 
 
@@ -101,11 +102,7 @@ async def test_a_principal_refused_idempotent_writes_is_told_what_to_grant(proxi
     the producer unusable until it is closed.)"""
     cluster = proxied_broker
     cluster.create_topic("acl", 1)
-
-    def refuse(response):
-        response.error_code, response.producer_id, response.producer_epoch = 31, -1, -1
-        return response
-    cluster.proxy.rewrite_responses(InitProducerIdResponse, refuse)
+    cluster.proxy.rewrite_responses(InitProducerIdResponse, refuse_producer_ids(31))
     async with Producer(cluster.bootstrap, linger_ms=0) as producer:
         for _ in range(2):
             with pytest.raises(ClusterAuthorizationFailedError,

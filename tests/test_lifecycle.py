@@ -14,6 +14,7 @@ from kafka.protocol.producer import InitProducerIdResponse
 from aioproducer import Producer
 from aioproducer.client.cluster import Cluster
 from aioproducer.errors import BufferExhaustedError, ProducerClosedError
+from tests.support.proxy import refuse_producer_ids
 from tests.support.readback import consume_all
 
 
@@ -205,11 +206,7 @@ async def test_close_stops_an_idempotent_producer_waiting_for_its_producer_id(pr
     long as it is open. close() ends that too: nothing keeps running or logging after it."""
     cluster = proxied_broker
     cluster.create_topic("no-ids-yet", 1)
-
-    def not_yet(response):
-        response.error_code, response.producer_id, response.producer_epoch = 14, -1, -1
-        return response
-    cluster.proxy.rewrite_responses(InitProducerIdResponse, not_yet)
+    cluster.proxy.rewrite_responses(InitProducerIdResponse, refuse_producer_ids(14))
     producer = Producer(cluster.bootstrap, retry_backoff_max_ms=200)
     await producer.start()
     handle = await producer.enqueue("no-ids-yet", b"never sent")

@@ -272,6 +272,14 @@ class FaultProxy:
             await writer.drain()
 
 
+def refuse_producer_ids(error_code: int) -> Rewrite:
+    """A rewrite for InitProducerIdResponse: every answer is `error_code`, without an id."""
+    def refuse(response: Any) -> Any:
+        response.error_code, response.producer_id, response.producer_epoch = error_code, -1, -1
+        return response
+    return refuse
+
+
 async def _read_frame(reader: asyncio.StreamReader) -> bytes:
     """One size-prefixed Kafka frame, prefix included (IncompleteReadError at the end)."""
     size = await reader.readexactly(4)
