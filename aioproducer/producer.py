@@ -494,7 +494,9 @@ class Producer:
     async def init_transactions(self) -> None:
         """Register our `transactional_id` with its coordinator: fences any older producer
         with the same id and aborts its open transaction. `start()` does this already."""
-        await self._transaction_manager().init_transactions()
+        txn = self._transaction_manager()
+        self._check_loop()
+        await txn.init_transactions()
 
     def begin_transaction(self) -> None:
         """Start a transaction: records sent until commit or abort are in it."""
@@ -521,6 +523,7 @@ class Producer:
     async def _end_transaction(self, commit: bool) -> None:
         """Start the commit or abort in a task of its own, or join the one under way."""
         txn = self._transaction_manager()
+        self._check_loop()  # before the state changes: on another loop it could never end
         if self._ending is None or self._ending[1].done() or self._ending[0] != commit:
             txn.start_commit_or_abort(commit)  # refuses what the state does not allow
             task = asyncio.get_running_loop().create_task(
@@ -552,6 +555,7 @@ class Producer:
         group_id and, for fencing of zombie consumers (KIP-447), generation_id, member_id and
         group_instance_id."""
         txn = self._transaction_manager()
+        self._check_loop()
         by_partition = _offsets(offsets)
         group: dict[str, Any]
         if isinstance(group_metadata, str):
@@ -595,6 +599,7 @@ class Producer:
         """Number of partitions of `topic` (fetching its metadata if needed)."""
         if self._state != "started":
             self._raise_not_started()
+        self._check_loop()
         return len((await self._topic_info(_topic_str(topic))).leaders)
 
     # -- helpers ---------------------------------------------------------------------------

@@ -243,6 +243,34 @@ async def test_transaction_calls_need_a_transactional_id(broker):
             producer.begin_transaction()
 
 
+def test_transaction_calls_from_another_event_loop_are_refused(broker, topic):
+    """As send() is: a commit started from another loop would run there, fail, and leave the
+    transaction 'committing' for good, so that no commit or abort could end it."""
+    producer = Producer(broker.bootstrap, transactional_id=_tid())
+    own = asyncio.new_event_loop()
+
+    async def in_transaction():
+        producer.begin_transaction()
+        await producer.send(topic, b"committed")
+
+    async def elsewhere(call):
+        with pytest.raises(RuntimeError, match="another one"):
+            await asyncio.wait_for(call(), 5)
+
+    try:
+        own.run_until_complete(producer.start())
+        own.run_until_complete(in_transaction())
+        for call in (producer.commit_transaction, producer.abort_transaction,
+                     lambda: producer.send_offsets_to_transaction({(topic, 0): 1}, "group"),
+                     lambda: producer.partitions_for("not-yet-known")):
+            asyncio.run(elsewhere(call))
+        own.run_until_complete(producer.commit_transaction())
+        own.run_until_complete(producer.close())
+    finally:
+        own.close()
+    assert _markers(broker.bootstrap, topic, 0) == ["data", "COMMIT"]
+
+
 async def test_send_offsets_to_transaction(broker, topic_factory):
     from confluent_kafka import Consumer, TopicPartition
 
