@@ -26,9 +26,10 @@ _ADDRESS = re.compile(r"^\s*(?:\[(?P<ipv6>[0-9a-fA-F:.]+)\]|(?P<host>[^:\s\[\]]+
 
 @dataclasses.dataclass(frozen=True)
 class ProducerConfig:
-    """Validated producer settings. Build with `from_kwargs(**settings)` or, from Kafka's
-    dotted names and string values, `from_properties({"linger.ms": "5"})`. One built directly,
-    `ProducerConfig(...)`, is validated when a Producer takes it."""
+    """Validated producer settings, for `Producer(config=...)`. Build with
+    `from_kwargs(**settings)` or, from Kafka's dotted names and string values,
+    `from_properties({"bootstrap.servers": "localhost:9092", "linger.ms": "5"})`. One built
+    directly, `ProducerConfig(...)`, is validated when a Producer takes it."""
 
     bootstrap_servers: str | Sequence[str]
     client_id: str = "aioproducer"

@@ -1,12 +1,13 @@
 """The exception tree, and every Kafka error code as a named exception.
 
-`except KafkaError` catches everything this package raises. Three flags say what a caller can
-do about an error: `retriable` (trying again may work; the producer retries these itself
-within delivery_timeout_ms), `abortable` (the current transaction must be aborted, then the
-producer goes on) and `fatal` (the producer cannot continue: close it). They say what an
-error usually means; a few mean more from a transaction coordinator (INVALID_TXN_STATE is
-fatal there, as in the Java client), and inside a transaction any failed record makes the
-transaction abortable.
+`except KafkaError` catches every error of the producer (not asyncio's own: RuntimeError for
+a call from another event loop, asyncio.TimeoutError from flush(timeout=...)). Three flags say
+what a caller can do about an error: `retriable` (trying again may work; the producer retries
+these itself within delivery_timeout_ms), `abortable` (the current transaction must be
+aborted, then the producer goes on) and `fatal` (the producer cannot continue: close it). They
+say what an error usually means; a few mean more from a transaction coordinator
+(INVALID_TXN_STATE is fatal there, as in the Java client), and inside a transaction any failed
+record makes the transaction abortable.
 
 This module imports nothing from the package, so every layer may use it.
 """

@@ -467,7 +467,8 @@ class Producer:
     async def flush(self, timeout: float | None = None) -> None:
         """Send everything buffered now (ignoring linger) and wait until each of those records
         is acknowledged or failed. Failures stay on the records' futures; flush itself raises
-        only TimeoutError if `timeout` (seconds) passes first."""
+        asyncio.TimeoutError if `timeout` (seconds) passes first. On a closed producer it
+        returns at once."""
         _check_timeout("flush", timeout)
         if self._state not in ("started", "closing"):  # closing also sends what is buffered
             if self._state in ("new", "starting"):
