@@ -1,6 +1,8 @@
 """Every example runs as written (each starts its own embedded broker)."""
 
+import asyncio
 import os
+import re
 import shutil
 import signal
 import socket
@@ -14,6 +16,7 @@ import pytest
 from tests.support.ports import free_port
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+README = EXAMPLES.parent / "README.md"
 
 
 def _run(name: str, timeout: float = 120, **env: str) -> str:
@@ -43,6 +46,28 @@ def test_spark_streaming_example():
     pytest.importorskip("pyspark", reason="install the spark extra: aioproducer[spark]")
     out = _run("spark_streaming.py", timeout=240, EXAMPLE_SECONDS="8")
     assert "micro-batch" in out and " records" in out
+
+
+async def test_readme_python_snippets(broker, topic_factory):
+    """README's Python blocks run as written, one after the other as a reader would, with only
+    the broker's address and (so that reruns start clean) the topic names changed."""
+    from tests.support.readback import consume_all
+
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+    assert len(blocks) >= 2
+    topics = {name: topic_factory(1) for name in ("orders", "clicks", "enriched", "raw")}
+    namespace: dict = {}
+    for block in blocks:
+        block = block.replace('"localhost:9092"', repr(broker.bootstrap))
+        for name, topic in topics.items():
+            block = block.replace(f'"{name}"', repr(topic))
+        imports = [line for line in block.splitlines() if line.startswith(("from ", "import "))]
+        exec("\n".join(imports), namespace)
+        exec("async def snippet():\n" + "".join(f"    {line}\n" for line in block.splitlines()),
+             namespace)
+        await asyncio.wait_for(namespace["snippet"](), 30)
+    for name in ("orders", "clicks", "enriched"):
+        assert len(consume_all(broker.bootstrap, topics[name], expected=1)) == 1, name
 
 
 def test_cli_perf_on_its_own_broker():
