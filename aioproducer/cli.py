@@ -32,7 +32,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
 
     broker = commands.add_parser("broker", help="run the embedded dev broker until Ctrl-C")
-    broker.add_argument("--port", type=int, default=9092)
+    broker.add_argument("--port", type=int, default=9092,
+                        help="listen on 127.0.0.1 at this port (default: %(default)s)")
 
     produce = commands.add_parser("produce", help="produce records read from stdin or a file")
     produce.add_argument("topic")
@@ -45,11 +46,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     _add_connection_options(produce, help="default: bootstrap.servers of the producer settings")
 
     perf = commands.add_parser("perf", help="produce records as fast as asked; report speed")
-    perf.add_argument("--topic", default="perf-test")
+    perf.add_argument("--topic", default="perf-test", help="default: %(default)s")
     perf.add_argument("--partitions", type=int, default=6,
-                      help="partitions of the topic when this command starts its own broker")
-    perf.add_argument("--num-records", type=int, default=1_000_000)
-    perf.add_argument("--record-size", type=int, default=100)
+                      help="partitions of the topic when this command starts its own broker "
+                           "(default: %(default)s)")
+    perf.add_argument("--num-records", type=int, default=1_000_000,
+                      help="default: %(default)s")
+    perf.add_argument("--record-size", type=int, default=100,
+                      help="bytes of each record's value (random, no key; default: %(default)s)")
     perf.add_argument("--throughput", type=float, default=-1,
                       help="records per second at most (-1: no limit)")
     perf.add_argument("--json", action="store_true", help="print the result as JSON")
