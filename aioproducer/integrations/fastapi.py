@@ -2,6 +2,8 @@
 
 ::
 
+    import json
+
     from fastapi import FastAPI
     from aioproducer.integrations.fastapi import ProducerDep, producer_lifespan
 
