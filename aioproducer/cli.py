@@ -243,8 +243,10 @@ async def _lines(source: BinaryIO) -> AsyncGenerator[bytes, None]:
 
 
 def _uncancel() -> None:
-    """The cancellation was taken (Python 3.11+ counts them; 3.10 does not)."""
-    getattr(asyncio.current_task(), "uncancel", lambda: 0)()
+    """The cancellation was taken: the task goes on (its count of cancellations drops)."""
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()
 
 
 def _report(topic: str, sent: list[tuple[int, RecordFuture]], seconds: float,

@@ -342,8 +342,9 @@ class Cluster:
 
 
 def _cancelling() -> bool:
-    """Whether the current task was asked to stop (Python 3.11+; on 3.10 taken as not)."""
-    return bool(getattr(asyncio.current_task(), "cancelling", lambda: 0)())
+    """Whether the current task was asked to stop."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 def retrieve_exception(task: asyncio.Task) -> None:
