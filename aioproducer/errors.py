@@ -1,7 +1,7 @@
 """The exception tree, and every Kafka error code as a named exception.
 
 `except KafkaError` catches every error of the producer (not asyncio's own: RuntimeError for
-a call from another event loop, asyncio.TimeoutError from flush(timeout=...)). Three flags say
+a call from another event loop, TimeoutError from flush(timeout=...)). Three flags say
 what a caller can do about an error: `retriable` (trying again may work; the producer retries
 these itself within delivery_timeout_ms), `abortable` (the current transaction must be
 aborted, then the producer goes on) and `fatal` (the producer cannot continue: close it). They

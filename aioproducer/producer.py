@@ -467,7 +467,7 @@ class Producer:
     async def flush(self, timeout: float | None = None) -> None:
         """Send everything buffered now (ignoring linger) and wait until each of those records
         is acknowledged or failed. Failures stay on the records' futures; flush itself raises
-        asyncio.TimeoutError if `timeout` (seconds) passes first. On a closed producer it
+        TimeoutError if `timeout` (seconds) passes first. On a closed producer it
         returns at once."""
         _check_timeout("flush", timeout)
         if self._state not in ("started", "closing"):  # closing also sends what is buffered
@@ -487,7 +487,7 @@ class Producer:
         finally:
             accumulator.flushing -= 1
         if not_done:
-            raise asyncio.TimeoutError(
+            raise TimeoutError(
                 f"flush(timeout={timeout}): {len(not_done)} batch(es) still unacknowledged")
 
     # -- transactions ----------------------------------------------------------------------
