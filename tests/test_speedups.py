@@ -90,10 +90,12 @@ def test_record_writer_same_bytes(limit):
             header = (rng.choice([0, 1, 4, 0x14]), rng.choice([-1, 0, 2**63 - 1]),
                       rng.choice([-1, 0, 32767]), rng.choice([-1, 0, 2**31 - 1]))
             assert c.frame(payload, *header) == py.frame(payload, *header)
-        # Sealed: no more appends, and nothing changes.
+        # Sealed: no more appends, and nothing changes. Sealed again (the accumulator seals a
+        # retried batch it expires or fails): no records.
         assert not c.try_append(base, None, b"x", None)
         assert not py.try_append(base, None, b"x", None)
         assert (c.count, c.size) == (py.count, py.size)
+        assert c.seal() == py.seal() == b""
 
 
 @needs_c

@@ -327,7 +327,7 @@ writer_seal(RecordWriter *self, PyObject *unused)
     self->sealed = 1;
     PyMem_Free(self->buffer);
     self->buffer = NULL;
-    self->capacity = 0;
+    self->length = self->capacity = 0;  /* sealed again (an expired retry): b"" */
     return records;
 }
 
