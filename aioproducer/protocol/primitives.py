@@ -40,21 +40,14 @@ def encode_varint(n: int) -> bytes:
 
 
 class Reader:
-    """Reads primitives from a frame; any overrun is a CorruptMessageError."""
+    """Reads a frame where the generated readers leave off (varints longer than a byte,
+    tagged fields); any overrun is a CorruptMessageError."""
 
     __slots__ = ("data", "position")
 
     def __init__(self, data: bytes | memoryview, position: int = 0) -> None:
         self.data = data
         self.position = position
-
-    def fixed(self, st: struct.Struct) -> Any:
-        try:
-            (value,) = st.unpack_from(self.data, self.position)
-        except struct.error:
-            raise CorruptMessageError("the frame ends in the middle of a field") from None
-        self.position += st.size
-        return value
 
     def uvarint(self) -> int:
         shift = result = 0
