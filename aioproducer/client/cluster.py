@@ -52,10 +52,6 @@ class TopicInfo:
     leaders: tuple[int, ...]
     error: KafkaError | None = None
 
-    @property
-    def partition_count(self) -> int:
-        return len(self.leaders)
-
 
 class _Backoff:
     __slots__ = ("failures", "not_before")
