@@ -83,8 +83,8 @@ class Cluster:
         self._attempted_at = float("-inf")
         self._stale = True
         self._closed = False
-        # Bootstrap servers get negative ids, as in the Java client, until metadata names them.
         self._ssl_context = ssl_context_for(config)
+        # Bootstrap servers get negative ids, as in the Java client, until metadata names them.
         self._bootstrap = [Broker(-1 - i, host, port)
                            for i, (host, port) in enumerate(config.bootstrap_addresses)]
 
