@@ -81,9 +81,7 @@ class BrokerConnection(asyncio.Protocol):
         self._next_correlation_id = 0
         self._buffer = bytearray()
         self._timer: asyncio.TimerHandle | None = None
-        self._closed: asyncio.Future[None] = self._loop.create_future()
         self._close_exc: KafkaError | None = None
-        self._writable: asyncio.Future[None] | None = None
         self.on_close: Any = None  # set by the owner: called with (connection, exception)
 
     def __repr__(self) -> str:
@@ -204,11 +202,6 @@ class BrokerConnection(asyncio.Protocol):
         self.send(api_key, body, partial(_settle, future), version=version)
         return await future
 
-    async def wait_writable(self) -> None:
-        """Wait while the socket's write buffer is above its high-water mark."""
-        if self._writable is not None:
-            await asyncio.shield(self._writable)
-
     @property
     def closed(self) -> bool:
         return self._close_exc is not None
@@ -227,17 +220,10 @@ class BrokerConnection(asyncio.Protocol):
             # In a loop turn of their own: close() may be called from code the callbacks
             # would re-enter.
             self._loop.call_soon(entry.on_response, None, self._close_exc)
-        if self._writable is not None and not self._writable.done():
-            self._writable.set_result(None)
         if self._transport is not None:
             self._transport.abort()
-        if not self._closed.done():
-            self._closed.set_result(None)
         if self.on_close is not None:
             self.on_close(self, self._close_exc)
-
-    async def wait_closed(self) -> None:
-        await self._closed
 
     # -- asyncio.Protocol ------------------------------------------------------------------
 
@@ -247,16 +233,6 @@ class BrokerConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         reason = f": {exc}" if exc else ""
         self.close(KafkaConnectionError(f"connection to {self.address} lost{reason}"))
-
-    def pause_writing(self) -> None:
-        if self._writable is None:
-            self._writable = self._loop.create_future()
-
-    def resume_writing(self) -> None:
-        if self._writable is not None:
-            if not self._writable.done():
-                self._writable.set_result(None)
-            self._writable = None
 
     def data_received(self, data: bytes) -> None:
         buffer = self._buffer
