@@ -13,10 +13,11 @@ import ssl
 from typing import Any, Callable, Mapping, Sequence
 
 from .errors import ConfigError
+from .protocol.compression import Codec
+from .protocol.sasl import MECHANISMS as _SASL
 
-_CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
+_CODECS = tuple(codec.name.lower() for codec in Codec)
 _PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
-_SASL = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 _MAX_INT = 2**31 - 1
 # compression_level: what each codec's library accepts (gzip: zlib's -1 default and 0-9; zstd:
 # its negative fast levels up to 22; lz4 takes any int, clamped).
