@@ -4,7 +4,7 @@ Idempotence: the broker keeps, per producer id and partition, the sequence numbe
 last batches it wrote, so a retried batch it already has is answered DUPLICATE_SEQUENCE_NUMBER
 instead of being written twice, and a gap is answered OUT_OF_ORDER_SEQUENCE_NUMBER. The client
 numbers each batch when it is first drained, keeps up to `max_in_flight_requests_per_connection`
-of them in flight, sends a retried batch only when nothing older of its partition is in
+of them in flight, sends a retried batch only when nothing else of its partition is in
 flight, and re-queues retries in sequence order. A numbered batch that fails for good without
 an acknowledgement (expired, out of retries, refused, aborted) has used up its sequence numbers
 whether or not the broker wrote it. When the sequence state is lost (an unknown producer id, a
@@ -249,8 +249,8 @@ class TransactionManager:
         if not in_flight:
             return True
         if batch.attempts > 0 or not self.is_current(in_flight[0]):
-            # A retry goes only when nothing older is in flight; after a producer id reset,
-            # nothing goes until the old id's batches are resolved.
+            # A retry goes only when nothing else of its partition is in flight; after a
+            # producer id reset, nothing goes until the old id's batches are resolved.
             return False
         return len(in_flight) < self._config.max_in_flight_requests_per_connection
 
