@@ -11,8 +11,8 @@ timeout, reconnect, metadata age) or until something wakes it.
 
 The requests are written last, after the round's bookkeeping and the next wake-up are set:
 the broker a write wakes can be scheduled on this process's core, and then it waits until
-the event loop goes idle. How much that costs depends on the host: on the benchmark VM, 20 us
-of work after a write once added 37 us to the round trip, and later 13 us.
+the event loop goes idle. How much that costs depends on the host (on the benchmark VM, 20 us
+of work after a write added 13 to 37 us to the round trip, from one run to another).
 
 At linger_ms=0, a new batch that is the only one queued, for a broker with nothing in flight
 (an idle producer: a service sending now and then), is written at once by the `send()` that
