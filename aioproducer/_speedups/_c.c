@@ -731,7 +731,8 @@ py_encode_produce(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         out += client_length;
     }
     if (flexible) *out++ = 0;
-    if (produce_body(args[3], (int)version, out, out + body_size) != body_size) {  /* changed */
+    /* A size other than the first walk's: the body changed meanwhile (see produce_body). */
+    if (produce_body(args[3], (int)version, out, out + body_size) != body_size) {
         Py_DECREF(frame);
         Py_RETURN_NONE;
     }
