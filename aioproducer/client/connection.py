@@ -82,7 +82,8 @@ class BrokerConnection(asyncio.Protocol):
         self._buffer = bytearray()
         self._timer: asyncio.TimerHandle | None = None
         self._close_exc: KafkaError | None = None
-        self.on_close: Any = None  # set by the owner: called with (connection, exception)
+        # Set by the owner: called with (this connection, the exception it closed with).
+        self.on_close: Callable[[BrokerConnection, KafkaError], None] | None = None
 
     def __repr__(self) -> str:
         return f"<BrokerConnection node={self.node_id} {self.host}:{self.port}>"
