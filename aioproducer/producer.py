@@ -1,4 +1,4 @@
-"""The public Producer: send / enqueue / flush / close."""
+"""The public Producer: send / enqueue / enqueue_many / flush / close, and transactions."""
 
 from __future__ import annotations
 
