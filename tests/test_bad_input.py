@@ -180,6 +180,34 @@ async def test_unreachable_bootstrap_fails_start_clearly():
         await producer.send("t", b"v")
 
 
+async def _silent_server(reader, writer):
+    await reader.read()  # never answers
+
+
+async def _http_server(reader, writer):
+    await reader.read(100)
+    writer.write(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+    await writer.drain()
+    writer.close()
+
+
+@pytest.mark.parametrize("handler", [_silent_server, _http_server], ids=["silent", "not-kafka"])
+async def test_a_bad_bootstrap_server_is_skipped_for_the_next(broker, topic, monkeypatch, handler):
+    """The first bootstrap server accepts connections but never answers, or is not a Kafka
+    broker: start() goes on to the next one in the list instead of failing."""
+    import aioproducer.client.cluster
+
+    monkeypatch.setattr(aioproducer.client.cluster.random, "shuffle", lambda servers: None)
+    server = await asyncio.start_server(handler, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with server:
+        async with Producer(f"127.0.0.1:{port},{broker.bootstrap}",
+                            request_timeout_ms=1000) as producer:
+            metadata = await asyncio.wait_for(producer.send(topic, b"v"), 10)
+    got = consume_all(broker.bootstrap, topic, expected=1)
+    assert [(r.offset, r.value) for r in got] == [(metadata.offset, b"v")]
+
+
 @pytest.mark.parametrize("reply", [b"HTTP/1.1 400 Bad Request\r\n\r\n", b""])
 async def test_not_a_kafka_broker(reply):
     async def handle(reader, writer):

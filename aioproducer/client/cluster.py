@@ -246,7 +246,12 @@ class Cluster:
         for broker in candidates:
             try:
                 return await self.connection(broker.node_id, broker)
-            except KafkaConnectionError as exc:
+            except KafkaError as exc:
+                # One that never answers (RequestTimeoutError) or is not a Kafka broker
+                # (CorruptMessageError) must not keep us from the next; a failed TLS or SASL
+                # handshake (fatal) would fail on every broker alike.
+                if exc.fatal:
+                    raise
                 errors.append(str(exc))
         if self.brokers:
             # Every known broker failed: start over from the bootstrap list next time.
