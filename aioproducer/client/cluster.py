@@ -81,6 +81,9 @@ class Cluster:
         self._refresh: asyncio.Task[None] | None = None
         self._updated_at = float("-inf")
         self._attempted_at = float("-inf")
+        # Between fetches while stale: retry_backoff_ms, doubled by each failed fetch up to
+        # retry_backoff_max_ms (KIP-580), so an outage is not knocked on 10 times a second.
+        self._refresh_backoff = config.retry_backoff_ms / 1000
         self._stale = True
         self._closed = False
         self._ssl_context = ssl_context_for(config)
@@ -129,7 +132,7 @@ class Cluster:
         if self._refresh is not None and not self._refresh.done():
             return float("inf")  # its end wakes the sender
         if self._stale:
-            due = self._attempted_at + self._config.retry_backoff_ms / 1000
+            due = self._attempted_at + self._refresh_backoff
         else:
             due = self._updated_at + self._config.metadata_max_age_ms / 1000
         if now < due:
@@ -149,6 +152,8 @@ class Cluster:
     def _refresh_done(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
             log.warning("metadata refresh failed: %s", task.exception())
+            self._refresh_backoff = min(self._refresh_backoff * 2,
+                                        self._config.retry_backoff_max_ms / 1000)
         self._on_change()
 
     async def topic(self, topic: str, timeout: float) -> TopicInfo:
@@ -220,6 +225,7 @@ class Cluster:
         self.topics = topics_info
         self._updated_at = self._loop.time()
         self._stale = False
+        self._refresh_backoff = self._config.retry_backoff_ms / 1000
         self._adopt_bootstrap_connections()
 
     def _adopt_bootstrap_connections(self) -> None:

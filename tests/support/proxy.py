@@ -30,6 +30,7 @@ class FaultProxy:
         self._tls = tls  # terminate TLS here: clients speak TLS, the broker plain TCP
         self.port = listen_port
         self.connections_accepted = 0
+        self.connections_refused = 0
         self.cuts = 0
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
@@ -154,6 +155,7 @@ class FaultProxy:
 
     async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self._refusing:
+            self.connections_refused += 1
             writer.transport.abort()
             return
         try:
