@@ -461,6 +461,31 @@ async def test_errors_that_say_the_leader_may_have_moved_refresh_metadata(proxie
     assert [r.value for r in got] == [b"warm-up", b"v"]
 
 
+async def test_a_leader_missing_from_the_brokers_listed_is_looked_up_again(proxied_broker):
+    """A metadata answer names a partition leader it does not list among the brokers (a
+    broker caught mid-change): the producer cannot connect to it, so it asks again, as for
+    an unknown leader, and the record is delivered, not failed at delivery_timeout_ms."""
+    cluster = proxied_broker
+    cluster.create_topic("unlisted", 1)
+    unlisted = []
+
+    def unlisted_leader(response):
+        if len(unlisted) == 2:
+            return None
+        for topic in response.topics:
+            for partition in topic.partitions:
+                partition.leader_id = 222
+        unlisted.append(True)
+        return response
+    cluster.proxy.rewrite_responses(MetadataResponse, unlisted_leader)
+    async with Producer(cluster.bootstrap, linger_ms=0, request_timeout_ms=1000,
+                        delivery_timeout_ms=10_000) as producer:
+        metadata = await asyncio.wait_for(producer.send("unlisted", b"v"), 20)
+    assert len(unlisted) == 2
+    got = consume_all(cluster.broker.bootstrap, "unlisted", expected=1)
+    assert [(r.offset, r.value) for r in got] == [(metadata.offset, b"v")]
+
+
 async def test_a_duplicate_answer_to_a_first_attempt_is_reported(proxied_broker, caplog):
     """DUPLICATE_SEQUENCE_NUMBER means the broker has the batch from an earlier attempt, so it
     counts as written (as in the Java client). For a batch sent only once there was no

@@ -219,7 +219,10 @@ class Cluster:
                 continue
             leaders = [-1] * len(t["partitions"])
             for p in t["partitions"]:
-                if p["partition_index"] < len(leaders):
+                # A leader missing from the brokers listed cannot be reached: taken as none
+                # (the sender asks again, as the Java client does), not waited for until
+                # metadata_max_age_ms.
+                if p["partition_index"] < len(leaders) and p["leader_id"] in self.brokers:
                     leaders[p["partition_index"]] = p["leader_id"]
             topics_info[name] = TopicInfo(name, tuple(leaders))
         self.topics = topics_info
