@@ -21,6 +21,7 @@ from kafka.protocol.producer import ProduceResponse
 from aioproducer import Producer
 from aioproducer.errors import (
     DeliveryTimeoutError,
+    KafkaConnectionError,
     KafkaError,
     MessageTooLargeError,
     RecordTooLargeError,
@@ -188,6 +189,20 @@ async def test_close_with_timeout_returns_while_broker_is_down(proxied_broker):
     assert time.monotonic() - started < 2
     with pytest.raises(KafkaError):
         await handle
+
+
+async def test_a_silent_cluster_fails_a_send_for_a_new_topic_at_max_block_ms(proxied_broker):
+    """The cluster stops answering while a send waits for a new topic's metadata: the send
+    fails when max_block_ms is up, not when the far longer request_timeout_ms ends the
+    request, and says it could not reach the cluster (UnknownTopicError would advise
+    creating a topic that may well exist)."""
+    cluster = proxied_broker
+    async with Producer(cluster.bootstrap, max_block_ms=1000,
+                        request_timeout_ms=30_000) as producer:
+        cluster.proxy.stall(True)
+        with pytest.raises(KafkaConnectionError, match="'new-topic' within max_block_ms=1000"):
+            await asyncio.wait_for(producer.send("new-topic", b"v"), 15)
+        cluster.proxy.stall(False)
 
 
 async def test_garbage_from_the_network_is_survived(proxied_broker):

@@ -22,6 +22,7 @@ from ..errors import (
     KafkaConnectionError,
     KafkaError,
     ProducerClosedError,
+    RequestTimeoutError,
     TopicAuthorizationFailedError,
     UnknownTopicError,
     error_for_code,
@@ -166,35 +167,41 @@ class Cluster:
         deadline = self._loop.time() + timeout
         delay = self._config.retry_backoff_ms / 1000
         last_error: BaseException | None = None
+        answered = False  # whether a fetch got the cluster's answer
         while True:
             if self._closed:
                 raise ProducerClosedError(
                     f"the producer was closed while it fetched metadata for topic {topic!r}")
             refresh = self.refresh()
             try:
-                await asyncio.shield(refresh)
+                # No longer than max_block_ms: a fetch stuck on a silent broker goes on alone.
+                await asyncio.wait_for(asyncio.shield(refresh), deadline - self._loop.time())
             except KafkaError as exc:
                 last_error = exc
+            except asyncio.TimeoutError:
+                break
             except asyncio.CancelledError:
                 if refresh.cancelled() and not _cancelling():  # by close(), not the caller
                     continue
                 raise
-            info = self.topics.get(topic)
-            if info is not None:
-                if info.error is None and info.leaders:
+            else:
+                answered = True
+                info = self.topics.get(topic)
+                if info is not None and info.error is None and info.leaders:
                     return info
-                if isinstance(info.error, _HARD_TOPIC_ERRORS):
+                if info is not None and isinstance(info.error, _HARD_TOPIC_ERRORS):
                     raise info.error
-                last_error = info.error
+                last_error = info.error if info is not None else None
             remaining = deadline - self._loop.time()
             if remaining <= 0:
                 break
             await asyncio.sleep(min(delay, remaining))
             delay = min(delay * 2, self._config.retry_backoff_max_ms / 1000)
-        if isinstance(last_error, KafkaConnectionError):
+        if not answered or isinstance(last_error, (KafkaConnectionError, RequestTimeoutError)):
             raise KafkaConnectionError(
                 f"could not fetch metadata for topic {topic!r} within max_block_ms="
-                f"{timeout * 1000:.0f}: {last_error}") from last_error
+                f"{timeout * 1000:.0f}: {last_error or 'no broker answered in time'}"
+            ) from last_error
         raise UnknownTopicError(
             f"topic {topic!r} is not in the cluster's metadata after max_block_ms="
             f"{timeout * 1000:.0f}" + (f" ({last_error})" if last_error else "")
