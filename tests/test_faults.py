@@ -501,6 +501,22 @@ async def test_a_leader_missing_from_the_brokers_listed_is_looked_up_again(proxi
     assert [(r.offset, r.value) for r in got] == [(metadata.offset, b"v")]
 
 
+async def test_metadata_max_age_0_refreshes_at_most_every_retry_backoff(proxied_broker):
+    """metadata_max_age_ms=0 (allowed, as in the Java client) means metadata is always old:
+    an idle producer refreshes it every retry_backoff_ms, not back to back as fast as the
+    broker answers."""
+    cluster = proxied_broker
+    cluster.create_topic("max-age-0", 1)
+    lookups = []
+    cluster.proxy.rewrite_responses(MetadataResponse, lambda response: lookups.append(1))
+    async with Producer(cluster.bootstrap, metadata_max_age_ms=0,
+                        retry_backoff_ms=100) as producer:
+        await producer.send("max-age-0", b"v")
+        lookups.clear()
+        await asyncio.sleep(1)
+        assert 1 <= len(lookups) <= 15, f"{len(lookups)} metadata requests in 1 s"
+
+
 async def test_a_duplicate_answer_to_a_first_attempt_is_reported(proxied_broker, caplog):
     """DUPLICATE_SEQUENCE_NUMBER means the broker has the batch from an earlier attempt, so it
     counts as written (as in the Java client). For a batch sent only once there was no

@@ -132,10 +132,9 @@ class Cluster:
         the last attempt); return the seconds until the next one is due."""
         if self._refresh is not None and not self._refresh.done():
             return float("inf")  # its end wakes the sender
-        if self._stale:
-            due = self._attempted_at + self._refresh_backoff
-        else:
-            due = self._updated_at + self._config.metadata_max_age_ms / 1000
+        due = self._attempted_at + self._refresh_backoff
+        if not self._stale:  # (metadata_max_age_ms may be 0: still no more often than that)
+            due = max(due, self._updated_at + self._config.metadata_max_age_ms / 1000)
         if now < due:
             return due - now
         self.refresh()
