@@ -264,8 +264,9 @@ class Cluster:
             except KafkaError as exc:
                 # One that never answers (RequestTimeoutError) or is not a Kafka broker
                 # (CorruptMessageError) must not keep us from the next; a failed TLS or SASL
-                # handshake (fatal) would fail on every broker alike.
-                if exc.fatal:
+                # handshake (fatal) would fail on every broker alike, and so would any once
+                # the producer is closed.
+                if exc.fatal or isinstance(exc, ProducerClosedError):
                     raise
                 errors.append(str(exc))
         if self.brokers:
