@@ -48,6 +48,8 @@ class ProducerConfig:
     retry_backoff_max_ms: int = 1000
     reconnect_backoff_ms: int = 50
     reconnect_backoff_max_ms: int = 1000
+    socket_connection_setup_timeout_ms: int = 10000
+    socket_connection_setup_timeout_max_ms: int = 30000
     max_in_flight_requests_per_connection: int = 5
     compression_type: str = "none"
     compression_level: int | None = None
@@ -107,6 +109,8 @@ class ProducerConfig:
                           ("request_timeout_ms", 1), ("delivery_timeout_ms", 1), ("retries", 0),
                           ("retry_backoff_ms", 0), ("retry_backoff_max_ms", 0),
                           ("reconnect_backoff_ms", 0), ("reconnect_backoff_max_ms", 0),
+                          ("socket_connection_setup_timeout_ms", 1),
+                          ("socket_connection_setup_timeout_max_ms", 1),
                           ("max_in_flight_requests_per_connection", 1),
                           ("metadata_max_age_ms", 0), ("metadata_max_idle_ms", 1000),
                           ("transaction_timeout_ms", 1)):
@@ -146,9 +150,12 @@ class ProducerConfig:
             raise ConfigError(
                 f"delivery_timeout_ms ({self.delivery_timeout_ms}) must be at least linger_ms "
                 f"+ request_timeout_ms ({self.linger_ms} + {self.request_timeout_ms})")
-        if self.retry_backoff_max_ms < self.retry_backoff_ms:
-            raise ConfigError(f"retry_backoff_max_ms ({self.retry_backoff_max_ms}) must be at "
-                              f"least retry_backoff_ms ({self.retry_backoff_ms})")
+        for base, most in (("retry_backoff_ms", "retry_backoff_max_ms"),
+                           ("socket_connection_setup_timeout_ms",
+                            "socket_connection_setup_timeout_max_ms")):
+            if getattr(self, most) < getattr(self, base):
+                raise ConfigError(f"{most} ({getattr(self, most)}) must be at least {base} "
+                                  f"({getattr(self, base)})")
         if self.batch_size > self.max_request_size:
             changes["batch_size"] = self.max_request_size  # a batch must fit in a request
         if self.buffer_memory < min(self.batch_size, self.max_request_size):

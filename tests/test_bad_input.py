@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import re
 import threading
 
 import pytest
@@ -21,7 +22,7 @@ from aioproducer.errors import (
     SerializationError,
     UnknownTopicError,
 )
-from tests.support.ports import free_port
+from tests.support.ports import blackhole, free_port
 from tests.support.readback import consume_all
 
 # (id, keyword arguments of enqueue beyond the topic, expected exception, text in its message)
@@ -178,6 +179,45 @@ async def test_unreachable_bootstrap_fails_start_clearly():
         await asyncio.wait_for(producer.start(), 10)
     with pytest.raises(ProducerClosedError):
         await producer.send("t", b"v")
+
+
+async def test_a_dead_bootstrap_address_costs_the_connection_setup_timeout(broker, topic,
+                                                                        monkeypatch):
+    """A bootstrap server whose host is gone (its packets are dropped, so connecting hangs)
+    costs socket_connection_setup_timeout_ms (KIP-601), not request_timeout_ms; alone it
+    fails start() with an error that says so, and before a live one it is skipped."""
+    import aioproducer.client.cluster
+
+    with blackhole() as port:
+        producer = Producer(f"127.0.0.1:{port}", socket_connection_setup_timeout_ms=300)
+        with pytest.raises(KafkaConnectionError, match=f"127.0.0.1:{port} timed out after 0"):
+            await asyncio.wait_for(producer.start(), 10)
+        monkeypatch.setattr(aioproducer.client.cluster.random, "shuffle", lambda servers: None)
+        async with Producer(f"127.0.0.1:{port},{broker.bootstrap}",
+                            socket_connection_setup_timeout_ms=300) as producer:
+            metadata = await asyncio.wait_for(producer.send(topic, b"v"), 10)
+    got = consume_all(broker.bootstrap, topic, expected=1)
+    assert [(r.offset, r.value) for r in got] == [(metadata.offset, b"v")]
+
+
+async def test_the_connection_setup_timeout_doubles_with_each_failure_in_a_row():
+    """As in KIP-601: each failed attempt to reach the same broker doubles its connect
+    timeout (with jitter), up to socket_connection_setup_timeout_max_ms."""
+    from aioproducer.client.cluster import Cluster
+
+    with blackhole() as port:
+        config = ProducerConfig.from_kwargs(bootstrap_servers=f"127.0.0.1:{port}",
+                                            socket_connection_setup_timeout_ms=100,
+                                            socket_connection_setup_timeout_max_ms=400)
+        cluster = Cluster(config, lambda: None, lambda topic: True)
+        timeouts = []
+        for _ in range(4):
+            with pytest.raises(KafkaConnectionError) as failed:
+                await asyncio.wait_for(cluster.any_connection(), 5)
+            timeouts.append(float(re.search(r"timed out after ([\d.]+) s", str(failed.value))[1]))
+        await cluster.close()
+    assert timeouts[0] < timeouts[1] < timeouts[2]  # 0.1, 0.2, 0.4 (+-20%)
+    assert timeouts[3] <= 0.5  # at most 0.4 (+20%)
 
 
 async def _silent_server(reader, writer):

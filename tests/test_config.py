@@ -16,6 +16,16 @@ def test_defaults_follow_the_java_client():
     assert (config.buffer_memory, config.max_block_ms, config.delivery_timeout_ms) == \
         (33554432, 60000, 120000)
     assert config.max_in_flight_requests_per_connection == 5
+    assert (config.socket_connection_setup_timeout_ms,
+            config.socket_connection_setup_timeout_max_ms) == (10000, 30000)
+
+
+@pytest.mark.parametrize("low, high", [("retry_backoff_ms", "retry_backoff_max_ms"),
+                                       ("socket_connection_setup_timeout_ms",
+                                        "socket_connection_setup_timeout_max_ms")])
+def test_a_maximum_below_its_base_is_refused(low, high):
+    with pytest.raises(ConfigError, match=f"{high} \\(500\\) must be at least {low} \\(600\\)"):
+        ProducerConfig.from_kwargs(bootstrap_servers="h:1", **{low: 600, high: 500})
 
 
 def test_from_properties_takes_kafka_names_and_strings():

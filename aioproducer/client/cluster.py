@@ -257,6 +257,9 @@ class Cluster:
                 return conn
         candidates = list(self.brokers.values()) or list(self._bootstrap)
         random.shuffle(candidates)
+        # Those that failed lately (a silent one costs a connect timeout) last, as the Java
+        # client's leastLoadedNode does.
+        candidates.sort(key=lambda broker: self.backoff_remaining(broker.node_id) > 0)
         errors: list[str] = []
         for broker in candidates:
             try:
@@ -320,7 +323,7 @@ class Cluster:
             conn = await BrokerConnection.connect(
                 broker.node_id, broker.host, broker.port, client_id=config.client_id,
                 request_timeout=config.request_timeout_ms / 1000,
-                connect_timeout=config.request_timeout_ms / 1000,
+                connect_timeout=self._setup_timeout(broker.node_id),
                 ssl_context=self._ssl_context, sasl=sasl)
         except KafkaError:
             backoff = self._backoff.setdefault(broker.node_id, _Backoff())
@@ -340,6 +343,17 @@ class Cluster:
         self._connections[broker.node_id] = conn
         self._on_change()
         return conn
+
+    def _setup_timeout(self, node_id: int) -> float:
+        """Seconds to connect to a broker (KIP-601): a dead address, whose packets are dropped,
+        costs socket_connection_setup_timeout_ms, doubled for each failure in a row to reach
+        it up to the _max_ms, not request_timeout_ms each time."""
+        config = self._config
+        backoff = self._backoff.get(node_id)
+        failures = backoff.failures if backoff is not None else 0
+        timeout = min(config.socket_connection_setup_timeout_ms * 2 ** min(failures, 16),
+                      config.socket_connection_setup_timeout_max_ms)
+        return timeout / 1000 * random.uniform(0.8, 1.2)
 
     def _connection_closed(self, conn: BrokerConnection, exc: KafkaError) -> None:
         if self._connections.get(conn.node_id) is conn:
