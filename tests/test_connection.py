@@ -4,8 +4,9 @@ straight from the socket's data callback, so one request's trouble must not reac
 from __future__ import annotations
 
 import asyncio
+import logging
 
-from kafka.protocol.metadata import ApiVersionsResponse
+from kafka.protocol.metadata import ApiVersionsResponse, MetadataResponse
 
 from aioproducer import Producer
 from aioproducer.client.connection import BrokerConnection
@@ -92,3 +93,22 @@ async def test_a_broker_before_kafka_2_4_is_asked_again_at_its_apiversions_versi
     assert asked and asked == [3, 2] * (len(asked) // 2)
     got = consume_all(cluster.broker.bootstrap, "old-broker", expected=1)
     assert [(r.offset, r.value) for r in got] == [(metadata.offset, b"hello")]
+
+
+async def test_a_bootstrap_address_the_brokers_advertise_otherwise_is_let_go_quietly(
+        proxied_broker, caplog):
+    """Bootstrapped as localhost, the broker advertises 127.0.0.1: the bootstrap connection
+    is closed as no longer needed, without a report of a lost connection or an extra
+    metadata fetch to recover from one."""
+    cluster = proxied_broker
+    cluster.create_topic("renamed", 1)
+    fetches: list[int] = []
+    cluster.proxy.rewrite_responses(MetadataResponse, lambda response: fetches.append(1))
+    caplog.set_level(logging.INFO, logger="aioproducer")
+    for bootstrap in (cluster.bootstrap, cluster.bootstrap.replace("127.0.0.1", "localhost")):
+        fetches.clear()
+        async with Producer(bootstrap, linger_ms=0) as producer:
+            await producer.send("renamed", b"v")
+            await asyncio.sleep(0.2)  # time for a fetch the close would have asked for
+        assert len(fetches) == 1, bootstrap
+    assert "closed" not in caplog.text

@@ -248,6 +248,7 @@ class Cluster:
                     conn.node_id = real
                     self._connections[real] = conn
                 elif not conn.closed:
+                    conn.on_close = None  # ours to close: no broker was lost
                     conn.close()
 
     async def any_connection(self) -> BrokerConnection:
