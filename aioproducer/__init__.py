@@ -1,9 +1,10 @@
 """aioproducer: an asyncio-native Kafka producer that speaks the Kafka protocol itself."""
 
 from ._internal.batch import BulkFuture, RecordFuture, RecordMetadata
+from ._internal.metrics import ProducerMetrics
 from ._version import __version__
 from .config import ProducerConfig
 from .producer import Producer
 
-__all__ = ["BulkFuture", "Producer", "ProducerConfig", "RecordFuture", "RecordMetadata",
-           "__version__"]
+__all__ = ["BulkFuture", "Producer", "ProducerConfig", "ProducerMetrics", "RecordFuture",
+           "RecordMetadata", "__version__"]

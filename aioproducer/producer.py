@@ -15,6 +15,7 @@ from typing import Any, AsyncIterator, Callable, Coroutine, Iterable, Iterator, 
 from ._internal.accumulator import RecordAccumulator
 from ._internal.batch import BulkFuture, ProducerBatch, RecordFuture, RecordMetadata
 from ._internal.buffer_pool import BufferPool
+from ._internal.metrics import ProducerMetrics
 from ._internal.partitioner import StickyPartitioner, partition_for_key
 from ._internal.sender import Sender
 from ._internal.transactions import TransactionManager, TxnState
@@ -83,6 +84,7 @@ class Producer:
         self._partitioner = StickyPartitioner()
         self._transactional = self.config.transactional_id is not None
         self._cluster: Cluster | None = None
+        self._pool: BufferPool | None = None
         self._accumulator: RecordAccumulator | None = None
         self._sender: Sender | None = None
         self._sender_task: asyncio.Task[None] | None = None
@@ -128,7 +130,7 @@ class Producer:
         if config.enable_idempotence:
             self._txn = TransactionManager(config, self._cluster)
             self._txn.on_change = self._wake_sender
-        pool = BufferPool(config.buffer_memory)
+        pool = self._pool = BufferPool(config.buffer_memory)
         self._accumulator = RecordAccumulator(config, pool, self._codec, self._txn,
                                               self._wake_sender)
         self._sender = Sender(config, self._cluster, self._accumulator, self._txn)
@@ -489,6 +491,31 @@ class Producer:
         if not_done:
             raise TimeoutError(
                 f"flush(timeout={timeout}): {len(not_done)} batch(es) still unacknowledged")
+
+    def metrics(self) -> ProducerMetrics:
+        """Counters since start() and the state now (see ProducerMetrics); cheap enough to
+        call every few seconds for a monitoring system. Before start(): all zero."""
+        accumulator, sender, cluster, pool = \
+            self._accumulator, self._sender, self._cluster, self._pool
+        if accumulator is None or sender is None or cluster is None or pool is None:
+            return ProducerMetrics(buffer_memory_available=self.config.buffer_memory)
+        connections = cluster.open_connections()
+        return ProducerMetrics(
+            records_sent=accumulator.records_sent,
+            records_failed=accumulator.records_failed,
+            batches_sent=accumulator.batches_sent,
+            bytes_sent=sender.bytes_sent,
+            produce_requests=sender.requests,
+            produce_responses=sender.responses,
+            produce_latency_s=sender.latency,
+            retries=sender.retries,
+            splits=sender.splits,
+            records_pending=sum(batch.record_count for batch in accumulator.incomplete),
+            requests_in_flight=sum(conn.in_flight_produce for conn in connections),
+            connections=len(connections),
+            buffer_memory_available=pool.available,
+            waiting_for_memory=pool.queued,
+        )
 
     # -- transactions ----------------------------------------------------------------------
 

@@ -54,6 +54,8 @@ class RecordAccumulator:
         self._open: dict[str, tuple[list[ProducerBatch | None], list[BatchWriter | None]]] = {}
         self._batches_created = 0
         self.incomplete: set[ProducerBatch] = set()
+        # Final outcomes, for Producer.metrics() (a split batch counts as its pieces).
+        self.records_sent = self.records_failed = self.batches_sent = 0
         self.flushing = 0
         self.closing = False
 
@@ -289,10 +291,15 @@ class RecordAccumulator:
         return min((q[0].deadline for q in self._batches.values()), default=float("inf"))
 
     def finish(self, batch: ProducerBatch) -> None:
-        """A batch has its final outcome: return its memory."""
+        """A batch has its final outcome: return its memory, and count it."""
         if batch in self.incomplete:
             self.incomplete.discard(batch)
             self._pool.release(batch.reserved)
+            if batch.future.exception() is None:
+                self.records_sent += batch.record_count
+                self.batches_sent += 1
+            else:
+                self.records_failed += batch.record_count
 
     def fail_all(self, exc: BaseException, unsent_only: bool = False) -> None:
         """Fail every queued batch (the producer is closing without flushing, or broken), or

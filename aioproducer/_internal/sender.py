@@ -26,6 +26,7 @@ import asyncio
 import heapq
 import logging
 import random
+import time
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -88,6 +89,9 @@ class Sender:
         self._retry_backoff = config.retry_backoff_ms / 1000
         self._retry_backoff_max = config.retry_backoff_max_ms / 1000
         self.running = True
+        # For Producer.metrics():
+        self.bytes_sent = self.requests = self.responses = self.retries = self.splits = 0
+        self.latency = 0.0  # seconds from write to response, summed over the responses
 
     def wake(self, new_batch: ProducerBatch | None = None) -> None:
         """Run a round soon; `new_batch`, just opened, may instead be written at once."""
@@ -219,6 +223,7 @@ class Sender:
                 txn.sent(batch)
             else:
                 records = batch.writer.encode()
+            self.bytes_sent += len(records)
             topic_data.setdefault(batch.topic, []).append(
                 {"index": batch.partition, "records": records})
             self._in_flight[batch] = None
@@ -236,22 +241,27 @@ class Sender:
         expect_response = self._acks != 0
         for conn, body, batches in requests:
             try:
-                conn.send(ApiKey.PRODUCE, body, partial(self._on_produce_response, conn, batches)
-                          if expect_response else None)
+                conn.send(ApiKey.PRODUCE, body, partial(
+                    self._on_produce_response, conn, batches, time.perf_counter())
+                    if expect_response else None)
             except KafkaError as exc:  # the connection closed between ready() and now
                 self._on_request_failed(batches, exc)
                 continue
+            self.requests += 1
             if not expect_response:
                 for batch in batches:
                     self._complete(batch, -1, -1)
 
     def _on_produce_response(self, conn: BrokerConnection, batches: list[ProducerBatch],
-                             response: dict[str, Any] | None, exc: BaseException | None) -> None:
+                             written: float, response: dict[str, Any] | None,
+                             exc: BaseException | None) -> None:
         if exc is not None:
             self._cluster.request_update()
             self._on_request_failed(batches, exc)
         else:
             assert response is not None
+            self.responses += 1
+            self.latency += time.perf_counter() - written
             results = {}
             for topic in response["responses"]:
                 for p in topic["partition_responses"]:
@@ -321,6 +331,7 @@ class Sender:
             self._txn.resolved(batch)
         if batch.done:
             return  # expired while in flight; its outcome was already reported
+        self.splits += 1
         if batch.parent is None:  # once per batch the user filled, not per piece
             log.warning("%s of %d bytes refused as too large by the broker: sending it in "
                         "smaller batches (lower batch_size, or raise the topic's "
@@ -352,6 +363,7 @@ class Sender:
             return
         backoff = min(self._retry_backoff * 2 ** batch.attempts, self._retry_backoff_max)
         self._accumulator.reenqueue(batch, now + backoff * random.uniform(0.8, 1.2))
+        self.retries += 1
 
     def _complete(self, batch: ProducerBatch, base_offset: int, log_append_time: int) -> None:
         self._in_flight.pop(batch, None)

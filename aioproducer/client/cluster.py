@@ -293,6 +293,9 @@ class Cluster:
                 task.add_done_callback(retrieve_exception)
         return None
 
+    def open_connections(self) -> list[BrokerConnection]:
+        return [conn for conn in self._connections.values() if not conn.closed]
+
     def backoff_remaining(self, node_id: int) -> float:
         backoff = self._backoff.get(node_id)
         return 0.0 if backoff is None else max(0.0, backoff.not_before - self._loop.time())

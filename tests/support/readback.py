@@ -84,6 +84,7 @@ class RawBatch:
     is_control: bool
     control_type: str | None
     records: list  # (offset, key, value, headers)
+    size: int  # bytes, as stored (as written, on a broker that keeps batches as they come)
 
 
 def assert_contiguous_sequences(batches: list[RawBatch], context: str = "") -> None:
@@ -153,7 +154,8 @@ def fetch_raw_batches(bootstrap: str, topic: str, partition: int) -> list[RawBat
             batches.append(RawBatch(
                 batch.base_offset, batch.producer_id, batch.producer_epoch, batch.base_sequence,
                 batch.is_transactional, batch.is_control_batch, control_type,
-                [(r.offset, r.key, r.value, list(r.headers)) for r in items]))
+                [(r.offset, r.key, r.value, list(r.headers)) for r in items],
+                batch.size_in_bytes))
             offset = batch.base_offset + batch.last_offset_delta + 1
             progressed = True
         if not progressed:

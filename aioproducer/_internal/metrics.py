@@ -1,0 +1,36 @@
+"""What a producer has done and what it holds now, for monitoring: `Producer.metrics()`.
+
+Counted per batch and per request, never per record, so keeping them costs the hot path
+nothing; the state now is read when a snapshot is taken.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class ProducerMetrics:
+    """A snapshot. The counters run from start() and only grow (as Prometheus counters): a
+    rate is the difference of two snapshots over the time between them. The last five
+    fields are the state when the snapshot was taken."""
+
+    records_sent: int = 0  # acknowledged by the broker
+    records_failed: int = 0  # failed for good (delivery timeout, a non-retriable error, close)
+    batches_sent: int = 0  # acknowledged: records_sent / batches_sent is the records per batch
+    bytes_sent: int = 0  # of record batches written, as on the wire (compressed), retries too
+    produce_requests: int = 0  # written
+    produce_responses: int = 0  # received, each taking ...
+    produce_latency_s: float = 0.0  # ... this long in total from write to response
+    retries: int = 0  # batches sent again after a retriable error
+    splits: int = 0  # batches the broker refused as too large, sent again in halves
+    records_pending: int = 0  # accepted, neither acknowledged nor failed yet
+    requests_in_flight: int = 0  # Produce requests awaiting their response
+    connections: int = 0  # open broker connections
+    buffer_memory_available: int = 0  # bytes of buffer_memory not held by batches
+    waiting_for_memory: int = 0  # sends and enqueues waiting for buffer_memory
+
+    @property
+    def produce_latency_avg_s(self) -> float:
+        """The mean round trip of a Produce request since start() (0.0 before any)."""
+        return self.produce_latency_s / self.produce_responses if self.produce_responses else 0.0
