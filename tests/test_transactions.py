@@ -575,6 +575,32 @@ async def test_closing_at_once_during_a_commit_fails_the_commit_with_the_reason(
         await handle
 
 
+async def test_closing_at_once_while_a_commit_reconnects_fails_it_with_the_reason(
+        proxied_broker):
+    """close(timeout=0) while the commit's EndTxn waits for a new connection to its
+    coordinator (the old one was lost, the new one is not answering yet): the commit fails
+    with ProducerClosedError, not with a CancelledError its caller never asked for."""
+    cluster = proxied_broker
+    cluster.create_topic("reconnecting", 1)
+    producer = Producer(cluster.bootstrap, transactional_id=_tid(), linger_ms=0)
+    await producer.start()
+    producer.begin_transaction()
+    await producer.send("reconnecting", b"sent")
+    accepted = cluster.proxy.connections_accepted
+    cluster.proxy.stall(True)
+    cluster.proxy.cut_all()
+    committing = asyncio.create_task(producer.commit_transaction())
+    for _ in range(200):  # until a new connection hangs on its ApiVersions (at most 10 s)
+        if cluster.proxy.connections_accepted > accepted:
+            break
+        await asyncio.sleep(0.05)
+    assert cluster.proxy.connections_accepted > accepted
+    await asyncio.wait_for(producer.close(timeout=0), 10)
+    with pytest.raises(ProducerClosedError):
+        await asyncio.wait_for(committing, 10)
+    cluster.proxy.stall(False)
+
+
 async def test_failed_send_offsets_make_the_transaction_abortable(proxied_broker):
     """TxnOffsetCommit answered ILLEGAL_GENERATION (the consumer group moved on): the offsets
     are not in the transaction, so it must not commit; the abort works and the producer

@@ -315,7 +315,13 @@ class Cluster:
             task = self._loop.create_task(self._open(target),
                                           name=f"aioproducer-open-{target.node_id}")
             self._connecting[node_id] = task
-        return await asyncio.shield(task)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.cancelled() and not _cancelling():  # by close(), not the caller
+                raise ProducerClosedError("the producer was closed while it connected to "
+                                          f"broker {node_id}") from None
+            raise
 
     async def _open(self, broker: Broker) -> BrokerConnection:
         config = self._config
