@@ -494,7 +494,8 @@ class Producer:
 
     def metrics(self) -> ProducerMetrics:
         """Counters since start() and the state now (see ProducerMetrics); cheap enough to
-        call every few seconds for a monitoring system. Before start(): all zero."""
+        call every few seconds for a monitoring system. Before start(): all zero but
+        buffer_memory_available, the whole buffer_memory."""
         accumulator, sender, cluster, pool = \
             self._accumulator, self._sender, self._cluster, self._pool
         if accumulator is None or sender is None or cluster is None or pool is None:
