@@ -15,7 +15,7 @@ import re
 import time
 
 import pytest
-from kafka.protocol.metadata import MetadataResponse
+from kafka.protocol.metadata import ApiVersionsResponse, MetadataResponse
 from kafka.protocol.producer import ProduceResponse
 
 from aioproducer import Producer
@@ -25,7 +25,9 @@ from aioproducer.errors import (
     KafkaError,
     MessageTooLargeError,
     RecordTooLargeError,
+    UnsupportedVersionError,
 )
+from aioproducer.protocol.messages import ApiKey
 from tests.support.readback import assert_contiguous_sequences, consume_all, fetch_raw_batches
 
 
@@ -203,6 +205,41 @@ async def test_a_silent_cluster_fails_a_send_for_a_new_topic_at_max_block_ms(pro
         with pytest.raises(KafkaConnectionError, match="'new-topic' within max_block_ms=1000"):
             await asyncio.wait_for(producer.send("new-topic", b"v"), 15)
         cluster.proxy.stall(False)
+
+
+async def test_with_max_block_ms_0_a_new_topic_is_refused_until_its_metadata_came(
+        broker, topic_factory):
+    """max_block_ms=0 never waits: a send to a topic whose metadata is not known yet fails
+    at once (as in the Java client), saying that the fetch goes on; a send after it came
+    goes through."""
+    async with Producer(broker.bootstrap, max_block_ms=0) as producer:
+        topic = topic_factory(1)  # (Tansu answers the first fetch with every topic it has)
+        with pytest.raises(KafkaConnectionError, match="the fetch goes on"):
+            await producer.send(topic, b"refused")
+        for _ in range(100):  # until the metadata came (at most 5 s)
+            try:
+                metadata = await producer.send(topic, b"sent")
+                break
+            except KafkaConnectionError:
+                await asyncio.sleep(0.05)
+    got = consume_all(broker.bootstrap, topic, expected=1)
+    assert [(r.offset, r.value) for r in got] == [(metadata.offset, b"sent")]
+
+
+async def test_a_fatal_error_fetching_metadata_fails_a_send_at_once(proxied_broker):
+    """A broker that (after a reconnect) does not offer Metadata at all: the send for a new
+    topic fails at once with UnsupportedVersionError (fatal: no retry can help), not after
+    max_block_ms of retries as a connection problem."""
+    cluster = proxied_broker
+
+    def no_metadata(response):
+        response.api_keys = [k for k in response.api_keys if k.api_key != ApiKey.METADATA]
+        return response
+    async with Producer(cluster.bootstrap, max_block_ms=30_000) as producer:
+        cluster.proxy.rewrite_responses(ApiVersionsResponse, no_metadata)
+        cluster.proxy.cut_all()  # (a rewrite applies to the connections made after it)
+        with pytest.raises(UnsupportedVersionError, match="METADATA"):
+            await asyncio.wait_for(producer.send("new-topic", b"v"), 10)
 
 
 async def test_garbage_from_the_network_is_survived(proxied_broker):

@@ -176,6 +176,8 @@ class Cluster:
                 # No longer than max_block_ms: a fetch stuck on a silent broker goes on alone.
                 await asyncio.wait_for(asyncio.shield(refresh), deadline - self._loop.time())
             except KafkaError as exc:
+                if exc.fatal:  # (a failed TLS or SASL handshake): no retry will do
+                    raise
                 last_error = exc
             except asyncio.TimeoutError:
                 break
@@ -199,7 +201,9 @@ class Cluster:
         if not answered or isinstance(last_error, (KafkaConnectionError, RequestTimeoutError)):
             raise KafkaConnectionError(
                 f"could not fetch metadata for topic {topic!r} within max_block_ms="
-                f"{timeout * 1000:.0f}: {last_error or 'no broker answered in time'}"
+                f"{timeout * 1000:.0f}: " + (str(last_error) if last_error else
+                                             "no answer yet (the fetch goes on: a later send "
+                                             "may find the topic)")
             ) from last_error
         raise UnknownTopicError(
             f"topic {topic!r} is not in the cluster's metadata after max_block_ms="
@@ -247,6 +251,7 @@ class Cluster:
                 if real is not None and real not in self._connections:
                     conn.node_id = real
                     self._connections[real] = conn
+                    self._backoff.pop(real, None)  # it is reachable after all
                 elif not conn.closed:
                     conn.on_close = None  # ours to close: no broker was lost
                     conn.close()
