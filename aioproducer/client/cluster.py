@@ -172,19 +172,18 @@ class Cluster:
                 raise ProducerClosedError(
                     f"the producer was closed while it fetched metadata for topic {topic!r}")
             refresh = self.refresh()
-            try:
-                # No longer than max_block_ms: a fetch stuck on a silent broker goes on alone.
-                await asyncio.wait_for(asyncio.shield(refresh), deadline - self._loop.time())
-            except KafkaError as exc:
-                if exc.fatal:  # (a failed TLS or SASL handshake): no retry will do
-                    raise
-                last_error = exc
-            except asyncio.TimeoutError:
+            # No longer than max_block_ms: a fetch stuck on a silent broker goes on alone.
+            # (asyncio.wait, unlike wait_for on 3.11, never loses the caller's cancellation.)
+            done, _ = await asyncio.wait({refresh}, timeout=max(deadline - self._loop.time(), 0))
+            if not done:
                 break
-            except asyncio.CancelledError:
-                if refresh.cancelled() and not _cancelling():  # by close(), not the caller
-                    continue
-                raise
+            if refresh.cancelled():  # by close(): said at the top of the loop
+                continue
+            exc = refresh.exception()
+            if exc is not None:
+                if not isinstance(exc, KafkaError) or exc.fatal:  # (a failed TLS handshake)
+                    raise exc
+                last_error = exc
             else:
                 answered = True
                 info = self.topics.get(topic)
