@@ -5,10 +5,14 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from kafka.protocol.producer import InitProducerIdResponse
+from kafka.protocol.producer import InitProducerIdResponse, ProduceResponse
 
 from aioproducer import Producer
-from aioproducer.errors import ClusterAuthorizationFailedError, DeliveryTimeoutError
+from aioproducer.errors import (
+    ClusterAuthorizationFailedError,
+    DeliveryTimeoutError,
+    MessageTooLargeError,
+)
 from aioproducer.client.connection import BrokerConnection
 from aioproducer.protocol.messages import ApiKey
 from tests.support.proxy import refuse_producer_ids
@@ -114,3 +118,40 @@ async def test_a_principal_refused_idempotent_writes_is_told_what_to_grant(proxi
         await asyncio.wait_for(producer.send("acl", b"granted"), 10)
     assert [r.value for r in consume_all(cluster.broker.bootstrap, "acl", expected=1)] == \
         [b"granted"]
+
+
+async def test_a_gap_left_behind_an_acknowledged_batch_is_closed_at_its_ack(proxied_broker):
+    """A batch's answer is lost (the broker wrote it; we see NOT_LEADER_OR_FOLLOWER), and the
+    next, too large for the broker, fails unwritten while the first waits for its retry.
+    When the retry is acknowledged nothing is pending to show the gap the second left: as
+    the Java client does at that ack (maybeResolveSequences), the producer starts afresh, so
+    the next batch is accepted the first time instead of refused as out of order."""
+    cluster = proxied_broker
+    cluster.create_topic("gap-at-ack", 1)
+    answers: list[int] = []
+    lose_next: list[bool] = []
+
+    def lose_one(response):
+        answers.extend(p.error_code for t in response.responses for p in t.partition_responses)
+        if not lose_next:
+            return None
+        lose_next.clear()
+        for topic in response.responses:
+            for partition in topic.partition_responses:
+                partition.error_code, partition.base_offset = 6, -1
+        return response
+    cluster.proxy.rewrite_responses(ProduceResponse, lose_one)
+    cluster.proxy.message_max_bytes(3000)
+    async with Producer(cluster.bootstrap, linger_ms=0, retry_backoff_ms=200) as producer:
+        await producer.send("gap-at-ack", b"before")  # (the producer id is known from here)
+        lose_next.append(True)
+        lost = await producer.enqueue("gap-at-ack", b"answer lost")  # written at once ...
+        too_large = await producer.enqueue("gap-at-ack", b"x" * 4000)  # ... this behind it
+        with pytest.raises(MessageTooLargeError):
+            await asyncio.wait_for(too_large, 10)
+        await asyncio.wait_for(lost, 10)
+        answers.clear()
+        await asyncio.wait_for(producer.send("gap-at-ack", b"next"), 10)
+    assert 45 not in answers, f"the next batch was refused as out of order: {answers}"
+    values = [r.value for r in consume_all(cluster.broker.bootstrap, "gap-at-ack", expected=3)]
+    assert values == [b"before", b"answer lost", b"next"]

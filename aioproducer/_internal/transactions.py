@@ -299,6 +299,21 @@ class TransactionManager:
             tp = (batch.topic, batch.partition)
             self._acked_up_to[tp] = (batch.base_sequence + batch.record_count) % _SEQUENCE_WRAP
             self._unacked.get(tp, {}).pop(batch, None)
+            if not self.is_transactional and self._gap_left(tp):
+                # A younger batch failed while this one was pending (the Java client's
+                # maybeResolveSequences): start afresh now, not at the next batch's refusal.
+                self.sequence_state_lost(KafkaError(
+                    f"a batch of {tp[0]}-{tp[1]} after sequence {self._acked_up_to[tp]} "
+                    "failed unacknowledged"))
+
+    def _gap_left(self, tp: TopicPartition) -> bool:
+        """Nothing numbered under this id is pending on the partition, yet not all of it was
+        acknowledged: a batch failed after the last acknowledged one. Nothing can show now
+        whether the broker wrote it; if it did not, every later batch would be refused as out
+        of order. (While others are pending, the oldest of them, refused as out of order,
+        shows a gap: is_expected_next.)"""
+        return not self._unacked.get(tp) and \
+            self._acked_up_to.get(tp, 0) != self._next_sequence.get(tp, 0)
 
     def is_expected_next(self, batch: ProducerBatch) -> bool:
         """Whether the broker should accept this batch now: it is the oldest of its partition
@@ -367,11 +382,7 @@ class TransactionManager:
             del unacked[batch]
             if self.is_transactional:
                 self._needs_epoch_bump = True  # the abort that must follow starts a new epoch
-            elif not unacked and self._acked_up_to.get(tp, 0) != self._next_sequence[tp]:
-                # Nothing pending of this id can show whether the broker wrote it; if it did
-                # not, every later batch would be refused as out of order. Start afresh.
-                # (While others are pending, the oldest of them, refused as out of order,
-                # shows the gap: is_expected_next.)
+            elif self._gap_left(tp):
                 self.sequence_state_lost(exc)  # type: ignore[arg-type]
         if not self.is_transactional:
             return
