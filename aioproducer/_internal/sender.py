@@ -80,8 +80,10 @@ class Sender:
         # a round that finds nothing to do, a timer per round costs every round.
         self._timer: asyncio.TimerHandle | None = None
         self._in_flight: dict[ProducerBatch, None] = {}  # ordered set of batches on the wire
-        # Requests of this round, written when it has done everything else.
-        self._unwritten: list[tuple[BrokerConnection, dict[str, Any], list[ProducerBatch]]] = []
+        # Requests of this round, written when it has done everything else (with the bytes of
+        # their record batches).
+        self._unwritten: list[tuple[BrokerConnection, dict[str, Any], list[ProducerBatch],
+                                    int]] = []
         # (deadline, creation number, batch) of each send; may hold batches already done.
         self._expiry_heap: list[tuple[float, tuple[int, ...], ProducerBatch]] = []
         self._acks = config.acks
@@ -214,6 +216,7 @@ class Sender:
         """Encode the batches into a request for `_write_requests()`; they count as in flight."""
         txn = self._txn
         topic_data: dict[str, list[dict[str, Any]]] = {}
+        size = 0
         for batch in batches:
             if txn is not None:
                 records = batch.writer.encode(producer_id=batch.producer_id,
@@ -223,7 +226,7 @@ class Sender:
                 txn.sent(batch)
             else:
                 records = batch.writer.encode()
-            self.bytes_sent += len(records)
+            size += len(records)
             topic_data.setdefault(batch.topic, []).append(
                 {"index": batch.partition, "records": records})
             self._in_flight[batch] = None
@@ -234,12 +237,12 @@ class Sender:
             "timeout_ms": self._config.request_timeout_ms,
             "topic_data": [{"name": t, "partition_data": p} for t, p in topic_data.items()],
         }
-        self._unwritten.append((conn, body, batches))
+        self._unwritten.append((conn, body, batches, size))
 
     def _write_requests(self) -> None:
         requests, self._unwritten = self._unwritten, []
         expect_response = self._acks != 0
-        for conn, body, batches in requests:
+        for conn, body, batches, size in requests:
             try:
                 conn.send(ApiKey.PRODUCE, body, partial(
                     self._on_produce_response, conn, batches, time.perf_counter())
@@ -248,6 +251,7 @@ class Sender:
                 self._on_request_failed(batches, exc)
                 continue
             self.requests += 1
+            self.bytes_sent += size
             if not expect_response:
                 for batch in batches:
                     self._complete(batch, -1, -1)
