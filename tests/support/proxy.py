@@ -87,6 +87,13 @@ class FaultProxy:
         if on and cut:
             self.cut_all()
 
+    def heal(self) -> None:
+        """End the passing faults: stalled responses, refused connections, and a cut_after()
+        not yet triggered (which would otherwise cut whichever connection comes next, a
+        test's read-back included)."""
+        self._stalled = self._refusing = False
+        self._cut_after = None
+
     def send_garbage(self) -> None:
         def send() -> None:
             for client, _ in list(self._pairs):
