@@ -83,6 +83,11 @@ class Producer:
         self._max_request_size = self.config.max_request_size
         self._partitioner = StickyPartitioner()
         self._transactional = self.config.transactional_id is not None
+        self._started: asyncio.Future[None] | None = None  # the outcome of starting
+        self._renew()
+
+    def _renew(self) -> None:
+        """The state of a producer not started yet: a new one's, or one whose start failed."""
         self._cluster: Cluster | None = None
         self._pool: BufferPool | None = None
         self._accumulator: RecordAccumulator | None = None
@@ -90,7 +95,6 @@ class Producer:
         self._sender_task: asyncio.Task[None] | None = None
         self._txn: TransactionManager | None = None
         self._state = "new"  # new -> starting -> started (-> failed) -> closing -> closed
-        self._started: asyncio.Future[None] | None = None  # the outcome of starting
         self._failure: BaseException | None = None
         self._closing: asyncio.Task[None] | None = None
         self._ending: tuple[bool, asyncio.Task[None]] | None = None  # (commit?, its task)
@@ -105,7 +109,8 @@ class Producer:
 
     async def start(self) -> None:
         """Connect to the cluster (fails fast with KafkaConnectionError if no bootstrap server
-        answers) and start the sender task. Calls while it starts wait for that start."""
+        answers) and start the sender task. Calls while it starts wait for that start. A
+        start that fails or is cancelled leaves the producer as new: start() may be retried."""
         if self._started is not None and not self._started.done():
             await asyncio.shield(self._started)  # (a transactional one is "started" meanwhile)
             return
@@ -138,10 +143,10 @@ class Producer:
         try:
             await refresh
         except BaseException:
-            closed_meanwhile = self._state != "starting"
             await self._cluster.close()
-            self._state = "closed"
-            if closed_meanwhile and refresh.cancelled():
+            if self._state == "starting":
+                self._renew()
+            elif refresh.cancelled():  # by close()
                 raise ProducerClosedError("the producer was closed while it started") from None
             raise
         if self._state != "starting":  # close() came as the metadata did
@@ -157,7 +162,10 @@ class Producer:
             try:
                 await self.init_transactions()
             except BaseException:
+                closed_meanwhile = self._closing is not None
                 await self.close(timeout=0)
+                if not closed_meanwhile:
+                    self._renew()
                 raise
 
     async def __aenter__(self) -> "Producer":

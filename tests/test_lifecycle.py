@@ -13,7 +13,7 @@ from kafka.protocol.producer import InitProducerIdResponse
 
 from aioproducer import Producer
 from aioproducer.client.cluster import Cluster
-from aioproducer.errors import BufferExhaustedError, ProducerClosedError
+from aioproducer.errors import BufferExhaustedError, KafkaConnectionError, ProducerClosedError
 from tests.support.proxy import refuse_producer_ids
 from tests.support.readback import consume_all
 
@@ -157,6 +157,36 @@ async def test_close_while_starting(proxied_broker):
     with pytest.raises(ProducerClosedError, match="closed"):
         await producer.start()
     cluster.proxy.stall(False)
+
+
+async def test_a_failed_start_can_be_retried(proxied_broker, caplog):
+    """A service whose broker is down when it starts: start() fails once, with the
+    exception alone (no warning logged besides), and the same producer starts when the
+    broker is back. A start cancelled by its caller's timeout can be retried too."""
+    cluster = proxied_broker
+    cluster.create_topic("second-start", 1)
+    producer = Producer(cluster.bootstrap, request_timeout_ms=2000)
+    cluster.proxy.refuse(True)
+    with caplog.at_level("WARNING", logger="aioproducer"):
+        with pytest.raises(KafkaConnectionError, match=cluster.bootstrap):
+            await asyncio.wait_for(producer.start(), 10)
+    assert not caplog.records, "the failure was reported twice"
+    assert not await _tasks_left(), "a failed start() left tasks running"
+    cluster.proxy.heal()
+    cluster.proxy.stall(True)
+    with pytest.raises(asyncio.TimeoutError):
+        await asyncio.wait_for(producer.start(), 0.5)
+    cluster.proxy.heal()
+    await asyncio.wait_for(producer.start(), 10)
+    try:
+        metadata = await asyncio.wait_for(producer.send("second-start", b"v"), 10)
+    finally:
+        await asyncio.wait_for(producer.close(), 10)
+    assert not await _tasks_left(), "still running after close()"
+    got = consume_all(cluster.bootstrap, "second-start", expected=1)
+    assert [(r.offset, r.value) for r in got] == [(metadata.offset, b"v")]
+    with pytest.raises(ProducerClosedError, match="closed; create a new one"):
+        await producer.start()
 
 
 async def test_close_as_the_first_metadata_arrives_wins_over_start(broker, topic, monkeypatch):

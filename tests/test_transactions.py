@@ -12,7 +12,7 @@ import os
 import uuid
 
 import pytest
-from kafka.protocol.producer import ProduceResponse
+from kafka.protocol.producer import InitProducerIdResponse, ProduceResponse
 from kafka.protocol.producer.transaction import (
     AddPartitionsToTxnResponse,
     TxnOffsetCommitResponse,
@@ -33,6 +33,7 @@ from aioproducer.errors import (
     TransactionAbortedError,
     TransactionStateError,
 )
+from tests.support.proxy import refuse_producer_ids
 from tests.support.readback import (
     assert_contiguous_sequences,
     consume_all,
@@ -101,6 +102,27 @@ async def test_a_second_start_waits_for_init_transactions(broker, topic):
     finally:
         await producer.close()
     assert _markers(broker.bootstrap, topic, 0) == ["data", "COMMIT"]
+
+
+async def test_start_refused_a_transactional_id_can_be_retried_once_granted(proxied_broker):
+    """start() of a transactional producer whose principal may not use its transactional id
+    raises TransactionalIdAuthorizationFailedError; once the ACL is granted, the same
+    producer starts and commits."""
+    cluster = proxied_broker
+    cluster.create_topic("granted-later", 1)
+    cluster.proxy.rewrite_responses(InitProducerIdResponse, refuse_producer_ids(53))
+    producer = Producer(cluster.bootstrap, transactional_id=_tid())
+    with pytest.raises(TransactionalIdAuthorizationFailedError):
+        await asyncio.wait_for(producer.start(), 10)
+    cluster.proxy.rewrite_responses(InitProducerIdResponse, None)  # granted
+    await asyncio.wait_for(producer.start(), 10)
+    try:
+        async with producer.transaction():
+            await asyncio.wait_for(producer.send("granted-later", b"v"), 10)
+    finally:
+        await asyncio.wait_for(producer.close(), 10)
+    assert cluster.proxy.rewritten == 1
+    assert _markers(cluster.broker.bootstrap, "granted-later", 0) == ["data", "COMMIT"]
 
 
 async def test_a_cancelled_commit_goes_on_and_a_second_call_waits_for_it(proxied_broker):

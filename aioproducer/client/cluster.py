@@ -151,7 +151,8 @@ class Cluster:
 
     def _refresh_done(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
-            log.warning("metadata refresh failed: %s", task.exception())
+            if self._updated_at != float("-inf"):  # (the first fetch's failure fails start())
+                log.warning("metadata refresh failed: %s", task.exception())
             self._refresh_backoff = min(self._refresh_backoff * 2,
                                         self._config.retry_backoff_max_ms / 1000)
         self._on_change()
