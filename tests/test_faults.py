@@ -583,23 +583,31 @@ async def test_a_duplicate_answer_to_a_first_attempt_is_reported(proxied_broker,
     assert "sent once, was answered as a duplicate" in caplog.text
 
 
-async def test_an_outage_is_retried_with_growing_backoff(proxied_broker):
+@pytest.mark.parametrize("retry_backoff_ms", [50, 0])
+async def test_an_outage_is_retried_with_growing_backoff(proxied_broker, retry_backoff_ms):
     """While the broker is unreachable, metadata lookups back off up to retry_backoff_max_ms
     (as the Java client's do, KIP-580) instead of knocking every retry_backoff_ms: a
-    handful of connection attempts in 3 s, not one per 50 ms. The record waiting meanwhile
-    is delivered once the broker is back."""
+    handful of connection attempts in 3 s, not one per 50 ms. With retry_backoff_ms=0 the
+    connection attempts still wait for reconnect_backoff_ms (not ~1,000 a second, each
+    logged). The records waiting meanwhile, for a known topic and for a topic new to the
+    producer, are delivered once the broker is back."""
     cluster = proxied_broker
     cluster.create_topic("outage", 1)
-    async with Producer(cluster.bootstrap, linger_ms=0, retry_backoff_ms=50,
+    cluster.create_topic("outage-new", 1)
+    async with Producer(cluster.bootstrap, linger_ms=0, retry_backoff_ms=retry_backoff_ms,
                         retry_backoff_max_ms=1000, reconnect_backoff_max_ms=1000,
                         delivery_timeout_ms=60_000) as producer:
         await producer.send("outage", b"before")
         cluster.proxy.refuse(True)
         waiting = await producer.enqueue("outage", b"during")
+        new_topic = asyncio.create_task(producer.send("outage-new", b"new"))
         await asyncio.sleep(3)
         attempts = cluster.proxy.connections_refused
         cluster.proxy.refuse(False)
         metadata = await asyncio.wait_for(waiting, 10)
+        await asyncio.wait_for(new_topic, 10)
     assert attempts <= 20, f"{attempts} connection attempts in 3 s"
+    got = consume_all(cluster.broker.bootstrap, "outage-new", expected=1)
+    assert [r.value for r in got] == [b"new"]
     got = consume_all(cluster.broker.bootstrap, "outage", expected=2)
     assert [(r.offset, r.value) for r in got] == [(0, b"before"), (metadata.offset, b"during")]

@@ -258,10 +258,16 @@ class Cluster:
 
     async def any_connection(self) -> BrokerConnection:
         """A connection to any broker: an open one if there is one, else the first that answers."""
+        candidates = list(self.brokers.values()) or list(self._bootstrap)
+        if not self.open_connections():
+            # Every one failed lately: wait for the first to be due, as the Java client's
+            # leastLoadedNode does, not knock in a loop (retry_backoff_ms=0 is no backoff).
+            wait = min(self.backoff_remaining(broker.node_id) for broker in candidates)
+            if wait > 0:
+                await asyncio.sleep(wait)
         for conn in self._connections.values():
             if not conn.closed:
                 return conn
-        candidates = list(self.brokers.values()) or list(self._bootstrap)
         random.shuffle(candidates)
         # Those that failed lately (a silent one costs a connect timeout) last, as the Java
         # client's leastLoadedNode does.
