@@ -61,8 +61,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                                        "else start an embedded broker")
 
     args = parser.parse_args(argv)
-    if args.command == "perf" and args.num_records < 1:
-        perf.error("--num-records must be at least 1")
+    if args.command == "perf":
+        for option, value, least in (("--num-records", args.num_records, 1),
+                                     ("--record-size", args.record_size, 0),
+                                     ("--partitions", args.partitions, 1)):
+            if value < least:
+                perf.error(f"{option} must be at least {least}")
+    if args.command == "broker" and not 0 < args.port < 65536:
+        broker.error("--port must be from 1 to 65535")
     try:
         if args.command == "broker":
             return _run_broker(args.port)

@@ -202,6 +202,20 @@ def test_cli_perf_refuses_no_records():
     assert done.stdout == ""
 
 
+@pytest.mark.parametrize("args, says", [
+    (("perf", "--num-records", "10", "--record-size", "-1"), "--record-size must be at least 0"),
+    (("perf", "--num-records", "10", "--partitions", "0", "--producer-props", "max.block.ms=2000"),
+     "--partitions must be at least 1"),
+    (("broker", "--port", "99999"), "--port must be from 1 to 65535"),
+])
+def test_cli_refuses_out_of_range_numbers_before_starting(args, says):
+    """Said in argparse's words (exit 2), not as a traceback or a 60 s wait for a topic
+    created without partitions."""
+    done = _cli(*args)
+    assert done.returncode == 2 and says in done.stderr, done.stderr[-2000:]
+    assert done.stdout == "" and "Traceback" not in done.stderr
+
+
 def _port_is_free(port: int) -> bool:
     with socket.socket() as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
