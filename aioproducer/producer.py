@@ -451,11 +451,13 @@ class Producer:
             # One record the loop could not take, done the way enqueue() does it.
             record = records[index]
             try:
+                if isinstance(record, (str, *_BYTES_TYPES)):  # would unpack if of length 2
+                    raise TypeError
                 key, value = record
             except (TypeError, ValueError):
-                raise InvalidRecordError(
+                raise InvalidRecordError(  # out_batches has an entry per record before it
                     f"enqueue_many takes (key, value) pairs, not {type(record).__name__} "
-                    f"(record {index}: {record!r:.80})") from None
+                    f"(record {len(out_batches)}: {record!r:.80})") from None
             key, value = self._key_value(topic, key, value)
             if partition is not None:
                 p = partition

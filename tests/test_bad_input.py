@@ -419,6 +419,28 @@ async def test_enqueue_many_with_a_bad_records_argument(broker, topic):
     assert 0 < accepted < len(values)
     got = consume_all(broker.bootstrap, topic, expected=accepted)
     assert [r.value for r in got] == values[:accepted]
+@pytest.mark.parametrize("record", [b"v1", "v1", bytearray(b"v1")], ids=repr)
+async def test_enqueue_many_refuses_bare_values_of_length_two(broker, topic, record):
+    """A value of two bytes or characters unpacks as a (key, value) pair: refused as not a
+    pair, not sent as a key and a value of one item each through the serializers."""
+    async with Producer(broker.bootstrap, key_serializer=lambda k: str(k).encode(),
+                        value_serializer=lambda v: str(v).encode()) as producer:
+        with pytest.raises(InvalidRecordError, match=r"\(key, value\) pairs.*record 1") as caught:
+            await producer.enqueue_many(topic, [(None, "first"), record])
+        assert len(await caught.value.accepted) == 1
+    got = consume_all(broker.bootstrap, topic, expected=1)
+    assert [(r.key, r.value) for r in got] == [(None, b"first")]
+
+
+async def test_enqueue_many_names_a_refused_record_by_its_index_in_the_input(broker, topic):
+    """The records are taken 10,000 at a time: the index is the input's, not the chunk's."""
+    records = [(None, b"v")] * 10_005 + [b"not a pair"]
+    async with Producer(broker.bootstrap) as producer:
+        with pytest.raises(InvalidRecordError, match=r"record 10005\b") as caught:
+            await producer.enqueue_many(topic, records)
+        assert len(await caught.value.accepted) == 10_005
+
+
 def test_record_errors_name_the_refused_records():
     # Produce v8+ (KIP-467): the broker says which records of a refused batch were invalid.
     # Tansu never sends these, so the message the sender builds from them is checked here.
