@@ -245,6 +245,21 @@ def test_spark_headers_are_read_by_field_name(spark, broker, topic_factory):
 
 
 @needs_java
+def test_spark_a_null_header_is_refused_by_name(spark, broker, topic):
+    """A null in the headers array: an InvalidRecordError that says so, not a TypeError about
+    subscripting None."""
+    from aioproducer.integrations.spark import SparkWriteError, write_dataframe
+
+    schema = "value string, h array<struct<key:string,value:binary>>"
+    df = spark.createDataFrame([("ok", [("a", b"x")]), ("bad", [None])], schema)
+    with pytest.raises(SparkWriteError, match=r"^1 of 2 row\(s\) not confirmed .*first error: "
+                       r"InvalidRecordError\(.headers column 'h' holds a null header"):
+        write_dataframe(df.coalesce(1), topic, broker.bootstrap, headers="h")
+    got = consume_all(broker.bootstrap, topic, expected=1)
+    assert [(r.value, r.headers) for r in got] == [(b"ok", [("a", b"x")])]
+
+
+@needs_java
 def test_spark_checks_column_types_before_running(spark, broker, topic):
     """A column of a type with no one obvious encoding is refused on the driver, before any
     Spark job runs: not sent in some made-up form, nor failed in every task."""

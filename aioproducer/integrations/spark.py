@@ -129,7 +129,8 @@ def write_dataframe(
 
     def write_partition(index: int,
                         rows: Iterable[Any]) -> Iterable[tuple[int, int, int, int, str]]:
-        yield _run(_write_partition(index, rows, topic, _task_settings(options, prefix, index)))
+        yield _run(_write_partition(index, rows, topic, _task_settings(options, prefix, index),
+                                    _name(headers) if headers is not None else ""))
 
     results = selected.rdd.mapPartitionsWithIndex(write_partition).collect()
     rows = sum(r[1] for r in results)
@@ -188,6 +189,18 @@ def _as_bytes(obj: str | bytes | bytearray | None) -> bytes | None:
     return obj.encode() if isinstance(obj, str) else bytes(obj)
 
 
+def _headers(cells: Iterable[Any], column: str) -> list[tuple[str, bytes | None]]:
+    """A headers cell's structs as (name, value) pairs; a null one (Spark's types allow it)
+    refused by name."""
+    headers = []
+    for header in cells:
+        if header is None:
+            raise InvalidRecordError(f"headers column {column} holds a null header: each "
+                                     "header must be a struct with a key")
+        headers.append((header["key"], _as_bytes(header["value"])))
+    return headers
+
+
 def _task_settings(options: dict[str, Any], transactional_id_prefix: str | None,
                    index: int) -> dict[str, Any]:
     """A task's producer settings: with exactly_once, its partition's own transactional id."""
@@ -196,8 +209,8 @@ def _task_settings(options: dict[str, Any], transactional_id_prefix: str | None,
     return dict(options, transactional_id=f"{transactional_id_prefix}-{index}")
 
 
-async def _write_partition(index: int, rows: Iterable[Any], topic: str,
-                           settings: dict[str, Any]) -> tuple[int, int, int, int, str]:
+async def _write_partition(index: int, rows: Iterable[Any], topic: str, settings: dict[str, Any],
+                           headers_column: str) -> tuple[int, int, int, int, str]:
     """Produce one Spark partition; return (index, rows, rows confirmed, bytes confirmed,
     first error). A failure aborts the partition's transaction: left open, it would hold
     back every read_committed consumer of its Kafka partitions."""
@@ -214,8 +227,7 @@ async def _write_partition(index: int, rows: Iterable[Any], topic: str,
                 for row in rows:
                     read += 1
                     key, value = _as_bytes(row["k"]), _as_bytes(row["v"])
-                    headers = (None if row["h"] is None else
-                               [(h["key"], _as_bytes(h["value"])) for h in row["h"]])
+                    headers = None if row["h"] is None else _headers(row["h"], headers_column)
                     handle = await producer.enqueue(topic, value, key, headers=headers)
                     sent.append((handle, len(value or b"") + len(key or b"")))
                 if exactly_once:
