@@ -15,9 +15,15 @@ TOPIC = os.environ.get("EVENTS_TOPIC", "events")
 
 
 async def publish(request: web.Request) -> web.Response:
-    event = await request.json()
+    try:
+        event = await request.json()
+    except ValueError:
+        event = None
+    if not isinstance(event, dict):
+        raise web.HTTPBadRequest(text="expected a JSON object")
+    user = event.get("user")  # the key: one user's events stay in order, in one partition
     md = await request.app[PRODUCER].send(TOPIC, json.dumps(event).encode(),
-                                          key=str(event.get("user", "")).encode() or None)
+                                          key=None if user is None else str(user).encode())
     return web.json_response({"topic": md.topic, "partition": md.partition, "offset": md.offset})
 
 

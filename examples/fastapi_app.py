@@ -20,6 +20,7 @@ app = FastAPI(lifespan=producer_lifespan(
 
 @app.post("/events")
 async def publish(event: dict, producer: ProducerDep) -> dict:
+    user = event.get("user")  # the key: one user's events stay in order, in one partition
     md = await producer.send(TOPIC, json.dumps(event).encode(),
-                             key=str(event.get("user", "")).encode() or None)
+                             key=None if user is None else str(user).encode())
     return {"topic": md.topic, "partition": md.partition, "offset": md.offset}

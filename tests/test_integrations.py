@@ -39,12 +39,14 @@ async def test_fastapi_example(broker, events_topic):
         async with httpx.AsyncClient(transport=transport, base_url="http://app") as client:
             answers = [await client.post("/events", json={"user": f"u{i % 5}", "n": i})
                        for i in range(50)]
-    assert all(a.status_code == 200 for a in answers)
-    got = consume_all(broker.bootstrap, events_topic, expected=50)
+            anonymous = await client.post("/events", json={"user": None, "n": 50})
+    assert all(a.status_code == 200 for a in [*answers, anonymous])
+    got = consume_all(broker.bootstrap, events_topic, expected=51)
     landed = {(r.partition, r.offset): json.loads(r.value) for r in got}
     for i, answer in enumerate(answers):  # each answer says truly where its event landed
         body = answer.json()
         assert landed[(body["partition"], body["offset"])] == {"user": f"u{i % 5}", "n": i}
+    assert [r.key for r in got if json.loads(r.value)["user"] is None] == [None]  # not b"None"
 
 
 # TestClient is what runs a lifespan and hands its state to requests, as a server does; this
@@ -88,10 +90,15 @@ async def test_aiohttp_example(broker, events_topic):
             response = await client.post("/events", json={"user": f"u{i % 5}", "n": i})
             assert response.status == 200
             answers.append(await response.json())
-    got = consume_all(broker.bootstrap, events_topic, expected=50)
+        assert (await client.post("/events", json={"user": None, "n": 50})).status == 200
+        for bad in (b"not json", b"[1, 2]"):  # the client's mistake: 400, not a server error
+            response = await client.post("/events", data=bad)
+            assert response.status == 400 and "JSON object" in await response.text()
+    got = consume_all(broker.bootstrap, events_topic, expected=51)
     landed = {(r.partition, r.offset): json.loads(r.value) for r in got}
     for i, body in enumerate(answers):
         assert landed[(body["partition"], body["offset"])] == {"user": f"u{i % 5}", "n": i}
+    assert [r.key for r in got if json.loads(r.value)["user"] is None] == [None]  # not b"None"
 
 
 needs_java = pytest.mark.skipif(shutil.which("java") is None,
