@@ -276,7 +276,9 @@ class Producer:
     async def send(self, topic: str, value: Any, key: Any = None, *, partition: int | None = None,
                    timestamp_ms: int | None = None,
                    headers: Headers | None = None) -> RecordMetadata:
-        """Produce one record and return its metadata once the broker acknowledged it."""
+        """Produce one record and return its metadata once the broker acknowledged it.
+
+        Cancelled after the record was buffered, it is still sent: only the wait ends."""
         appended = self._append(topic, value, key, partition, timestamp_ms, headers)
         batch, offset_delta, timestamp_ms = \
             appended if isinstance(appended, tuple) else await appended
