@@ -69,6 +69,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 perf.error(f"{option} must be at least {least}")
     if args.command == "broker" and not 0 < args.port < 65536:
         broker.error("--port must be from 1 to 65535")
+    if args.command == "produce" and args.key_separator is not None:
+        if args.format != "lines":
+            produce.error("--key-separator applies to --format lines (json lines have \"key\")")
+        if not args.key_separator:
+            produce.error("--key-separator must not be empty")
     try:
         if args.command == "broker":
             return _run_broker(args.port)

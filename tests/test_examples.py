@@ -207,10 +207,14 @@ def test_cli_perf_refuses_no_records():
     (("perf", "--num-records", "10", "--partitions", "0", "--producer-props", "max.block.ms=2000"),
      "--partitions must be at least 1"),
     (("broker", "--port", "99999"), "--port must be from 1 to 65535"),
+    (("produce", "t", "--bootstrap-servers", "127.0.0.1:1", "--format", "json",
+      "--key-separator", ":"), "--key-separator applies to --format lines"),
+    (("produce", "t", "--bootstrap-servers", "127.0.0.1:1", "--key-separator", ""),
+     "--key-separator must not be empty"),
 ])
-def test_cli_refuses_out_of_range_numbers_before_starting(args, says):
-    """Said in argparse's words (exit 2), not as a traceback or a 60 s wait for a topic
-    created without partitions."""
+def test_cli_refuses_bad_arguments_before_starting(args, says):
+    """Said in argparse's words (exit 2), not as a traceback, a 60 s wait for a topic
+    created without partitions, or an error about the first line of the input."""
     done = _cli(*args)
     assert done.returncode == 2 and says in done.stderr, done.stderr[-2000:]
     assert done.stdout == "" and "Traceback" not in done.stderr
