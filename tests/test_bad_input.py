@@ -419,6 +419,8 @@ async def test_enqueue_many_with_a_bad_records_argument(broker, topic):
     assert 0 < accepted < len(values)
     got = consume_all(broker.bootstrap, topic, expected=accepted)
     assert [r.value for r in got] == values[:accepted]
+
+
 @pytest.mark.parametrize("record", [b"v1", "v1", bytearray(b"v1")], ids=repr)
 async def test_enqueue_many_refuses_bare_values_of_length_two(broker, topic, record):
     """A value of two bytes or characters unpacks as a (key, value) pair: refused as not a
