@@ -45,7 +45,8 @@ def test_transactions_example():
 def test_spark_streaming_example():
     pytest.importorskip("pyspark", reason="install the spark extra: aioproducer[spark]")
     out = _run("spark_streaming.py", timeout=240, EXAMPLE_SECONDS="8")
-    assert "micro-batch" in out and " records" in out
+    written = [int(n) for n in re.findall(r"^micro-batch \d+: (\d+) records$", out, re.M)]
+    assert sum(written) > 0, out  # (a stop that cut the first batch short printed only 0)
 
 
 async def test_readme_python_snippets(broker, topic_factory):
