@@ -181,7 +181,7 @@ class Producer:
 
         Idempotent: a second call waits for the first to finish (its `timeout` applies).
         Cancelling a caller does not stop the closing, which goes on in its own task."""
-        _check_timeout("close", timeout)
+        check_timeout("close(timeout=...)", timeout)
         self._check_loop()
         if self._closing is None:
             self._closing = asyncio.get_running_loop().create_task(
@@ -483,7 +483,7 @@ class Producer:
         is acknowledged or failed. Failures stay on the records' futures; flush itself raises
         TimeoutError if `timeout` (seconds) passes first. On a closed producer it
         returns at once."""
-        _check_timeout("flush", timeout)
+        check_timeout("flush(timeout=...)", timeout)
         if self._state not in ("started", "closing"):  # closing also sends what is buffered
             if self._state in ("new", "starting"):
                 self._raise_not_started()
@@ -738,9 +738,9 @@ def _iterate(records: Any) -> Iterator[Any]:
                                  f"{type(records).__name__}") from None
 
 
-def _check_timeout(call: str, timeout: float | None) -> None:
+def check_timeout(what: str, timeout: float | None) -> None:
     if timeout is not None and (type(timeout) not in (int, float) or not timeout >= 0):
-        raise ConfigError(f"{call}(timeout=...) must be None or seconds >= 0, not {timeout!r}")
+        raise ConfigError(f"{what} must be None or seconds >= 0, not {timeout!r}")
 
 
 def _topic_str(topic: Any) -> str:

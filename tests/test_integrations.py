@@ -80,6 +80,48 @@ def test_fastapi_lifespan_passes_on_the_user_lifespan_state(broker, topic):
                                                                                    b"hello"]
 
 
+@pytest.mark.parametrize("framework", ["fastapi", "aiohttp"])
+async def test_close_timeout_bounds_the_shutdown_when_the_broker_went_silent(proxied_broker,
+                                                                            framework):
+    """A service shutting down while its broker does not answer: with close_timeout the
+    shutdown ends then, and the record still waiting fails with ProducerClosedError, instead
+    of holding the app for delivery_timeout_ms (2 minutes)."""
+    import asyncio
+
+    from aioproducer.errors import ConfigError, ProducerClosedError
+
+    cluster = proxied_broker
+    cluster.create_topic("shutdown", 1)
+    if framework == "fastapi":
+        from fastapi import FastAPI
+
+        from aioproducer.integrations.fastapi import producer_lifespan
+        with pytest.raises(ConfigError, match="close_timeout must be None or seconds >= 0"):
+            producer_lifespan(cluster.bootstrap, close_timeout=-1)
+        app = FastAPI()
+        running = producer_lifespan(cluster.bootstrap, close_timeout=0.5, linger_ms=0)(app)
+        await running.__aenter__()
+        producer, stop = app.state.aioproducer, lambda: running.__aexit__(None, None, None)
+    else:
+        from aiohttp import web
+
+        from aioproducer.integrations.aiohttp import PRODUCER, setup_producer
+        app = web.Application()
+        with pytest.raises(ConfigError, match="close_timeout must be None or seconds >= 0"):
+            setup_producer(app, cluster.bootstrap, close_timeout="1")
+        setup_producer(app, cluster.bootstrap, close_timeout=0.5, linger_ms=0)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        producer, stop = app[PRODUCER], runner.cleanup
+    await asyncio.wait_for(producer.send("shutdown", b"before"), 10)
+    cluster.proxy.stall(True)
+    waiting = await producer.enqueue("shutdown", b"unanswered")
+    await asyncio.wait_for(stop(), 10)
+    with pytest.raises(ProducerClosedError, match=r"close\(timeout=0\.5\)"):
+        await waiting
+    cluster.proxy.heal()
+
+
 async def test_aiohttp_example(broker, events_topic):
     from aiohttp.test_utils import TestClient, TestServer
 

@@ -19,19 +19,26 @@ from typing import Any, AsyncIterator, Sequence
 
 from aiohttp import web
 
-from ..producer import Producer
+from ..producer import Producer, check_timeout
 
 PRODUCER: web.AppKey[Producer] = web.AppKey("aioproducer", Producer)
 """Where the application keeps its producer: `request.app[PRODUCER]`."""
 
 
 def setup_producer(app: web.Application, bootstrap_servers: str | Sequence[str] | None = None,
-                   **settings: Any) -> None:
-    """Start a Producer with the application and close (flush) it at cleanup."""
+                   *, close_timeout: float | None = None, **settings: Any) -> None:
+    """Start a Producer with the application and close (flush) it at cleanup, for at most
+    `close_timeout` seconds if given: records still unacknowledged then fail, so a broker
+    that went away cannot hold the app past its grace period."""
+    check_timeout("close_timeout", close_timeout)
 
     async def producer_context(app: web.Application) -> AsyncIterator[None]:
-        async with Producer(bootstrap_servers, **settings) as producer:
-            app[PRODUCER] = producer
+        producer = Producer(bootstrap_servers, **settings)
+        await producer.start()
+        app[PRODUCER] = producer
+        try:
             yield
+        finally:
+            await producer.close(close_timeout)
 
     app.cleanup_ctx.append(producer_context)

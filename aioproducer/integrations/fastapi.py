@@ -25,32 +25,38 @@ from typing import Annotated, Any, AsyncIterator, Callable, Sequence
 
 from fastapi import Depends, FastAPI, Request
 
-from ..producer import Producer
+from ..producer import Producer, check_timeout
 
 # A FastAPI lifespan, which may yield a state dict (Starlette copies it into request.state).
 Lifespan = Callable[[FastAPI], contextlib.AbstractAsyncContextManager[Any]]
 
 
 def producer_lifespan(bootstrap_servers: str | Sequence[str] | None = None, *,
-                      lifespan: Lifespan | None = None, **settings: Any) -> Lifespan:
+                      lifespan: Lifespan | None = None, close_timeout: float | None = None,
+                      **settings: Any) -> Lifespan:
     """A FastAPI `lifespan` that runs a Producer for the app's lifetime (on `app.state`).
 
     Pass your own lifespan as `lifespan=` to run it inside (the producer is up first and
     closes last, so your startup and shutdown code can use it); the state it yields is
-    passed on to the server, so handlers see it on `request.state` as without us."""
+    passed on to the server, so handlers see it on `request.state` as without us.
+    `close_timeout` (seconds) bounds the flush at shutdown: records still unacknowledged
+    then fail, so a broker that went away cannot hold the app past its grace period."""
+    check_timeout("close_timeout", close_timeout)
 
     @contextlib.asynccontextmanager
     async def run(app: FastAPI) -> AsyncIterator[Any]:
-        async with Producer(bootstrap_servers, **settings) as producer:
-            app.state.aioproducer = producer
-            try:
-                if lifespan is None:
-                    yield None
-                else:
-                    async with lifespan(app) as state:
-                        yield state
-            finally:
-                del app.state.aioproducer
+        producer = Producer(bootstrap_servers, **settings)
+        await producer.start()
+        app.state.aioproducer = producer
+        try:
+            if lifespan is None:
+                yield None
+            else:
+                async with lifespan(app) as state:
+                    yield state
+        finally:
+            del app.state.aioproducer
+            await producer.close(close_timeout)
 
     return run
 
