@@ -19,7 +19,7 @@ from ._internal.metrics import ProducerMetrics
 from ._internal.partitioner import StickyPartitioner, partition_for_key
 from ._internal.sender import Sender
 from ._internal.transactions import TransactionManager, TxnState
-from .client.cluster import Cluster, TopicInfo, retrieve_exception
+from .client.cluster import Cluster, TopicInfo, _cancelling, retrieve_exception
 from .config import ProducerConfig
 from .errors import (
     ConfigError,
@@ -534,10 +534,20 @@ class Producer:
 
     async def init_transactions(self) -> None:
         """Register our `transactional_id` with its coordinator: fences any older producer
-        with the same id and aborts its open transaction. `start()` does this already."""
+        with the same id and aborts its open transaction. `start()` does this already.
+
+        Goes on when its caller is cancelled, as commit_transaction() does (the coordinator
+        may have given us a new epoch already): call it again to wait for its outcome."""
         txn = self._transaction_manager()
         self._check_loop()
-        await txn.init_transactions()
+        task = txn.initialize()
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.cancelled() and not _cancelling():  # by close(), not the caller
+                raise ProducerClosedError(
+                    "the producer was closed while it initialized its transactions") from None
+            raise
 
     def begin_transaction(self) -> None:
         """Start a transaction: records sent until commit or abort are in it."""

@@ -146,6 +146,30 @@ async def test_a_cancelled_commit_goes_on_and_a_second_call_waits_for_it(proxied
         ["data", "data", "COMMIT", "data", "COMMIT"]
 
 
+async def test_a_cancelled_init_transactions_goes_on_and_a_second_call_waits_for_it(
+        proxied_broker):
+    """init_transactions() called again (to fence a zombie, say) under a timeout that fires:
+    the producer is not left "initializing" for good, refusing every transaction; the call
+    goes on, calling it again waits for it (one new epoch, not two), and the producer goes
+    on."""
+    cluster = proxied_broker
+    cluster.create_topic("slow-init", 1)
+    async with Producer(cluster.bootstrap, transactional_id=_tid(),
+                        request_timeout_ms=10_000) as producer:
+        async with producer.transaction():
+            await producer.send("slow-init", b"before")
+        cluster.proxy.stall(True)
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(producer.init_transactions(), 0.5)
+        cluster.proxy.stall(False)
+        await asyncio.wait_for(producer.init_transactions(), 10)
+        async with producer.transaction():
+            await producer.send("slow-init", b"after")
+    batches = fetch_raw_batches(cluster.broker.bootstrap, "slow-init", 0)
+    assert [b.control_type or "data" for b in batches] == ["data", "COMMIT"] * 2
+    assert batches[2].producer_epoch == batches[0].producer_epoch + 1
+
+
 async def test_close_lets_a_commit_under_way_finish(proxied_broker):
     """close() while another task commits (a service shutting down mid-request): the commit
     ends, committed, instead of failing because close() took the connections away."""

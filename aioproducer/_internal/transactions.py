@@ -27,7 +27,7 @@ import enum
 import logging
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
-from ..client.cluster import Broker
+from ..client.cluster import Broker, retrieve_exception
 from ..errors import (
     ERROR_CLASSES,
     BrokerError,
@@ -125,7 +125,7 @@ class TransactionManager:
         # failed yet, in sequence order (a dict as an ordered set).
         self._unacked: dict[TopicPartition, dict[ProducerBatch, None]] = {}
         self._in_flight: dict[TopicPartition, list[ProducerBatch]] = {}
-        self._init_task: asyncio.Task[None] | None = None
+        self._init_task: asyncio.Task[None] | None = None  # InitProducerId's, either kind
         self._bump_from: tuple[int, int] | None = None  # (id, epoch) whose epoch to bump
         # Transactions only:
         self.state = TxnState.UNINITIALIZED
@@ -397,6 +397,16 @@ class TransactionManager:
             self.fatal(exc)
         else:
             self.abortable(exc)
+
+    def initialize(self) -> asyncio.Task[None]:
+        """init_transactions() in a task of its own, which goes on when its caller is
+        cancelled (close() stops it), or the one under way."""
+        if self._init_task is None or self._init_task.done():
+            self._init_task = asyncio.get_running_loop().create_task(
+                self.init_transactions(),
+                name=f"aioproducer-init-transactions-{self._config.client_id}")
+            self._init_task.add_done_callback(retrieve_exception)
+        return self._init_task
 
     async def init_transactions(self) -> None:
         """Get the producer id and epoch for our transactional id (fencing older producers)."""
