@@ -163,7 +163,10 @@ class Producer:
                 await self.init_transactions()
             except BaseException:
                 closed_meanwhile = self._closing is not None
-                await self.close(timeout=0)
+                closing = self._close_task(timeout=0)
+                while not closing.done():  # cancelled again meanwhile: still tear down first
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await asyncio.wait({closing})
                 if not closed_meanwhile:
                     self._renew()
                 raise
@@ -183,10 +186,14 @@ class Producer:
         Cancelling a caller does not stop the closing, which goes on in its own task."""
         check_timeout("close(timeout=...)", timeout)
         self._check_loop()
+        await asyncio.shield(self._close_task(timeout))
+
+    def _close_task(self, timeout: float | None) -> asyncio.Task[None]:
+        """The task that closes the producer: started now, or the one under way."""
         if self._closing is None:
             self._closing = asyncio.get_running_loop().create_task(
                 self._close(timeout), name=f"aioproducer-close-{self.config.client_id}")
-        await asyncio.shield(self._closing)
+        return self._closing
 
     async def _close(self, timeout: float | None) -> None:
         if self._state == "closed":

@@ -189,6 +189,38 @@ async def test_a_failed_start_can_be_retried(proxied_broker, caplog):
         await producer.start()
 
 
+async def test_a_start_cancelled_again_as_it_tears_down_can_be_retried(proxied_broker):
+    """A transactional start() cancelled (its timeout fired, say) is cancelled again while it
+    tears down what it started (the service is told to stop meanwhile): the teardown is
+    not cut short, leaving the producer closed for good; it ends new, and starts later."""
+    cluster = proxied_broker
+    cluster.create_topic("cancelled-twice", 1)
+    cluster.proxy.rewrite_responses(InitProducerIdResponse, refuse_producer_ids(14))  # loading
+    producer = Producer(cluster.bootstrap, transactional_id="cancelled-twice",
+                        retry_backoff_max_ms=200)
+    starting = asyncio.create_task(producer.start())
+    for _ in range(200):  # until the coordinator has said it is loading (at most 10 s)
+        if cluster.proxy.rewritten:
+            break
+        await asyncio.sleep(0.05)
+    assert cluster.proxy.rewritten
+    starting.cancel()
+    await asyncio.sleep(0)  # the start begins to tear down
+    starting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(starting, 10)
+    assert not await _tasks_left(), "a cancelled start() left tasks running"
+    cluster.proxy.rewrite_responses(InitProducerIdResponse, None)
+    await asyncio.wait_for(producer.start(), 10)
+    try:
+        async with producer.transaction():
+            metadata = await asyncio.wait_for(producer.send("cancelled-twice", b"v"), 10)
+    finally:
+        await asyncio.wait_for(producer.close(), 10)
+    got = consume_all(cluster.broker.bootstrap, "cancelled-twice", expected=1)
+    assert [(r.offset, r.value) for r in got] == [(metadata.offset, b"v")]
+
+
 async def test_close_as_the_first_metadata_arrives_wins_over_start(broker, topic, monkeypatch):
     """close() called in the moment start()'s metadata arrives: start() raises, and the
     producer stays closed (no sender task left running on a closed cluster)."""
