@@ -97,6 +97,7 @@ class Producer:
         self._state = "new"  # new -> starting -> started (-> failed) -> closing -> closed
         self._failure: BaseException | None = None
         self._closing: asyncio.Task[None] | None = None
+        self._close_called = False  # by the user (a failed start closes what it started too)
         self._ending: tuple[bool, asyncio.Task[None]] | None = None  # (commit?, its task)
         self._loop: asyncio.AbstractEventLoop | None = None  # the one start() ran on
         self._thread: int | None = None  # and the thread it runs in
@@ -162,12 +163,11 @@ class Producer:
             try:
                 await self.init_transactions()
             except BaseException:
-                closed_meanwhile = self._closing is not None
                 closing = self._close_task(timeout=0)
                 while not closing.done():  # cancelled again meanwhile: still tear down first
                     with contextlib.suppress(asyncio.CancelledError):
                         await asyncio.wait({closing})
-                if not closed_meanwhile:
+                if not self._close_called:  # (also while it tore down: the producer stays closed)
                     self._renew()
                 raise
 
@@ -186,6 +186,7 @@ class Producer:
         Cancelling a caller does not stop the closing, which goes on in its own task."""
         check_timeout("close(timeout=...)", timeout)
         self._check_loop()
+        self._close_called = True
         await asyncio.shield(self._close_task(timeout))
 
     def _close_task(self, timeout: float | None) -> asyncio.Task[None]:

@@ -13,7 +13,12 @@ from kafka.protocol.producer import InitProducerIdResponse
 
 from aioproducer import Producer
 from aioproducer.client.cluster import Cluster
-from aioproducer.errors import BufferExhaustedError, KafkaConnectionError, ProducerClosedError
+from aioproducer.errors import (
+    BufferExhaustedError,
+    KafkaConnectionError,
+    ProducerClosedError,
+    TransactionalIdAuthorizationFailedError,
+)
 from tests.support.proxy import refuse_producer_ids
 from tests.support.readback import consume_all
 
@@ -219,6 +224,30 @@ async def test_a_start_cancelled_again_as_it_tears_down_can_be_retried(proxied_b
         await asyncio.wait_for(producer.close(), 10)
     got = consume_all(cluster.broker.bootstrap, "cancelled-twice", expected=1)
     assert [(r.offset, r.value) for r in got] == [(metadata.offset, b"v")]
+
+
+async def test_close_as_a_failed_start_tears_down_leaves_the_producer_closed(proxied_broker):
+    """close() called while a transactional start() that failed closes what it started (a
+    service told to stop as its start fails): the producer ends closed, as close() said,
+    not new, for a retrying start() to bring back to life with nobody left to close it."""
+    cluster = proxied_broker
+    cluster.proxy.rewrite_responses(InitProducerIdResponse, refuse_producer_ids(53))
+    producer = Producer(cluster.bootstrap, transactional_id="refused")
+    starting = asyncio.create_task(producer.start())
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10
+    for _ in range(1_000_000):  # until the refused start tears down (at most 10 s)
+        if producer._closing is not None or loop.time() > deadline:
+            break
+        await asyncio.sleep(0)
+    assert producer._closing is not None and not starting.done()
+    await asyncio.wait_for(producer.close(), 10)
+    with pytest.raises(TransactionalIdAuthorizationFailedError):
+        await asyncio.wait_for(starting, 10)
+    cluster.proxy.rewrite_responses(InitProducerIdResponse, None)  # granted: still closed
+    with pytest.raises(ProducerClosedError, match="closed; create a new one"):
+        await producer.start()
+    assert not await _tasks_left(), "still running after close()"
 
 
 async def test_close_as_the_first_metadata_arrives_wins_over_start(broker, topic, monkeypatch):
