@@ -112,9 +112,15 @@ class Producer:
         """Connect to the cluster (fails fast with KafkaConnectionError if no bootstrap server
         answers) and start the sender task. Calls while it starts wait for that start. A
         start that fails or is cancelled leaves the producer as new: start() may be retried."""
-        if self._started is not None and not self._started.done():
-            await asyncio.shield(self._started)  # (a transactional one is "started" meanwhile)
-            return
+        while self._started is not None and not self._started.done():
+            started = self._started
+            try:
+                await asyncio.shield(started)  # (a transactional one is "started" meanwhile)
+                return
+            except asyncio.CancelledError:
+                if not started.cancelled() or _cancelling():
+                    raise
+                # Its own caller cancelled that start, leaving the producer new: start it here.
         if self._state != "new":
             if self._state == "started":
                 return
@@ -124,9 +130,11 @@ class Producer:
         try:
             await self._start()
         except BaseException as exc:
-            started.set_exception(exc if isinstance(exc, Exception) else ProducerClosedError(
-                "the producer's start() was cancelled"))
-            started.exception()  # retrieved: nobody else may be waiting for it
+            if isinstance(exc, Exception):
+                started.set_exception(exc)
+                started.exception()  # retrieved: nobody else may be waiting for it
+            else:  # its caller's cancellation, not that of the start() calls waiting for it
+                started.cancel()
             raise
         started.set_result(None)
 

@@ -291,6 +291,33 @@ async def test_concurrent_starts_share_one_start(broker, topic):
     assert not await _tasks_left(), "still running after close()"
 
 
+async def test_a_start_waiting_for_one_whose_caller_gave_up_starts_the_producer(proxied_broker):
+    """Two tasks start the producer at once (each on first use) and the first one's caller
+    gives up (its timeout): the second, which nobody cancelled, starts the producer, rather
+    than failing with a ProducerClosedError for a producer nobody closed."""
+    cluster = proxied_broker
+    cluster.create_topic("second-starter", 1)
+    cluster.proxy.stall(True)
+    producer = Producer(cluster.bootstrap, request_timeout_ms=20_000)
+    first = asyncio.create_task(producer.start())
+    await asyncio.sleep(0.2)
+    second = asyncio.create_task(producer.start())
+    await asyncio.sleep(0.2)
+    assert not first.done() and not second.done()
+    first.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(first, 10)
+    cluster.proxy.heal()
+    await asyncio.wait_for(second, 10)
+    try:
+        metadata = await asyncio.wait_for(producer.send("second-starter", b"v"), 10)
+    finally:
+        await asyncio.wait_for(producer.close(), 10)
+    assert not await _tasks_left(), "still running after close()"
+    got = consume_all(cluster.bootstrap, "second-starter", expected=1)
+    assert [(r.offset, r.value) for r in got] == [(metadata.offset, b"v")]
+
+
 async def test_close_stops_an_idempotent_producer_waiting_for_its_producer_id(proxied_broker):
     """A broker that cannot hand out producer ids yet answers InitProducerId with
     COORDINATOR_LOAD_IN_PROGRESS (KIP-730), and the producer asks again, with backoff, for as
