@@ -647,8 +647,10 @@ class Producer:
         try:
             yield self
         except BaseException:
-            txn = self._transaction_manager()
-            if txn.state is not TxnState.FATAL_ERROR:
+            # Once close() began, the transaction is its to abort (not with timeout=0): the
+            # block's exception, a cancellation say, goes on up as it is.
+            if self._closing is None and self._txn is not None and \
+                    self._txn.state is not TxnState.FATAL_ERROR:
                 await self.abort_transaction()
             raise
         await self.commit_transaction()

@@ -210,6 +210,29 @@ async def test_close_aborts_a_transaction_left_open(broker, topic):
     assert _markers(broker.bootstrap, topic, 0) == ["data", "ABORT"]
 
 
+async def test_a_transaction_block_cancelled_after_close_stays_cancelled(broker, topic):
+    """A task inside `async with producer.transaction()` (waiting for its input, say) is
+    cancelled after the service closed the producer, which aborted the transaction: the
+    task ends cancelled, as asyncio.timeout() and TaskGroup rely on, not with a
+    ProducerClosedError from aborting once more on a closed producer."""
+    producer = Producer(broker.bootstrap, transactional_id=_tid())
+    await producer.start()
+    inside = asyncio.Event()
+
+    async def handle() -> None:
+        async with producer.transaction():
+            await producer.send(topic, b"v")
+            inside.set()
+            await asyncio.Event().wait()  # until cancelled
+    task = asyncio.create_task(handle())
+    await asyncio.wait_for(inside.wait(), 10)
+    await asyncio.wait_for(producer.close(), 10)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 10)
+    assert _markers(broker.bootstrap, topic, 0) == ["data", "ABORT"]
+
+
 async def test_exception_in_transaction_block_aborts_unsent_records(broker, topic):
     async with Producer(broker.bootstrap, transactional_id=_tid(), linger_ms=10_000) as producer:
         with pytest.raises(RuntimeError, match="boom"):
