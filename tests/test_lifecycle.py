@@ -339,6 +339,27 @@ async def test_close_stops_an_idempotent_producer_waiting_for_its_producer_id(pr
     assert not await _tasks_left(), "still running after close()"
 
 
+async def test_close_at_once_during_a_commit_leaves_nothing_running(proxied_broker):
+    """A commit whose caller gave up (its timeout) goes on; close(timeout=0) then, with its
+    EndTxn unanswered, ends it: nothing of the producer runs on after close() (the commit
+    used to wait retry_backoff_ms to send EndTxn again, on a closed producer)."""
+    cluster = proxied_broker
+    cluster.create_topic("end-txn-closed", 1)
+    producer = Producer(cluster.bootstrap, transactional_id="end-txn-closed", linger_ms=0,
+                        retry_backoff_ms=5000, retry_backoff_max_ms=5000)
+    await producer.start()
+    producer.begin_transaction()
+    await producer.send("end-txn-closed", b"sent")
+    cluster.proxy.stall(True)
+    with pytest.raises(asyncio.TimeoutError):
+        await asyncio.wait_for(producer.commit_transaction(), 0.3)
+    await asyncio.wait_for(producer.close(timeout=0), 10)
+    assert not await _tasks_left(), "still running after close()"
+    with pytest.raises(ProducerClosedError):
+        await producer.commit_transaction()
+    cluster.proxy.stall(False)
+
+
 async def test_cancelled_close_still_closes(proxied_broker):
     cluster = proxied_broker
     producer, handle = await _stalled_record(cluster)

@@ -34,6 +34,7 @@ from ..errors import (
     ClusterAuthorizationFailedError,
     InvalidTxnStateError,
     KafkaError,
+    ProducerClosedError,
     ProducerFencedError,
     TransactionalIdAuthorizationFailedError,
     TransactionStateError,
@@ -615,6 +616,8 @@ class TransactionManager:
                     raise exc
             if loop.time() + delay > deadline:
                 raise exc
+            if self._cluster.closed:  # close() cut it short: no retry to run on after it
+                raise ProducerClosedError(f"the producer was closed during {what}") from exc
             log.debug("%s: %s; retrying in %.2f s", what, exc, delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, config.retry_backoff_max_ms / 1000)

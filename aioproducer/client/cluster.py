@@ -304,6 +304,10 @@ class Cluster:
                 task.add_done_callback(retrieve_exception)
         return None
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def open_connections(self) -> list[BrokerConnection]:
         return [conn for conn in self._connections.values() if not conn.closed]
 
