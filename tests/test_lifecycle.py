@@ -10,6 +10,7 @@ import resource
 
 import pytest
 from kafka.protocol.producer import InitProducerIdResponse
+from kafka.protocol.producer.transaction import EndTxnResponse
 
 from aioproducer import Producer
 from aioproducer.client.cluster import Cluster
@@ -339,25 +340,42 @@ async def test_close_stops_an_idempotent_producer_waiting_for_its_producer_id(pr
     assert not await _tasks_left(), "still running after close()"
 
 
-async def test_close_at_once_during_a_commit_leaves_nothing_running(proxied_broker):
-    """A commit whose caller gave up (its timeout) goes on; close(timeout=0) then, with its
-    EndTxn unanswered, ends it: nothing of the producer runs on after close() (the commit
-    used to wait retry_backoff_ms to send EndTxn again, on a closed producer)."""
+@pytest.mark.parametrize("end_txn", ["unanswered", "busy"])
+async def test_close_at_once_during_a_commit_leaves_nothing_running(proxied_broker, end_txn):
+    """A commit whose caller gave up (its timeout) goes on, its EndTxn unanswered, or
+    answered CONCURRENT_TRANSACTIONS and waiting retry_backoff_ms to ask again;
+    close(timeout=0) then ends it: nothing of the producer runs on after close() (the
+    commit used to wait out retry_backoff_ms, then find the producer closed)."""
     cluster = proxied_broker
     cluster.create_topic("end-txn-closed", 1)
+    if end_txn == "busy":
+        cluster.proxy.rewrite_responses(EndTxnResponse, _answer_busy)
     producer = Producer(cluster.bootstrap, transactional_id="end-txn-closed", linger_ms=0,
                         retry_backoff_ms=5000, retry_backoff_max_ms=5000)
     await producer.start()
     producer.begin_transaction()
     await producer.send("end-txn-closed", b"sent")
-    cluster.proxy.stall(True)
-    with pytest.raises(asyncio.TimeoutError):
-        await asyncio.wait_for(producer.commit_transaction(), 0.3)
+    cluster.proxy.stall(end_txn == "unanswered")
+    committing = asyncio.create_task(producer.commit_transaction())
+    for _ in range(200):  # until EndTxn is on its way, or answered (at most 10 s)
+        if cluster.proxy.rewritten or end_txn == "unanswered":
+            break
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.1)
+    assert not committing.done() and (cluster.proxy.rewritten or end_txn == "unanswered")
+    committing.cancel()  # its caller gives up: the commit goes on
+    with pytest.raises(asyncio.CancelledError):
+        await committing
     await asyncio.wait_for(producer.close(timeout=0), 10)
     assert not await _tasks_left(), "still running after close()"
     with pytest.raises(ProducerClosedError):
         await producer.commit_transaction()
     cluster.proxy.stall(False)
+
+
+def _answer_busy(response):
+    response.error_code = 51  # CONCURRENT_TRANSACTIONS
+    return response
 
 
 async def test_cancelled_close_still_closes(proxied_broker):

@@ -619,7 +619,7 @@ class TransactionManager:
             if self._cluster.closed:  # close() cut it short: no retry to run on after it
                 raise ProducerClosedError(f"the producer was closed during {what}") from exc
             log.debug("%s: %s; retrying in %.2f s", what, exc, delay)
-            await asyncio.sleep(delay)
+            await self._cluster.pause(delay)  # (then, closed, _coordinator() raises)
             delay = min(delay * 2, config.retry_backoff_max_ms / 1000)
 
     async def _coordinator(self, key_type: int, key: str) -> BrokerConnection:

@@ -87,6 +87,7 @@ class Cluster:
         self._refresh_backoff = config.retry_backoff_ms / 1000
         self._stale = True
         self._closed = False
+        self._closed_future: asyncio.Future[None] = self._loop.create_future()  # done at close()
         self._ssl_context = ssl_context_for(config)
         # Bootstrap servers get negative ids, as in the Java client, until metadata names them.
         self._bootstrap = [Broker(-1 - i, host, port)
@@ -308,6 +309,10 @@ class Cluster:
     def closed(self) -> bool:
         return self._closed
 
+    async def pause(self, seconds: float) -> None:
+        """Wait `seconds` between retries, or less: until close()."""
+        await asyncio.wait({self._closed_future}, timeout=seconds)
+
     def open_connections(self) -> list[BrokerConnection]:
         return [conn for conn in self._connections.values() if not conn.closed]
 
@@ -390,6 +395,8 @@ class Cluster:
 
     async def close(self) -> None:
         self._closed = True
+        if not self._closed_future.done():
+            self._closed_future.set_result(None)
         for task in list(self._connecting.values()) + ([self._refresh] if self._refresh else []):
             task.cancel()
         for conn in list(self._connections.values()):
