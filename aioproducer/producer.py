@@ -130,6 +130,8 @@ class Producer:
         try:
             await self._start()
         except BaseException as exc:
+            if self._state == "starting":  # failed (a TLS file not there yet, say): as new
+                self._renew()
             if isinstance(exc, Exception):
                 started.set_exception(exc)
                 started.exception()  # retrieved: nobody else may be waiting for it
@@ -152,10 +154,8 @@ class Producer:
         try:
             await refresh
         except BaseException:
-            await self._cluster.close()
-            if self._state == "starting":
-                self._renew()
-            elif refresh.cancelled():  # by close()
+            await self._cluster.close()  # (then start() makes the producer new again)
+            if self._state != "starting" and refresh.cancelled():  # by close()
                 raise ProducerClosedError("the producer was closed while it started") from None
             raise
         if self._state != "starting":  # close() came as the metadata did

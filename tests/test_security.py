@@ -60,6 +60,24 @@ async def test_wrong_ca_is_refused_clearly(tls_broker, tmp_path):
         await asyncio.wait_for(producer.start(), 10)
 
 
+async def test_a_start_that_cannot_read_its_tls_files_can_be_retried(tls_broker, ca, tmp_path):
+    """The CA file is not there yet when the service starts (a secret mounted late): start()
+    says so, and the same producer starts once it is there, as after any failed start (it
+    used to say "this producer was closed; create a new one")."""
+    broker, bootstrap, _ = tls_broker
+    broker.create_topic("late-ca", 1)
+    cafile = tmp_path / "late-ca.pem"
+    producer = Producer(bootstrap, security_protocol="SSL", ssl_cafile=str(cafile))
+    with pytest.raises(ConfigError, match="cannot load the TLS files"):
+        await asyncio.wait_for(producer.start(), 10)
+    ca.cert_pem.write_to_path(str(cafile))
+    await asyncio.wait_for(producer.start(), 10)
+    try:
+        assert (await asyncio.wait_for(producer.send("late-ca", b"v"), 10)).offset == 0
+    finally:
+        await asyncio.wait_for(producer.close(), 10)
+
+
 async def test_plaintext_client_against_tls_broker_fails_clearly(tls_broker):
     _, bootstrap, _ = tls_broker
     producer = Producer(bootstrap, request_timeout_ms=2000)
