@@ -129,7 +129,8 @@ async def _send_waiting_for_metadata(cluster, stalled: bool):
     """A started producer, and a send() of it waiting for a topic that does not exist (its
     metadata request unanswered if `stalled`, else between retries)."""
     producer = Producer(cluster.bootstrap, allow_auto_create_topics=False,
-                        max_block_ms=20_000, request_timeout_ms=20_000)
+                        max_block_ms=20_000, request_timeout_ms=20_000,
+                        retry_backoff_ms=10_000, retry_backoff_max_ms=10_000)
     await producer.start()
     cluster.proxy.stall(stalled)
     waiting = asyncio.create_task(producer.send("not-created", b"v"))
@@ -141,7 +142,8 @@ async def _send_waiting_for_metadata(cluster, stalled: bool):
 @pytest.mark.parametrize("stalled", [False, True], ids=["between-retries", "mid-request"])
 async def test_close_ends_a_wait_for_metadata_with_producer_closed(proxied_broker, stalled):
     """A send waiting for a topic's metadata ends with ProducerClosedError when the producer
-    closes: not a CancelledError in a task nobody cancelled, nor after max_block_ms."""
+    closes: not a CancelledError in a task nobody cancelled, nor after max_block_ms, nor
+    at the end of the backoff before it would have asked again."""
     cluster = proxied_broker
     producer, waiting = await _send_waiting_for_metadata(cluster, stalled)
     await asyncio.wait_for(producer.close(timeout=0), 10)
@@ -340,29 +342,34 @@ async def test_close_stops_an_idempotent_producer_waiting_for_its_producer_id(pr
     assert not await _tasks_left(), "still running after close()"
 
 
-@pytest.mark.parametrize("end_txn", ["unanswered", "busy"])
+@pytest.mark.parametrize("end_txn", ["unanswered", "busy", "unreachable"])
 async def test_close_at_once_during_a_commit_leaves_nothing_running(proxied_broker, end_txn):
     """A commit whose caller gave up (its timeout) goes on, its EndTxn unanswered, or
-    answered CONCURRENT_TRANSACTIONS and waiting retry_backoff_ms to ask again;
-    close(timeout=0) then ends it: nothing of the producer runs on after close() (the
-    commit used to wait out retry_backoff_ms, then find the producer closed)."""
+    answered CONCURRENT_TRANSACTIONS and waiting retry_backoff_ms to ask again, or waiting
+    reconnect_backoff_ms to reach a broker again; close(timeout=0) then ends it: nothing of
+    the producer runs on after close() (the commit used to wait out its backoff, then find
+    the producer closed)."""
     cluster = proxied_broker
     cluster.create_topic("end-txn-closed", 1)
     if end_txn == "busy":
         cluster.proxy.rewrite_responses(EndTxnResponse, _answer_busy)
+    backoff = {"reconnect_backoff_ms": 5000, "reconnect_backoff_max_ms": 5000} \
+        if end_txn == "unreachable" else {"retry_backoff_ms": 5000, "retry_backoff_max_ms": 5000}
     producer = Producer(cluster.bootstrap, transactional_id="end-txn-closed", linger_ms=0,
-                        retry_backoff_ms=5000, retry_backoff_max_ms=5000)
+                        **backoff)
     await producer.start()
     producer.begin_transaction()
     await producer.send("end-txn-closed", b"sent")
     cluster.proxy.stall(end_txn == "unanswered")
+    cluster.proxy.refuse(end_txn == "unreachable")
     committing = asyncio.create_task(producer.commit_transaction())
-    for _ in range(200):  # until EndTxn is on its way, or answered (at most 10 s)
-        if cluster.proxy.rewritten or end_txn == "unanswered":
+    for _ in range(200):  # until EndTxn is on its way, answered, or refused (at most 10 s)
+        if end_txn == "unanswered" or cluster.proxy.rewritten or cluster.proxy.connections_refused:
             break
         await asyncio.sleep(0.05)
-    await asyncio.sleep(0.1)
-    assert not committing.done() and (cluster.proxy.rewritten or end_txn == "unanswered")
+    await asyncio.sleep(0.3)
+    assert end_txn == "unanswered" or cluster.proxy.rewritten or cluster.proxy.connections_refused
+    assert not committing.done()
     committing.cancel()  # its caller gives up: the commit goes on
     with pytest.raises(asyncio.CancelledError):
         await committing
@@ -370,7 +377,7 @@ async def test_close_at_once_during_a_commit_leaves_nothing_running(proxied_brok
     assert not await _tasks_left(), "still running after close()"
     with pytest.raises(ProducerClosedError):
         await producer.commit_transaction()
-    cluster.proxy.stall(False)
+    cluster.proxy.heal()
 
 
 def _answer_busy(response):

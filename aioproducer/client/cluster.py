@@ -197,7 +197,7 @@ class Cluster:
             remaining = deadline - self._loop.time()
             if remaining <= 0:
                 break
-            await asyncio.sleep(min(delay, remaining))
+            await self.pause(min(delay, remaining))
             delay = min(delay * 2, self._config.retry_backoff_max_ms / 1000)
         if not answered or isinstance(last_error, (KafkaConnectionError, RequestTimeoutError)):
             raise KafkaConnectionError(
@@ -265,7 +265,7 @@ class Cluster:
             # leastLoadedNode does, not knock in a loop (retry_backoff_ms=0 is no backoff).
             wait = min(self.backoff_remaining(broker.node_id) for broker in candidates)
             if wait > 0:
-                await asyncio.sleep(wait)
+                await self.pause(wait)  # (then, closed, connection() raises)
         for conn in self._connections.values():
             if not conn.closed:
                 return conn
