@@ -172,11 +172,16 @@ class Producer:
                 await self.init_transactions()
             except BaseException:
                 closing = self._close_task(timeout=0)
-                while not closing.done():  # cancelled again meanwhile: still tear down first
-                    with contextlib.suppress(asyncio.CancelledError):
+                cancelled = False
+                while not closing.done():  # cancelled (again) meanwhile: still tear down first
+                    try:
                         await asyncio.wait({closing})
+                    except asyncio.CancelledError:
+                        cancelled = True
                 if not self._close_called:  # (also while it tore down: the producer stays closed)
                     self._renew()
+                if cancelled:
+                    raise asyncio.CancelledError()
                 raise
 
     async def __aenter__(self) -> "Producer":

@@ -197,23 +197,31 @@ async def test_a_failed_start_can_be_retried(proxied_broker, caplog):
         await producer.start()
 
 
-async def test_a_start_cancelled_again_as_it_tears_down_can_be_retried(proxied_broker):
-    """A transactional start() cancelled (its timeout fired, say) is cancelled again while it
-    tears down what it started (the service is told to stop meanwhile): the teardown is
-    not cut short, leaving the producer closed for good; it ends new, and starts later."""
+@pytest.mark.parametrize("first", ["cancelled", "refused"])
+async def test_a_start_cancelled_as_it_tears_down_can_be_retried(proxied_broker, first):
+    """A transactional start() that was cancelled (its timeout fired, say) or failed (its
+    transactional id refused) is cancelled (again) while it tears down what it started (the
+    service is told to stop meanwhile): it ends cancelled, as asked, and the teardown is not
+    cut short, leaving the producer closed for good; it ends new, and starts later."""
     cluster = proxied_broker
     cluster.create_topic("cancelled-twice", 1)
-    cluster.proxy.rewrite_responses(InitProducerIdResponse, refuse_producer_ids(14))  # loading
+    code = 14 if first == "cancelled" else 53  # the coordinator is loading; refused
+    cluster.proxy.rewrite_responses(InitProducerIdResponse, refuse_producer_ids(code))
     producer = Producer(cluster.bootstrap, transactional_id="cancelled-twice",
                         retry_backoff_max_ms=200)
     starting = asyncio.create_task(producer.start())
-    for _ in range(200):  # until the coordinator has said it is loading (at most 10 s)
-        if cluster.proxy.rewritten:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10
+    for _ in range(1_000_000):  # until it was asked (cancelled) or refused (at most 10 s)
+        if cluster.proxy.rewritten and first == "cancelled" or producer._closing is not None \
+                or loop.time() > deadline:
             break
-        await asyncio.sleep(0.05)
-    assert cluster.proxy.rewritten
-    starting.cancel()
-    await asyncio.sleep(0)  # the start begins to tear down
+        await asyncio.sleep(0)
+    if first == "cancelled":
+        assert cluster.proxy.rewritten
+        starting.cancel()
+        await asyncio.sleep(0)  # the start begins to tear down
+    assert producer._closing is not None and not starting.done()
     starting.cancel()
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(starting, 10)
