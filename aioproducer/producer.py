@@ -19,7 +19,7 @@ from ._internal.metrics import ProducerMetrics
 from ._internal.partitioner import StickyPartitioner, partition_for_key
 from ._internal.sender import Sender
 from ._internal.transactions import TransactionManager, TxnState
-from .client.cluster import Cluster, TopicInfo, _cancelling, retrieve_exception
+from .client.cluster import Cluster, TopicInfo, cancelling, retrieve_exception
 from .config import ProducerConfig
 from .errors import (
     ConfigError,
@@ -118,7 +118,7 @@ class Producer:
                 await asyncio.shield(started)  # (a transactional one is "started" meanwhile)
                 return
             except asyncio.CancelledError:
-                if not started.cancelled() or _cancelling():
+                if not started.cancelled() or cancelling():
                     raise
                 # Its own caller cancelled that start, leaving the producer new: start it here.
         if self._state != "new":
@@ -565,7 +565,7 @@ class Producer:
         try:
             await asyncio.shield(task)
         except asyncio.CancelledError:
-            if task.cancelled() and not _cancelling():  # by close(), not the caller
+            if task.cancelled() and not cancelling():  # by close(), not the caller
                 raise ProducerClosedError(
                     "the producer was closed while it initialized its transactions") from None
             raise

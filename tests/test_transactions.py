@@ -89,9 +89,13 @@ async def test_a_second_start_waits_for_init_transactions(broker, topic):
     transactional id returns when the producer can begin a transaction, not before."""
     producer = Producer(broker.bootstrap, transactional_id=_tid())
     first = asyncio.create_task(producer.start())
-    for _ in range(10_000):  # until the first start() is in init_transactions()
+    deadline = asyncio.get_running_loop().time() + 10
+    # Until the first start() is in init_transactions(): loop turns, not sleeps, so as not to
+    # miss that moment; bounded by time too, for a loaded machine's slow metadata.
+    for _ in range(10_000_000):
         await asyncio.sleep(0)
-        if producer._txn is not None and producer._txn.state is TxnState.INITIALIZING:
+        if producer._txn is not None and producer._txn.state is TxnState.INITIALIZING or \
+                asyncio.get_running_loop().time() > deadline:
             break
     assert producer._txn.state is TxnState.INITIALIZING
     await asyncio.wait_for(producer.start(), 10)

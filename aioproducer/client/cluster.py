@@ -338,7 +338,7 @@ class Cluster:
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
-            if task.cancelled() and not _cancelling():  # by close(), not the caller
+            if task.cancelled() and not cancelling():  # by close(), not the caller
                 raise ProducerClosedError("the producer was closed while it connected to "
                                           f"broker {node_id}") from None
             raise
@@ -404,7 +404,7 @@ class Cluster:
         self._connections.clear()
 
 
-def _cancelling() -> bool:
+def cancelling() -> bool:
     """Whether the current task was asked to stop."""
     task = asyncio.current_task()
     return task is not None and task.cancelling() > 0
