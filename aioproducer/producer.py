@@ -647,16 +647,20 @@ class Producer:
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator["Producer"]:
         """`async with producer.transaction():` commits when the block ends, aborts if it
-        raises (and re-raises)."""
+        raises (and re-raises). The block's exception, a cancellation say, always goes on up:
+        an abort that fails too is a note on it (the next transaction call says what state
+        that left)."""
         self.begin_transaction()
         try:
             yield self
-        except BaseException:
-            # Once close() began, the transaction is its to abort (not with timeout=0): the
-            # block's exception, a cancellation say, goes on up as it is.
+        except BaseException as exc:
+            # Once close() began, the transaction is its to abort (not with timeout=0).
             if self._closing is None and self._txn is not None and \
                     self._txn.state is not TxnState.FATAL_ERROR:
-                await self.abort_transaction()
+                try:
+                    await self.abort_transaction()
+                except Exception as abort_error:
+                    exc.add_note(f"aborting the transaction failed too: {abort_error!r}")
             raise
         await self.commit_transaction()
 

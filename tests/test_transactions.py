@@ -15,6 +15,7 @@ import pytest
 from kafka.protocol.producer import InitProducerIdResponse, ProduceResponse
 from kafka.protocol.producer.transaction import (
     AddPartitionsToTxnResponse,
+    EndTxnResponse,
     TxnOffsetCommitResponse,
 )
 
@@ -586,6 +587,29 @@ async def test_fatal_answers_of_the_coordinator_close_the_door(proxied_broker, c
         for call in (producer.abort_transaction, producer.commit_transaction):
             with pytest.raises(TransactionStateError, match="fatal error.*close it"):
                 await call()
+        with pytest.raises(TransactionStateError, match="fatal error.*close it"):
+            producer.begin_transaction()
+    assert cluster.proxy.rewritten == 1
+
+
+async def test_a_block_that_raises_keeps_its_exception_when_the_abort_fails(proxied_broker):
+    """The block of `transaction()` raised, and the abort it makes is then refused (EndTxn
+    answered TRANSACTIONAL_ID_AUTHORIZATION_FAILED, fatal): the user gets the block's own
+    exception, with the abort's failure as a note, not the abort's error in its place; the
+    next transaction call says the producer cannot go on."""
+    cluster = proxied_broker
+    cluster.create_topic("abort-refused", 1)
+
+    def refuse(response):
+        response.error_code = 53
+    cluster.proxy.rewrite_responses(EndTxnResponse, _once(refuse))
+    async with Producer(cluster.bootstrap, transactional_id=_tid()) as producer:
+        with pytest.raises(ValueError, match="the block's own error") as raised:
+            async with producer.transaction():
+                await producer.send("abort-refused", b"aborted")
+                raise ValueError("the block's own error")
+        assert any("aborting the transaction failed too: TransactionalIdAuthorization" in note
+                   for note in raised.value.__notes__)
         with pytest.raises(TransactionStateError, match="fatal error.*close it"):
             producer.begin_transaction()
     assert cluster.proxy.rewritten == 1
