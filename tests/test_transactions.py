@@ -175,6 +175,33 @@ async def test_a_cancelled_init_transactions_goes_on_and_a_second_call_waits_for
     assert batches[2].producer_epoch == batches[0].producer_epoch + 1
 
 
+async def test_init_transactions_that_ran_out_of_time_may_be_called_again(proxied_broker):
+    """init_transactions() called again while the coordinator keeps answering
+    COORDINATOR_LOAD_IN_PROGRESS (retriable) gives up after max_block_ms; as in the Java
+    client the producer is not fatal for it: a transaction must wait for an init that
+    succeeds, and calling init_transactions() again once the coordinator is back works."""
+    cluster = proxied_broker
+    cluster.create_topic("init-again", 1)
+    loading = [False]
+    refuse = refuse_producer_ids(14)
+    # (A rewrite applies to the connections made after it is set: set before start.)
+    cluster.proxy.rewrite_responses(InitProducerIdResponse,
+                                    lambda response: refuse(response) if loading[0] else None)
+    async with Producer(cluster.bootstrap, transactional_id=_tid(), max_block_ms=1000,
+                        retry_backoff_max_ms=200) as producer:
+        loading[0] = True
+        with pytest.raises(KafkaError, match="InitProducerId") as ran_out:
+            await asyncio.wait_for(producer.init_transactions(), 10)
+        assert ran_out.value.retriable
+        with pytest.raises(TransactionStateError, match=r"call init_transactions\(\)"):
+            producer.begin_transaction()
+        loading[0] = False
+        await asyncio.wait_for(producer.init_transactions(), 10)
+        async with producer.transaction():
+            await asyncio.wait_for(producer.send("init-again", b"after"), 10)
+    assert _markers(cluster.broker.bootstrap, "init-again", 0) == ["data", "COMMIT"]
+
+
 async def test_close_lets_a_commit_under_way_finish(proxied_broker):
     """close() while another task commits (a service shutting down mid-request): the commit
     ends, committed, instead of failing because close() took the connections away."""

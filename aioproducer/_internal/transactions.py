@@ -89,7 +89,7 @@ class TxnState(enum.Enum):
 
 _ALLOWED = {
     TxnState.UNINITIALIZED: {TxnState.INITIALIZING},
-    TxnState.INITIALIZING: {TxnState.READY},
+    TxnState.INITIALIZING: {TxnState.READY, TxnState.UNINITIALIZED},
     TxnState.READY: {TxnState.IN_TRANSACTION, TxnState.INITIALIZING},
     TxnState.IN_TRANSACTION: {TxnState.COMMITTING, TxnState.ABORTING, TxnState.ABORTABLE_ERROR},
     TxnState.COMMITTING: {TxnState.READY, TxnState.ABORTABLE_ERROR},
@@ -99,7 +99,7 @@ _ALLOWED = {
 }
 # What to do when a call does not fit the state (the README promises it is said).
 _WHAT_TO_DO = {
-    TxnState.UNINITIALIZED: "start the producer first (`await producer.start()`)",
+    TxnState.UNINITIALIZED: "call init_transactions() (or start()) first",
     TxnState.INITIALIZING: "wait for init_transactions() to finish",
     TxnState.READY: "no transaction is open: call begin_transaction() first",
     TxnState.IN_TRANSACTION: "a transaction is open: commit_transaction() or "
@@ -421,7 +421,10 @@ class TransactionManager:
                     "producer_epoch": -1,
                 }, "InitProducerId")
         except KafkaError as exc:
-            self.fatal(exc)
+            if exc.retriable:  # max_block_ms ran out: it may be called again, as in Java
+                self._transition(TxnState.UNINITIALIZED)
+            else:
+                self.fatal(exc)
             raise
         self._set_producer_id(response)
         self._needs_epoch_bump = False
