@@ -119,15 +119,19 @@ class ProducerConfig:
             low, high = _LEVELS.get(self.compression_type, (-131072, _MAX_INT))
             _check_int("compression_level", self.compression_level, low, high,
                        f" with compression_type={self.compression_type!r}")
-        if self.security_protocol not in _PROTOCOLS:
+        # Any case, as the Java client takes it (a properties file may say "ssl").
+        protocol = self.security_protocol.upper() if isinstance(self.security_protocol, str) \
+            else self.security_protocol
+        if protocol not in _PROTOCOLS:
             raise ConfigError(f"security_protocol must be one of {', '.join(_PROTOCOLS)}, not "
                               f"{self.security_protocol!r}")
-        if self.security_protocol.startswith("SASL"):
+        changes["security_protocol"] = protocol
+        if protocol.startswith("SASL"):
             if self.sasl_mechanism not in _SASL:
                 raise ConfigError(f"sasl_mechanism must be one of {', '.join(_SASL)}, not "
                                   f"{self.sasl_mechanism!r}")
             if not self.sasl_username or self.sasl_password is None:
-                raise ConfigError(f"security_protocol={self.security_protocol} needs "
+                raise ConfigError(f"security_protocol={protocol} needs "
                                   "sasl_username and sasl_password")
         if self.ssl_context is not None and not isinstance(self.ssl_context, ssl.SSLContext):
             raise ConfigError("ssl_context must be an ssl.SSLContext")

@@ -40,6 +40,21 @@ def test_from_properties_takes_kafka_names_and_strings():
         ProducerConfig.from_properties({"bootstrap.servers": "h:1", "linger.ms": "soon"})
 
 
+def test_security_protocol_takes_any_case_as_the_java_client_does():
+    """A properties file written for the Java client may say `security.protocol=ssl`."""
+    config = ProducerConfig.from_properties({
+        "bootstrap.servers": "h:9092", "security.protocol": "sasl_ssl",
+        "sasl.username": "u", "sasl.password": "p"})
+    assert config.security_protocol == "SASL_SSL"
+    plain = ProducerConfig.from_kwargs(bootstrap_servers="h:1", security_protocol="Plaintext")
+    assert plain.security_protocol == "PLAINTEXT"
+    with pytest.raises(ConfigError, match="SASL_PLAINTEXT needs sasl_username"):
+        ProducerConfig.from_kwargs(bootstrap_servers="h:1", security_protocol="sasl_plaintext")
+    for wrong in ("tls", 1):
+        with pytest.raises(ConfigError, match="security_protocol must be one of"):
+            ProducerConfig.from_kwargs(bootstrap_servers="h:1", security_protocol=wrong)
+
+
 def test_acks_takes_an_int_enum_but_not_a_float_or_bool():
     import enum
 
