@@ -21,6 +21,7 @@ import sys
 import time
 from typing import Any, AsyncGenerator, AsyncIterator, BinaryIO, Iterable, Sequence
 
+from ._version import __version__
 from .config import ProducerConfig
 from .errors import InvalidRecordError, KafkaError, RecordTooLargeError
 from .producer import Producer, RecordFuture
@@ -29,6 +30,7 @@ from .testing.broker import EmbeddedBrokerError
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="aioproducer", description=__doc__.split("\n")[0])
+    parser.add_argument("--version", action="version", version=f"aioproducer {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     broker = commands.add_parser("broker", help="run the embedded dev broker until Ctrl-C")

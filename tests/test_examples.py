@@ -84,6 +84,13 @@ def _cli(*args: str, stdin: str | bytes = "") -> subprocess.CompletedProcess:
                           capture_output=True, text=isinstance(stdin, str), timeout=60)
 
 
+def test_cli_version():
+    from aioproducer import __version__
+
+    done = _cli("--version")
+    assert (done.returncode, done.stdout) == (0, f"aioproducer {__version__}\n")
+
+
 def test_cli_produce_lines_and_json(broker, topic_factory, tmp_path):
     from tests.support.readback import consume_all
 
