@@ -27,6 +27,7 @@ from aioproducer.errors import (
     InvalidProducerEpochError,
     InvalidRecordError,
     InvalidTxnStateError,
+    KafkaConnectionError,
     KafkaError,
     ProducerClosedError,
     ProducerFencedError,
@@ -200,6 +201,21 @@ async def test_init_transactions_that_ran_out_of_time_may_be_called_again(proxie
         async with producer.transaction():
             await asyncio.wait_for(producer.send("init-again", b"after"), 10)
     assert _markers(cluster.broker.bootstrap, "init-again", 0) == ["data", "COMMIT"]
+
+
+async def test_init_transactions_ends_within_max_block_ms_while_reconnects_back_off(
+        proxied_broker):
+    """init_transactions() while the broker is down and the producer backs off long between
+    connection attempts (reconnect_backoff_ms=60 s): it gives up after max_block_ms with a
+    KafkaConnectionError, as promised, not at the end of a backoff a minute away."""
+    cluster = proxied_broker
+    async with Producer(cluster.bootstrap, transactional_id=_tid(), max_block_ms=1000,
+                        reconnect_backoff_ms=60_000, reconnect_backoff_max_ms=60_000,
+                        retry_backoff_max_ms=200) as producer:
+        cluster.proxy.refuse(True)
+        with pytest.raises(KafkaConnectionError):
+            await asyncio.wait_for(producer.init_transactions(), 10)
+    cluster.proxy.heal()
 
 
 async def test_close_lets_a_commit_under_way_finish(proxied_broker):

@@ -597,7 +597,7 @@ class TransactionManager:
             code = 0
             exc: KafkaError | None = None
             try:
-                conn = await self._coordinator(key_type, key)
+                conn = await self._coordinator(key_type, key, deadline)
                 response = await conn.request(api_key, body())
                 code = error_of(response)
             except KafkaError as error:
@@ -625,11 +625,11 @@ class TransactionManager:
             await self._cluster.pause(delay)  # (then, closed, _coordinator() raises)
             delay = min(delay * 2, config.retry_backoff_max_ms / 1000)
 
-    async def _coordinator(self, key_type: int, key: str) -> BrokerConnection:
+    async def _coordinator(self, key_type: int, key: str, deadline: float) -> BrokerConnection:
         node_id = self._coordinators.get((key_type, key))
         if node_id is not None:
             return await self._cluster.connection(node_id)
-        conn = await self._cluster.any_connection()
+        conn = await self._cluster.any_connection(deadline)
         version = conn.version_for(ApiKey.FIND_COORDINATOR)
         if version >= 4:
             response = await conn.request(ApiKey.FIND_COORDINATOR,

@@ -257,13 +257,16 @@ class Cluster:
                     conn.on_close = None  # ours to close: no broker was lost
                     conn.close()
 
-    async def any_connection(self) -> BrokerConnection:
-        """A connection to any broker: an open one if there is one, else the first that answers."""
+    async def any_connection(self, deadline: float = float("inf")) -> BrokerConnection:
+        """A connection to any broker: an open one if there is one, else the first that answers.
+        A wait for a reconnect backoff ends by `deadline` (loop time): a caller bound by
+        max_block_ms then gets the connection error in time."""
         candidates = list(self.brokers.values()) or list(self._bootstrap)
         if not self.open_connections():
             # Every one failed lately: wait for the first to be due, as the Java client's
             # leastLoadedNode does, not knock in a loop (retry_backoff_ms=0 is no backoff).
-            wait = min(self.backoff_remaining(broker.node_id) for broker in candidates)
+            wait = min(min(self.backoff_remaining(broker.node_id) for broker in candidates),
+                       deadline - self._loop.time())
             if wait > 0:
                 await self.pause(wait)  # (then, closed, connection() raises)
         for conn in self._connections.values():
