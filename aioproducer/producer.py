@@ -155,7 +155,8 @@ class Producer:
             await refresh
         except BaseException:
             await self._cluster.close()  # (then start() makes the producer new again)
-            if self._state != "starting" and refresh.cancelled():  # by close()
+            # By close(), not the caller (who may have cancelled too: then cancelled, as asked).
+            if self._state != "starting" and refresh.cancelled() and not cancelling():
                 raise ProducerClosedError("the producer was closed while it started") from None
             raise
         if self._state != "starting":  # close() came as the metadata did

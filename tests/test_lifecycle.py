@@ -167,6 +167,28 @@ async def test_close_while_starting(proxied_broker):
     cluster.proxy.stall(False)
 
 
+async def test_a_start_cancelled_as_close_is_called_ends_cancelled(proxied_broker):
+    """A service told to stop while its producer starts: close() is called and the task
+    running start() cancelled in the same moment. The task ends cancelled, as
+    asyncio.timeout() and TaskGroup rely on, not with a ProducerClosedError it never asked
+    for; the producer ends closed."""
+    cluster = proxied_broker
+    cluster.proxy.stall(True)  # start() waits for the first metadata
+    producer = Producer(cluster.bootstrap, request_timeout_ms=20_000)
+    starting = asyncio.create_task(producer.start())
+    await asyncio.sleep(0.3)
+    assert not starting.done()
+    closing = asyncio.create_task(producer.close())
+    await asyncio.sleep(0)  # close() began
+    starting.cancel()
+    await asyncio.wait_for(closing, 10)
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(starting, 5)
+    with pytest.raises(ProducerClosedError, match="closed; create a new one"):
+        await producer.start()
+    cluster.proxy.stall(False)
+
+
 async def test_a_failed_start_can_be_retried(proxied_broker, caplog):
     """A service whose broker is down when it starts: start() fails once, with the
     exception alone (no warning logged besides), and the same producer starts when the
