@@ -94,7 +94,9 @@ class Producer:
         self._sender: Sender | None = None
         self._sender_task: asyncio.Task[None] | None = None
         self._txn: TransactionManager | None = None
-        self._state = "new"  # new -> starting -> started (-> failed) -> closing -> closed
+        # new -> starting -> started (-> failed) -> closing -> closed; a start that fails or
+        # is cancelled goes back to new (a transactional one from started, once torn down).
+        self._state = "new"
         self._failure: BaseException | None = None
         self._closing: asyncio.Task[None] | None = None
         self._close_called = False  # by the user (a failed start closes what it started too)
