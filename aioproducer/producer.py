@@ -271,7 +271,7 @@ class Producer:
         self._state = "closed"
 
     def _sender_done(self, task: asyncio.Task[None]) -> None:
-        if task.cancelled():
+        if task.cancelled() or task is not self._sender_task:  # (that of a start torn down)
             return
         exc = task.exception()
         if exc is not None:
@@ -564,7 +564,7 @@ class Producer:
         may have given us a new epoch already): call it again to wait for its outcome."""
         txn = self._transaction_manager()
         self._check_loop()
-        task = txn.initialize()
+        task = txn.init_transactions_task()
         try:
             await asyncio.shield(task)
         except asyncio.CancelledError:

@@ -399,12 +399,14 @@ class TransactionManager:
         else:
             self.abortable(exc)
 
-    def initialize(self) -> asyncio.Task[None]:
+    def init_transactions_task(self) -> asyncio.Task[None]:
         """init_transactions() in a task of its own, which goes on when its caller is
-        cancelled (close() stops it), or the one under way."""
+        cancelled (close() stops it), or the one under way. A state that forbids it is
+        said now, to the caller."""
         if self._init_task is None or self._init_task.done():
+            self._transition(TxnState.INITIALIZING)
             self._init_task = asyncio.get_running_loop().create_task(
-                self.init_transactions(),
+                self._init_producer_id(),
                 name=f"aioproducer-init-transactions-{self._config.client_id}")
             self._init_task.add_done_callback(retrieve_exception)
         return self._init_task
@@ -412,6 +414,9 @@ class TransactionManager:
     async def init_transactions(self) -> None:
         """Get the producer id and epoch for our transactional id (fencing older producers)."""
         self._transition(TxnState.INITIALIZING)
+        await self._init_producer_id()
+
+    async def _init_producer_id(self) -> None:
         try:
             response = await self._coordinator_request(
                 _TRANSACTION, ApiKey.INIT_PRODUCER_ID, lambda: {

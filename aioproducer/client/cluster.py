@@ -261,17 +261,17 @@ class Cluster:
         """A connection to any broker: an open one if there is one, else the first that answers.
         A wait for a reconnect backoff ends by `deadline` (loop time): a caller bound by
         max_block_ms then gets the connection error in time."""
-        candidates = list(self.brokers.values()) or list(self._bootstrap)
         if not self.open_connections():
             # Every one failed lately: wait for the first to be due, as the Java client's
             # leastLoadedNode does, not knock in a loop (retry_backoff_ms=0 is no backoff).
-            wait = min(min(self.backoff_remaining(broker.node_id) for broker in candidates),
-                       deadline - self._loop.time())
+            due = min(self.backoff_remaining(broker.node_id) for broker in self._candidates())
+            wait = min(due, deadline - self._loop.time())
             if wait > 0:
                 await self.pause(wait)  # (then, closed, connection() raises)
         for conn in self._connections.values():
             if not conn.closed:
                 return conn
+        candidates = self._candidates()  # (as they are after the wait)
         random.shuffle(candidates)
         # Those that failed lately (a silent one costs a connect timeout) last, as the Java
         # client's leastLoadedNode does.
@@ -292,6 +292,9 @@ class Cluster:
             # Every known broker failed: start over from the bootstrap list next time.
             self.brokers = {}
         raise KafkaConnectionError("no broker reachable: " + "; ".join(errors))
+
+    def _candidates(self) -> list[Broker]:
+        return list(self.brokers.values()) or list(self._bootstrap)
 
     # -- connections -----------------------------------------------------------------------
 
