@@ -35,6 +35,18 @@ async def _tasks_left(wait: float = 2.0) -> list[str]:
         await asyncio.sleep(0.01)
 
 
+async def _works_and_closes_clean(producer: Producer, cluster, topic: str) -> None:
+    """A record sent after whatever the test did arrives once, and close() leaves nothing
+    running."""
+    try:
+        metadata = await asyncio.wait_for(producer.send(topic, b"v"), 10)
+    finally:
+        await asyncio.wait_for(producer.close(), 10)
+    assert not await _tasks_left(), "still running after close()"
+    got = consume_all(cluster.broker.bootstrap, topic, expected=1)
+    assert [(r.offset, r.value) for r in got] == [(metadata.offset, b"v")]
+
+
 async def test_cancelled_sends_leave_the_producer_healthy(broker, topic_factory):
     topic = topic_factory(3)
     rng = random.Random(5)
@@ -152,13 +164,19 @@ async def test_close_ends_a_wait_for_metadata_with_producer_closed(proxied_broke
     cluster.proxy.stall(False)
 
 
-async def test_close_while_starting(proxied_broker):
-    cluster = proxied_broker
-    cluster.proxy.stall(True)  # start() waits for the first metadata
+async def _start_stalled(cluster) -> tuple[Producer, asyncio.Task[None]]:
+    """A producer whose start() waits for its first metadata (the broker is stalled)."""
+    cluster.proxy.stall(True)
     producer = Producer(cluster.bootstrap, request_timeout_ms=20_000)
     starting = asyncio.create_task(producer.start())
     await asyncio.sleep(0.3)
     assert not starting.done()
+    return producer, starting
+
+
+async def test_close_while_starting(proxied_broker):
+    cluster = proxied_broker
+    producer, starting = await _start_stalled(cluster)
     await asyncio.wait_for(producer.close(), 10)
     with pytest.raises(ProducerClosedError, match="closed while it started"):
         await asyncio.wait_for(starting, 5)
@@ -173,11 +191,7 @@ async def test_a_start_cancelled_as_close_is_called_ends_cancelled(proxied_broke
     asyncio.timeout() and TaskGroup rely on, not with a ProducerClosedError it never asked
     for; the producer ends closed."""
     cluster = proxied_broker
-    cluster.proxy.stall(True)  # start() waits for the first metadata
-    producer = Producer(cluster.bootstrap, request_timeout_ms=20_000)
-    starting = asyncio.create_task(producer.start())
-    await asyncio.sleep(0.3)
-    assert not starting.done()
+    producer, starting = await _start_stalled(cluster)
     closing = asyncio.create_task(producer.close())
     await asyncio.sleep(0)  # close() began
     starting.cancel()
@@ -208,13 +222,7 @@ async def test_a_failed_start_can_be_retried(proxied_broker, caplog):
         await asyncio.wait_for(producer.start(), 0.5)
     cluster.proxy.heal()
     await asyncio.wait_for(producer.start(), 10)
-    try:
-        metadata = await asyncio.wait_for(producer.send("second-start", b"v"), 10)
-    finally:
-        await asyncio.wait_for(producer.close(), 10)
-    assert not await _tasks_left(), "still running after close()"
-    got = consume_all(cluster.bootstrap, "second-start", expected=1)
-    assert [(r.offset, r.value) for r in got] == [(metadata.offset, b"v")]
+    await _works_and_closes_clean(producer, cluster, "second-start")
     with pytest.raises(ProducerClosedError, match="closed; create a new one"):
         await producer.start()
 
@@ -342,13 +350,7 @@ async def test_a_start_waiting_for_one_whose_caller_gave_up_starts_the_producer(
         await asyncio.wait_for(first, 10)
     cluster.proxy.heal()
     await asyncio.wait_for(second, 10)
-    try:
-        metadata = await asyncio.wait_for(producer.send("second-starter", b"v"), 10)
-    finally:
-        await asyncio.wait_for(producer.close(), 10)
-    assert not await _tasks_left(), "still running after close()"
-    got = consume_all(cluster.bootstrap, "second-starter", expected=1)
-    assert [(r.offset, r.value) for r in got] == [(metadata.offset, b"v")]
+    await _works_and_closes_clean(producer, cluster, "second-starter")
 
 
 async def test_close_stops_an_idempotent_producer_waiting_for_its_producer_id(proxied_broker):
