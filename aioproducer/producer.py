@@ -600,6 +600,9 @@ class Producer:
         txn = self._transaction_manager()
         self._check_loop()  # before the state changes: on another loop it could never end
         if self._ending is None or self._ending[1].done() or self._ending[0] != commit:
+            if commit and self._closing is not None:  # (close() aborts what is left open)
+                raise ProducerClosedError("the producer is closing: a transaction left open "
+                                          "is aborted; commit before close()")
             txn.start_commit_or_abort(commit)  # refuses what the state does not allow
             task = asyncio.get_running_loop().create_task(
                 self._commit(txn) if commit else self._abort(txn),

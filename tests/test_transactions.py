@@ -218,6 +218,31 @@ async def test_init_transactions_ends_within_max_block_ms_while_reconnects_back_
     cluster.proxy.heal()
 
 
+async def test_a_commit_asked_once_close_began_says_the_producer_is_closing(proxied_broker):
+    """commit_transaction() called after close() began aborting the open transaction (a
+    handler racing the shutdown): ProducerClosedError saying why, not "an abort is under
+    way" for an abort the caller never asked for; close() then ends, aborted."""
+    cluster = proxied_broker
+    cluster.create_topic("late-commit", 1)
+    producer = Producer(cluster.bootstrap, transactional_id=_tid(), linger_ms=0,
+                        request_timeout_ms=10_000)
+    await producer.start()
+    producer.begin_transaction()
+    await asyncio.wait_for(producer.send("late-commit", b"open"), 10)
+    cluster.proxy.stall(True)  # close()'s abort waits for its EndTxn
+    closing = asyncio.create_task(producer.close())
+    for _ in range(100):  # until close() is aborting (at most 5 s)
+        if producer._txn.state is TxnState.ABORTING:
+            break
+        await asyncio.sleep(0.05)
+    assert producer._txn.state is TxnState.ABORTING
+    with pytest.raises(ProducerClosedError, match="closing.*commit before close"):
+        await producer.commit_transaction()
+    cluster.proxy.heal()
+    await asyncio.wait_for(closing, 10)
+    assert _markers(cluster.broker.bootstrap, "late-commit", 0) == ["data", "ABORT"]
+
+
 async def test_close_lets_a_commit_under_way_finish(proxied_broker):
     """close() while another task commits (a service shutting down mid-request): the commit
     ends, committed, instead of failing because close() took the connections away."""
