@@ -60,6 +60,8 @@ class FaultProxy:
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(2)
+            if not self._thread.is_alive():
+                self._loop.close()
 
     def __enter__(self) -> "FaultProxy":
         return self.start()
