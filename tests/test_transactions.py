@@ -218,17 +218,24 @@ async def test_init_transactions_ends_within_max_block_ms_while_reconnects_back_
     cluster.proxy.heal()
 
 
+async def _open_transaction(cluster, topic: str, value: bytes) -> Producer:
+    """A started transactional producer (linger 0) with a transaction open and `value`
+    acknowledged in it, on a new one-partition `topic`."""
+    cluster.create_topic(topic, 1)
+    producer = Producer(cluster.bootstrap, transactional_id=_tid(), linger_ms=0,
+                        request_timeout_ms=10_000)
+    await producer.start()
+    producer.begin_transaction()
+    await asyncio.wait_for(producer.send(topic, value), 10)
+    return producer
+
+
 async def test_a_commit_asked_once_close_began_says_the_producer_is_closing(proxied_broker):
     """commit_transaction() called after close() began aborting the open transaction (a
     handler racing the shutdown): ProducerClosedError saying why, not "an abort is under
     way" for an abort the caller never asked for; close() then ends, aborted."""
     cluster = proxied_broker
-    cluster.create_topic("late-commit", 1)
-    producer = Producer(cluster.bootstrap, transactional_id=_tid(), linger_ms=0,
-                        request_timeout_ms=10_000)
-    await producer.start()
-    producer.begin_transaction()
-    await asyncio.wait_for(producer.send("late-commit", b"open"), 10)
+    producer = await _open_transaction(cluster, "late-commit", b"open")
     cluster.proxy.stall(True)  # close()'s abort waits for its EndTxn
     closing = asyncio.create_task(producer.close())
     for _ in range(100):  # until close() is aborting (at most 5 s)
@@ -247,12 +254,7 @@ async def test_close_lets_a_commit_under_way_finish(proxied_broker):
     """close() while another task commits (a service shutting down mid-request): the commit
     ends, committed, instead of failing because close() took the connections away."""
     cluster = proxied_broker
-    cluster.create_topic("closing-commit", 1)
-    producer = Producer(cluster.bootstrap, transactional_id=_tid(), linger_ms=0,
-                        request_timeout_ms=10_000)
-    await producer.start()
-    producer.begin_transaction()
-    await producer.send("closing-commit", b"a")
+    producer = await _open_transaction(cluster, "closing-commit", b"a")
     cluster.proxy.stall(True)
     await producer.enqueue("closing-commit", b"b")
     committing = asyncio.create_task(producer.commit_transaction())
