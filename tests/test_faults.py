@@ -516,6 +516,36 @@ async def test_errors_that_say_the_leader_may_have_moved_refresh_metadata(proxie
     assert [r.value for r in got] == [b"warm-up", b"v"]
 
 
+async def test_thousands_of_retries_without_backoff_end_in_a_delivery_timeout(proxied_broker):
+    """retry_backoff_ms=0 and a broker that keeps answering a retriable error at once: the
+    batch is retried more than 1,024 times before delivery_timeout_ms, and then fails with
+    DeliveryTimeoutError; the producer goes on (2 ** attempts as a float overflowed there,
+    and the sender task died)."""
+    cluster = proxied_broker
+    cluster.create_topic("no-backoff", 1)
+    armed = []
+
+    def time_out(response):
+        if not armed:
+            return None
+        for topic in response.responses:
+            for partition in topic.partition_responses:
+                partition.error_code, partition.base_offset = 7, -1  # REQUEST_TIMED_OUT
+        return response
+    cluster.proxy.rewrite_responses(ProduceResponse, time_out)
+    async with Producer(cluster.bootstrap, linger_ms=0, enable_idempotence=False, acks=1,
+                        retry_backoff_ms=0, retry_backoff_max_ms=0, request_timeout_ms=2000,
+                        delivery_timeout_ms=10_000) as producer:
+        await asyncio.wait_for(producer.send("no-backoff", b"before"), 10)
+        armed.append(True)
+        with pytest.raises(DeliveryTimeoutError):
+            await asyncio.wait_for(producer.send("no-backoff", b"retried"), 20)
+        assert producer.metrics().retries > 1024
+        armed.clear()
+        after = await asyncio.wait_for(producer.send("no-backoff", b"after"), 10)
+    assert after.offset > 0
+
+
 async def test_a_leader_missing_from_the_brokers_listed_is_looked_up_again(proxied_broker):
     """A metadata answer names a partition leader it does not list among the brokers (a
     broker caught mid-change): the producer cannot connect to it, so it asks again, as for

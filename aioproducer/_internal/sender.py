@@ -25,11 +25,11 @@ from __future__ import annotations
 import asyncio
 import heapq
 import logging
-import random
 import time
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from ..client.cluster import exponential_backoff
 from ..errors import (
     DuplicateSequenceNumberError,
     KafkaConnectionError,
@@ -365,8 +365,8 @@ class Sender:
             self._fail(batch, delivery_timeout_error(
                 batch, self._config.delivery_timeout_ms, "still failing when retries ran out of time"))
             return
-        backoff = min(self._retry_backoff * 2 ** batch.attempts, self._retry_backoff_max)
-        self._accumulator.reenqueue(batch, now + backoff * random.uniform(0.8, 1.2))
+        self._accumulator.reenqueue(batch, now + exponential_backoff(
+            self._retry_backoff, batch.attempts, self._retry_backoff_max))
         self.retries += 1
 
     def _complete(self, batch: ProducerBatch, base_offset: int, log_append_time: int) -> None:

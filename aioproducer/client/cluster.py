@@ -363,10 +363,10 @@ class Cluster:
                 ssl_context=self._ssl_context, sasl=sasl)
         except KafkaError:
             backoff = self._backoff.setdefault(broker.node_id, _Backoff())
-            base = config.reconnect_backoff_ms / 1000 * 2 ** min(backoff.failures, 16)
-            delay = min(base, config.reconnect_backoff_max_ms / 1000)
+            delay = exponential_backoff(config.reconnect_backoff_ms / 1000, backoff.failures,
+                                        config.reconnect_backoff_max_ms / 1000)
             backoff.failures += 1
-            backoff.not_before = self._loop.time() + delay * random.uniform(0.8, 1.2)
+            backoff.not_before = self._loop.time() + delay
             self._loop.call_later(delay, self._on_change)
             raise
         finally:
@@ -386,10 +386,9 @@ class Cluster:
         it up to the _max_ms, not request_timeout_ms each time."""
         config = self._config
         backoff = self._backoff.get(node_id)
-        failures = backoff.failures if backoff is not None else 0
-        timeout = min(config.socket_connection_setup_timeout_ms * 2 ** min(failures, 16),
-                      config.socket_connection_setup_timeout_max_ms)
-        return timeout / 1000 * random.uniform(0.8, 1.2)
+        return exponential_backoff(config.socket_connection_setup_timeout_ms / 1000,
+                                   backoff.failures if backoff is not None else 0,
+                                   config.socket_connection_setup_timeout_max_ms / 1000)
 
     def _connection_closed(self, conn: BrokerConnection, exc: KafkaError) -> None:
         if self._connections.get(conn.node_id) is conn:
@@ -408,6 +407,13 @@ class Cluster:
         for conn in list(self._connections.values()):
             conn.close()
         self._connections.clear()
+
+
+def exponential_backoff(base: float, failures: int, cap: float) -> float:
+    """`base` doubled per failure so far, at most `cap`, with the Java client's ±20% jitter
+    (so clients that failed together do not retry together). Any count of failures: a
+    float times 2 ** 1024 would overflow."""
+    return min(base * 2 ** min(failures, 32), cap) * random.uniform(0.8, 1.2)
 
 
 def cancelling() -> bool:
