@@ -19,7 +19,7 @@ from ._internal.metrics import ProducerMetrics
 from ._internal.partitioner import StickyPartitioner, partition_for_key
 from ._internal.sender import Sender
 from ._internal.transactions import TransactionManager, TxnState
-from .client.cluster import Cluster, TopicInfo, cancelling, retrieve_exception
+from .client.cluster import Cluster, TopicInfo, cancelling, retrieve_exception, shielded
 from .config import ProducerConfig
 from .errors import (
     ConfigError,
@@ -564,14 +564,8 @@ class Producer:
         may have given us a new epoch already): call it again to wait for its outcome."""
         txn = self._transaction_manager()
         self._check_loop()
-        task = txn.init_transactions_task()
-        try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError:
-            if task.cancelled() and not cancelling():  # by close(), not the caller
-                raise ProducerClosedError(
-                    "the producer was closed while it initialized its transactions") from None
-            raise
+        await shielded(txn.init_transactions_task(),
+                       "the producer was closed while it initialized its transactions")
 
     def begin_transaction(self) -> None:
         """Start a transaction: records sent until commit or abort are in it."""

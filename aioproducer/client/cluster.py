@@ -14,7 +14,7 @@ import asyncio
 import logging
 import random
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable, Iterable, TypeVar
 
 from ..config import ProducerConfig, ssl_context_for
 from ..errors import (
@@ -32,6 +32,7 @@ from ..protocol.sasl import mechanism as sasl_mechanism
 from .connection import BrokerConnection
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _NO_ERROR = 0
 # Errors that make a topic unusable at once, however long we wait.
@@ -86,8 +87,7 @@ class Cluster:
         # retry_backoff_max_ms (KIP-580), so an outage is not knocked on 10 times a second.
         self._refresh_backoff = config.retry_backoff_ms / 1000
         self._stale = True
-        self._closed = False
-        self._closed_future: asyncio.Future[None] = self._loop.create_future()  # done at close()
+        self._closed: asyncio.Future[None] = self._loop.create_future()  # done at close()
         self._ssl_context = ssl_context_for(config)
         # Bootstrap servers get negative ids, as in the Java client, until metadata names them.
         self._bootstrap = [Broker(-1 - i, host, port)
@@ -170,7 +170,7 @@ class Cluster:
         last_error: BaseException | None = None
         answered = False  # whether a fetch got the cluster's answer
         while True:
-            if self._closed:
+            if self.closed:
                 raise ProducerClosedError(
                     f"the producer was closed while it fetched metadata for topic {topic!r}")
             refresh = self.refresh()
@@ -303,7 +303,7 @@ class Cluster:
         conn = self._connections.get(node_id)
         if conn is not None and not conn.closed:
             return conn
-        if node_id not in self._connecting and not self._closed:
+        if node_id not in self._connecting and not self.closed:
             backoff = self._backoff.get(node_id)
             if backoff is None or backoff.not_before <= self._loop.time():
                 task = self._loop.create_task(self.connection(node_id),
@@ -313,11 +313,11 @@ class Cluster:
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self._closed.done()
 
     async def pause(self, seconds: float) -> None:
         """Wait `seconds` between retries, or less: until close()."""
-        await asyncio.wait({self._closed_future}, timeout=seconds)
+        await asyncio.wait({self._closed}, timeout=seconds)
 
     def open_connections(self) -> list[BrokerConnection]:
         return [conn for conn in self._connections.values() if not conn.closed]
@@ -331,7 +331,7 @@ class Cluster:
         conn = self._connections.get(node_id)
         if conn is not None and not conn.closed:
             return conn
-        if self._closed:
+        if self.closed:
             raise ProducerClosedError("the producer is closed")
         task = self._connecting.get(node_id)
         if task is None:
@@ -341,13 +341,8 @@ class Cluster:
             task = self._loop.create_task(self._open(target),
                                           name=f"aioproducer-open-{target.node_id}")
             self._connecting[node_id] = task
-        try:
-            return await asyncio.shield(task)
-        except asyncio.CancelledError:
-            if task.cancelled() and not cancelling():  # by close(), not the caller
-                raise ProducerClosedError("the producer was closed while it connected to "
-                                          f"broker {node_id}") from None
-            raise
+        return await shielded(task, f"the producer was closed while it connected to broker "
+                                    f"{node_id}")
 
     async def _open(self, broker: Broker) -> BrokerConnection:
         config = self._config
@@ -371,7 +366,7 @@ class Cluster:
             raise
         finally:
             self._connecting.pop(broker.node_id, None)
-        if self._closed:
+        if self.closed:
             conn.close()
             raise ProducerClosedError("the producer is closed")
         self._backoff.pop(broker.node_id, None)
@@ -393,15 +388,14 @@ class Cluster:
     def _connection_closed(self, conn: BrokerConnection, exc: KafkaError) -> None:
         if self._connections.get(conn.node_id) is conn:
             del self._connections[conn.node_id]
-        if not self._closed:
+        if not self.closed:
             log.info("%r closed: %s", conn, exc)
             self._stale = True  # leaders may have moved
             self._on_change()
 
     async def close(self) -> None:
-        self._closed = True
-        if not self._closed_future.done():
-            self._closed_future.set_result(None)
+        if not self._closed.done():
+            self._closed.set_result(None)
         for task in list(self._connecting.values()) + ([self._refresh] if self._refresh else []):
             task.cancel()
         for conn in list(self._connections.values()):
@@ -414,6 +408,18 @@ def exponential_backoff(base: float, failures: int, cap: float) -> float:
     (so clients that failed together do not retry together). Any count of failures: a
     float times 2 ** 1024 would overflow."""
     return min(base * 2 ** min(failures, 32), cap) * random.uniform(0.8, 1.2)
+
+
+async def shielded(task: asyncio.Task[T], closed: str) -> T:
+    """Await a task that outlives its caller's cancellation. Cancelled by close(), not by the
+    caller, it raises ProducerClosedError(`closed`) rather than a CancelledError nobody
+    asked for."""
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        if task.cancelled() and not cancelling():
+            raise ProducerClosedError(closed) from None
+        raise
 
 
 def cancelling() -> bool:
