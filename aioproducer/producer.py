@@ -13,7 +13,7 @@ from threading import get_ident
 from typing import Any, AsyncIterator, Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 
 from ._internal.accumulator import RecordAccumulator
-from ._internal.batch import BulkFuture, ProducerBatch, RecordFuture, RecordMetadata
+from ._internal.batch import BulkFuture, ProducerBatch, RecordFuture, RecordMetadata, Sending
 from ._internal.buffer_pool import BufferPool
 from ._internal.metrics import ProducerMetrics
 from ._internal.partitioner import StickyPartitioner, partition_for_key
@@ -244,7 +244,7 @@ class Producer:
         self._state = "closing"
         accumulator, sender = self._accumulator, self._sender
         assert accumulator is not None and sender is not None and self._cluster is not None
-        accumulator.closing = True
+        accumulator.begin_closing()
         sender.running = False
         sender.wake()
         pending = [b.future for b in accumulator.incomplete]
@@ -297,18 +297,35 @@ class Producer:
 
     # -- producing -------------------------------------------------------------------------
 
-    async def send(self, topic: str, value: Any, key: Any = None, *, partition: int | None = None,
-                   timestamp_ms: int | None = None,
-                   headers: Headers | None = None) -> RecordMetadata:
-        """Produce one record and return its metadata once the broker acknowledged it.
+    def send(self, topic: str, value: Any, key: Any = None, *, partition: int | None = None,
+             timestamp_ms: int | None = None,
+             headers: Headers | None = None) -> Coroutine[Any, Any, RecordMetadata]:
+        """Produce one record: awaited, returns its metadata once the broker acknowledged it.
+
+        The call itself buffers the record when that needs no wait (a new batch's memory is
+        free, the topic's metadata known), so `asyncio.gather(*(producer.send(...) ...))`
+        makes no Task per record: what it returns is then a future to asyncio, and a
+        coroutine to `create_task()` and TaskGroups. Otherwise, and when called outside the
+        producer's running loop (`loop.run_until_complete(producer.send(...))`), it is a
+        coroutine that buffers the record when awaited. Bad arguments raise from the call.
 
         Cancelled after the record was buffered, it is still sent: only the wait ends."""
-        appended = self._append(topic, value, key, partition, timestamp_ms, headers)
-        batch, offset_delta, timestamp_ms = \
-            appended if isinstance(appended, tuple) else await appended
-        if not batch.future.done():
-            await batch.waiter()
-        return batch.metadata(offset_delta, timestamp_ms)
+        if get_ident() != self._thread or not self._loop_running():
+            return self._send_when_awaited(topic, value, key, partition, timestamp_ms, headers)
+        appended = self._append(topic, value, key, partition, timestamp_ms, headers, True)
+        if isinstance(appended, tuple):
+            return Sending(*appended)
+        return self._send_appended(appended)
+
+    async def _send_when_awaited(self, topic: str, value: Any, key: Any,
+                                 partition: int | None, timestamp_ms: int | None,
+                                 headers: Headers | None) -> RecordMetadata:
+        appended = self._append(topic, value, key, partition, timestamp_ms, headers, True)
+        return await RecordFuture(*(appended if isinstance(appended, tuple) else await appended))
+
+    @staticmethod
+    async def _send_appended(appending: Coroutine[Any, Any, Appended]) -> RecordMetadata:
+        return await RecordFuture(*await appending)
 
     async def enqueue(self, topic: str, value: Any, key: Any = None, *,
                       partition: int | None = None, timestamp_ms: int | None = None,
@@ -319,18 +336,17 @@ class Producer:
         when `buffer_memory` is full (both at most `max_block_ms`). Errors in the arguments
         raise here; delivery errors are raised by the returned future.
         """
-        appended = self._append(topic, value, key, partition, timestamp_ms, headers)
-        batch, offset_delta, timestamp_ms = \
-            appended if isinstance(appended, tuple) else await appended
-        return RecordFuture(batch, offset_delta, timestamp_ms)
+        appended = self._append(topic, value, key, partition, timestamp_ms, headers, False)
+        return RecordFuture(*(appended if isinstance(appended, tuple) else await appended))
 
     def _append(self, topic: str, value: Any, key: Any, partition: int | None,
-                timestamp_ms: int | None, headers: Headers | None
+                timestamp_ms: int | None, headers: Headers | None, eager: bool
                 ) -> Appended | Coroutine[Any, Any, Appended]:
         """send() and enqueue() up to their waiting: (batch, offset delta, timestamp) of the
-        appended record, or, when the topic's metadata or a new batch is needed, a coroutine
-        that returns them. A plain call in the common case: a coroutine per record (and a
-        handle per record, in send) were a tenth of a send's cost with 1,000 tasks sending."""
+        appended record, or, when the topic's metadata or (unless `eager`) a new batch is
+        needed, a coroutine that returns them. A plain call in the common case: a coroutine
+        per record (and a handle per record, in send) were a tenth of a send's cost with
+        1,000 tasks sending."""
         if self._state != "started":
             self._raise_not_started()
         if get_ident() != self._thread or not self._loop_running():
@@ -341,7 +357,8 @@ class Producer:
             topic = _topic_str(topic)
         info = self._cluster.topics.get(topic)  # type: ignore[union-attr]
         if info is None or not info.leaders:
-            return self._append_when_known(topic, value, key, partition, timestamp_ms, headers)
+            return self._append_when_known(topic, value, key, partition, timestamp_ms, headers,
+                                           eager)
         # The common case, bytes and no serializers, costs one test: this is per record.
         if self._serializing or (value is not None and type(value) is not bytes) or \
                 (key is not None and type(key) is not bytes):
@@ -364,26 +381,27 @@ class Producer:
         batch = self._accumulator.try_append(  # type: ignore[union-attr]
             topic, partition, timestamp_ms, key, value, encoded_headers)
         if batch is None:
-            return self._append_slow(topic, partition, sticky, count, timestamp_ms,
-                                     key, value, encoded_headers)
+            return self._append_new(topic, partition, sticky, count, timestamp_ms,
+                                    key, value, encoded_headers, eager)
         return batch, batch.writer.count - 1, timestamp_ms
 
     async def _append_when_known(self, topic: str, value: Any, key: Any,
                                  partition: int | None, timestamp_ms: int | None,
-                                 headers: Headers | None) -> Appended:
+                                 headers: Headers | None, eager: bool) -> Appended:
         """_append() for a topic without metadata yet: fetch it first (as the Java client
         does, so the record is serialized once, with the topic known), then append."""
         self._check_loop()
         await self._partition_count(topic)
         # Nothing ran since the metadata arrived: this time _append finds the topic.
-        appended = self._append(topic, value, key, partition, timestamp_ms, headers)
+        appended = self._append(topic, value, key, partition, timestamp_ms, headers, eager)
         return appended if isinstance(appended, tuple) else await appended
 
-    async def _append_slow(self, topic: str, partition: int, sticky: bool, count: int,
-                           timestamp_ms: int, key: bytes | None, value: bytes | None,
-                           headers: bytes | None) -> Appended:
-        """The record needs a new batch: check its size, move a sticky partition on, and
-        wait for buffer memory if it must."""
+    def _append_new(self, topic: str, partition: int, sticky: bool, count: int,
+                    timestamp_ms: int, key: bytes | None, value: bytes | None,
+                    headers: bytes | None, eager: bool) -> Appended | Coroutine[Any, Any, Appended]:
+        """The record needs a new batch: check its size, close the partition's full batch,
+        move a sticky partition on (KIP-480). Then, if `eager` and the memory is free, append
+        now; else return a coroutine that does it."""
         self._check_loop()
         accumulator = self._accumulator
         assert accumulator is not None and self._cluster is not None
@@ -397,23 +415,50 @@ class Producer:
         if size > self.config.buffer_memory:
             raise RecordTooLargeError(
                 f"a record of {size} bytes is larger than buffer_memory={self.config.buffer_memory}")
-        look_again = False  # whether a batch with room may be open after all
-        if accumulator.close_for_appends(topic, partition):
-            # Let the sender ship the full batch now, so a loop that never waits keeps the
-            # broker busy instead of filling buffer_memory first. Yielding before appending
-            # keeps enqueue() all or nothing: cancelled here, it has buffered nothing.
-            await asyncio.sleep(0)
-            look_again = True  # others ran meanwhile
+        closed = accumulator.close_for_appends(topic, partition)
         if sticky:
-            # The sticky partition's batch is full: move on to another partition (KIP-480).
             self._partitioner.on_new_batch(topic, count, partition)
             partition = self._partitioner.partition(topic, count)
-            look_again = True
-        batch = accumulator.try_append(topic, partition, timestamp_ms, key, value, headers) \
-            if look_again else None
-        if batch is None:
-            batch = await accumulator.append_in_new_batch(
-                topic, partition, timestamp_ms, key, value, headers, size, count, self._max_block)
+        if eager:
+            # The new sticky partition may have a batch with room; a keyed one has none now.
+            batch = accumulator.try_append(topic, partition, timestamp_ms, key, value,
+                                           headers) if sticky else None
+            if batch is None and accumulator.reserve_now(size):
+                batch = accumulator.open_batch(topic, partition, timestamp_ms, key, value,
+                                               headers, size, count)
+            if batch is not None:
+                return batch, batch.writer.count - 1, timestamp_ms
+        return self._append_in_line(topic, partition, timestamp_ms, key, value, headers, size,
+                                    count, closed and not eager, sticky)
+
+    async def _append_in_line(self, topic: str, partition: int, timestamp_ms: int,
+                              key: bytes | None, value: bytes | None, headers: bytes | None,
+                              size: int, count: int, yield_first: bool,
+                              look_again: bool) -> Appended:
+        """Reserve the new batch's memory, waiting in line for it if it is short (first come,
+        first served, up to max_block_ms), then append. With `yield_first`, yield once
+        before appending: the sender ships the batch just closed, so a loop that never waits
+        keeps the broker busy instead of filling buffer_memory first. Cancelled or failed
+        before appending, it has buffered nothing: enqueue() is all or nothing."""
+        accumulator = self._accumulator
+        assert accumulator is not None
+        if not accumulator.reserve_now(size):
+            await accumulator.reserve(size, self._max_block)
+            yield_first, look_again = False, True  # others ran meanwhile
+        try:
+            if yield_first:
+                await asyncio.sleep(0)
+                look_again = True
+            batch = accumulator.try_append(topic, partition, timestamp_ms, key, value,
+                                           headers) if look_again else None
+            if batch is None:
+                batch = accumulator.open_batch(topic, partition, timestamp_ms, key, value,
+                                               headers, size, count)
+                return batch, 0, timestamp_ms
+        except BaseException:
+            accumulator.release(size)
+            raise
+        accumulator.release(size)  # others opened a batch with room meanwhile: it took ours
         return batch, batch.writer.count - 1, timestamp_ms
 
     async def enqueue_many(self, topic: str,
@@ -493,9 +538,9 @@ class Producer:
                 p = self._partitioner.partition(topic, count)
             batch = accumulator.try_append(topic, p, timestamp_ms, key, value, None)
             if batch is None:
-                batch, delta, _ = await self._append_slow(
-                    topic, p, partition is None and key is None, count, timestamp_ms, key, value,
-                    None)
+                appended = self._append_new(topic, p, partition is None and key is None, count,
+                                            timestamp_ms, key, value, None, False)
+                batch, delta, _ = appended if isinstance(appended, tuple) else await appended
             else:
                 delta = batch.writer.count - 1
             out_batches.append(batch)

@@ -200,8 +200,53 @@ async def latency(enqueue, send, flush, args, data):
     return time.perf_counter() - start, latencies
 
 
+async def enqueue_gather(enqueue, send, flush, args, data):
+    """`futs = [await enqueue() ...]; await asyncio.gather(*futs)`."""
+    start = time.perf_counter()
+    futures = [await enqueue(args.topic, value, key) for key, value in data]
+    await asyncio.gather(*futures)
+    return time.perf_counter() - start, []
+
+
+async def enqueue_wait(enqueue, send, flush, args, data):
+    """`futs = [await enqueue() ...]; await asyncio.wait(futs)`, then each result read."""
+    start = time.perf_counter()
+    futures = [await enqueue(args.topic, value, key) for key, value in data]
+    done, _ = await asyncio.wait(futures)
+    for future in done:
+        future.result()
+    return time.perf_counter() - start, []
+
+
+async def enqueue_as_completed(enqueue, send, flush, args, data):
+    """`futs = [await enqueue() ...]; for f in asyncio.as_completed(futs): await f`."""
+    start = time.perf_counter()
+    futures = [await enqueue(args.topic, value, key) for key, value in data]
+    for future in asyncio.as_completed(futures):
+        await future
+    return time.perf_counter() - start, []
+
+
+async def gather_send(enqueue, send, flush, args, data):
+    """`await asyncio.gather(*(send() for ...))`: a task per record, made by gather."""
+    start = time.perf_counter()
+    await asyncio.gather(*(send(args.topic, value, key) for key, value in data))
+    return time.perf_counter() - start, []
+
+
+async def taskgroup_send(enqueue, send, flush, args, data):
+    """`async with asyncio.TaskGroup() as tg: tg.create_task(send()) ...`."""
+    start = time.perf_counter()
+    async with asyncio.TaskGroup() as group:
+        for key, value in data:
+            group.create_task(send(args.topic, value, key))
+    return time.perf_counter() - start, []
+
+
 SHAPES = {"per-record": per_record, "bulk": per_record, "concurrent": concurrent,
-          "latency": latency}
+          "latency": latency, "enqueue-gather": enqueue_gather, "enqueue-wait": enqueue_wait,
+          "enqueue-as-completed": enqueue_as_completed, "gather-send": gather_send,
+          "taskgroup-send": taskgroup_send}
 CLIENTS = {"aioproducer": aioproducer_run, "aiokafka": aiokafka_run,
            "confluent-sync": confluent_sync_run, "confluent-aio": confluent_aio_run}
 

@@ -1,6 +1,6 @@
 """aioproducer side by side with aiokafka and confluent-kafka, in one run, on the embedded broker.
 
-    python benchmarks/run.py            # the full run (~12 minutes on 2 cores)
+    python benchmarks/run.py            # the full run (~35 minutes on 2 cores)
     python benchmarks/run.py --quick    # ~2 minutes
     python benchmarks/run.py --only per-record,latency
 
@@ -30,8 +30,26 @@ sys.path.insert(0, str(ROOT))
 
 from aioproducer.testing import EmbeddedBroker  # noqa: E402
 
+# The shapes users write, aioproducer beside each peer's nearest equivalent (aiokafka's
+# `send()` returns a future like our `enqueue()`; its `send_and_wait()` is our `send()`;
+# confluent's AIOProducer.produce() returns a future too). "/asyncio": without uvloop.
+# aiokafka's gather of send_and_wait() takes minutes past 50k records: the peers send 20k
+# there (ratios compare rates).
+USER_SHAPES = [
+    (shape, client, 500_000 if client == "aioproducer" else peer_records, [])
+    for shape, peer_records in (("enqueue-gather", 100_000), ("enqueue-wait", 100_000),
+                                ("enqueue-as-completed", 100_000), ("gather-send", 20_000),
+                                ("taskgroup-send", 20_000))
+    for client in ("aioproducer", "aiokafka", "confluent-aio")
+]
+USER_SHAPES += [(f"{shape}/asyncio", client, records, extra)
+                for shape, client, records, extra in USER_SHAPES]
+USER_SHAPES += [(f"{shape}/idempotent", client, records, ["--idempotence"])
+                for shape, client, records, _ in USER_SHAPES
+                if client == "aioproducer" and "/" not in shape]
+
 # (scenario, client, records in the full run, extra args)
-PLAN = [
+PLAN = USER_SHAPES + [
     ("per-record", "aioproducer", 500_000, []),
     ("per-record", "aiokafka", 200_000, []),
     ("per-record", "confluent-aio", 200_000, []),
@@ -74,7 +92,8 @@ def count_back(bootstrap: str, topic: str, expected: int) -> int:
 
 
 def run_one(scenario: str, client: str, records: int, extra: list[str], uvloop: bool) -> dict:
-    shape = SHAPE.get(scenario, scenario)
+    shape = SHAPE.get(scenario, scenario.split("/")[0])
+    uvloop = uvloop and not scenario.endswith("/asyncio")
     with EmbeddedBroker() as broker:
         topic = f"bench-{scenario}-{client}"
         broker.create_topic(topic, 6)
@@ -217,6 +236,11 @@ def main() -> None:
         if plain and (variant, "aioproducer") in by_client:
             lines.append(f"- aioproducer {variant} / plain per-record: throughput "
                          f"{paired(by_client[(variant, 'aioproducer')], plain, 'msgs_per_s')}")
+    for (scenario, client), variant_runs in by_client.items():
+        base = by_client.get((scenario.removesuffix("/idempotent"), client))
+        if scenario.endswith("/idempotent") and base:
+            lines.append(f"- aioproducer {scenario} / plain: throughput "
+                         f"{paired(variant_runs, base, 'msgs_per_s')}")
     report = "\n".join(lines) + "\n"
     if not (args.quick or only):  # the README quotes the last full run: keep partial ones out
         out = ROOT / "benchmarks" / "results" / "latest.md"

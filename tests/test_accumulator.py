@@ -30,8 +30,8 @@ async def test_partitions_are_drained_in_turn_and_none_starves():
     size = record_size_upper_bound(None, b"v" * 90, None)
     for partition in range(partitions):  # three full batches queued for each partition
         for _ in range(3):
-            await accumulator.append_in_new_batch("t", partition, 0, None, b"v" * 90, None,
-                                                  size, partitions, 1.0)
+            await accumulator.reserve(size, 1.0)
+            accumulator.open_batch("t", partition, 0, None, b"v" * 90, None, size, partitions)
             accumulator.close_for_appends("t", partition)
 
     order, numbers = [], []
@@ -56,8 +56,8 @@ async def test_a_bulk_future_raises_the_first_failure_in_input_order():
                                     None, lambda batch: None)
     partitions = 20
     size = record_size_upper_bound(None, b"v", None)
-    batches = [await accumulator.append_in_new_batch("t", p, 0, None, b"v", None, size,
-                                                     partitions, 1.0) for p in range(partitions)]
+    batches = [accumulator.open_batch("t", p, 0, None, b"v", None, size, partitions)
+               for p in range(partitions)]
     bulk = BulkFuture(batches, bytearray(4 * partitions), 0)
     for batch in reversed(batches):  # the last record's batch fails first
         batch.fail(RuntimeError(f"record {batch.partition}"))

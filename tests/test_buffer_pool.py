@@ -76,3 +76,54 @@ async def test_cancelled_waiter_leaves_no_trace():
 async def test_a_request_larger_than_the_pool_fails_at_once():
     with pytest.raises(BufferExhaustedError, match="buffer_memory"):
         await BufferPool(100).reserve(101, timeout=10)
+
+
+async def test_sends_waiting_for_memory_are_served_in_arrival_order(broker, topic):
+    """Each record needs a batch of its own and memory holds three: the tasks queue for it.
+    A task that closes a full batch keeps its place in line (it used to yield first and join
+    the back of the queue: task 2 was served 36 places late, and with a short max_block_ms,
+    early tasks failed while later ones succeeded). Only the one yield that lets the sender
+    ship the closed batch may let the next task's record in first."""
+    from aioproducer import Producer
+
+    async with Producer(broker.bootstrap, batch_size=1024, buffer_memory=3 * 1024,
+                        linger_ms=0) as producer:
+        served: list[int] = []
+
+        async def send(i: int) -> None:
+            await producer.enqueue(topic, b"%03d" % i + b"v" * 600, partition=0)
+            served.append(i)
+
+        await asyncio.wait_for(asyncio.gather(*(send(i) for i in range(40))), 30)
+        await producer.flush()
+    assert sorted(served) == list(range(40))
+    lateness = {i: position - i for position, i in enumerate(served)}
+    assert max(lateness.values()) <= 1, f"served in the order {served}"
+
+
+async def test_close_fails_sends_waiting_for_memory_at_once(proxied_broker):
+    """With the broker stalled, memory never comes back: a send waiting for it must fail as
+    soon as close() begins, not when close(timeout=5) gives up on the batches in flight."""
+    from aioproducer import Producer
+    from aioproducer.errors import ProducerClosedError
+
+    cluster = proxied_broker
+    cluster.create_topic("stalled", 1)
+    producer = Producer(cluster.bootstrap, batch_size=1024, buffer_memory=1024,
+                        max_block_ms=30_000, linger_ms=0)
+    await producer.start()
+    await producer.send("stalled", b"warm")
+    cluster.proxy.stall(True)
+    first = await producer.enqueue("stalled", b"v" * 600)  # holds all the memory
+    waiting = asyncio.create_task(producer.enqueue("stalled", b"w" * 600))
+    await asyncio.sleep(0.1)
+    assert not waiting.done()
+    loop = asyncio.get_running_loop()
+    closing = asyncio.create_task(producer.close(timeout=5))
+    began = loop.time()
+    with pytest.raises(ProducerClosedError):
+        await asyncio.wait_for(waiting, 10)
+    assert loop.time() - began < 2.5, "the waiting send failed only when close() gave up"
+    cluster.proxy.stall(False)
+    await asyncio.wait_for(closing, 10)
+    assert first.done()

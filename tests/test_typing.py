@@ -9,7 +9,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 USER_CODE = """
-from aioproducer import Producer
+import asyncio
+
+from aioproducer import Producer, RecordMetadata
 from aioproducer.errors import BrokerError, NotLeaderOrFollowerError, ERROR_CLASSES
 
 async def main() -> None:
@@ -18,6 +20,16 @@ async def main() -> None:
         offset: int = md.offset
         bulk = await producer.enqueue_many("t", [(b"k", b"v")])
         first_offset: int = (await bulk)[0].offset
+        futures = [await producer.enqueue("t", b"v") for _ in range(3)]
+        done, pending = await asyncio.wait(futures, timeout=1)
+        offsets: list[int] = [f.result().offset for f in done]
+        gathered: list[RecordMetadata] = await asyncio.gather(*futures)
+        sent: list[RecordMetadata] = await asyncio.gather(*(producer.send("t", b"v")
+                                                             for _ in range(3)))
+        async with asyncio.TaskGroup() as group:
+            task: asyncio.Task[RecordMetadata] = group.create_task(producer.send("t", b"v"))
+        shielded: RecordMetadata = await asyncio.wait_for(asyncio.shield(futures[0]), 1)
+        bulks_done, _ = await asyncio.wait([bulk], timeout=1)
     code: int = NotLeaderOrFollowerError.error_code
     cls: type[BrokerError] = ERROR_CLASSES[6]
 """
@@ -31,3 +43,9 @@ def test_package_and_user_code_type_check(tmp_path):
          "--cache-dir", str(tmp_path / "cache"), str(ROOT / "aioproducer"), str(sample)],
         capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stdout + done.stderr
+    # Users who type-check strictly: asyncio.wait, gather and TaskGroups over our futures.
+    strict = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--follow-imports=silent", "--no-error-summary",
+         "--cache-dir", str(tmp_path / "cache"), str(sample)],
+        capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert strict.returncode == 0, strict.stdout + strict.stderr

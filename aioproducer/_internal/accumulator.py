@@ -99,31 +99,41 @@ class RecordAccumulator:
         self._wake_sender(None)
         return True
 
-    async def append_in_new_batch(self, topic: str, partition: int, timestamp: int,
-                                  key: bytes | None, value: bytes | None, headers: bytes | None,
-                                  record_size: int, partitions: int,
-                                  max_block: float) -> ProducerBatch:
-        """Open a batch for a record that try_append() found no room for (`record_size`: its
-        record_size_upper_bound), waiting up to `max_block` for the memory; returns the batch,
-        whose last record this one is."""
-        size = max(self._batch_size, record_size)
+    def reserve_now(self, size: int) -> bool:
+        """Reserve a new batch's memory if it is free and nobody waits for memory before us."""
         if self.closing:
             raise closed_while_buffering()
-        if not self._pool.try_reserve(size):
-            await self._pool.reserve(size, max_block)
-            if self.closing:  # close() began while we waited: give the memory back
-                self._pool.release(size)
-                raise closed_while_buffering()
-            # Others may have opened a batch while we waited: use it and give the memory back.
-            batch = self.try_append(topic, partition, timestamp, key, value, headers)
-            if batch is not None:
-                self._pool.release(size)
-                return batch
+        return self._pool.try_reserve(size)
+
+    async def reserve(self, size: int, max_block: float) -> None:
+        """Wait, in arrival order, up to `max_block` for a new batch's memory."""
+        if self.closing:
+            raise closed_while_buffering()
+        await self._pool.reserve(size, max_block)
+
+    def release(self, size: int) -> None:
+        """Give back memory reserved for a batch that was not opened after all."""
+        self._pool.release(size)
+
+    def begin_closing(self) -> None:
+        """No new batch from now on: every append waiting for memory fails at once (as the
+        Java client's BufferPool.close() wakes its waiters)."""
+        self.closing = True
+        self._pool.close(closed_while_buffering)
+
+    def open_batch(self, topic: str, partition: int, timestamp: int, key: bytes | None,
+                   value: bytes | None, headers: bytes | None, reserved: int,
+                   partitions: int) -> ProducerBatch:
+        """Open a batch, with `reserved` bytes of memory already reserved for it, for a record
+        that try_append() found no room for; the record is its first."""
+        if self.closing:
+            raise closed_while_buffering()
         now = self._loop.time()
         self._batches_created += 1
         writer = BatchWriter(timestamp, self._batch_size)
         batch = ProducerBatch((self._batches_created,), topic, partition, writer,
-                              self._loop.create_future(), now, now + self._delivery_timeout, size)
+                              self._loop.create_future(), now, now + self._delivery_timeout,
+                              reserved)
         writer.try_append(timestamp, key, value, headers)  # a batch's first record always fits
         queue = self._batches.get((topic, partition))
         if queue is None:

@@ -1,8 +1,11 @@
-"""A batch of records for one partition, and the per-record handle users await.
+"""A batch of records for one partition, and the futures users await.
 
 One asyncio future per batch; each record gets only a small slotted handle that remembers
 its batch and its offset delta. Holding a future, a closure or a reference cycle per record
-is what limits Python producers (see benchmarks/), so the handle holds none of those.
+is what limits Python producers (see benchmarks/), so the handle holds none of those. The
+handle, RecordFuture, still is an asyncio future to asyncio (`asyncio.isfuture()` is true):
+gather, wait, as_completed, shield, wait_for and Tasks take it as it is, with no Task per
+record, and the callbacks they add are run by one loop callback per batch, not one each.
 
 A batch the broker refuses as too large is split into pieces that are sent in its place
 (`split_into`); the handles keep pointing at the original batch, which then answers for each
@@ -12,6 +15,7 @@ record from the piece that holds it, and is done when all its pieces are.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from typing import TYPE_CHECKING, Any, Callable, Generator, Iterator, NamedTuple, Sequence, \
     overload
 
@@ -38,11 +42,11 @@ class ProducerBatch:
     __slots__ = (
         "number", "topic", "partition", "writer", "future", "created", "deadline", "reserved",
         "attempts", "retry_at", "base_sequence", "producer_id", "producer_epoch", "done",
-        "full", "_waiters", "pieces", "parent", "first_delta",
+        "full", "_watchers", "_bulks", "pieces", "parent", "first_delta",
     )
 
     def __init__(self, number: tuple[int, ...], topic: str, partition: int, writer: BatchWriter,
-                 future: asyncio.Future, created: float, deadline: float, reserved: int) -> None:
+                 future: asyncio.Future[tuple[int, int]], created: float, deadline: float, reserved: int) -> None:
         self.number = number  # creation order (a piece's: its batch's, then its index)
         self.topic = topic
         self.partition = partition
@@ -58,7 +62,8 @@ class ProducerBatch:
         self.producer_epoch = -1
         self.done = False
         self.full = False  # a record did not fit: closed for appends, sendable now
-        self._waiters: list[asyncio.Future] | None = None
+        self._watchers: list[RecordFuture] | None = None  # records' futures with callbacks
+        self._bulks: list[BulkFuture] | None = None  # enqueue_many futures with records here
         self.pieces: list[ProducerBatch] | None = None  # what it was split into, in order
         self.parent: ProducerBatch | None = None  # the batch this is a piece of
         self.first_delta = 0  # offset delta of this piece's first record in its parent
@@ -121,30 +126,41 @@ class ProducerBatch:
         else:
             self.fail(failure)
 
-    def waiter(self) -> asyncio.Future:
-        """A future of its own for one awaiting task, done when the batch is: cancelling
-        it (the task was cancelled) leaves the batch, which other records share, alone.
-        Cheaper than asyncio.shield, and woken by complete()/fail() themselves rather than
-        by a callback of the batch's future, which would cost the waiting tasks a loop turn."""
-        waiter = self.future.get_loop().create_future()
-        if self._waiters is None:
-            self._waiters = [waiter]
-        else:
-            self._waiters.append(waiter)
-        return waiter
+    def watch(self, record: RecordFuture) -> None:
+        """Run `record`'s done callbacks once this batch is done, or soon if it is: either
+        way in one loop callback for all the records watched meanwhile (asyncio.gather over
+        records acknowledged already would otherwise cost a loop callback per record)."""
+        if self._watchers is not None:
+            self._watchers.append(record)
+            return
+        self._watchers = [record]
+        if self.future.done():
+            self.future.get_loop().call_soon(self._run_watchers)
 
-    def _wake_waiters(self) -> None:
-        waiters, self._waiters = self._waiters, None
-        for waiter in waiters or ():
-            if not waiter.done():
-                waiter.set_result(None)
+    def _run_watchers(self) -> None:
+        watchers, self._watchers = self._watchers, None
+        _run_callbacks(watchers or [])
+
+    def watch_bulk(self, bulk: BulkFuture) -> None:
+        """Tell `bulk` when this batch is done (at once: its result is ready then)."""
+        if self._bulks is None:
+            self._bulks = [bulk]
+        else:
+            self._bulks.append(bulk)
+
+    def _wake_watchers(self) -> None:
+        if self._watchers is not None:
+            self.future.get_loop().call_soon(self._run_watchers)
+        bulks, self._bulks = self._bulks, None
+        for bulk in bulks or ():
+            bulk._batch_done()
 
     def complete(self, base_offset: int, log_append_time: int) -> None:
         self.done = True
         self.writer.free()
         if not self.future.done():
             self.future.set_result((base_offset, log_append_time))
-        self._wake_waiters()
+        self._wake_watchers()
         if self.parent is not None:
             self.parent._piece_done()
 
@@ -156,62 +172,222 @@ class ProducerBatch:
             # The batch's error reaches users through their record handles; if nobody awaits
             # them (fire-and-forget), asyncio must not log "exception never retrieved".
             self.future.exception()
-        self._wake_waiters()
+        self._wake_watchers()
         if self.parent is not None:
             self.parent._piece_done()
 
 
-class RecordFuture:
-    """Awaitable result of `Producer.enqueue()`: resolves to the record's RecordMetadata."""
+if TYPE_CHECKING:  # to type checkers an asyncio.Future, as asyncio treats it (see below)
+    _RecordFutureBase = asyncio.Future[RecordMetadata]
+    _BulkFutureBase = asyncio.Future["BulkMetadata"]
+else:
+    _RecordFutureBase = object
+    _BulkFutureBase = asyncio.Future
 
-    __slots__ = ("_batch", "_offset_delta", "_timestamp")
+
+class RecordFuture(_RecordFutureBase):
+    """The result of `Producer.enqueue()`: an asyncio future of the record's RecordMetadata.
+
+    It follows asyncio's Future protocol (`asyncio.isfuture()` is true, and type checkers see
+    an `asyncio.Future[RecordMetadata]`), so gather, wait, as_completed, shield, wait_for,
+    ensure_future and Tasks take it as it is, but it is not an `asyncio.Future` subclass at
+    run time: that would cost an asyncio future per record. It cannot be resolved by hand.
+
+    Cancelling it (`cancel()`, or a task awaiting it being cancelled, or a timeout around
+    that await) only stops this future from following the record: a buffered record is
+    still sent, and other records are not touched. `asyncio.shield(fut)` keeps following it.
+    """
+
+    __slots__ = ("_batch", "_offset_delta", "_timestamp", "_asyncio_future_blocking",
+                 "_callback", "_context", "_more_callbacks")
 
     def __init__(self, batch: ProducerBatch, offset_delta: int, timestamp: int) -> None:
-        self._batch = batch
+        self._batch: ProducerBatch | _Unfollowed = batch
         self._offset_delta = offset_delta
         self._timestamp = timestamp
+        self._asyncio_future_blocking = False  # asyncio's mark of a future (Task sets it)
+        # The first done callback inline, as asyncio's own Future keeps it; others in a list.
+        self._callback: Callable[[Any], object] | None = None
+        self._context: contextvars.Context | None = None
+        self._more_callbacks: list[tuple[Callable[[Any], object], contextvars.Context]] | None \
+            = None
 
     def __repr__(self) -> str:
-        state = "pending" if not self.done() else "done"
+        state = "cancelled" if self.cancelled() else "done" if self.done() else "pending"
         return f"<RecordFuture {self._batch.topic}-{self._batch.partition} {state}>"
 
     def __await__(self) -> Generator[Any, None, RecordMetadata]:
-        return self.wait().__await__()
+        if not self._batch.future.done():
+            self._asyncio_future_blocking = True
+            yield self  # the Task adds its wake-up as a done callback
+            if not self._batch.future.done():
+                raise RuntimeError("await wasn't used with future")
+        return self.result()
+
+    __iter__ = __await__
 
     async def wait(self) -> RecordMetadata:
         """The same as `await record_future`."""
-        if not self._batch.future.done():
-            await self._batch.waiter()
-        return self.result()
+        return await self
+
+    def get_loop(self) -> asyncio.AbstractEventLoop:
+        return self._batch.future.get_loop()
 
     def done(self) -> bool:
         return self._batch.future.done()
 
+    def cancelled(self) -> bool:
+        return self._batch.future.cancelled()
+
     def result(self) -> RecordMetadata:
-        """The metadata if acknowledged; raises the failure, or InvalidStateError if pending."""
+        """The metadata if acknowledged; raises the failure, CancelledError if cancelled, or
+        InvalidStateError if pending."""
         return self._batch.metadata(self._offset_delta, self._timestamp)
 
     def exception(self) -> BaseException | None:
+        """The failure, or None if acknowledged; raises as `result()` does when cancelled or
+        pending."""
         return self._batch.exception_for(self._offset_delta)
 
-    def add_done_callback(self, fn: Callable[["RecordFuture"], object]) -> None:
-        """Call `fn(self)` once the record is acknowledged or failed."""
-        self._batch.future.add_done_callback(lambda _: fn(self))
+    def cancel(self, msg: Any | None = None) -> bool:
+        """Stop following the record (it is still sent if buffered); False if already done."""
+        batch = self._batch
+        if batch.future.done():
+            return False
+        self._batch = _Unfollowed(batch, msg)
+        self.get_loop().call_soon(_run_callbacks, [self])
+        return True
+
+    def add_done_callback(self, fn: Callable[["RecordFuture"], object], *,
+                          context: contextvars.Context | None = None) -> None:
+        """Call `fn(self)` once the record is acknowledged, failed or cancelled (soon, from
+        the loop, in `context` or a copy of the current one, as asyncio futures do)."""
+        if context is None:
+            context = contextvars.copy_context()
+        if self.cancelled():
+            self.get_loop().call_soon(fn, self, context=context)
+        elif self._callback is None and not self._more_callbacks:
+            self._callback, self._context = fn, context
+            self._batch.watch(self)  # type: ignore[union-attr]  # (watched twice: run once)
+        elif self._more_callbacks is None:
+            self._more_callbacks = [(fn, context)]
+        else:
+            self._more_callbacks.append((fn, context))
+
+    def remove_done_callback(self, fn: Callable[["RecordFuture"], object]) -> int:
+        """Remove every `fn` callback not yet run; return how many were removed."""
+        removed = 0
+        if self._callback is not None and self._callback == fn:
+            self._callback = self._context = None
+            removed = 1
+        if self._more_callbacks:
+            kept = [(f, c) for f, c in self._more_callbacks if f != fn]
+            removed += len(self._more_callbacks) - len(kept)
+            self._more_callbacks = kept
+        return removed
+
+    def set_result(self, result: Any) -> None:
+        raise RuntimeError("a RecordFuture is resolved by the producer, not by hand")
+
+    def set_exception(self, exception: type | BaseException) -> None:
+        raise RuntimeError("a RecordFuture is resolved by the producer, not by hand")
+
+    @property
+    def _cancel_message(self) -> Any:  # read by asyncio.gather for a cancelled child
+        return self._batch.future._cancel_message  # type: ignore[union-attr]
+
+    def _make_cancelled_error(self) -> asyncio.CancelledError:  # asyncio.gather, too
+        error: asyncio.CancelledError = self._batch.future._make_cancelled_error()  # type: ignore[union-attr]
+        return error
 
 
-class BulkFuture:
-    """Awaitable result of `Producer.enqueue_many()`: the records' metadata, in input order.
+class Sending(RecordFuture):
+    """What `Producer.send()` returns for a record it buffered at once: a RecordFuture, so
+    asyncio.gather takes it with no Task, that is also a coroutine (send/throw/close), so
+    `create_task()`, TaskGroups and `asyncio.run()` take it as they take `async def` calls."""
+
+    __slots__ = ()
+
+    def send(self, value: None) -> Any:
+        """One step as a coroutine: wait for the record (yield itself, as `__await__` does),
+        then return its metadata (StopIteration) or raise its failure."""
+        if not self._batch.future.done():
+            self._asyncio_future_blocking = True
+            return self
+        raise StopIteration(self.result())
+
+    def throw(self, exc: Any, value: Any = None, traceback: Any = None) -> Any:
+        raise exc if value is None else value  # nothing to clean up: the record stays sent
+
+    def close(self) -> None:
+        """Nothing to stop: the record is buffered and will be sent."""
+
+
+class _Unfollowed:
+    """A cancelled RecordFuture's stand-in for its batch: a cancelled future answers for the
+    record from now on, whatever becomes of it."""
+
+    __slots__ = ("future", "topic", "partition")
+
+    def __init__(self, batch: ProducerBatch | _Unfollowed, msg: Any) -> None:
+        self.future: asyncio.Future[Any] = batch.future.get_loop().create_future()
+        self.future.cancel(msg)
+        self.topic: str = batch.topic
+        self.partition: int = batch.partition
+
+    def metadata(self, offset_delta: int, timestamp: int) -> RecordMetadata:
+        return self.future.result()  # type: ignore[no-any-return]  # (raises CancelledError)
+
+    def exception_for(self, offset_delta: int) -> BaseException | None:
+        return self.future.exception()  # (raises CancelledError)
+
+
+def _run_callbacks(records: list[RecordFuture]) -> None:
+    """Run the done callbacks of a batch's records (or of a cancelled one): one loop callback
+    for them all, each in its own context, in the order they were added."""
+    for record in records:
+        fn, more = record._callback, record._more_callbacks
+        if fn is not None:
+            context = record._context
+            record._callback = record._context = None
+            _call(record, fn, context)  # type: ignore[arg-type]
+        if more:
+            record._more_callbacks = None
+            for fn, context in more:
+                _call(record, fn, context)
+
+
+def _call(record: RecordFuture, fn: Callable[[Any], object], context: contextvars.Context) -> None:
+    """A callback's error is reported as the loop reports those of its own callbacks."""
+    try:
+        context.run(fn, record)
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException as exc:
+        record.get_loop().call_exception_handler({
+            "message": f"Exception in callback {fn!r}", "exception": exc, "future": record})
+
+
+class BulkFuture(_BulkFutureBase):
+    """The result of `Producer.enqueue_many()`: an asyncio future of the records' metadata
+    (a BulkMetadata, in input order), or of the first failure among them in input order.
 
     It holds, per record, a reference to its batch and its offset delta as a 4-byte int:
-    no object per record until someone asks for the metadata.
+    no object per record until someone asks for the metadata. Cancelling it stops following
+    the records, which are still sent.
     """
 
-    __slots__ = ("_batches", "_deltas", "_timestamp")
-
     def __init__(self, batches: list[ProducerBatch], deltas: bytearray, timestamp: int) -> None:
+        super().__init__()
         self._batches = batches  # record i went into batches[i] ...
         self._deltas = deltas  # ... at offset delta deltas[4i:4i+4] (native int32)
         self._timestamp = timestamp
+        pending = [batch for batch in dict.fromkeys(batches) if not batch.future.done()]
+        self._pending = len(pending)
+        for batch in pending:
+            batch.watch_bulk(self)
+        if not pending:
+            self._resolve()
 
     @property
     def count(self) -> int:
@@ -221,43 +397,24 @@ class BulkFuture:
         return len(self._batches)
 
     def __repr__(self) -> str:
-        return f"<BulkFuture records={self.count} {'done' if self.done() else 'pending'}>"
+        state = "cancelled" if self.cancelled() else "done" if self.done() else "pending"
+        return f"<BulkFuture records={self.count} {state}>"
 
-    def _futures(self) -> set[asyncio.Future]:
-        return {batch.future for batch in set(self._batches)}
+    def _batch_done(self) -> None:
+        self._pending -= 1
+        if self._pending == 0 and not self.done():
+            self._resolve()
 
-    def __await__(self) -> Generator[Any, None, BulkMetadata]:
-        pending = {future for future in self._futures() if not future.done()}
-        if pending:
-            # asyncio.wait never cancels the futures it waits for: a cancelled caller leaves
-            # the batches, which other records share, alone.
-            yield from asyncio.wait(pending).__await__()
-        return self.result()
-
-    def done(self) -> bool:
-        return all(future.done() for future in self._futures())
-
-    def exception(self) -> BaseException | None:
-        """The first failure among the records, if any (None while pending or all acked)."""
-        for batch in dict.fromkeys(self._batches):  # each batch once, in input order
-            if batch.future.done():
-                failure = self._failure_in(batch)
-                if failure is not None:
-                    return failure
-        return None
-
-    def result(self) -> "BulkMetadata":
-        """Every record's metadata (a sequence, built as it is read); raises the first failure
-        if any record failed, InvalidStateError if some are pending."""
-        batches = dict.fromkeys(self._batches)
-        for batch in batches:
-            if not batch.future.done():
-                raise asyncio.InvalidStateError("Result is not set.")
-        for batch in batches:  # the first failure in input order
+    def _resolve(self) -> None:
+        for batch in dict.fromkeys(self._batches):  # the first failure in input order
             failure = self._failure_in(batch)
             if failure is not None:
-                raise failure
-        return BulkMetadata(self._batches, self._deltas, self._timestamp)
+                self.set_exception(failure)
+                # Reported as the records' failure (and by the producer's error hook), not
+                # again as "Future exception was never retrieved".
+                self.exception()
+                return
+        self.set_result(BulkMetadata(self._batches, self._deltas, self._timestamp))
 
     def _failure_in(self, batch: ProducerBatch) -> BaseException | None:
         """The first failure among these records in `batch` (done). A split batch failed if

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from typing import Callable
 
 from ..errors import BufferExhaustedError
 
@@ -38,6 +39,7 @@ class BufferPool:
         self.total_memory = total_memory
         self.available = total_memory
         self._waiters: deque[_Waiter] = deque()
+        self._closed: Callable[[], BaseException] | None = None  # makes the error, once closed
 
     @property
     def queued(self) -> int:
@@ -60,12 +62,16 @@ class BufferPool:
             )
         if self.try_reserve(size):
             return
+        if self._closed is not None:
+            raise self._closed()
         waiter = _Waiter(size)
         self._waiters.append(waiter)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         try:
             while True:
+                if self._closed is not None:
+                    raise self._closed()
                 if waiter is self._waiters[0]:
                     take = min(self.available, size - waiter.gathered)
                     self.available -= take
@@ -97,6 +103,12 @@ class BufferPool:
             self._waiters.remove(waiter)
             if was_head:
                 self._wake_head()
+
+    def close(self, error: Callable[[], BaseException]) -> None:
+        """Fail every waiter now, and every later wait, with `error()`."""
+        self._closed = error
+        for waiter in self._waiters:
+            waiter.wakeup.set()
 
     def release(self, size: int) -> None:
         """Return the memory of a finished batch and wake the first waiter."""

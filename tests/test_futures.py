@@ -1,0 +1,258 @@
+"""RecordFuture, BulkFuture and send() with every asyncio combinator, against a real broker:
+results in input order, each record's own exception, cancellation that stops the wait but
+never the record, timeouts, callbacks in their own context. What landed is read back with
+librdkafka's consumer."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import os
+
+import pytest
+
+from aioproducer import BulkFuture, Producer, RecordFuture
+from aioproducer.errors import MessageTooLargeError
+from tests.support.readback import consume_all
+
+# Long enough that a record is still pending when the test acts on it, short enough to wait.
+SLOW = {"linger_ms": 300}
+
+
+def _values(got: list) -> list[bytes]:
+    return [r.value for r in sorted(got, key=lambda r: (r.partition, r.offset))]
+
+
+def _assert_landed(metadata: list, consumed: list) -> None:
+    """Every metadata points at the record read back at that partition and offset."""
+    at = {(r.partition, r.offset): r.value for r in consumed}
+    assert len(at) == len(consumed), "a record was read twice"
+    for md, value in metadata:
+        assert at[(md.partition, md.offset)] == value
+
+
+async def test_a_record_future_is_an_asyncio_future(broker, topic):
+    async with Producer(broker.bootstrap) as producer:
+        future = await producer.enqueue(topic, b"v")
+        assert asyncio.isfuture(future)
+        assert asyncio.ensure_future(future) is future
+        assert future.get_loop() is asyncio.get_running_loop()
+        with pytest.raises(asyncio.InvalidStateError):
+            future.result()
+        with pytest.raises(RuntimeError, match="resolved by the producer"):
+            future.set_result(None)
+        md = await future
+        assert future.done() and not future.cancelled() and future.exception() is None
+        assert future.result() == md and md.offset == 0
+
+
+async def test_gather_returns_every_records_metadata_in_order(broker, topic_factory):
+    topic = topic_factory(3)
+    values = [b"%05d" % i for i in range(3000)]
+    async with Producer(broker.bootstrap, linger_ms=5) as producer:
+        futures = [await producer.enqueue(topic, v, key=v[-1:]) for v in values]
+        metadata = await asyncio.gather(*futures)
+    assert all(md.topic == topic for md in metadata)
+    _assert_landed(list(zip(metadata, values)), consume_all(broker.bootstrap, topic, 3000))
+
+
+async def test_gather_of_send_buffers_each_record_once_in_call_order(broker, topic_factory):
+    topic = topic_factory(3)
+    values = [b"%05d" % i for i in range(3000)]
+    async with Producer(broker.bootstrap, linger_ms=5) as producer:
+        metadata = await asyncio.gather(*(producer.send(topic, v, key=v[-1:]) for v in values))
+    consumed = consume_all(broker.bootstrap, topic, 3000)
+    _assert_landed(list(zip(metadata, values)), consumed)
+    for key in b"0123456789":  # per key, in the order of the calls
+        assert [r.value for r in sorted(consumed, key=lambda r: r.offset)
+                if r.key == bytes([key])] == [v for v in values if v[-1] == key]
+
+
+async def test_send_runs_as_a_task_and_under_asyncio_run(broker, topic):
+    async with Producer(broker.bootstrap) as producer:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(producer.send(topic, b"%d" % i)) for i in range(50)]
+        task_offsets = [t.result().offset for t in tasks]
+        direct = await producer.send(topic, b"direct")
+    assert sorted(task_offsets) == list(range(50)) and direct.offset == 50
+
+
+def test_run_until_complete_takes_a_record_future(broker, topic):
+    loop = asyncio.new_event_loop()
+    try:
+        producer = Producer(broker.bootstrap)
+        loop.run_until_complete(producer.start())
+        future = loop.run_until_complete(producer.enqueue(topic, b"v"))
+        assert loop.run_until_complete(future).offset == 0
+        loop.run_until_complete(producer.close())
+    finally:
+        loop.close()
+
+
+@pytest.mark.parametrize("return_when", [asyncio.ALL_COMPLETED, asyncio.FIRST_COMPLETED,
+                                         asyncio.FIRST_EXCEPTION])
+async def test_wait_returns_done_and_pending_futures(broker, topic, return_when):
+    async with Producer(broker.bootstrap, linger_ms=5) as producer:
+        futures = [await producer.enqueue(topic, b"%d" % i) for i in range(500)]
+        done, pending = await asyncio.wait(futures, timeout=30, return_when=return_when)
+        assert done and done | pending == set(futures) and not done & pending
+        if return_when == asyncio.ALL_COMPLETED:
+            assert not pending
+        if pending:
+            await asyncio.wait(pending)
+        assert sorted(f.result().offset for f in futures) == list(range(500))
+
+
+async def test_wait_with_a_timeout_leaves_pending_records_alone(broker, topic):
+    async with Producer(broker.bootstrap, **SLOW) as producer:
+        futures = [await producer.enqueue(topic, b"%d" % i) for i in range(10)]
+        done, pending = await asyncio.wait(futures, timeout=0.01)
+        assert not done and pending == set(futures)
+        assert not any(f.cancelled() for f in futures)
+        assert [(await f).offset for f in futures] == list(range(10))
+
+
+async def test_as_completed_yields_every_record(broker, topic):
+    async with Producer(broker.bootstrap, linger_ms=5) as producer:
+        futures = [await producer.enqueue(topic, b"%d" % i) for i in range(500)]
+        offsets = [(await next_done).offset for next_done in asyncio.as_completed(futures)]
+    assert sorted(offsets) == list(range(500))
+
+
+@pytest.mark.parametrize("how", ["wait_for", "timeout", "cancel"])
+async def test_a_cancelled_future_stops_following_but_its_record_is_sent(broker, topic, how):
+    async with Producer(broker.bootstrap, **SLOW) as producer:
+        futures = [await producer.enqueue(topic, b"%d" % i) for i in range(3)]  # one batch
+        if how == "wait_for":
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(futures[1], 0.01)
+        elif how == "timeout":
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.01):
+                    await futures[1]
+        else:
+            assert futures[1].cancel("not needed")
+        assert futures[1].cancelled() and futures[1].done()
+        with pytest.raises(asyncio.CancelledError):
+            futures[1].result()
+        assert not futures[1].cancel()  # done already
+        # The batch the three records share is not harmed.
+        assert [(await futures[i]).offset for i in (0, 2)] == [0, 2]
+    assert _values(consume_all(broker.bootstrap, topic, 3)) == [b"0", b"1", b"2"]
+
+
+async def test_shield_keeps_following_a_record_past_a_timeout(broker, topic):
+    async with Producer(broker.bootstrap, **SLOW) as producer:
+        future = await producer.enqueue(topic, b"v")
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(future), 0.01)
+        assert not future.cancelled()
+        assert (await future).offset == 0
+
+
+async def test_gather_cancelled_cancels_its_futures_not_their_records(broker, topic):
+    async with Producer(broker.bootstrap, **SLOW) as producer:
+        futures = [await producer.enqueue(topic, b"%d" % i) for i in range(5)]
+        gathering = asyncio.gather(*futures)
+        await asyncio.sleep(0)
+        gathering.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await gathering
+        assert all(f.cancelled() for f in futures)
+        await producer.flush()
+    assert _values(consume_all(broker.bootstrap, topic, 5)) == [b"%d" % i for i in range(5)]
+
+
+async def test_a_task_group_of_tasks_awaiting_futures(broker, topic):
+    async def follow(future: RecordFuture) -> int:
+        return (await future).offset
+
+    async with Producer(broker.bootstrap, linger_ms=5) as producer:
+        futures = [await producer.enqueue(topic, b"%d" % i) for i in range(200)]
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(follow(f)) for f in futures]
+    assert [t.result() for t in tasks] == list(range(200))
+
+
+async def test_each_record_gets_its_own_exception(proxied_broker):
+    """A record too large for the broker fails alone, in the middle of others that land."""
+    cluster = proxied_broker
+    cluster.proxy.message_max_bytes(3000)
+    cluster.create_topic("own-errors", 1)
+    async with Producer(cluster.bootstrap, batch_size=65536, linger_ms=100) as producer:
+        futures = [await producer.enqueue("own-errors", b"%03d" % i + b"v" * 100)
+                   for i in range(10)]
+        big = await producer.enqueue("own-errors", os.urandom(5000))
+        futures += [await producer.enqueue("own-errors", b"%03d" % i + b"v" * 100)
+                    for i in range(10, 20)]
+        results = await asyncio.gather(*futures[:10], big, *futures[10:],
+                                       return_exceptions=True)
+        assert isinstance(results[10], MessageTooLargeError)
+        assert [r.offset for r in results[:10] + results[11:]] == list(range(20))
+        with pytest.raises(MessageTooLargeError):
+            await asyncio.gather(*futures, big)
+        done, _ = await asyncio.wait([big, *futures], return_when=asyncio.FIRST_EXCEPTION)
+        assert big in done
+
+
+async def test_callbacks_run_in_their_own_context_and_errors_reach_the_loop(broker, topic):
+    request = contextvars.ContextVar("request", default="none")
+    seen: list[tuple[str, bool]] = []
+    errors: list[dict] = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _, context: errors.append(context))
+    async with Producer(broker.bootstrap, **SLOW) as producer:
+        future = await producer.enqueue(topic, b"v")
+
+        def record(f: RecordFuture) -> None:
+            seen.append((request.get(), f is future))
+
+        def broken(f: RecordFuture) -> None:
+            raise ValueError("from a callback")
+
+        request.set("first")
+        future.add_done_callback(record)
+        future.add_done_callback(broken)
+        request.set("second")
+        future.add_done_callback(record)
+        future.add_done_callback(record)
+        assert future.remove_done_callback(record) == 3
+        future.add_done_callback(record)
+        request.set("third")
+        await future
+        future.add_done_callback(record)  # added once done: still soon, not at once
+        assert len(seen) == 1
+        await asyncio.sleep(0)
+    assert seen == [("second", True), ("third", True)]
+    assert [type(e["exception"]) for e in errors] == [ValueError]
+    assert errors[0]["future"] is future
+
+
+async def test_a_bulk_future_is_an_asyncio_future(broker, topic_factory):
+    topic = topic_factory(3)
+    records = [(b"%d" % (i % 7), b"%05d" % i) for i in range(2000)]
+    async with Producer(broker.bootstrap, linger_ms=5) as producer:
+        bulks = [await producer.enqueue_many(topic, records[i:i + 500])
+                 for i in range(0, 2000, 500)]
+        assert all(isinstance(b, asyncio.Future) and isinstance(b, BulkFuture) for b in bulks)
+        single = await producer.enqueue(topic, b"single")
+        done, pending = await asyncio.wait([*bulks, single], timeout=30)
+        assert not pending
+        results = await asyncio.gather(*bulks)
+        empty = await producer.enqueue_many(topic, [])
+        assert empty.done() and list(await empty) == []
+    metadata = [md for result in results for md in result]
+    _assert_landed(list(zip(metadata, [v for _, v in records])),
+                   consume_all(broker.bootstrap, topic, 2001))
+
+
+async def test_a_cancelled_bulk_future_leaves_its_records_to_be_sent(broker, topic):
+    async with Producer(broker.bootstrap, **SLOW) as producer:
+        bulk = await producer.enqueue_many(topic, [(None, b"%d" % i) for i in range(5)])
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(bulk, 0.01)
+        assert bulk.cancelled()
+        after = await producer.send(topic, b"after")
+    assert after.offset == 5
+    assert _values(consume_all(broker.bootstrap, topic, 6)) == \
+        [b"%d" % i for i in range(5)] + [b"after"]
