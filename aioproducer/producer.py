@@ -458,7 +458,7 @@ class Producer:
         except BaseException:
             accumulator.release(size)
             raise
-        accumulator.release(size)  # others opened a batch with room meanwhile: it took ours
+        accumulator.release(size)  # the record went into a batch others opened meanwhile
         return batch, batch.writer.count - 1, timestamp_ms
 
     async def enqueue_many(self, topic: str,

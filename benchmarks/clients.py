@@ -116,7 +116,17 @@ def confluent_sync_run(args, data):
     producer = Producer(_confluent_config(args))
     latencies = []
     start = time.perf_counter()
-    if args.scenario == "latency":
+    if args.scenario == "load-latency":
+        # The same arrival rate as the asyncio clients' 100 tasks, from one thread: each
+        # record at its slot, its latency taken by its delivery report.
+        for i, (key, value) in enumerate(data):
+            while (wait := start + i / args.rate - time.perf_counter()) > 0:
+                producer.poll(math.ceil(wait * 1000) / 1000)
+            sent = time.perf_counter()
+            producer.produce(args.topic, value, key, on_delivery=lambda err, msg, sent=sent:
+                             latencies.append(time.perf_counter() - sent))
+            producer.poll(0)
+    elif args.scenario == "latency":
         for i, (key, value) in enumerate(data):
             while (wait := start + i / args.rate - time.perf_counter()) > 0:
                 # poll() waits in whole milliseconds: poll(0.0005) would be poll(0), a loop
@@ -243,10 +253,31 @@ async def taskgroup_send(enqueue, send, flush, args, data):
     return time.perf_counter() - start, []
 
 
+async def load_latency(enqueue, send, flush, args, data):
+    """Send -> ack latency under load: 100 tasks, each sending one record at a time at
+    args.rate / 100 records a second (its slots spread between the others'), at linger 5 ms."""
+    tasks = 100
+    share = len(data) // tasks
+    latencies = []
+    start = time.perf_counter()
+
+    async def worker(index, part):
+        for i, (key, value) in enumerate(part):
+            delay = start + (i * tasks + index) / args.rate - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            sent = time.perf_counter()
+            await send(args.topic, value, key)
+            latencies.append(time.perf_counter() - sent)
+
+    await asyncio.gather(*(worker(t, data[t * share:(t + 1) * share]) for t in range(tasks)))
+    return time.perf_counter() - start, latencies
+
+
 SHAPES = {"per-record": per_record, "bulk": per_record, "concurrent": concurrent,
           "latency": latency, "enqueue-gather": enqueue_gather, "enqueue-wait": enqueue_wait,
           "enqueue-as-completed": enqueue_as_completed, "gather-send": gather_send,
-          "taskgroup-send": taskgroup_send}
+          "taskgroup-send": taskgroup_send, "load-latency": load_latency}
 CLIENTS = {"aioproducer": aioproducer_run, "aiokafka": aiokafka_run,
            "confluent-sync": confluent_sync_run, "confluent-aio": confluent_aio_run}
 

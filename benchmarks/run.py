@@ -33,12 +33,13 @@ from aioproducer.testing import EmbeddedBroker  # noqa: E402
 # The shapes users write, aioproducer beside each peer's nearest equivalent (aiokafka's
 # `send()` returns a future like our `enqueue()`; its `send_and_wait()` is our `send()`;
 # confluent's AIOProducer.produce() returns a future too). "/asyncio": without uvloop.
-# aiokafka's gather of send_and_wait() takes minutes past 50k records: the peers send 20k
-# there (ratios compare rates).
+# Every client holds the same 500k futures (what they cost the garbage collector grows with
+# their number), but for aiokafka's and confluent's task per send_and_wait()/produce(), which
+# take minutes past 50k records: those send 20k (ratios compare rates).
 USER_SHAPES = [
     (shape, client, 500_000 if client == "aioproducer" else peer_records, [])
-    for shape, peer_records in (("enqueue-gather", 100_000), ("enqueue-wait", 100_000),
-                                ("enqueue-as-completed", 100_000), ("gather-send", 20_000),
+    for shape, peer_records in (("enqueue-gather", 500_000), ("enqueue-wait", 500_000),
+                                ("enqueue-as-completed", 500_000), ("gather-send", 20_000),
                                 ("taskgroup-send", 20_000))
     for client in ("aioproducer", "aiokafka", "confluent-aio")
 ]
@@ -65,12 +66,20 @@ PLAN = USER_SHAPES + [
     ("latency", "aioproducer", 20_000, []),
     ("latency", "confluent-sync", 20_000, []),
     ("latency", "aiokafka", 20_000, []),
+    # 100 tasks at 100 msg/s each, linger 5 ms (confluent: one thread at the same 10k msg/s).
+    ("load-latency", "aioproducer", 50_000, ["--rate", "10000"]),
+    ("load-latency", "confluent-sync", 50_000, ["--rate", "10000"]),
+    ("load-latency", "aiokafka", 50_000, ["--rate", "10000"]),
     ("1KiB", "aioproducer", 200_000, ["--value-size", "1024"]),
     ("1KiB", "aiokafka", 100_000, ["--value-size", "1024"]),
     ("1KiB", "confluent-sync", 200_000, ["--value-size", "1024"]),
     ("idempotence-on", "aioproducer", 500_000, ["--idempotence"]),
     ("lz4", "aioproducer", 500_000, ["--codec", "lz4"]),
 ]
+# Latency rows pin the broker to one core and the client to the other, so that they do not
+# take turns on one CPU (the cores, as `taskset` numbers them).
+PINNED = {"latency", "load-latency"}
+BROKER_CORE, CLIENT_CORE = "0", "1"
 SHAPE = {"bulk-keyless": "bulk", "1KiB": "bulk", "idempotence-on": "per-record",
          "lz4": "per-record"}
 
@@ -97,7 +106,12 @@ def run_one(scenario: str, client: str, records: int, extra: list[str], uvloop: 
     with EmbeddedBroker() as broker:
         topic = f"bench-{scenario}-{client}"
         broker.create_topic(topic, 6)
-        cmd = [sys.executable, str(ROOT / "benchmarks" / "clients.py"), client, shape,
+        pin: list[str] = []
+        if scenario in PINNED:
+            subprocess.run(["taskset", "-a", "-p", "-c", BROKER_CORE, str(broker.pid)],
+                           check=True, capture_output=True)
+            pin = ["taskset", "-c", CLIENT_CORE]
+        cmd = [*pin, sys.executable, str(ROOT / "benchmarks" / "clients.py"), client, shape,
                "--bootstrap", broker.bootstrap, "--topic", topic, "--records", str(records),
                *extra, *(["--uvloop"] if uvloop else [])]
         try:
@@ -170,9 +184,9 @@ def main() -> None:
     for scenario, client, records, extra in PLAN:
         if only and scenario not in only and client not in only:
             continue
-        n = max(records // 5, 1000) if args.quick and scenario != "latency" else records
-        if args.quick and scenario == "latency":
-            n = 2000
+        n = max(records // 5, 1000) if args.quick and scenario not in PINNED else records
+        if args.quick and scenario in PINNED:
+            n = 2000 if scenario == "latency" else 10_000
         plan.append((scenario, client, n, extra))
     # Round after round, every client once per round: a shared host's speed drifts over a run,
     # and this way the drift touches every client alike (the ratios below pair each round).
@@ -196,7 +210,8 @@ def main() -> None:
         f"`python benchmarks/run.py {' '.join(sys.argv[1:])}` on {os.cpu_count()} cores "
         f"({cpu_model()}), "
         f"Python {platform.python_version()}, {versions}, uvloop {'on' if uvloop else 'off'} "
-        f"for the asyncio clients; embedded Tansu broker on the same machine; "
+        f"for the asyncio clients; embedded Tansu broker on the same machine (latency rows: "
+        f"broker pinned to core {BROKER_CORE}, client to core {CLIENT_CORE}); "
         f"median (min–max) of {repeat} run(s).", "",
         "| scenario | client | records | msgs/s | MB/s | CPU s / 1M msgs | p50 / p99 ms | peak RSS MB |",
         "|---|---|---:|---:|---:|---:|---:|---:|",

@@ -46,7 +46,8 @@ class ProducerBatch:
     )
 
     def __init__(self, number: tuple[int, ...], topic: str, partition: int, writer: BatchWriter,
-                 future: asyncio.Future[tuple[int, int]], created: float, deadline: float, reserved: int) -> None:
+                 future: asyncio.Future[tuple[int, int]], created: float, deadline: float,
+                 reserved: int) -> None:
         self.number = number  # creation order (a piece's: its batch's, then its index)
         self.topic = topic
         self.partition = partition
@@ -247,7 +248,10 @@ class RecordFuture(_RecordFutureBase):
     def exception(self) -> BaseException | None:
         """The failure, or None if acknowledged; raises as `result()` does when cancelled or
         pending."""
-        return self._batch.exception_for(self._offset_delta)
+        batch = self._batch
+        if batch.pieces is None:  # (asyncio.gather asks twice per record: the common case)
+            return batch.future.exception()
+        return batch.exception_for(self._offset_delta)
 
     def cancel(self, msg: Any | None = None) -> bool:
         """Stop following the record (it is still sent if buffered); False if already done."""
@@ -294,11 +298,12 @@ class RecordFuture(_RecordFutureBase):
 
     @property
     def _cancel_message(self) -> Any:  # read by asyncio.gather for a cancelled child
-        return self._batch.future._cancel_message  # type: ignore[union-attr]
+        future: Any = self._batch.future
+        return future._cancel_message
 
     def _make_cancelled_error(self) -> asyncio.CancelledError:  # asyncio.gather, too
-        error: asyncio.CancelledError = self._batch.future._make_cancelled_error()  # type: ignore[union-attr]
-        return error
+        future: Any = self._batch.future
+        return future._make_cancelled_error()  # type: ignore[no-any-return]
 
 
 class Sending(RecordFuture):
@@ -328,6 +333,7 @@ class _Unfollowed:
     record from now on, whatever becomes of it."""
 
     __slots__ = ("future", "topic", "partition")
+    pieces = None
 
     def __init__(self, batch: ProducerBatch | _Unfollowed, msg: Any) -> None:
         self.future: asyncio.Future[Any] = batch.future.get_loop().create_future()

@@ -90,6 +90,11 @@ class EmbeddedBroker:
         return f"<EmbeddedBroker {self.bootstrap} {state}>"
 
     @property
+    def pid(self) -> int | None:
+        """The broker process's id while it runs (to pin it to a CPU, say)."""
+        return self._process.pid if self.running else None  # type: ignore[union-attr]
+
+    @property
     def running(self) -> bool:
         return self._process is not None and self._process.poll() is None
 
