@@ -42,7 +42,7 @@ class ProducerBatch:
     __slots__ = (
         "number", "topic", "partition", "writer", "future", "created", "deadline", "reserved",
         "attempts", "retry_at", "base_sequence", "producer_id", "producer_epoch", "done",
-        "full", "_watchers", "_bulks", "pieces", "parent", "first_delta",
+        "full", "_waiters", "_watchers", "_bulks", "pieces", "parent", "first_delta",
     )
 
     def __init__(self, number: tuple[int, ...], topic: str, partition: int, writer: BatchWriter,
@@ -63,6 +63,7 @@ class ProducerBatch:
         self.producer_epoch = -1
         self.done = False
         self.full = False  # a record did not fit: closed for appends, sendable now
+        self._waiters: list[asyncio.Future[None]] | None = None  # tasks awaiting records
         self._watchers: list[RecordFuture] | None = None  # records' futures with callbacks
         self._bulks: list[BulkFuture] | None = None  # enqueue_many futures with records here
         self.pieces: list[ProducerBatch] | None = None  # what it was split into, in order
@@ -127,6 +128,19 @@ class ProducerBatch:
         else:
             self.fail(failure)
 
+    def waiter(self) -> asyncio.Future[None]:
+        """A future of its own for one awaiting task, done when the batch is: cancelling
+        it (the task was cancelled) leaves the batch, which other records share, alone.
+        Cheaper than asyncio.shield, and woken by complete()/fail() themselves rather than
+        by a callback of the batch's future, which would cost the waiting tasks a loop turn.
+        (An asyncio future, not the record's handle: a Task awaits it by asyncio's fast path.)"""
+        waiter: asyncio.Future[None] = self.future.get_loop().create_future()
+        if self._waiters is None:
+            self._waiters = [waiter]
+        else:
+            self._waiters.append(waiter)
+        return waiter
+
     def watch(self, record: RecordFuture) -> None:
         """Run `record`'s done callbacks once this batch is done, or soon if it is: either
         way in one loop callback for all the records watched meanwhile (asyncio.gather over
@@ -150,8 +164,14 @@ class ProducerBatch:
             self._bulks.append(bulk)
 
     def _wake_watchers(self) -> None:
+        """The batch is done: run its records' callbacks, then wake the tasks awaiting them
+        (in that order, as an asyncio future runs callbacks in the order they were added)."""
         if self._watchers is not None:
             self.future.get_loop().call_soon(self._run_watchers)
+        waiters, self._waiters = self._waiters, None
+        for waiter in waiters or ():
+            if not waiter.done():
+                waiter.set_result(None)
         bulks, self._bulks = self._bulks, None
         for bulk in bulks or ():
             bulk._batch_done()
@@ -194,19 +214,20 @@ class RecordFuture(_RecordFutureBase):
     ensure_future and Tasks take it as it is, but it is not an `asyncio.Future` subclass at
     run time: that would cost an asyncio future per record. It cannot be resolved by hand.
 
-    Cancelling it (`cancel()`, or a task awaiting it being cancelled, or a timeout around
-    that await) only stops this future from following the record: a buffered record is
-    still sent, and other records are not touched. `asyncio.shield(fut)` keeps following it.
+    `cancel()` (or `wait_for`'s timeout, or a cancelled `gather`, which call it) stops this
+    future following the record: the record is still sent, other records are untouched.
+    A task awaiting it that is cancelled (`asyncio.timeout`, say) only ends its own wait:
+    the future goes on following the record and may be awaited again.
     """
 
-    __slots__ = ("_batch", "_offset_delta", "_timestamp", "_asyncio_future_blocking",
-                 "_callback", "_context", "_more_callbacks")
+    __slots__ = ("_batch", "_offset_delta", "_timestamp", "_callback", "_context",
+                 "_more_callbacks")
+    _asyncio_future_blocking = False  # asyncio's mark of a future (it never yields itself)
 
     def __init__(self, batch: ProducerBatch, offset_delta: int, timestamp: int) -> None:
         self._batch: ProducerBatch | _Unfollowed = batch
         self._offset_delta = offset_delta
         self._timestamp = timestamp
-        self._asyncio_future_blocking = False  # asyncio's mark of a future (Task sets it)
         # The first done callback inline, as asyncio's own Future keeps it; others in a list.
         self._callback: Callable[[Any], object] | None = None
         self._context: contextvars.Context | None = None
@@ -218,11 +239,9 @@ class RecordFuture(_RecordFutureBase):
         return f"<RecordFuture {self._batch.topic}-{self._batch.partition} {state}>"
 
     def __await__(self) -> Generator[Any, None, RecordMetadata]:
-        if not self._batch.future.done():
-            self._asyncio_future_blocking = True
-            yield self  # the Task adds its wake-up as a done callback
-            if not self._batch.future.done():
-                raise RuntimeError("await wasn't used with future")
+        batch = self._batch
+        if not batch.future.done():
+            yield from batch.waiter()  # type: ignore[union-attr]
         return self.result()
 
     __iter__ = __await__
@@ -309,17 +328,27 @@ class RecordFuture(_RecordFutureBase):
 class Sending(RecordFuture):
     """What `Producer.send()` returns for a record it buffered at once: a RecordFuture, so
     asyncio.gather takes it with no Task, that is also a coroutine (send/throw/close), so
-    `create_task()`, TaskGroups and `asyncio.run()` take it as they take `async def` calls."""
+    `create_task()`, TaskGroups and `asyncio.run()` take it as they take `async def` calls.
+    Cancelling the task that runs or awaits it ends that wait; the record is still sent."""
 
     __slots__ = ()
 
+    def __await__(self) -> Sending:
+        return self  # its own iterator, one step per __next__: no generator per send()
+
+    def __next__(self) -> Any:
+        """One step: a waiter for the record if it is pending (the Task awaits that by
+        asyncio's fast path), else its metadata (StopIteration) or its failure."""
+        batch = self._batch
+        if not batch.future.done():
+            waiter = batch.waiter()  # type: ignore[union-attr]
+            waiter._asyncio_future_blocking = True  # (what iterating it would set)
+            return waiter
+        raise StopIteration(batch.metadata(self._offset_delta, self._timestamp))
+
     def send(self, value: None) -> Any:
-        """One step as a coroutine: wait for the record (yield itself, as `__await__` does),
-        then return its metadata (StopIteration) or raise its failure."""
-        if not self._batch.future.done():
-            self._asyncio_future_blocking = True
-            return self
-        raise StopIteration(self.result())
+        """The coroutine protocol's step (create_task() drives it so)."""
+        return self.__next__()
 
     def throw(self, exc: Any, value: Any = None, traceback: Any = None) -> Any:
         raise exc if value is None else value  # nothing to clean up: the record stays sent
