@@ -312,8 +312,7 @@ class Producer:
         Cancelled after the record was buffered, it is still sent: only the wait ends."""
         if self._state != "started" or get_ident() != self._thread or not self._loop_running():
             return self._send_when_awaited(topic, value, key, partition, timestamp_ms, headers)
-        appended = self._append_checked(topic, value, key, partition, timestamp_ms, headers,
-                                        True)
+        appended = self._append(topic, value, key, partition, timestamp_ms, headers, True)
         if isinstance(appended, tuple):
             return Sending(*appended)
         return self._send_appended(appended)
@@ -352,12 +351,6 @@ class Producer:
             self._raise_not_started()
         if get_ident() != self._thread or not self._loop_running():
             self._check_loop()  # raises: another thread, or another loop in this one
-        return self._append_checked(topic, value, key, partition, timestamp_ms, headers, eager)
-
-    def _append_checked(self, topic: str, value: Any, key: Any, partition: int | None,
-                        timestamp_ms: int | None, headers: Headers | None, eager: bool
-                        ) -> Appended | Coroutine[Any, Any, Appended]:
-        """_append() once the producer is known started and called from its loop."""
         if self._transactional:
             self._txn.check_can_send()  # type: ignore[union-attr]
         if type(topic) is not str:

@@ -42,7 +42,7 @@ class ProducerBatch:
     __slots__ = (
         "number", "topic", "partition", "writer", "future", "created", "deadline", "reserved",
         "attempts", "retry_at", "base_sequence", "producer_id", "producer_epoch", "done",
-        "full", "_waiters", "_watchers", "_bulks", "pieces", "parent", "first_delta",
+        "full", "_waiters", "_awaited", "_watchers", "_bulks", "pieces", "parent", "first_delta",
     )
 
     def __init__(self, number: tuple[int, ...], topic: str, partition: int, writer: BatchWriter,
@@ -63,7 +63,9 @@ class ProducerBatch:
         self.producer_epoch = -1
         self.done = False
         self.full = False  # a record did not fit: closed for appends, sendable now
-        self._waiters: list[asyncio.Future[None]] | None = None  # tasks awaiting records
+        # A future per task awaiting a record, and the record: _waiters[i] awaits _awaited[i].
+        self._waiters: list[asyncio.Future[RecordMetadata]] | None = None
+        self._awaited: list[RecordFuture] | None = None
         self._watchers: list[RecordFuture] | None = None  # records' futures with callbacks
         self._bulks: list[BulkFuture] | None = None  # enqueue_many futures with records here
         self.pieces: list[ProducerBatch] | None = None  # what it was split into, in order
@@ -128,18 +130,27 @@ class ProducerBatch:
         else:
             self.fail(failure)
 
-    def waiter(self) -> asyncio.Future[None]:
-        """A future of its own for one awaiting task, done when the batch is: cancelling
-        it (the task was cancelled) leaves the batch, which other records share, alone.
-        Cheaper than asyncio.shield, and woken by complete()/fail() themselves rather than
-        by a callback of the batch's future, which would cost the waiting tasks a loop turn.
-        (An asyncio future, not the record's handle: a Task awaits it by asyncio's fast path.)"""
-        waiter: asyncio.Future[None] = self.future.get_loop().create_future()
-        if self._waiters is None:
-            self._waiters = [waiter]
+    def waiter(self, record: RecordFuture) -> asyncio.Future[RecordMetadata]:
+        """A future of its own for one task awaiting `record`, resolved with the record's
+        metadata or failure when the batch is done: cancelling it (the task was cancelled)
+        leaves the record and the batch, which others share, alone. Cheaper than
+        asyncio.shield, and resolved by complete()/fail() themselves rather than by a
+        callback of the batch's future, which would cost the waiting tasks a loop turn; an
+        asyncio future, so the Task awaits it by asyncio's fast path and gets the metadata
+        with no Python frame of ours between."""
+        waiter: asyncio.Future[RecordMetadata] = self.future.get_loop().create_future()
+        if self._waiters is None or self._awaited is None:
+            self._waiters, self._awaited = [waiter], [record]
         else:
             self._waiters.append(waiter)
+            self._awaited.append(record)
         return waiter
+
+    def cancel_waiters(self, record: RecordFuture) -> None:
+        """`record` was cancelled: so are the waits for it (rare: a scan is fine)."""
+        for waiter, awaited in zip(self._waiters or (), self._awaited or ()):
+            if awaited is record:
+                waiter.cancel()
 
     def watch(self, record: RecordFuture) -> None:
         """Run `record`'s done callbacks once this batch is done, or soon if it is: either
@@ -165,16 +176,38 @@ class ProducerBatch:
 
     def _wake_watchers(self) -> None:
         """The batch is done: run its records' callbacks, then wake the tasks awaiting them
-        (in that order, as an asyncio future runs callbacks in the order they were added)."""
+        (in that order, as an asyncio future runs callbacks in the order they were added),
+        and tell the enqueue_many futures."""
         if self._watchers is not None:
             self.future.get_loop().call_soon(self._run_watchers)
-        waiters, self._waiters = self._waiters, None
-        for waiter in waiters or ():
-            if not waiter.done():
-                waiter.set_result(None)
+        if self._waiters is not None:
+            self._resolve_waiters()
         bulks, self._bulks = self._bulks, None
         for bulk in bulks or ():
             bulk._batch_done()
+
+    def _resolve_waiters(self) -> None:
+        waiters, awaited = self._waiters or [], self._awaited or []
+        self._waiters = self._awaited = None
+        if self.pieces is not None or self.future.exception() is not None:
+            for waiter, record in zip(waiters, awaited):
+                if not waiter.done():
+                    failure = self.exception_for(record._offset_delta)
+                    if failure is None:
+                        waiter.set_result(self.metadata(record._offset_delta,
+                                                        record._timestamp))
+                    else:
+                        waiter.set_exception(failure)
+            return
+        # Acknowledged whole: metadata() inlined, as this is per record.
+        base_offset, log_append_time = self.future.result()
+        topic, partition = self.topic, self.partition
+        for waiter, record in zip(waiters, awaited):
+            if not waiter.done():
+                waiter.set_result(_new_metadata(RecordMetadata, (
+                    topic, partition,
+                    base_offset + record._offset_delta if base_offset >= 0 else -1,
+                    log_append_time if log_append_time >= 0 else record._timestamp)))
 
     def complete(self, base_offset: int, log_append_time: int) -> None:
         self.done = True
@@ -241,7 +274,7 @@ class RecordFuture(_RecordFutureBase):
     def __await__(self) -> Generator[Any, None, RecordMetadata]:
         batch = self._batch
         if not batch.future.done():
-            yield from batch.waiter()  # type: ignore[union-attr]
+            return (yield from batch.waiter(self))  # type: ignore[union-attr]
         return self.result()
 
     __iter__ = __await__
@@ -278,6 +311,7 @@ class RecordFuture(_RecordFutureBase):
         if batch.future.done():
             return False
         self._batch = _Unfollowed(batch, msg)
+        batch.cancel_waiters(self)  # type: ignore[union-attr]
         self.get_loop().call_soon(_run_callbacks, [self])
         return True
 
@@ -333,22 +367,23 @@ class Sending(RecordFuture):
 
     __slots__ = ()
 
-    def __await__(self) -> Sending:
-        return self  # its own iterator, one step per __next__: no generator per send()
-
-    def __next__(self) -> Any:
-        """One step: a waiter for the record if it is pending (the Task awaits that by
-        asyncio's fast path), else its metadata (StopIteration) or its failure."""
+    def __await__(self) -> Generator[Any, None, RecordMetadata]:
+        """The waiter's own iterator while the record is pending: no frame of ours per send()
+        when the task resumes."""
         batch = self._batch
         if not batch.future.done():
-            waiter = batch.waiter()  # type: ignore[union-attr]
-            waiter._asyncio_future_blocking = True  # (what iterating it would set)
-            return waiter
-        raise StopIteration(batch.metadata(self._offset_delta, self._timestamp))
+            return batch.waiter(self).__await__()  # type: ignore[union-attr]
+        return _ready(self.result())
 
     def send(self, value: None) -> Any:
-        """The coroutine protocol's step (create_task() drives it so)."""
-        return self.__next__()
+        """One step as a coroutine (create_task() drives it so): a waiter for the record if
+        it is pending, else its metadata (StopIteration) or its failure."""
+        batch = self._batch
+        if not batch.future.done():
+            waiter = batch.waiter(self)  # type: ignore[union-attr]
+            waiter._asyncio_future_blocking = True  # (what iterating it would set)
+            return waiter
+        raise StopIteration(self.result())
 
     def throw(self, exc: Any, value: Any = None, traceback: Any = None) -> Any:
         raise exc if value is None else value  # nothing to clean up: the record stays sent
@@ -375,6 +410,12 @@ class _Unfollowed:
 
     def exception_for(self, offset_delta: int) -> BaseException | None:
         return self.future.exception()  # (raises CancelledError)
+
+
+def _ready(result: RecordMetadata) -> Generator[Any, None, RecordMetadata]:
+    """An awaitable's iterator that has its result already."""
+    return result
+    yield  # (a generator)
 
 
 def _run_callbacks(records: list[RecordFuture]) -> None:
