@@ -99,6 +99,11 @@ class Producer:
         self._state = "new"
         self._failure: BaseException | None = None
         self._closing: asyncio.Task[None] | None = None
+        # When close() gives up on what is pending (None: never); a later close(timeout) may
+        # bring it nearer, and then resolves (and replaces) the future.
+        self._close_deadline: float | None = None
+        self._close_timeout: float | None = None  # the close(timeout) that set it, to say so
+        self._deadline_moved: asyncio.Future[None] | None = None
         self._close_called = False  # by the user (a failed start closes what it started too)
         self._ending: tuple[bool, asyncio.Task[None]] | None = None  # (commit?, its task)
         self._loop: asyncio.AbstractEventLoop | None = None  # the one start() ran on
@@ -198,62 +203,93 @@ class Producer:
         """Send what is buffered and stop. With `timeout` (seconds), records not acknowledged
         by then fail with ProducerClosedError; `timeout=0` closes at once.
 
-        Idempotent: a second call waits for the first to finish (its `timeout` applies).
-        Cancelling a caller does not stop the closing, which goes on in its own task."""
+        Idempotent: a second call waits for the first to finish; a shorter `timeout` in it
+        bounds the closing too. Cancelling a caller does not stop the closing, which goes on
+        in its own task. No task of the producer outlives close()."""
         check_timeout("close(timeout=...)", timeout)
         self._check_loop()
         self._close_called = True
         await asyncio.shield(self._close_task(timeout))
 
     def _close_task(self, timeout: float | None) -> asyncio.Task[None]:
-        """The task that closes the producer: started now, or the one under way."""
+        """The task that closes the producer: started now, or the one under way (whose
+        deadline `timeout` brings nearer if it is shorter)."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
         if self._closing is None:
-            self._closing = asyncio.get_running_loop().create_task(
-                self._close(timeout), name=f"aioproducer-close-{self.config.client_id}")
+            self._close_deadline, self._close_timeout = deadline, timeout
+            self._deadline_moved = loop.create_future()
+            self._closing = loop.create_task(
+                self._close(), name=f"aioproducer-close-{self.config.client_id}")
+        elif deadline is not None and (self._close_deadline is None or
+                                       deadline < self._close_deadline):
+            self._close_deadline, self._close_timeout = deadline, timeout
+            moved, self._deadline_moved = self._deadline_moved, loop.create_future()
+            if moved is not None and not moved.done():
+                moved.set_result(None)
         return self._closing
 
-    async def _close(self, timeout: float | None) -> None:
+    def _close_remaining(self) -> float | None:
+        """Seconds until close() gives up on what is pending (None: no limit)."""
+        if self._close_deadline is None:
+            return None
+        return max(0.0, self._close_deadline - asyncio.get_running_loop().time())
+
+    async def _within_close_deadline(self, waits: Iterable[asyncio.Future[Any]]) -> bool:
+        """Wait for `waits` until close()'s deadline, also one brought nearer meanwhile;
+        whether they all ended."""
+        pending = {future for future in waits if not future.done()}
+        if not pending:
+            return True
+        all_done = asyncio.ensure_future(asyncio.wait(pending))
+        try:
+            while not all_done.done():
+                remaining = self._close_remaining()
+                if remaining == 0:
+                    return False
+                assert self._deadline_moved is not None
+                await asyncio.wait({all_done, self._deadline_moved}, timeout=remaining,
+                                   return_when=asyncio.FIRST_COMPLETED)
+            return True
+        finally:
+            all_done.cancel()
+
+    async def _close(self) -> None:
         if self._state == "closed":
             return
         if self._state in ("new", "starting", "failed"):
             self._state = "closed"
-            if self._txn is not None:
-                self._txn.close()
-            if self._cluster is not None:
-                await self._cluster.close()
+            await self._stop_tasks()
             return
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
-
-        def remaining() -> float | None:
-            return None if deadline is None else max(0.0, deadline - loop.time())
         txn = self._txn
-        if timeout != 0 and self._ending is not None and not self._ending[1].done():
+        if self._ending is not None and not self._ending[1].done():
             # Another task's commit or abort: let it end, as the Java client's sender does.
-            await asyncio.wait({self._ending[1]}, timeout=remaining())
-        if timeout != 0 and txn is not None and \
-                txn.state in (TxnState.IN_TRANSACTION, TxnState.ABORTABLE_ERROR):
+            await self._within_close_deadline({self._ending[1]})
+        if txn is not None and self._close_remaining() != 0 and txn.state in (
+                TxnState.IN_TRANSACTION, TxnState.ABORTABLE_ERROR, TxnState.ABORTING):
             # As the Java client does: left open, the transaction would hold back
-            # read_committed consumers until the coordinator times it out.
+            # read_committed consumers until the coordinator times it out. (ABORTING: an
+            # abort that failed; its task ended above.)
             log.warning("closing with a transaction open: aborting it")
-            try:
-                await asyncio.wait_for(self.abort_transaction(), remaining())
-            except (KafkaError, asyncio.TimeoutError) as error:
+            aborting = asyncio.ensure_future(self.abort_transaction())
+            if not await self._within_close_deadline({aborting}):
+                aborting.cancel()  # (its task is stopped with the others below)
+                log.warning("could not abort the open transaction within close()'s timeout: "
+                            "its coordinator will, after transaction_timeout_ms")
+            elif not aborting.cancelled() and aborting.exception() is not None:
                 log.warning("could not abort the open transaction (%r): its coordinator will, "
-                            "after transaction_timeout_ms", error)
+                            "after transaction_timeout_ms", aborting.exception())
         self._state = "closing"
         accumulator, sender = self._accumulator, self._sender
         assert accumulator is not None and sender is not None and self._cluster is not None
         accumulator.begin_closing()
         sender.running = False
         sender.wake()
-        pending = [b.future for b in accumulator.incomplete]
-        if pending and timeout != 0:
-            await asyncio.wait(pending, timeout=remaining())
+        await self._within_close_deadline({b.future for b in accumulator.incomplete})
         if accumulator.incomplete:
             exc = ProducerClosedError(
                 "the producer was closed before these records were acknowledged "
-                f"(close(timeout={timeout}))")
+                f"(close(timeout={self._close_timeout}))")
             accumulator.fail_all(exc)
             sender.fail_in_flight(exc)
         if self._sender_task is not None:
@@ -262,13 +298,27 @@ class Producer:
                 await asyncio.wait_for(asyncio.shield(self._sender_task), 5)
             except (asyncio.TimeoutError, Exception):  # its failure was already reported
                 self._sender_task.cancel()
+                await asyncio.wait({self._sender_task})
         # The sender is done: no record may be left awaiting it.
         accumulator.fail_unresolved(ProducerClosedError(
             "the producer closed before these records could be sent"))
-        if self._txn is not None:
-            self._txn.close()
-        await self._cluster.close()
+        await self._stop_tasks()
         self._state = "closed"
+
+    async def _stop_tasks(self) -> None:
+        """Close the connections, then wait for the tasks still running on them: a commit or
+        abort close() gave up on ends with the reason (its connections are gone); the
+        transactional requests running on their own are stopped. None outlives close()."""
+        stopped = self._txn.close() if self._txn is not None else []
+        if self._cluster is not None:
+            await self._cluster.close()
+        if self._ending is not None and not self._ending[1].done():
+            ending = self._ending[1]
+            if not (await asyncio.wait({ending}, timeout=5))[0]:
+                ending.cancel()
+                stopped.append(ending)
+        if stopped:
+            await asyncio.wait(stopped)
 
     def _sender_done(self, task: asyncio.Task[None]) -> None:
         if task.cancelled() or task is not self._sender_task:  # (that of a start torn down)
@@ -618,27 +668,32 @@ class Producer:
         if self._closing is not None:
             raise ProducerClosedError("the producer is closing: no new transaction can begin")
         txn.begin()
+        self._ending = None  # the last commit's or abort's outcome is no longer asked for
 
     async def commit_transaction(self) -> None:
         """Send what is buffered, wait for every record of the transaction to be acknowledged,
         then commit. If a record failed, raises TransactionStateError: abort instead.
 
         Cancelling the caller (a timeout) does not stop the commit, which goes on in its own
-        task: call commit_transaction() again to wait for its outcome."""
+        task: call commit_transaction() again to learn its outcome (until the next
+        begin_transaction(): it returns if the commit succeeded, even after it ended). One
+        that failed on a lost connection or a timeout is tried again by that call."""
         await self._end_transaction(commit=True)
 
     async def abort_transaction(self) -> None:
         """Abort: records not yet sent fail with TransactionAbortedError, records already on
         their way are written but marked aborted, which consumers with
-        isolation_level=read_committed skip. Goes on when its caller is cancelled, as
-        commit_transaction() does."""
+        isolation_level=read_committed skip. Goes on when its caller is cancelled, and says
+        its outcome when called again, as commit_transaction() does; one that failed on a
+        lost connection or a timeout may be tried again."""
         await self._end_transaction(commit=False)
 
     async def _end_transaction(self, commit: bool) -> None:
-        """Start the commit or abort in a task of its own, or join the one under way."""
+        """Start the commit or abort in a task of its own, or join the one under way or
+        ended (its outcome, until the next transaction begins)."""
         txn = self._transaction_manager()
         self._check_loop()  # before the state changes: on another loop it could never end
-        if self._ending is None or self._ending[1].done() or self._ending[0] != commit:
+        if self._ending is None or self._ending[0] != commit or _failed(self._ending[1]):
             if commit and self._closing is not None:  # (close() aborts what is left open)
                 raise ProducerClosedError("the producer is closing: a transaction left open "
                                           "is aborted; commit before close()")
@@ -694,7 +749,10 @@ class Producer:
         """`async with producer.transaction():` commits when the block ends, aborts if it
         raises (and re-raises). The block's exception, a cancellation say, always goes on up:
         an abort that fails too is a note on it (the next transaction call says what state
-        that left)."""
+        that left). The abort goes on in a task of its own when the block is cancelled (a
+        cancel scope cancels every await in it); the next transaction() waits for it."""
+        if self._ending is not None and not self._ending[1].done():
+            await asyncio.wait({self._ending[1]})  # the last one's commit or abort
         self.begin_transaction()
         try:
             yield self
@@ -810,6 +868,11 @@ def _offsets(offsets: Any) -> dict[tuple[str, int], int]:
                 "offsets must map (topic: str, partition: int >= 0) to an offset (int >= 0), "
                 f"or list objects with .topic, .partition and .offset; got {offsets!r}")
     return {(str.__str__(topic), partition): offset for topic, partition, offset in items}
+
+
+def _failed(task: asyncio.Task[None]) -> bool:
+    """Whether a commit's or abort's task ended without its outcome (tried again, then)."""
+    return task.done() and (task.cancelled() or task.exception() is not None)
 
 
 def _iterate(records: Any) -> Iterator[Any]:

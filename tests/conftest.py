@@ -81,3 +81,18 @@ def proxied_broker():
     with EmbeddedBroker(advertised_port=proxy_port) as embedded:
         with FaultProxy(embedded.port, proxy_port) as proxy:
             yield ProxiedBroker(embedded, proxy)
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "both_loops: run the (async) test on the asyncio loop and on uvloop")
+
+
+def pytest_asyncio_loop_factories(config, item):
+    """Tests marked both_loops run once on each loop (pytest-asyncio's loop factories)."""
+    if item.get_closest_marker("both_loops") is None:
+        return None
+    import asyncio
+
+    import uvloop
+    return {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}

@@ -819,3 +819,64 @@ async def test_failed_send_offsets_make_the_transaction_abortable(proxied_broker
     finally:
         consumer.close()
     assert committed.offset == 9
+
+
+async def _ends_in_background(producer: Producer, commit: bool, cluster) -> None:
+    """Commit or abort under a timeout that fires while the broker stalls; the call goes
+    on in the background and, once the broker answers, ends (its marker on the wire)."""
+    end = producer.commit_transaction if commit else producer.abort_transaction
+    cluster.proxy.stall(True)
+    with pytest.raises(asyncio.TimeoutError):
+        await asyncio.wait_for(end(), 0.3)
+    cluster.proxy.stall(False)
+    marker = "COMMIT" if commit else "ABORT"
+    for _ in range(100):  # at most 10 s
+        if marker in _markers(cluster.broker.bootstrap, "ended-once", 0):
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"no {marker} marker")
+
+
+@pytest.mark.parametrize("commit", [True, False], ids=["commit", "abort"])
+async def test_a_second_call_reports_the_outcome_of_one_cut_short(proxied_broker, commit):
+    """The README says: call commit_transaction() again to learn the outcome of one cut
+    short. Once that commit ended in the background, the second call returns (it used to
+    raise "cannot go from 'ready' to 'committing'", and an app that then redid the
+    transaction wrote it twice); the same for abort. Until the next transaction begins."""
+    cluster = proxied_broker
+    producer = await _open_transaction(cluster, "ended-once", b"a")
+    try:
+        await _ends_in_background(producer, commit, cluster)
+        end = producer.commit_transaction if commit else producer.abort_transaction
+        await asyncio.wait_for(end(), 10)
+        await asyncio.wait_for(end(), 10)  # still the same outcome
+        producer.begin_transaction()  # the next transaction: its own commit, not the last
+        await producer.send("ended-once", b"b")
+        await asyncio.wait_for(producer.commit_transaction(), 10)
+    finally:
+        await asyncio.wait_for(producer.close(), 10)
+    assert _markers(cluster.broker.bootstrap, "ended-once", 0) == \
+        ["data", "COMMIT" if commit else "ABORT", "data", "COMMIT"]
+
+
+async def test_an_abort_cut_short_by_an_outage_may_be_tried_again(proxied_broker):
+    """abort_transaction() while the broker is unreachable for longer than max_block_ms
+    raises a retriable error and leaves the producer able to abort again once the broker is
+    back (it used to make the producer fatal for good: a lost connection is retriable)."""
+    cluster = proxied_broker
+    cluster.create_topic("outage-abort", 1)
+    async with Producer(cluster.bootstrap, transactional_id=_tid(), linger_ms=0,
+                        max_block_ms=1000, request_timeout_ms=1000,
+                        retry_backoff_ms=50) as producer:
+        producer.begin_transaction()
+        await asyncio.wait_for(producer.send("outage-abort", b"a"), 10)
+        cluster.proxy.refuse(True)
+        with pytest.raises(KafkaError) as caught:
+            await asyncio.wait_for(producer.abort_transaction(), 20)
+        assert caught.value.retriable, caught.value
+        cluster.proxy.heal()
+        await asyncio.wait_for(producer.abort_transaction(), 20)
+        async with producer.transaction():
+            await producer.send("outage-abort", b"b")
+    assert _markers(cluster.broker.bootstrap, "outage-abort", 0) == \
+        ["data", "ABORT", "data", "COMMIT"]

@@ -104,8 +104,10 @@ _WHAT_TO_DO = {
     TxnState.READY: "no transaction is open: call begin_transaction() first",
     TxnState.IN_TRANSACTION: "a transaction is open: commit_transaction() or "
                              "abort_transaction() it first",
-    TxnState.COMMITTING: "a commit is under way: wait for it",
-    TxnState.ABORTING: "an abort is under way: wait for it",
+    TxnState.COMMITTING: "a commit is under way, or was cut short: call "
+                         "commit_transaction() (again) to learn or finish it",
+    TxnState.ABORTING: "an abort is under way, or was cut short: call abort_transaction() "
+                       "(again) to learn or finish it",
     TxnState.ABORTABLE_ERROR: "the transaction failed: call abort_transaction()",
     TxnState.FATAL_ERROR: "the producer cannot continue: close it",
 }
@@ -161,12 +163,15 @@ class TransactionManager:
             self._init_idempotent(), name=f"aioproducer-init-producer-id-{self._config.client_id}")
         return self._init_task
 
-    def close(self) -> None:
+    def close(self) -> list[asyncio.Task[None]]:
         """The producer is closing: stop the requests running on their own (an idempotent
-        producer's InitProducerId retries for as long as no broker answers)."""
-        for task in (self._init_task, self._add_task):
-            if task is not None:
-                task.cancel()
+        producer's InitProducerId retries for as long as no broker answers); returns them,
+        to be waited for."""
+        stopped = [task for task in (self._init_task, self._add_task)
+                   if task is not None and not task.done()]
+        for task in stopped:
+            task.cancel()
+        return stopped
 
     def init_request(self) -> dict[str, Any]:
         """InitProducerId for an idempotent producer: after lost sequence state, ask to keep
@@ -489,12 +494,16 @@ class TransactionManager:
         self.on_change()
 
     def start_commit_or_abort(self, commit: bool) -> None:
+        """Begin a commit or abort, or try again one that a lost connection or a timeout cut
+        short (its state stays: the coordinator may have its EndTxn already)."""
         if self.state is TxnState.FATAL_ERROR:
             raise self._fatal_error()
         if commit and self.state is TxnState.ABORTABLE_ERROR:
             raise TransactionStateError(
                 f"cannot commit: the transaction failed ({self.error!r}); abort it") from self.error
-        self._transition(TxnState.COMMITTING if commit else TxnState.ABORTING)
+        target = TxnState.COMMITTING if commit else TxnState.ABORTING
+        if self.state is not target:
+            self._transition(target)
 
     async def end_transaction(self, commit: bool) -> None:
         """EndTxn, once every batch of the transaction has its outcome."""
@@ -514,10 +523,12 @@ class TransactionManager:
                         "committed": commit,
                     }, "EndTxn")
             except KafkaError as exc:
-                if commit:
-                    self._coordinator_failed(exc)
-                else:
-                    self.fatal(exc)  # nothing is left to end the transaction with
+                if isinstance(exc, _FATAL_FROM_COORDINATOR):
+                    self.fatal(exc)
+                elif commit and not exc.retriable:
+                    self.abortable(exc)
+                # Else the state stays committing or aborting: calling it again tries again
+                # (the Java client's "timed out and must be retried").
                 raise
         self._partitions.clear()
         self._pending.clear()

@@ -1,0 +1,177 @@
+"""Cleanup under the cancellations services use: asyncio.timeout (cancels once) and anyio's
+cancel scopes, which FastAPI and Starlette run handlers in (they cancel every await inside
+again and again, so an asyncio.shield inside does not protect cleanup). Each test runs on the
+asyncio loop and on uvloop. Whatever the caller's cancellation, a commit or abort, a close, a
+start's teardown end, each in a task of the producer's, and the producer goes on or ends
+clean; records are read back with librdkafka's consumer or as raw batches by kafka-python."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from typing import AsyncIterator
+
+import anyio
+import pytest
+
+from aioproducer import Producer
+from aioproducer.errors import ProducerClosedError
+from tests.support.readback import consume_all, fetch_raw_batches
+
+pytestmark = pytest.mark.both_loops
+
+HOW = ["asyncio.timeout", "anyio.fail_after"]
+
+
+@contextlib.asynccontextmanager
+async def cut_after(how: str, seconds: float) -> AsyncIterator[None]:
+    """A deadline on the block, raising TimeoutError, the asyncio or the anyio way."""
+    if how == "asyncio.timeout":
+        async with asyncio.timeout(seconds):
+            yield
+    else:
+        with anyio.fail_after(seconds):
+            yield
+
+
+def _producer_tasks() -> list[str]:
+    return [t.get_name() for t in asyncio.all_tasks()
+            if t.get_name().startswith("aioproducer-") and not t.done()]
+
+
+async def _no_producer_tasks_within(seconds: float) -> list[str]:
+    deadline = asyncio.get_running_loop().time() + seconds
+    while _producer_tasks() and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.01)
+    return _producer_tasks()
+
+
+def _markers(bootstrap: str, topic: str) -> list[str]:
+    return [b.control_type if b.is_control else "data"
+            for b in fetch_raw_batches(bootstrap, topic, 0)]
+
+
+@pytest.mark.parametrize("how", HOW)
+async def test_a_cancelled_transaction_block_aborts_and_the_next_one_commits(broker, how):
+    """The block is cut off (a handler's deadline): its abort goes on in the producer's own
+    task, and the next transaction() waits for it instead of refusing (under anyio the
+    block's abort was cancelled at once, leaving the transaction 'aborting', and the next
+    transaction() raised "an abort is under way")."""
+    topic = f"scope-{uuid.uuid4().hex[:8]}"
+    broker.create_topic(topic, 1)
+    async with Producer(broker.bootstrap, transactional_id=f"t-{uuid.uuid4().hex[:8]}",
+                        linger_ms=0) as producer:
+        with pytest.raises(TimeoutError):
+            async with cut_after(how, 0.3):
+                async with producer.transaction():
+                    await producer.send(topic, b"cut-off")
+                    await asyncio.sleep(10)  # the handler's slow work
+        async with cut_after(how, 20):
+            async with producer.transaction():
+                await producer.send(topic, b"next")
+    assert _markers(broker.bootstrap, topic) == ["data", "ABORT", "data", "COMMIT"]
+
+
+@pytest.mark.parametrize("how", HOW)
+async def test_a_cancelled_send_still_delivers_its_record_once(proxied_broker, how):
+    cluster = proxied_broker
+    cluster.create_topic("scope-send", 1)
+    async with Producer(cluster.bootstrap, linger_ms=0, request_timeout_ms=5000) as producer:
+        await producer.send("scope-send", b"first")
+        cluster.proxy.stall(True)
+        with pytest.raises(TimeoutError):
+            async with cut_after(how, 0.2):
+                await producer.send("scope-send", b"cut-off")
+        cluster.proxy.stall(False)
+        last = await asyncio.wait_for(producer.send("scope-send", b"last"), 10)
+    assert last.offset == 2
+    got = consume_all(cluster.broker.bootstrap, "scope-send", expected=3)
+    assert [r.value for r in got] == [b"first", b"cut-off", b"last"]
+
+
+@pytest.mark.parametrize("how", HOW)
+async def test_close_cut_off_by_its_caller_still_closes(proxied_broker, how):
+    """close() under a deadline that fires while a record waits for the stalled broker: the
+    caller gets its TimeoutError, the closing goes on in the producer's task and ends, leaving
+    nothing running; a bounded close() later returns at once."""
+    cluster = proxied_broker
+    cluster.create_topic("scope-close", 1)
+    producer = Producer(cluster.bootstrap, linger_ms=0, request_timeout_ms=5000)
+    await producer.start()
+    await producer.send("scope-close", b"first")
+    cluster.proxy.stall(True)
+    pending = await producer.enqueue("scope-close", b"pending")
+    with pytest.raises(TimeoutError):
+        async with cut_after(how, 0.2):
+            await producer.close()
+    cluster.proxy.stall(False)
+    assert (await asyncio.wait_for(pending, 10)).offset == 1
+    await asyncio.wait_for(producer.close(timeout=5), 10)
+    assert await _no_producer_tasks_within(2) == []
+
+
+@pytest.mark.parametrize("how", HOW)
+async def test_a_start_cut_off_leaves_the_producer_new(proxied_broker, how):
+    """start() under a deadline that fires while the broker does not answer: torn down, the
+    producer is new, and starts once the broker answers."""
+    cluster = proxied_broker
+    cluster.create_topic("scope-start", 1)
+    producer = Producer(cluster.bootstrap, linger_ms=0)
+    cluster.proxy.stall(True)
+    with pytest.raises(TimeoutError):
+        async with cut_after(how, 0.3):
+            await producer.start()
+    assert await _no_producer_tasks_within(2) == []
+    cluster.proxy.stall(False)
+    async with cut_after(how, 20):
+        await producer.start()
+        md = await producer.send("scope-start", b"v")
+        await producer.close()
+    assert md.offset == 0
+
+
+async def test_a_shorter_close_timeout_bounds_a_close_under_way(proxied_broker):
+    """A plain close() waits for a record the stalled broker never acknowledges; a second
+    close(timeout=0.5) ends both within about half a second (it used to wait for the first,
+    9.8 s in an outage), and the record fails saying so."""
+    cluster = proxied_broker
+    cluster.create_topic("scope-twice", 1)
+    producer = Producer(cluster.bootstrap, linger_ms=0, request_timeout_ms=30_000)
+    await producer.start()
+    await producer.send("scope-twice", b"first")
+    cluster.proxy.stall(True)
+    pending = await producer.enqueue("scope-twice", b"pending")
+    first = asyncio.create_task(producer.close())
+    await asyncio.sleep(0.1)
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    await asyncio.wait_for(producer.close(timeout=0.5), 10)
+    assert loop.time() - began < 3, "the shorter timeout did not bound the closing"
+    await asyncio.wait_for(first, 1)
+    with pytest.raises(ProducerClosedError, match=r"close\(timeout=0.5\)"):
+        pending.result()
+    cluster.proxy.stall(False)
+
+
+async def test_close_at_once_leaves_no_commit_running(proxied_broker):
+    """close(timeout=0) while another task commits: close() returns with no task of the
+    producer left (the commit used to run on, to fail later with TransactionStateError), and
+    the committing caller gets the reason."""
+    cluster = proxied_broker
+    cluster.create_topic("scope-commit", 1)
+    producer = Producer(cluster.bootstrap, transactional_id=f"t-{uuid.uuid4().hex[:8]}",
+                        linger_ms=0, request_timeout_ms=10_000)
+    await producer.start()
+    producer.begin_transaction()
+    await producer.send("scope-commit", b"a")
+    cluster.proxy.stall(True)
+    await producer.enqueue("scope-commit", b"b")
+    committing = asyncio.create_task(producer.commit_transaction())
+    await asyncio.sleep(0.2)
+    await asyncio.wait_for(producer.close(timeout=0), 10)
+    assert _producer_tasks() == [], "a task of the producer outlived close()"
+    with pytest.raises(Exception) as caught:
+        await asyncio.wait_for(committing, 5)
+    assert not isinstance(caught.value, asyncio.CancelledError)
+    cluster.proxy.stall(False)
