@@ -4,7 +4,7 @@ from ._internal.batch import BulkFuture, RecordFuture, RecordMetadata
 from ._internal.metrics import ProducerMetrics
 from ._version import __version__
 from .config import ProducerConfig
-from .producer import Producer
+from .producer import Producer, accepted
 
 __all__ = ["BulkFuture", "Producer", "ProducerConfig", "ProducerMetrics", "RecordFuture",
-           "RecordMetadata", "__version__"]
+           "RecordMetadata", "__version__", "accepted"]

@@ -24,6 +24,7 @@ from .config import ProducerConfig
 from .errors import (
     ConfigError,
     InvalidRecordError,
+    KafkaConnectionError,
     KafkaError,
     ProducerClosedError,
     RecordTooLargeError,
@@ -159,7 +160,14 @@ class Producer:
         self._sender = Sender(config, self._cluster, self._accumulator, self._txn)
         refresh = self._cluster.refresh()
         try:
-            await refresh
+            # No longer than max_block_ms: a broker that takes connections but never answers
+            # would otherwise hold start() for request_timeout_ms.
+            if not (await asyncio.wait({refresh}, timeout=self._max_block))[0]:
+                raise KafkaConnectionError(
+                    f"no broker answered within max_block_ms={config.max_block_ms} "
+                    f"(bootstrap_servers={config.bootstrap_servers}): is it a Kafka broker, "
+                    "and up?")
+            refresh.result()
         except BaseException:
             await self._cluster.close()  # (then start() makes the producer new again)
             # By close(), not the caller (who may have cancelled too: then cancelled, as asked).
@@ -465,6 +473,7 @@ class Producer:
         if size > self.config.buffer_memory:
             raise RecordTooLargeError(
                 f"a record of {size} bytes is larger than buffer_memory={self.config.buffer_memory}")
+        memory = accumulator.batch_memory(size)
         closed = accumulator.close_for_appends(topic, partition)
         if sticky:
             self._partitioner.on_new_batch(topic, count, partition)
@@ -473,27 +482,27 @@ class Producer:
             # The new sticky partition may have a batch with room; a keyed one has none now.
             batch = accumulator.try_append(topic, partition, timestamp_ms, key, value,
                                            headers) if sticky else None
-            if batch is None and accumulator.reserve_now(size):
+            if batch is None and accumulator.reserve_now(memory):
                 batch = accumulator.open_batch(topic, partition, timestamp_ms, key, value,
-                                               headers, size, count)
+                                               headers, memory, count)
             if batch is not None:
                 return batch, batch.writer.count - 1, timestamp_ms
-        return self._append_in_line(topic, partition, timestamp_ms, key, value, headers, size,
-                                    count, closed and not eager, sticky)
+        return self._append_in_line(topic, partition, timestamp_ms, key, value, headers,
+                                    memory, count, closed and not eager, sticky)
 
     async def _append_in_line(self, topic: str, partition: int, timestamp_ms: int,
                               key: bytes | None, value: bytes | None, headers: bytes | None,
-                              size: int, count: int, yield_first: bool,
+                              memory: int, count: int, yield_first: bool,
                               look_again: bool) -> Appended:
-        """Reserve the new batch's memory, waiting in line for it if it is short (first come,
+        """Reserve the new batch's `memory`, waiting in line for it if it is short (first come,
         first served, up to max_block_ms), then append. With `yield_first`, yield once
         before appending: the sender ships the batch just closed, so a loop that never waits
         keeps the broker busy instead of filling buffer_memory first. Cancelled or failed
         before appending, it has buffered nothing: enqueue() is all or nothing."""
         accumulator = self._accumulator
         assert accumulator is not None
-        if not accumulator.reserve_now(size):
-            await accumulator.reserve(size, self._max_block)
+        if not accumulator.reserve_now(memory):
+            await accumulator.reserve(memory, self._max_block)
             yield_first, look_again = False, True  # others ran meanwhile
         try:
             if yield_first:
@@ -503,12 +512,12 @@ class Producer:
                                            headers) if look_again else None
             if batch is None:
                 batch = accumulator.open_batch(topic, partition, timestamp_ms, key, value,
-                                               headers, size, count)
+                                               headers, memory, count)
                 return batch, 0, timestamp_ms
         except BaseException:
-            accumulator.release(size)
+            accumulator.release(memory)
             raise
-        accumulator.release(size)  # the record went into a batch others opened meanwhile
+        accumulator.release(memory)  # the record went into a batch others opened meanwhile
         return batch, batch.writer.count - 1, timestamp_ms
 
     async def enqueue_many(self, topic: str,
@@ -522,7 +531,8 @@ class Producer:
         headers. Whatever the call raises (a record refused for its type or size, an unknown
         topic, a cancellation, `records` itself raising), the records before stay buffered:
         the exception's `accepted` attribute is the BulkFuture of those, always the first
-        len(accepted) records. `records` is read as the call goes (it may wait for buffer
+        len(accepted) records. A timeout around the call raises a TimeoutError of its own:
+        `aioproducer.accepted(error)` finds the BulkFuture on any of them. `records` is read as the call goes (it may wait for buffer
         memory): do not change it until the call returns.
         """
         out_batches: list[ProducerBatch] = []
@@ -868,6 +878,23 @@ def _offsets(offsets: Any) -> dict[tuple[str, int], int]:
                 "offsets must map (topic: str, partition: int >= 0) to an offset (int >= 0), "
                 f"or list objects with .topic, .partition and .offset; got {offsets!r}")
     return {(str.__str__(topic), partition): offset for topic, partition, offset in items}
+
+
+def accepted(error: BaseException) -> BulkFuture | None:
+    """The records an `enqueue_many()` call buffered before `error` ended it, as the
+    BulkFuture of those (they are sent), wherever the error went: on the exception itself,
+    or on the one it was raised from or during, as when `asyncio.timeout()`, `wait_for()` or
+    `anyio.fail_after()` turn the call's cancellation into a TimeoutError. None if `error`
+    did not come from an enqueue_many() call."""
+    seen: set[int] = set()
+    chained: BaseException | None = error
+    while chained is not None and id(chained) not in seen:
+        seen.add(id(chained))
+        found = getattr(chained, "accepted", None)
+        if isinstance(found, BulkFuture):
+            return found
+        chained = chained.__cause__ or chained.__context__
+    return None
 
 
 def _failed(task: asyncio.Task[None]) -> bool:

@@ -89,10 +89,11 @@ def pytest_configure(config):
 
 
 def pytest_asyncio_loop_factories(config, item):
-    """Tests marked both_loops run once on each loop (pytest-asyncio's loop factories)."""
-    if item.get_closest_marker("both_loops") is None:
-        return None
+    """Tests marked both_loops run once on each loop (pytest-asyncio's loop factories), the
+    others on the asyncio loop."""
     import asyncio
 
+    if item.get_closest_marker("both_loops") is None:
+        return {"asyncio": asyncio.new_event_loop}
     import uvloop
     return {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}

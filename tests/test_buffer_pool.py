@@ -127,3 +127,34 @@ async def test_close_fails_sends_waiting_for_memory_at_once(proxied_broker):
     cluster.proxy.stall(False)
     await asyncio.wait_for(closing, 10)
     assert first.done()
+
+
+@pytest.mark.parametrize("call", ["enqueue", "enqueue_many"])
+async def test_buffer_memory_bounds_what_waits_for_a_stalled_broker(proxied_broker, call):
+    """Each new batch holds batch_size of buffer_memory, whichever call opened it: with the
+    broker stalled, the calls wait once 4 batches' worth is buffered and fail after
+    max_block_ms, having buffered no more."""
+    from aioproducer import Producer, accepted
+    from aioproducer.errors import BufferExhaustedError
+
+    cluster = proxied_broker
+    cluster.create_topic("bounded", 1)
+    records = [(None, b"%05d" % i + b"v" * 95) for i in range(2000)]
+    async with Producer(cluster.bootstrap, batch_size=4096, buffer_memory=4 * 4096,
+                        max_block_ms=300, linger_ms=0, request_timeout_ms=30_000) as producer:
+        await producer.send("bounded", b"first")
+        cluster.proxy.stall(True)
+        buffered = 0
+        with pytest.raises(BufferExhaustedError):
+            if call == "enqueue_many":
+                try:
+                    await asyncio.wait_for(producer.enqueue_many("bounded", records), 10)
+                except BufferExhaustedError as exc:
+                    buffered = len(accepted(exc) or ())
+                    raise
+            for _, value in records:
+                await asyncio.wait_for(producer.enqueue("bounded", value), 10)
+                buffered += 1
+        assert 0 < buffered <= 4 * (4096 // 100), f"{buffered} records in 16 KiB"
+        cluster.proxy.stall(False)
+        await asyncio.wait_for(producer.flush(), 30)

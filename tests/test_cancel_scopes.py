@@ -175,3 +175,34 @@ async def test_close_at_once_leaves_no_commit_running(proxied_broker):
         await asyncio.wait_for(committing, 5)
     assert not isinstance(caught.value, asyncio.CancelledError)
     cluster.proxy.stall(False)
+
+
+@pytest.mark.parametrize("how", ["asyncio.timeout", "asyncio.wait_for", "anyio.fail_after"])
+async def test_accepted_says_what_an_enqueue_many_cut_off_by_a_timeout_buffered(
+        proxied_broker, how):
+    """enqueue_many() waits for buffer memory behind a stalled broker and a timeout ends it:
+    the TimeoutError caught has no `accepted` of its own (it sat on the chained
+    CancelledError); aioproducer.accepted() finds it, and those records, only those, land."""
+    from aioproducer import accepted
+
+    cluster = proxied_broker
+    cluster.create_topic("scope-bulk", 1)
+    records = [(None, b"%05d" % i + b"v" * 95) for i in range(2000)]
+    async with Producer(cluster.bootstrap, batch_size=4096, buffer_memory=16384,
+                        linger_ms=0, max_block_ms=30_000) as producer:
+        await producer.send("scope-bulk", b"first")
+        cluster.proxy.stall(True)
+        call = producer.enqueue_many("scope-bulk", records)
+        with pytest.raises(TimeoutError) as caught:
+            if how == "asyncio.wait_for":
+                await asyncio.wait_for(call, 0.3)
+            else:
+                async with cut_after(how, 0.3):
+                    await call
+        bulk = accepted(caught.value)
+        assert bulk is not None and 0 < len(bulk) < len(records)
+        cluster.proxy.stall(False)
+        metadata = await asyncio.wait_for(bulk, 20)
+    got = consume_all(cluster.broker.bootstrap, "scope-bulk", expected=1 + len(bulk))
+    assert [r.value for r in got[1:]] == [value for _, value in records[:len(bulk)]]
+    assert [md.offset for md in metadata] == [r.offset for r in got[1:]]

@@ -696,3 +696,21 @@ async def test_a_sent_batch_takes_no_more_records(broker, topic):
         await asyncio.sleep(0)  # the task runs first, and to the end unless it yields
         assert task.done(), "enqueue() yielded as if the partition's batch were full"
         assert (await task.result()).offset == first.offset + 1
+
+
+async def test_start_against_a_broker_that_never_answers_ends_within_max_block_ms(
+        proxied_broker):
+    """The connection is taken, nothing comes back: start() fails after max_block_ms (it
+    took request_timeout_ms, 30 s), and starts once the broker answers."""
+    cluster = proxied_broker
+    cluster.create_topic("silent", 1)
+    producer = Producer(cluster.bootstrap, max_block_ms=1000)
+    cluster.proxy.stall(True)
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    with pytest.raises(KafkaConnectionError, match="max_block_ms=1000"):
+        await asyncio.wait_for(producer.start(), 20)
+    assert loop.time() - began < 5
+    cluster.proxy.stall(False)
+    async with producer:
+        assert (await asyncio.wait_for(producer.send("silent", b"v"), 10)).offset == 0

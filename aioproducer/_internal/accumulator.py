@@ -99,6 +99,11 @@ class RecordAccumulator:
         self._wake_sender(None)
         return True
 
+    def batch_memory(self, record_size: int) -> int:
+        """The memory a new batch takes for its first record: batch_size, or the record's
+        size if larger."""
+        return max(self._batch_size, record_size)
+
     def reserve_now(self, size: int) -> bool:
         """Reserve a new batch's memory if it is free and nobody waits for memory before us."""
         if self.closing:

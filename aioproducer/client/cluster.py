@@ -396,11 +396,15 @@ class Cluster:
     async def close(self) -> None:
         if not self._closed.done():
             self._closed.set_result(None)
-        for task in list(self._connecting.values()) + ([self._refresh] if self._refresh else []):
+        tasks = [task for task in (*self._connecting.values(), self._refresh)
+                 if task is not None and not task.done()]
+        for task in tasks:
             task.cancel()
         for conn in list(self._connections.values()):
             conn.close()
         self._connections.clear()
+        if tasks:  # none outlives close()
+            await asyncio.wait(tasks)
 
 
 def exponential_backoff(base: float, failures: int, cap: float) -> float:
