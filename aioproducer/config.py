@@ -60,6 +60,10 @@ class ProducerConfig:
     transaction_timeout_ms: int = 60000
     key_serializer: Callable[[Any], bytes] | None = None
     value_serializer: Callable[[Any], bytes] | None = None
+    # Called as on_delivery_error(error, topic, partition, record_count) for each batch of
+    # records that failed for good, whether or not anyone awaits them; errors it raises are
+    # logged. Without it, such failures are logged (at most one line per 10 s).
+    on_delivery_error: Callable[[BaseException, str, int, int], object] | None = None
     security_protocol: str = "PLAINTEXT"
     ssl_context: Any = None  # an ssl.SSLContext; else one is built from the ssl_* settings
     ssl_cafile: str | None = None
@@ -150,6 +154,9 @@ class ProducerConfig:
         for name in ("key_serializer", "value_serializer"):
             if getattr(self, name) is not None and not callable(getattr(self, name)):
                 raise ConfigError(f"{name} must be a callable returning bytes")
+        if self.on_delivery_error is not None and not callable(self.on_delivery_error):
+            raise ConfigError("on_delivery_error must be a callable taken (error, topic, "
+                              "partition, record_count)")
         if self.delivery_timeout_ms < self.linger_ms + self.request_timeout_ms:
             raise ConfigError(
                 f"delivery_timeout_ms ({self.delivery_timeout_ms}) must be at least linger_ms "

@@ -161,12 +161,14 @@ class Producer:
         refresh = self._cluster.refresh()
         try:
             # No longer than max_block_ms: a broker that takes connections but never answers
-            # would otherwise hold start() for request_timeout_ms.
-            if not (await asyncio.wait({refresh}, timeout=self._max_block))[0]:
+            # would otherwise hold start() for request_timeout_ms. (max_block_ms=0, "sends
+            # never wait", leaves start() its request_timeout_ms.)
+            bound = self._max_block or config.request_timeout_ms / 1000
+            if not (await asyncio.wait({refresh}, timeout=bound))[0]:
                 raise KafkaConnectionError(
-                    f"no broker answered within max_block_ms={config.max_block_ms} "
-                    f"(bootstrap_servers={config.bootstrap_servers}): is it a Kafka broker, "
-                    "and up?")
+                    f"no broker answered within {bound:g} s (max_block_ms="
+                    f"{config.max_block_ms}; bootstrap_servers={config.bootstrap_servers}): "
+                    "is it a Kafka broker, and up?")
             refresh.result()
         except BaseException:
             await self._cluster.close()  # (then start() makes the producer new again)
@@ -249,15 +251,15 @@ class Producer:
         pending = {future for future in waits if not future.done()}
         if not pending:
             return True
-        all_done = asyncio.ensure_future(asyncio.wait(pending))
+        all_done: asyncio.Future[Any] = asyncio.ensure_future(asyncio.wait(pending))
         try:
             while not all_done.done():
                 remaining = self._close_remaining()
                 if remaining == 0:
                     return False
                 assert self._deadline_moved is not None
-                await asyncio.wait({all_done, self._deadline_moved}, timeout=remaining,
-                                   return_when=asyncio.FIRST_COMPLETED)
+                either: set[asyncio.Future[Any]] = {all_done, self._deadline_moved}
+                await asyncio.wait(either, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
             return True
         finally:
             all_done.cancel()
@@ -329,7 +331,20 @@ class Producer:
             await asyncio.wait(stopped)
 
     def _sender_done(self, task: asyncio.Task[None]) -> None:
-        if task.cancelled() or task is not self._sender_task:  # (that of a start torn down)
+        if task is not self._sender_task:  # (that of a start torn down)
+            return
+        if task.cancelled():
+            if self._state == "started" and self._loop is not None:
+                # Not by close(): the loop shuts down (asyncio.run() cancels what is left)
+                # with the producer open. Said where it is seen without -W, as asyncio says
+                # a task was destroyed pending.
+                pending = sum(b.record_count for b in self._accumulator.incomplete) \
+                    if self._accumulator is not None else 0
+                self._loop.call_exception_handler({
+                    "message": f"unclosed {self!r} (its sender was cancelled, {pending} "
+                               "record(s) unsent): call `await producer.close()` before the "
+                               "loop ends (or use `async with`)",
+                    "producer": self})
             return
         exc = task.exception()
         if exc is not None:
@@ -350,8 +365,8 @@ class Producer:
 
     def __del__(self, _warn: Callable[..., None] = warnings.warn) -> None:
         if getattr(self, "_state", None) in ("started", "failed", "closing"):
-            _warn(f"unclosed {self!r}: call `await producer.close()` (or use `async with`)",
-                  ResourceWarning, source=self)
+            message = f"unclosed {self!r}: call `await producer.close()` (or use `async with`)"
+            _warn(message, ResourceWarning, source=self)
 
     # -- producing -------------------------------------------------------------------------
 

@@ -10,11 +10,13 @@ the producer ever wrote to.
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 from collections import deque
 from typing import TYPE_CHECKING, Callable, Iterable
 
-from ..errors import DeliveryTimeoutError, ProducerClosedError
+from ..client.ratelimit import LogEvery
+from ..errors import DeliveryTimeoutError, ProducerClosedError, TransactionAbortedError
 from ..protocol.compression import Codec
 from ..protocol.records import BatchWriter, encode_headers, read_batches
 from .batch import ProducerBatch
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
     from .transactions import TransactionManager
 
 TopicPartition = tuple[str, int]
+log = logging.getLogger(__name__)
 
 
 class RecordAccumulator:
@@ -58,6 +61,8 @@ class RecordAccumulator:
         self.records_sent = self.records_failed = self.batches_sent = 0
         self.flushing = 0
         self.closing = False
+        self._on_delivery_error = config.on_delivery_error
+        self._log_failure = LogEvery(log, logging.WARNING, 10)
 
     # -- appending (the hot path) ----------------------------------------------------------
 
@@ -310,11 +315,27 @@ class RecordAccumulator:
         if batch in self.incomplete:
             self.incomplete.discard(batch)
             self._pool.release(batch.reserved)
-            if batch.future.exception() is None:
+            failure = batch.future.exception()
+            if failure is None:
                 self.records_sent += batch.record_count
                 self.batches_sent += 1
             else:
                 self.records_failed += batch.record_count
+                self._report_failure(batch, failure)
+
+    def _report_failure(self, batch: ProducerBatch, failure: BaseException) -> None:
+        """Say that records failed for good, to the on_delivery_error hook if there is one,
+        else in the log: those nobody awaits would fail unseen."""
+        hook = self._on_delivery_error
+        if hook is None:
+            if not isinstance(failure, TransactionAbortedError):  # (the user's own abort)
+                self._log_failure("%d record(s) for %s-%d failed: %r", batch.record_count,
+                                  batch.topic, batch.partition, failure)
+            return
+        try:
+            hook(failure, batch.topic, batch.partition, batch.record_count)
+        except Exception:
+            log.exception("on_delivery_error raised (for %r)", failure)
 
     def fail_all(self, exc: BaseException, unsent_only: bool = False) -> None:
         """Fail every queued batch (the producer is closing without flushing, or broken), or

@@ -30,6 +30,7 @@ from ..errors import (
 from ..protocol.messages import ApiKey
 from ..protocol.sasl import mechanism as sasl_mechanism
 from .connection import BrokerConnection
+from .ratelimit import LogEvery
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -70,6 +71,7 @@ class Cluster:
                  release_topic: Callable[[str], bool]) -> None:
         self._config = config
         self._on_change = on_change  # wakes the sender: a connection came up or leaders moved
+        self._refresh_failed = LogEvery(log, logging.WARNING, 30)  # an outage's, every 30 s
         # Asked before an idle topic is forgotten: False while records for it are pending.
         self._release_topic = release_topic
         self._used_at: dict[str, float] = {}
@@ -153,9 +155,12 @@ class Cluster:
     def _refresh_done(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
             if self._updated_at != float("-inf"):  # (the first fetch's failure fails start())
-                log.warning("metadata refresh failed: %s", task.exception())
+                self._refresh_failed("metadata refresh failed: %s", task.exception())
             self._refresh_backoff = min(self._refresh_backoff * 2,
                                         self._config.retry_backoff_max_ms / 1000)
+        elif not task.cancelled() and not self._refresh_failed.quiet():
+            log.warning("metadata refresh works again")
+            self._refresh_failed.reset()
         self._on_change()
 
     async def topic(self, topic: str, timeout: float) -> TopicInfo:

@@ -1,0 +1,91 @@
+"""Failures nobody awaits are seen: the on_delivery_error hook, a log line by default (at
+most one per 10 s), a producer left open when its loop ends, and an outage's metadata
+warnings rate-limited."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from aioproducer import Producer
+from aioproducer.errors import ConfigError, MessageTooLargeError
+
+
+async def test_the_delivery_error_hook_hears_of_records_nobody_awaits(proxied_broker):
+    cluster = proxied_broker
+    cluster.proxy.message_max_bytes(3000)
+    cluster.create_topic("unwatched", 1)
+    heard: list[tuple[type, str, int, int]] = []
+
+    def hook(error: BaseException, topic: str, partition: int, count: int) -> None:
+        heard.append((type(error), topic, partition, count))
+        raise RuntimeError("a hook that fails is logged, not raised into the producer")
+
+    async with Producer(cluster.bootstrap, linger_ms=0, on_delivery_error=hook) as producer:
+        await producer.enqueue("unwatched", os.urandom(5000))  # fire and forget
+        await producer.flush()
+        assert (await producer.send("unwatched", b"small")).offset >= 0  # and it goes on
+    assert heard == [(MessageTooLargeError, "unwatched", 0, 1)]
+
+
+async def test_without_a_hook_failures_are_logged_at_most_every_10_s(proxied_broker, caplog):
+    cluster = proxied_broker
+    cluster.proxy.message_max_bytes(3000)
+    cluster.create_topic("logged", 1)
+    caplog.set_level(logging.WARNING, logger="aioproducer")
+    async with Producer(cluster.bootstrap, linger_ms=0) as producer:
+        for _ in range(5):
+            await producer.enqueue("logged", os.urandom(5000))
+            await producer.flush()
+    lines = [r.getMessage() for r in caplog.records if "failed: MessageTooLargeError" in
+             r.getMessage()]
+    assert len(lines) == 1 and "1 record(s) for logged-0" in lines[0], lines
+
+
+def test_a_bad_hook_is_refused():
+    with pytest.raises(ConfigError, match="on_delivery_error"):
+        Producer("127.0.0.1:9092", on_delivery_error="print")
+
+
+def test_a_producer_left_open_when_its_loop_ends_is_reported(broker, topic):
+    """asyncio.run() ends with the producer open: said on stderr, no -W needed."""
+    script = textwrap.dedent(f"""
+        import asyncio
+        from aioproducer import Producer
+
+        async def main():
+            producer = Producer({broker.bootstrap!r})
+            await producer.start()
+            await producer.enqueue({topic!r}, b"never flushed")
+
+        asyncio.run(main())
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHONWARNINGS": ""})
+    assert "unclosed <Producer" in done.stderr and "record(s) unsent" in done.stderr, \
+        done.stderr
+
+
+async def test_an_outage_logs_its_metadata_failures_once_and_its_end(proxied_broker, caplog):
+    cluster = proxied_broker
+    cluster.create_topic("outage", 1)
+    caplog.set_level(logging.INFO, logger="aioproducer")
+    async with Producer(cluster.bootstrap, linger_ms=0, retry_backoff_ms=10,
+                        retry_backoff_max_ms=50, reconnect_backoff_ms=10,
+                        reconnect_backoff_max_ms=50) as producer:
+        await producer.send("outage", b"before")
+        cluster.proxy.refuse(True)
+        pending = await producer.enqueue("outage", b"during")
+        await asyncio.sleep(2)
+        cluster.proxy.heal()
+        assert (await asyncio.wait_for(pending, 30)).offset == 1
+    messages = [r.getMessage() for r in caplog.records]
+    failed = [m for m in messages if m.startswith("metadata refresh failed")]
+    assert len(failed) == 1, failed
+    assert messages.count("metadata refresh works again") == 1
