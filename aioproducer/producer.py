@@ -718,7 +718,7 @@ class Producer:
         ended (its outcome, until the next transaction begins)."""
         txn = self._transaction_manager()
         self._check_loop()  # before the state changes: on another loop it could never end
-        if self._ending is None or self._ending[0] != commit or _failed(self._ending[1]):
+        if self._ending is None or self._ending[0] != commit or _may_retry(self._ending[1]):
             if commit and self._closing is not None:  # (close() aborts what is left open)
                 raise ProducerClosedError("the producer is closing: a transaction left open "
                                           "is aborted; commit before close()")
@@ -912,9 +912,16 @@ def accepted(error: BaseException) -> BulkFuture | None:
     return None
 
 
-def _failed(task: asyncio.Task[None]) -> bool:
-    """Whether a commit's or abort's task ended without its outcome (tried again, then)."""
-    return task.done() and (task.cancelled() or task.exception() is not None)
+def _may_retry(task: asyncio.Task[None]) -> bool:
+    """Whether a commit's or abort's task ended without an outcome, cut short by a lost
+    connection, a timeout or a cancellation: called again, it is tried again (any other
+    outcome is reported again)."""
+    if not task.done():
+        return False
+    if task.cancelled():
+        return True
+    error = task.exception()
+    return isinstance(error, KafkaError) and error.retriable
 
 
 def _iterate(records: Any) -> Iterator[Any]:

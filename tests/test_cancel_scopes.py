@@ -47,6 +47,16 @@ async def _no_producer_tasks_within(seconds: float) -> list[str]:
     return _producer_tasks()
 
 
+async def _stalled_record(cluster, topic: str) -> tuple[Producer, asyncio.Future]:
+    """A started producer, one record acknowledged, then one the stalled broker holds."""
+    cluster.create_topic(topic, 1)
+    producer = Producer(cluster.bootstrap, linger_ms=0, request_timeout_ms=30_000)
+    await producer.start()
+    await producer.send(topic, b"first")
+    cluster.proxy.stall(True)
+    return producer, await producer.enqueue(topic, b"pending")
+
+
 def _markers(bootstrap: str, topic: str) -> list[str]:
     return [b.control_type if b.is_control else "data"
             for b in fetch_raw_batches(bootstrap, topic, 0)]
@@ -95,13 +105,8 @@ async def test_close_cut_off_by_its_caller_still_closes(proxied_broker, how):
     """close() under a deadline that fires while a record waits for the stalled broker: the
     caller gets its TimeoutError, the closing goes on in the producer's task and ends, leaving
     nothing running; a bounded close() later returns at once."""
+    producer, pending = await _stalled_record(proxied_broker, "scope-close")
     cluster = proxied_broker
-    cluster.create_topic("scope-close", 1)
-    producer = Producer(cluster.bootstrap, linger_ms=0, request_timeout_ms=5000)
-    await producer.start()
-    await producer.send("scope-close", b"first")
-    cluster.proxy.stall(True)
-    pending = await producer.enqueue("scope-close", b"pending")
     with pytest.raises(TimeoutError):
         async with cut_after(how, 0.2):
             await producer.close()
@@ -135,13 +140,8 @@ async def test_a_shorter_close_timeout_bounds_a_close_under_way(proxied_broker):
     """A plain close() waits for a record the stalled broker never acknowledges; a second
     close(timeout=0.5) ends both within about half a second (it used to wait for the first,
     9.8 s in an outage), and the record fails saying so."""
+    producer, pending = await _stalled_record(proxied_broker, "scope-twice")
     cluster = proxied_broker
-    cluster.create_topic("scope-twice", 1)
-    producer = Producer(cluster.bootstrap, linger_ms=0, request_timeout_ms=30_000)
-    await producer.start()
-    await producer.send("scope-twice", b"first")
-    cluster.proxy.stall(True)
-    pending = await producer.enqueue("scope-twice", b"pending")
     first = asyncio.create_task(producer.close())
     await asyncio.sleep(0.1)
     loop = asyncio.get_running_loop()

@@ -880,3 +880,28 @@ async def test_an_abort_cut_short_by_an_outage_may_be_tried_again(proxied_broker
             await producer.send("outage-abort", b"b")
     assert _markers(cluster.broker.bootstrap, "outage-abort", 0) == \
         ["data", "ABORT", "data", "COMMIT"]
+
+
+async def test_a_failed_commit_cut_short_raises_its_error_when_called_again(proxied_broker):
+    """A commit cut short by its caller's timeout, then refused by the coordinator
+    (TRANSACTIONAL_ID_AUTHORIZATION_FAILED): calling commit_transaction() again raises that
+    error, not a complaint about the state the commit left."""
+    cluster = proxied_broker
+    refuse = _once(lambda response: setattr(response, "error_code", 53))
+    cluster.proxy.rewrite_responses(EndTxnResponse, refuse)
+    producer = await _open_transaction(cluster, "refused-commit", b"a")
+    try:
+        cluster.proxy.stall(True)
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(producer.commit_transaction(), 0.5)
+        cluster.proxy.stall(False)
+        for _ in range(200):  # until the commit ended (at most 10 s)
+            if producer._txn.state is TxnState.FATAL_ERROR:
+                break
+            await asyncio.sleep(0.05)
+        for _ in range(2):
+            with pytest.raises(TransactionalIdAuthorizationFailedError):
+                await asyncio.wait_for(producer.commit_transaction(), 10)
+    finally:
+        await asyncio.wait_for(producer.close(), 10)
+    assert refuse.changed
