@@ -1,14 +1,19 @@
-"""Fixtures: a real broker (embedded Tansu, or AIOPRODUCER_BOOTSTRAP), topics, a fault proxy."""
+"""Fixtures: a real broker (embedded Tansu, or AIOPRODUCER_BOOTSTRAP), topics, a fault proxy,
+and the ways a block is cut short (asyncio and anyio, on asyncio's loop and uvloop)."""
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import os
 import uuid
 from dataclasses import dataclass
 
 import pytest
+from pytest_asyncio.plugin import PytestAsyncioFunction
 
 from aioproducer.testing import EmbeddedBroker
+from tests.support.cancel import WAYS, cut_short
 from tests.support.ports import free_port
 from tests.support.proxy import FaultProxy
 
@@ -83,17 +88,34 @@ def proxied_broker():
             yield ProxiedBroker(embedded, proxy)
 
 
-def pytest_configure(config):
-    config.addinivalue_line(
-        "markers", "both_loops: run the (async) test on the asyncio loop and on uvloop")
+# -- cancellation under asyncio and anyio --------------------------------------------------
+
+@pytest.fixture(params=[
+    pytest.param(("asyncio", {"use_uvloop": False}), id="asyncio"),
+    pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop", marks=pytest.mark.skipif(
+        importlib.util.find_spec("uvloop") is None, reason="uvloop is not installed")),
+])
+def anyio_backend(request):
+    """anyio's pytest plugin runs a test that uses this fixture on each of these loops."""
+    return request.param
 
 
-def pytest_asyncio_loop_factories(config, item):
-    """Tests marked both_loops run once on each loop (pytest-asyncio's loop factories), the
-    others on the asyncio loop."""
-    import asyncio
+@pytest.fixture(params=WAYS)
+def cut(request, anyio_backend):
+    """`async with cut(seconds):` cuts the block short in one of the WAYS, on each loop."""
+    return functools.partial(cut_short, request.param)
 
-    if item.get_closest_marker("both_loops") is None:
-        return {"asyncio": asyncio.new_event_loop}
-    import uvloop
-    return {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
+
+@pytest.hookimpl(wrapper=True)
+def pytest_pycollect_makeitem(collector, name, obj):
+    """Leave the tests that use anyio_backend to anyio's plugin: pytest-asyncio's auto mode
+    takes every coroutine test and would run them in its own loop (never uvloop)."""
+    items = yield
+    if not isinstance(items, list):
+        return items
+    return [pytest.Function.from_parent(
+                item.parent, name=item.name, callspec=getattr(item, "callspec", None),
+                callobj=item.obj, fixtureinfo=item._fixtureinfo, keywords=item.keywords,
+                originalname=item.originalname)
+            if isinstance(item, PytestAsyncioFunction) and "anyio_backend" in item.fixturenames
+            else item for item in items]

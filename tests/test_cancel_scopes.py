@@ -1,9 +1,9 @@
 """Cleanup under the cancellations services use: asyncio.timeout (cancels once) and anyio's
 cancel scopes, which FastAPI and Starlette run handlers in (they cancel every await inside
-again and again, so an asyncio.shield inside does not protect cleanup). Each test runs on the
-asyncio loop and on uvloop. Whatever the caller's cancellation, a commit or abort, a close, a
-start's teardown end, each in a task of the producer's, and the producer goes on or ends
-clean; records are read back with librdkafka's consumer or as raw batches by kafka-python."""
+again and again, so an asyncio.shield inside does not protect cleanup): the ways of the
+`cut` fixture. anyio's pytest plugin runs each test on the asyncio loop and on uvloop.
+Whatever the caller's cancellation, a commit or abort, a close, a start's teardown end, each
+in a task of the producer's, and the producer goes on or ends clean; records are read back with librdkafka's consumer or as raw batches by kafka-python."""
 
 from __future__ import annotations
 
@@ -17,11 +17,10 @@ import pytest
 
 from aioproducer import Producer
 from aioproducer.errors import ProducerClosedError
+from tests.support.cancel import producer_tasks
 from tests.support.readback import consume_all, fetch_raw_batches
 
-pytestmark = pytest.mark.both_loops
-
-HOW = ["asyncio.timeout", "anyio.fail_after"]
+pytestmark = pytest.mark.anyio
 
 
 @contextlib.asynccontextmanager
@@ -35,16 +34,18 @@ async def cut_after(how: str, seconds: float) -> AsyncIterator[None]:
             yield
 
 
-def _producer_tasks() -> list[str]:
-    return [t.get_name() for t in asyncio.all_tasks()
-            if t.get_name().startswith("aioproducer-") and not t.done()]
+async def test_each_test_here_runs_on_the_loop_its_backend_names(anyio_backend):
+    """anyio's plugin, not pytest-asyncio's auto mode, runs these tests (conftest.py): once
+    per backend, on uvloop when the backend says so."""
+    on_uvloop = type(asyncio.get_running_loop()).__module__.startswith("uvloop")
+    assert on_uvloop == anyio_backend[1]["use_uvloop"]
 
 
 async def _no_producer_tasks_within(seconds: float) -> list[str]:
     deadline = asyncio.get_running_loop().time() + seconds
-    while _producer_tasks() and asyncio.get_running_loop().time() < deadline:
+    while producer_tasks() and asyncio.get_running_loop().time() < deadline:
         await asyncio.sleep(0.01)
-    return _producer_tasks()
+    return producer_tasks()
 
 
 async def _stalled_record(cluster, topic: str) -> tuple[Producer, asyncio.Future]:
@@ -62,8 +63,7 @@ def _markers(bootstrap: str, topic: str) -> list[str]:
             for b in fetch_raw_batches(bootstrap, topic, 0)]
 
 
-@pytest.mark.parametrize("how", HOW)
-async def test_a_cancelled_transaction_block_aborts_and_the_next_one_commits(broker, how):
+async def test_a_cancelled_transaction_block_aborts_and_the_next_one_commits(broker, cut):
     """The block is cut off (a handler's deadline): its abort goes on in the producer's own
     task, and the next transaction() waits for it instead of refusing (under anyio the
     block's abort was cancelled at once, leaving the transaction 'aborting', and the next
@@ -72,27 +72,25 @@ async def test_a_cancelled_transaction_block_aborts_and_the_next_one_commits(bro
     broker.create_topic(topic, 1)
     async with Producer(broker.bootstrap, transactional_id=f"t-{uuid.uuid4().hex[:8]}",
                         linger_ms=0) as producer:
-        with pytest.raises(TimeoutError):
-            async with cut_after(how, 0.3):
-                async with producer.transaction():
-                    await producer.send(topic, b"cut-off")
-                    await asyncio.sleep(10)  # the handler's slow work
-        async with cut_after(how, 20):
+        await producer.partitions_for(topic)  # (the send in the block is quick)
+        async with cut(0.3):
+            async with producer.transaction():
+                await producer.send(topic, b"cut-off")
+                await asyncio.sleep(10)  # the handler's slow work
+        async with asyncio.timeout(20):
             async with producer.transaction():
                 await producer.send(topic, b"next")
     assert _markers(broker.bootstrap, topic) == ["data", "ABORT", "data", "COMMIT"]
 
 
-@pytest.mark.parametrize("how", HOW)
-async def test_a_cancelled_send_still_delivers_its_record_once(proxied_broker, how):
+async def test_a_cancelled_send_still_delivers_its_record_once(proxied_broker, cut):
     cluster = proxied_broker
     cluster.create_topic("scope-send", 1)
     async with Producer(cluster.bootstrap, linger_ms=0, request_timeout_ms=5000) as producer:
         await producer.send("scope-send", b"first")
         cluster.proxy.stall(True)
-        with pytest.raises(TimeoutError):
-            async with cut_after(how, 0.2):
-                await producer.send("scope-send", b"cut-off")
+        async with cut(0.2):
+            await producer.send("scope-send", b"cut-off")
         cluster.proxy.stall(False)
         last = await asyncio.wait_for(producer.send("scope-send", b"last"), 10)
     assert last.offset == 2
@@ -100,36 +98,32 @@ async def test_a_cancelled_send_still_delivers_its_record_once(proxied_broker, h
     assert [r.value for r in got] == [b"first", b"cut-off", b"last"]
 
 
-@pytest.mark.parametrize("how", HOW)
-async def test_close_cut_off_by_its_caller_still_closes(proxied_broker, how):
+async def test_close_cut_off_by_its_caller_still_closes(proxied_broker, cut):
     """close() under a deadline that fires while a record waits for the stalled broker: the
     caller gets its TimeoutError, the closing goes on in the producer's task and ends, leaving
     nothing running; a bounded close() later returns at once."""
     producer, pending = await _stalled_record(proxied_broker, "scope-close")
     cluster = proxied_broker
-    with pytest.raises(TimeoutError):
-        async with cut_after(how, 0.2):
-            await producer.close()
+    async with cut(0.2):
+        await producer.close()
     cluster.proxy.stall(False)
     assert (await asyncio.wait_for(pending, 10)).offset == 1
     await asyncio.wait_for(producer.close(timeout=5), 10)
     assert await _no_producer_tasks_within(2) == []
 
 
-@pytest.mark.parametrize("how", HOW)
-async def test_a_start_cut_off_leaves_the_producer_new(proxied_broker, how):
+async def test_a_start_cut_off_leaves_the_producer_new(proxied_broker, cut):
     """start() under a deadline that fires while the broker does not answer: torn down, the
     producer is new, and starts once the broker answers."""
     cluster = proxied_broker
     cluster.create_topic("scope-start", 1)
     producer = Producer(cluster.bootstrap, linger_ms=0)
     cluster.proxy.stall(True)
-    with pytest.raises(TimeoutError):
-        async with cut_after(how, 0.3):
-            await producer.start()
+    async with cut(0.3):
+        await producer.start()
     assert await _no_producer_tasks_within(2) == []
     cluster.proxy.stall(False)
-    async with cut_after(how, 20):
+    async with asyncio.timeout(20):
         await producer.start()
         md = await producer.send("scope-start", b"v")
         await producer.close()
@@ -170,7 +164,7 @@ async def test_close_at_once_leaves_no_commit_running(proxied_broker):
     committing = asyncio.create_task(producer.commit_transaction())
     await asyncio.sleep(0.2)
     await asyncio.wait_for(producer.close(timeout=0), 10)
-    assert _producer_tasks() == [], "a task of the producer outlived close()"
+    assert producer_tasks() == [], "a task of the producer outlived close()"
     with pytest.raises(Exception) as caught:
         await asyncio.wait_for(committing, 5)
     assert not isinstance(caught.value, asyncio.CancelledError)

@@ -35,6 +35,7 @@ from aioproducer.errors import (
     TransactionAbortedError,
     TransactionStateError,
 )
+from tests.support.cancel import producer_tasks
 from tests.support.proxy import refuse_producer_ids
 from tests.support.readback import (
     assert_contiguous_sequences,
@@ -153,7 +154,7 @@ async def test_a_cancelled_commit_goes_on_and_a_second_call_waits_for_it(proxied
 
 
 async def test_a_cancelled_init_transactions_goes_on_and_a_second_call_waits_for_it(
-        proxied_broker):
+        proxied_broker, cut):
     """init_transactions() called again (to fence a zombie, say) under a timeout that fires:
     the producer is not left "initializing" for good, refusing every transaction; the call
     goes on, calling it again waits for it (one new epoch, not two), and the producer goes
@@ -165,8 +166,8 @@ async def test_a_cancelled_init_transactions_goes_on_and_a_second_call_waits_for
         async with producer.transaction():
             await producer.send("slow-init", b"before")
         cluster.proxy.stall(True)
-        with pytest.raises(asyncio.TimeoutError):
-            await asyncio.wait_for(producer.init_transactions(), 0.5)
+        async with cut(0.5):
+            await producer.init_transactions()
         cluster.proxy.stall(False)
         await asyncio.wait_for(producer.init_transactions(), 10)
         async with producer.transaction():
@@ -734,7 +735,8 @@ async def test_closing_at_once_during_a_commit_fails_the_commit_with_the_reason(
             break
         await asyncio.sleep(0.05)
     assert cluster.proxy.rewritten
-    await asyncio.wait_for(producer.close(timeout=0), 10)
+    await producer.close(timeout=0)  # (awaited as is: wait_for's task gives the commit time)
+    assert producer_tasks() == [], "the commit outlived close()"
     with pytest.raises(TransactionStateError, match="cannot commit") as failed:
         await asyncio.wait_for(committing, 10)
     assert isinstance(failed.value.__cause__, ProducerClosedError)
@@ -762,7 +764,8 @@ async def test_closing_at_once_while_a_commit_reconnects_fails_it_with_the_reaso
             break
         await asyncio.sleep(0.05)
     assert cluster.proxy.connections_accepted > accepted
-    await asyncio.wait_for(producer.close(timeout=0), 10)
+    await producer.close(timeout=0)  # (awaited as is: wait_for's task gives the commit time)
+    assert producer_tasks() == [], "the commit outlived close()"
     with pytest.raises(ProducerClosedError):
         await asyncio.wait_for(committing, 10)
     cluster.proxy.stall(False)
@@ -821,13 +824,13 @@ async def test_failed_send_offsets_make_the_transaction_abortable(proxied_broker
     assert committed.offset == 9
 
 
-async def _ends_in_background(producer: Producer, commit: bool, cluster) -> None:
-    """Commit or abort under a timeout that fires while the broker stalls; the call goes
-    on in the background and, once the broker answers, ends (its marker on the wire)."""
+async def _ends_in_background(producer: Producer, commit: bool, cluster, cut) -> None:
+    """Commit or abort cut short while the broker stalls; the call goes on in the
+    background and, once the broker answers, ends (its marker on the wire)."""
     end = producer.commit_transaction if commit else producer.abort_transaction
     cluster.proxy.stall(True)
-    with pytest.raises(asyncio.TimeoutError):
-        await asyncio.wait_for(end(), 0.3)
+    async with cut(0.3):
+        await end()
     cluster.proxy.stall(False)
     marker = "COMMIT" if commit else "ABORT"
     for _ in range(100):  # at most 10 s
@@ -838,7 +841,7 @@ async def _ends_in_background(producer: Producer, commit: bool, cluster) -> None
 
 
 @pytest.mark.parametrize("commit", [True, False], ids=["commit", "abort"])
-async def test_a_second_call_reports_the_outcome_of_one_cut_short(proxied_broker, commit):
+async def test_a_second_call_reports_the_outcome_of_one_cut_short(proxied_broker, commit, cut):
     """The README says: call commit_transaction() again to learn the outcome of one cut
     short. Once that commit ended in the background, the second call returns (it used to
     raise "cannot go from 'ready' to 'committing'", and an app that then redid the
@@ -846,7 +849,7 @@ async def test_a_second_call_reports_the_outcome_of_one_cut_short(proxied_broker
     cluster = proxied_broker
     producer = await _open_transaction(cluster, "ended-once", b"a")
     try:
-        await _ends_in_background(producer, commit, cluster)
+        await _ends_in_background(producer, commit, cluster, cut)
         end = producer.commit_transaction if commit else producer.abort_transaction
         await asyncio.wait_for(end(), 10)
         await asyncio.wait_for(end(), 10)  # still the same outcome
@@ -899,6 +902,7 @@ async def test_a_failed_commit_cut_short_raises_its_error_when_called_again(prox
             if producer._txn.state is TxnState.FATAL_ERROR:
                 break
             await asyncio.sleep(0.05)
+        assert producer._txn.state is TxnState.FATAL_ERROR  # (a second call now cannot join it)
         for _ in range(2):
             with pytest.raises(TransactionalIdAuthorizationFailedError):
                 await asyncio.wait_for(producer.commit_transaction(), 10)
