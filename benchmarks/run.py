@@ -43,11 +43,16 @@ USER_SHAPES = [
                                 ("taskgroup-send", 20_000))
     for client in ("aioproducer", "aiokafka", "confluent-aio")
 ]
+# The same shapes of send() within buffer_memory (200k records of 116 B, 32 MiB): past it, a
+# send() that must wait for memory is a coroutine, which gather and TaskGroups run as a Task.
+USER_SHAPES += [(f"{shape}/200k", client, 200_000 if client == "aioproducer" else records,
+                 extra)
+                for shape, client, records, extra in USER_SHAPES if shape.endswith("-send")]
 USER_SHAPES += [(f"{shape}/asyncio", client, records, extra)
-                for shape, client, records, extra in USER_SHAPES]
+                for shape, client, records, extra in USER_SHAPES if "/" not in shape]
 USER_SHAPES += [(f"{shape}/idempotent", client, records, ["--idempotence"])
                 for shape, client, records, _ in USER_SHAPES
-                if client == "aioproducer" and "/" not in shape]
+                if client == "aioproducer" and ("/" not in shape or shape.endswith("/200k"))]
 
 # (scenario, client, records in the full run, extra args)
 PLAN = USER_SHAPES + [
