@@ -13,8 +13,8 @@ from threading import get_ident
 from typing import Any, AsyncIterator, Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 
 from ._internal.accumulator import RecordAccumulator
-from ._internal.batch import BulkFuture, ProducerBatch, RecordFuture, RecordMetadata, Sending
-from ._internal.buffer_pool import BufferPool
+from ._internal.batch import BulkFuture, ProducerBatch, RecordFuture, RecordMetadata, Sending, \
+    WaitingRecord
 from ._internal.metrics import ProducerMetrics
 from ._internal.partitioner import StickyPartitioner, partition_for_key
 from ._internal.sender import Sender
@@ -40,7 +40,8 @@ from .protocol.records import encode_headers, record_size_upper_bound
 log = logging.getLogger(__name__)
 
 Headers = Sequence[tuple[str, "bytes | None"]]
-Appended = tuple[ProducerBatch, int, int]  # a record's batch, offset delta in it, timestamp
+# A record's batch (for send(), maybe its place in line for memory), offset delta, timestamp.
+Appended = tuple[ProducerBatch | WaitingRecord, int, int]
 _BYTES_TYPES = (bytes, bytearray, memoryview)
 _CHUNK = 10_000  # enqueue_many takes its records this many at a time
 _DELTA = struct.Struct("=i")  # an offset delta in a BulkFuture (as the speed-up writes them)
@@ -90,7 +91,6 @@ class Producer:
     def _renew(self) -> None:
         """The state of a producer not started yet: a new one's, or one whose start failed."""
         self._cluster: Cluster | None = None
-        self._pool: BufferPool | None = None
         self._accumulator: RecordAccumulator | None = None
         self._sender: Sender | None = None
         self._sender_task: asyncio.Task[None] | None = None
@@ -154,8 +154,7 @@ class Producer:
         if config.enable_idempotence:
             self._txn = TransactionManager(config, self._cluster)
             self._txn.on_change = self._wake_sender
-        pool = self._pool = BufferPool(config.buffer_memory)
-        self._accumulator = RecordAccumulator(config, pool, self._codec, self._txn,
+        self._accumulator = RecordAccumulator(config, self._codec, self._txn,
                                               self._wake_sender)
         self._sender = Sender(config, self._cluster, self._accumulator, self._txn)
         refresh = self._cluster.refresh()
@@ -375,26 +374,37 @@ class Producer:
              headers: Headers | None = None) -> Coroutine[Any, Any, RecordMetadata]:
         """Produce one record: awaited, returns its metadata once the broker acknowledged it.
 
-        The call itself buffers the record when that needs no wait (a new batch's memory is
-        free, the topic's metadata known), so `asyncio.gather(*(producer.send(...) ...))`
-        makes no Task per record: what it returns is then a future to asyncio, and a
-        coroutine to `create_task()` and TaskGroups. Otherwise, and when called outside the
-        producer's running loop (`loop.run_until_complete(producer.send(...))`), it is a
-        coroutine that buffers the record when awaited. Bad arguments raise from the call.
+        In the producer's running loop, the call itself buffers the record, or, when
+        buffer_memory is full, puts it in line for memory (served in call order, up to
+        max_block_ms); either way what it returns is a future to asyncio, so
+        `asyncio.gather(*(producer.send(...) ...))` makes no Task per record, and a coroutine
+        to `create_task()` and TaskGroups. Before the topic's metadata is known, and outside
+        the producer's running loop (`loop.run_until_complete(producer.send(...))`), it is a
+        coroutine that does all that when awaited. Bad arguments raise from the call.
 
-        Cancelled after the record was buffered, it is still sent: only the wait ends."""
+        Cancelled after the record was buffered, it is still sent: only the wait ends.
+        Cancelled while in line for memory (the future, or every task awaiting it), the
+        record is not sent."""
         if self._state != "started" or get_ident() != self._thread or not self._loop_running():
             return self._send_when_awaited(topic, value, key, partition, timestamp_ms, headers)
         appended = self._append(topic, value, key, partition, timestamp_ms, headers, True)
         if isinstance(appended, tuple):
-            return Sending(*appended)
+            sending = Sending(*appended)
+            if type(appended[0]) is WaitingRecord:
+                appended[0].record = sending
+            return sending
         return self._send_appended(appended)
 
     async def _send_when_awaited(self, topic: str, value: Any, key: Any,
                                  partition: int | None, timestamp_ms: int | None,
                                  headers: Headers | None) -> RecordMetadata:
         appended = self._append(topic, value, key, partition, timestamp_ms, headers, True)
-        return await RecordFuture(*(appended if isinstance(appended, tuple) else await appended))
+        if not isinstance(appended, tuple):
+            appended = await appended
+        record = RecordFuture(*appended)
+        if type(appended[0]) is WaitingRecord:
+            appended[0].record = record
+        return await record
 
     @staticmethod
     async def _send_appended(appending: Coroutine[Any, Any, Appended]) -> RecordMetadata:
@@ -489,6 +499,9 @@ class Producer:
             raise RecordTooLargeError(
                 f"a record of {size} bytes is larger than buffer_memory={self.config.buffer_memory}")
         memory = accumulator.batch_memory(size)
+        if accumulator.waiting:  # behind the records waiting for memory, whatever is open
+            return self._wait_in_line(topic, partition, timestamp_ms, key, value, headers,
+                                      memory, count, eager)
         closed = accumulator.close_for_appends(topic, partition)
         if sticky:
             self._partitioner.on_new_batch(topic, count, partition)
@@ -502,38 +515,65 @@ class Producer:
                                                headers, memory, count)
             if batch is not None:
                 return batch, batch.writer.count - 1, timestamp_ms
-        return self._append_in_line(topic, partition, timestamp_ms, key, value, headers,
-                                    memory, count, closed and not eager, sticky)
+            return self._wait_in_line(topic, partition, timestamp_ms, key, value, headers,
+                                      memory, count, eager)
+        return self._append_soon(topic, partition, timestamp_ms, key, value, headers,
+                                 memory, count, closed)
 
-    async def _append_in_line(self, topic: str, partition: int, timestamp_ms: int,
-                              key: bytes | None, value: bytes | None, headers: bytes | None,
-                              memory: int, count: int, yield_first: bool,
-                              look_again: bool) -> Appended:
-        """Reserve the new batch's `memory`, waiting in line for it if it is short (first come,
-        first served, up to max_block_ms), then append. With `yield_first`, yield once
-        before appending: the sender ships the batch just closed, so a loop that never waits
-        keeps the broker busy instead of filling buffer_memory first. Cancelled or failed
-        before appending, it has buffered nothing: enqueue() is all or nothing."""
+    def _wait_in_line(self, topic: str, partition: int, timestamp_ms: int,
+                      key: bytes | None, value: bytes | None, headers: bytes | None,
+                      memory: int, count: int, eager: bool
+                      ) -> Appended | Coroutine[Any, Any, Appended]:
+        """Join the line for memory: send() (`eager`) at once, its future following the
+        line's entry (send() makes it follow); enqueue() in a coroutine that waits its turn."""
+        accumulator = self._accumulator
+        assert accumulator is not None
+        if eager:
+            return accumulator.join_line(topic, partition, timestamp_ms, key, value, headers,
+                                         memory, count, True), 0, timestamp_ms
+        return self._append_in_turn(accumulator.join_line(
+            topic, partition, timestamp_ms, key, value, headers, memory, count, False))
+
+    async def _append_in_turn(self, waiting: WaitingRecord) -> Appended:
+        """Wait for `waiting`'s turn in the line (up to max_block_ms), then append it.
+        Cancelled or failed before appending, it has buffered nothing: enqueue() is all or
+        nothing."""
+        accumulator = self._accumulator
+        assert accumulator is not None and waiting.turn is not None
+        try:
+            await waiting.turn
+        except BaseException:
+            accumulator.leave_line(waiting)
+            raise
+        batch = accumulator.append_granted(waiting)
+        return batch, batch.writer.count - 1, waiting.timestamp
+
+    async def _append_soon(self, topic: str, partition: int, timestamp_ms: int,
+                           key: bytes | None, value: bytes | None, headers: bytes | None,
+                           memory: int, count: int, closed: bool) -> Appended:
+        """enqueue()'s append of a record that needs a new batch: with the memory free,
+        yield once first if it closed a full batch (the sender ships it, so a loop that
+        never waits keeps the broker busy instead of filling buffer_memory first), then
+        append; else wait in line."""
         accumulator = self._accumulator
         assert accumulator is not None
         if not accumulator.reserve_now(memory):
-            await accumulator.reserve(memory, self._max_block)
-            yield_first, look_again = False, True  # others ran meanwhile
+            return await self._append_in_turn(accumulator.join_line(
+                topic, partition, timestamp_ms, key, value, headers, memory, count, False))
         try:
-            if yield_first:
+            if closed:
                 await asyncio.sleep(0)
-                look_again = True
-            batch = accumulator.try_append(topic, partition, timestamp_ms, key, value,
-                                           headers) if look_again else None
-            if batch is None:
-                batch = accumulator.open_batch(topic, partition, timestamp_ms, key, value,
-                                               headers, memory, count)
-                return batch, 0, timestamp_ms
+                batch = accumulator.try_append(topic, partition, timestamp_ms, key, value,
+                                               headers)
+                if batch is not None:  # into a batch others opened meanwhile
+                    accumulator.release(memory)
+                    return batch, batch.writer.count - 1, timestamp_ms
+            batch = accumulator.open_batch(topic, partition, timestamp_ms, key, value,
+                                           headers, memory, count)
         except BaseException:
             accumulator.release(memory)
             raise
-        accumulator.release(memory)  # the record went into a batch others opened meanwhile
-        return batch, batch.writer.count - 1, timestamp_ms
+        return batch, 0, timestamp_ms
 
     async def enqueue_many(self, topic: str,
                            records: Iterable[tuple[Any, Any]], *, partition: int | None = None,
@@ -587,7 +627,7 @@ class Producer:
         fixed = -1 if partition is None else partition
         index, end = 0, len(records)
         while index < end:
-            if not self._serializing:
+            if not self._serializing and not accumulator.waiting:  # (else: in line, one by one)
                 index, status, p = append_many(
                     records, index, batches, writers, fixed,
                     self._partitioner.partition(topic, count), timestamp_ms,
@@ -615,7 +655,9 @@ class Producer:
             if batch is None:
                 appended = self._append_new(topic, p, partition is None and key is None, count,
                                             timestamp_ms, key, value, None, False)
-                batch, delta, _ = appended if isinstance(appended, tuple) else await appended
+                waiting, delta, _ = appended if isinstance(appended, tuple) else await appended
+                assert isinstance(waiting, ProducerBatch)  # (only send()'s records wait apart)
+                batch = waiting
             else:
                 delta = batch.writer.count - 1
             out_batches.append(batch)
@@ -652,9 +694,8 @@ class Producer:
         """Counters since start() and the state now (see ProducerMetrics); cheap enough to
         call every few seconds for a monitoring system. Before start(): all zero but
         buffer_memory_available, the whole buffer_memory."""
-        accumulator, sender, cluster, pool = \
-            self._accumulator, self._sender, self._cluster, self._pool
-        if accumulator is None or sender is None or cluster is None or pool is None:
+        accumulator, sender, cluster = self._accumulator, self._sender, self._cluster
+        if accumulator is None or sender is None or cluster is None:
             return ProducerMetrics(buffer_memory_available=self.config.buffer_memory)
         connections = cluster.open_connections()
         return ProducerMetrics(
@@ -670,8 +711,8 @@ class Producer:
             records_pending=sum(batch.record_count for batch in accumulator.incomplete),
             requests_in_flight=sum(conn.in_flight_produce for conn in connections),
             connections=len(connections),
-            buffer_memory_available=pool.available,
-            waiting_for_memory=pool.queued,
+            buffer_memory_available=accumulator.memory_available,
+            waiting_for_memory=accumulator.waiting,
         )
 
     # -- transactions ----------------------------------------------------------------------

@@ -10,7 +10,6 @@ from aioproducer._internal.batch import BulkFuture
 from aioproducer.config import ProducerConfig
 from aioproducer.protocol.compression import Codec
 from aioproducer._internal.accumulator import RecordAccumulator
-from aioproducer._internal.buffer_pool import BufferPool
 from aioproducer.protocol.records import record_size_upper_bound
 
 
@@ -24,13 +23,12 @@ class OneBroker:
 async def test_partitions_are_drained_in_turn_and_none_starves():
     config = ProducerConfig.from_kwargs(bootstrap_servers="127.0.0.1:9092", batch_size=100,
                                         linger_ms=0, enable_idempotence=False)
-    accumulator = RecordAccumulator(config, BufferPool(config.buffer_memory), Codec.NONE,
-                                    None, lambda batch: None)
+    accumulator = RecordAccumulator(config, Codec.NONE, None, lambda batch: None)
     partitions = 4
     size = record_size_upper_bound(None, b"v" * 90, None)
     for partition in range(partitions):  # three full batches queued for each partition
         for _ in range(3):
-            await accumulator.reserve(size, 1.0)
+            assert accumulator.reserve_now(size)
             accumulator.open_batch("t", partition, 0, None, b"v" * 90, None, size, partitions)
             accumulator.close_for_appends("t", partition)
 
@@ -52,8 +50,7 @@ async def test_partitions_are_drained_in_turn_and_none_starves():
 async def test_a_bulk_future_raises_the_first_failure_in_input_order():
     config = ProducerConfig.from_kwargs(bootstrap_servers="127.0.0.1:9092", linger_ms=0,
                                         enable_idempotence=False)
-    accumulator = RecordAccumulator(config, BufferPool(config.buffer_memory), Codec.NONE,
-                                    None, lambda batch: None)
+    accumulator = RecordAccumulator(config, Codec.NONE, None, lambda batch: None)
     partitions = 20
     size = record_size_upper_bound(None, b"v", None)
     batches = [accumulator.open_batch("t", p, 0, None, b"v", None, size, partitions)

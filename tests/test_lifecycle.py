@@ -94,8 +94,9 @@ async def test_cancelled_wait_for_buffer_memory_loses_nothing(proxied_broker):
         cluster.proxy.stall(False)
         await asyncio.wait_for(producer.flush(), 30)
         assert all(h.result().offset >= 0 for h in accepted)
-        pool = producer._accumulator._pool
-        assert pool.available == pool.total_memory and pool.queued == 0
+        metrics = producer.metrics()
+        assert metrics.buffer_memory_available == producer.config.buffer_memory
+        assert metrics.waiting_for_memory == 0
 
 
 async def _stalled_record(cluster):
@@ -450,8 +451,9 @@ async def test_close_fails_a_send_waiting_for_buffer_memory(proxied_broker):
     with pytest.raises(ProducerClosedError, match="closing"):
         await asyncio.wait_for(blocked, 5)
     assert all(isinstance(h.exception(), ProducerClosedError) for h in buffered)
-    pool = producer._accumulator._pool
-    assert pool.available == pool.total_memory and not producer._accumulator.incomplete
+    metrics = producer.metrics()
+    assert metrics.buffer_memory_available == producer.config.buffer_memory
+    assert metrics.records_pending == 0
     cluster.proxy.stall(False)
 
 
@@ -462,8 +464,7 @@ async def test_a_batch_the_failing_sender_held_is_failed_too(broker, topic):
         producer._accumulator._compression_level = 42  # zlib refuses it (config would too)
         with pytest.raises(ValueError):
             await asyncio.wait_for(producer.send(topic, b"v"), 5)
-        pool = producer._accumulator._pool
-        assert pool.available == pool.total_memory
+        assert producer.metrics().buffer_memory_available == producer.config.buffer_memory
         with pytest.raises(ProducerClosedError, match="internal failure"):
             await producer.send(topic, b"later")
 

@@ -5,6 +5,15 @@ sender reads. Everything here runs on one event loop, so a plain dict of deques 
 no locks, and an append that finds room in the open batch never suspends. The dict holds only
 partitions with batches queued, so a sender round costs what is queued, not every partition
 the producer ever wrote to.
+
+The memory bound is the Java client's BufferPool without its free list (a cleared bytearray
+hands its memory back to CPython's allocator, which already recycles blocks): new batches
+take `buffer_memory` bytes between them, and a record that needs a new batch when memory is
+short waits in line, first come first served, up to `max_block_ms`. The line is served
+here, synchronously, as batches finish: the head gathers freed memory until it has enough
+(a large record is not starved by small ones), and the records behind it go into the batch
+it opened while they fit. While anyone waits, every new record joins the line, so no
+record overtakes one sent before it to the same partition.
 """
 
 from __future__ import annotations
@@ -16,11 +25,11 @@ from collections import deque
 from typing import TYPE_CHECKING, Callable, Iterable
 
 from ..client.ratelimit import LogEvery
-from ..errors import DeliveryTimeoutError, ProducerClosedError, TransactionAbortedError
+from ..errors import BufferExhaustedError, DeliveryTimeoutError, ProducerClosedError, \
+    TransactionAbortedError
 from ..protocol.compression import Codec
 from ..protocol.records import BatchWriter, encode_headers, read_batches
-from .batch import ProducerBatch
-from .buffer_pool import BufferPool
+from .batch import ProducerBatch, WaitingRecord
 
 if TYPE_CHECKING:
     from ..client.cluster import Cluster
@@ -34,8 +43,7 @@ log = logging.getLogger(__name__)
 class RecordAccumulator:
     """Per-partition queues of batches; the sender asks which are ready and drains them."""
 
-    def __init__(self, config: ProducerConfig, pool: BufferPool, codec: Codec,
-                 txn: TransactionManager | None,
+    def __init__(self, config: ProducerConfig, codec: Codec, txn: TransactionManager | None,
                  wake_sender: Callable[[ProducerBatch | None], None]) -> None:
         self._loop = asyncio.get_running_loop()
         self._batch_size = config.batch_size
@@ -43,7 +51,14 @@ class RecordAccumulator:
         self._delivery_timeout = config.delivery_timeout_ms / 1000
         self._compression_level = config.compression_level
         self._codec = codec
-        self._pool = pool
+        self.buffer_memory = self.memory_available = config.buffer_memory
+        self._max_block = config.max_block_ms / 1000
+        # Records waiting for memory, in arrival order; what the head gathered meanwhile.
+        self._line: deque[WaitingRecord] = deque()
+        self._gathered = 0
+        self._serving = False
+        self._line_timer: asyncio.TimerHandle | None = None
+        self._pending: asyncio.Future[None] = self._loop.create_future()  # never resolved
         self._txn = txn
         # Called with each new batch (at linger_ms=0 the sender may write it at once), and
         # with None when a queued batch became sendable.
@@ -69,7 +84,14 @@ class RecordAccumulator:
     def try_append(self, topic: str, partition: int, timestamp: int, key: bytes | None,
                    value: bytes | None, headers: bytes | None) -> ProducerBatch | None:
         """Append to the partition's open batch if it has room (the record is then the
-        batch's last); None means a new batch is needed. `headers` come encoded."""
+        batch's last); None means a new batch is needed, or records wait in line for memory
+        (`waiting`): they go first. `headers` come encoded."""
+        if self._line:
+            return None
+        return self._append_to_open(topic, partition, timestamp, key, value, headers)
+
+    def _append_to_open(self, topic: str, partition: int, timestamp: int, key: bytes | None,
+                        value: bytes | None, headers: bytes | None) -> ProducerBatch | None:
         open_ = self._open.get(topic)
         if open_ is not None and partition < len(open_[0]):
             batch = open_[0][partition]
@@ -109,27 +131,155 @@ class RecordAccumulator:
         size if larger."""
         return max(self._batch_size, record_size)
 
+    @property
+    def waiting(self) -> int:
+        """How many records wait in line for memory (new records then join the line, and
+        the sender sends batches at once, ignoring linger)."""
+        return len(self._line)
+
     def reserve_now(self, size: int) -> bool:
         """Reserve a new batch's memory if it is free and nobody waits for memory before us."""
         if self.closing:
             raise closed_while_buffering()
-        return self._pool.try_reserve(size)
-
-    async def reserve(self, size: int, max_block: float) -> None:
-        """Wait, in arrival order, up to `max_block` for a new batch's memory."""
-        if self.closing:
-            raise closed_while_buffering()
-        await self._pool.reserve(size, max_block)
+        if self._line or size > self.memory_available:
+            return False
+        self.memory_available -= size
+        return True
 
     def release(self, size: int) -> None:
-        """Give back memory reserved for a batch that was not opened after all."""
-        self._pool.release(size)
+        """Give back memory (of a finished batch, or reserved for one not opened after all)."""
+        self.memory_available += size
+        if self._line and not self._serving:  # (serving: its loop sees the memory)
+            self._serve_line()
+
+    def join_line(self, topic: str, partition: int, timestamp: int, key: bytes | None,
+                  value: bytes | None, headers: bytes | None, memory: int, partitions: int,
+                  for_send: bool) -> WaitingRecord:
+        """Put a record in line for memory: `memory` is what a new batch for it takes.
+        `for_send`: send()'s future follows it (set `waiting.record` at once); else
+        (enqueue()) await `waiting.turn`, then call append_granted(), or leave_line() if
+        that was cancelled."""
+        if self.closing:
+            raise closed_while_buffering()
+        waiting = WaitingRecord(topic, partition, timestamp, key, value, headers, memory,
+                                partitions, self._loop.time() + self._max_block, self._pending)
+        if not for_send:
+            waiting.turn = self._loop.create_future()
+        self._line.append(waiting)
+        if self._line_timer is None and not self._line[0].granted:
+            self._line_timer = self._loop.call_at(waiting.deadline, self._expire_line)
+        return waiting
+
+    def append_granted(self, waiting: WaitingRecord) -> ProducerBatch:
+        """enqueue()'s turn came (it holds its memory): append its record, and serve on."""
+        if not waiting.granted:  # failed since (the producer is closing, say)
+            assert waiting.failure is not None
+            raise waiting.failure
+        waiting.granted = False
+        assert self._line[0] is waiting
+        self._line.popleft()
+        try:
+            batch = self._append_to_open(waiting.topic, waiting.partition, waiting.timestamp,
+                                         waiting.key, waiting.value, waiting.headers)
+            if batch is None:
+                self.close_for_appends(waiting.topic, waiting.partition)
+                batch = self.open_batch(waiting.topic, waiting.partition, waiting.timestamp,
+                                        waiting.key, waiting.value, waiting.headers,
+                                        waiting.memory, waiting.partitions)
+            else:
+                self.memory_available += waiting.memory  # it fit in a batch opened meanwhile
+        except BaseException:
+            self.memory_available += waiting.memory
+            raise
+        finally:
+            self._serve_line()
+        return batch
+
+    def leave_line(self, waiting: WaitingRecord) -> None:
+        """enqueue() was cancelled in line: nothing of it stays (unless its turn had come,
+        the line drops it when it gets there)."""
+        if waiting.granted:
+            waiting.granted = False
+            self._line.popleft()
+            self.release(waiting.memory)
+
+    def _serve_line(self) -> None:
+        """Append the waiting records, in order, while memory allows."""
+        self._serving = True
+        try:
+            self._serve_in_order()
+        finally:
+            self._serving = False
+        line = self._line
+        if not line:
+            self.memory_available += self._gathered
+            self._gathered = 0
+        elif self._line_timer is None and not line[0].granted:
+            self._line_timer = self._loop.call_at(line[0].deadline, self._expire_line)
+
+    def _serve_in_order(self) -> None:
+        line = self._line
+        while line:
+            waiting = line[0]
+            if waiting.granted:
+                return  # enqueue()'s turn: the line goes on once its task appended
+            if waiting.abandoned():
+                line.popleft()
+                continue
+            queued_by_send = waiting.record is not None
+            batch = self._append_to_open(waiting.topic, waiting.partition, waiting.timestamp,
+                                         waiting.key, waiting.value, waiting.headers
+                                         ) if queued_by_send else None
+            if batch is None:
+                need = waiting.memory - self._gathered
+                if need > self.memory_available:
+                    self._gathered += self.memory_available
+                    self.memory_available = 0
+                    return
+                self.memory_available -= need
+                self._gathered = 0
+                if not queued_by_send:
+                    assert waiting.turn is not None
+                    waiting.granted = True
+                    waiting.turn.set_result(None)
+                    return
+                self.close_for_appends(waiting.topic, waiting.partition)
+                batch = self.open_batch(waiting.topic, waiting.partition, waiting.timestamp,
+                                        waiting.key, waiting.value, waiting.headers,
+                                        waiting.memory, waiting.partitions)
+            line.popleft()
+            waiting.append_to(batch, batch.writer.count - 1)
+
+    def _expire_line(self) -> None:
+        """Fail the records that waited max_block_ms (the head's deadline comes first)."""
+        self._line_timer = None
+        line, now = self._line, self._loop.time()
+        while line and line[0].deadline <= now and not line[0].granted:
+            waiting = line.popleft()
+            waiting.fail(BufferExhaustedError(
+                f"waited {self._max_block * 1000:.0f} ms (max_block_ms) for {waiting.memory} "
+                f"bytes of buffer memory ({self.memory_available + self._gathered} of "
+                f"{self.buffer_memory} free): the broker is not keeping up or is "
+                "unreachable; slow down, or raise buffer_memory or max_block_ms"))
+        self._serve_line()  # (what the expired head gathered goes to the next; a new timer)
+
+    def _fail_line(self, exc: BaseException) -> None:
+        line, self._line = self._line, deque()
+        if self._line_timer is not None:
+            self._line_timer.cancel()
+            self._line_timer = None
+        self.memory_available += self._gathered
+        self._gathered = 0
+        for waiting in line:
+            if waiting.granted:
+                self.memory_available += waiting.memory
+            waiting.fail(exc)
 
     def begin_closing(self) -> None:
-        """No new batch from now on: every append waiting for memory fails at once (as the
+        """No new batch from now on: every record waiting for memory fails at once (as the
         Java client's BufferPool.close() wakes its waiters)."""
         self.closing = True
-        self._pool.close(closed_while_buffering)
+        self._fail_line(closed_while_buffering())
 
     def open_batch(self, topic: str, partition: int, timestamp: int, key: bytes | None,
                    value: bytes | None, headers: bytes | None, reserved: int,
@@ -166,7 +316,7 @@ class RecordAccumulator:
         ready: set[int] = set()
         next_check = float("inf")
         unknown_leader: set[str] = set()
-        drain_all = self.flushing > 0 or self.closing or self._pool.queued > 0
+        drain_all = self.flushing > 0 or self.closing or bool(self._line)
         for (topic, partition), queue in self._batches.items():
             leader = cluster.leader_for(topic, partition)
             if leader < 0:
@@ -314,7 +464,7 @@ class RecordAccumulator:
         """A batch has its final outcome: return its memory, and count it."""
         if batch in self.incomplete:
             self.incomplete.discard(batch)
-            self._pool.release(batch.reserved)
+            self.release(batch.reserved)
             failure = batch.future.exception()
             if failure is None:
                 self.records_sent += batch.record_count
@@ -357,6 +507,7 @@ class RecordAccumulator:
     def fail_unresolved(self, exc: BaseException) -> None:
         """Fail every batch still without an outcome, queued or not: the sender is gone, and
         nothing else would resolve them (a batch it was preparing when it failed, say)."""
+        self._fail_line(exc)
         self.fail_all(exc)
         for batch in list(self.incomplete):
             batch.fail(exc)
@@ -364,7 +515,8 @@ class RecordAccumulator:
 
     def release_topic(self, topic: str) -> bool:
         """Forget a topic (its metadata is being dropped); False, forgetting nothing, while
-        it has batches queued or in flight."""
+        it has batches queued or in flight. (A record waiting for memory holds nothing: its
+        batch fetches the topic's metadata again.)"""
         if any(batch.topic == topic for batch in self.incomplete):
             return False
         self._open.pop(topic, None)

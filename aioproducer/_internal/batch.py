@@ -146,11 +146,25 @@ class ProducerBatch:
             self._awaited.append(record)
         return waiter
 
-    def cancel_waiters(self, record: RecordFuture) -> None:
+    def unfollowed(self, record: RecordFuture) -> None:
         """`record` was cancelled: so are the waits for it (rare: a scan is fine)."""
         for waiter, awaited in zip(self._waiters or (), self._awaited or ()):
             if awaited is record:
                 waiter.cancel()
+
+    def adopt(self, record: RecordFuture, waiters: list[asyncio.Future[RecordMetadata]],
+              watched: bool) -> None:
+        """`record` was appended after waiting in line for memory: take over the waits for it
+        and its callbacks (see WaitingRecord)."""
+        for waiter in waiters:
+            if not waiter.done():
+                if self._waiters is None or self._awaited is None:
+                    self._waiters, self._awaited = [waiter], [record]
+                else:
+                    self._waiters.append(waiter)
+                    self._awaited.append(record)
+        if watched:
+            self.watch(record)
 
     def watch(self, record: RecordFuture) -> None:
         """Run `record`'s done callbacks once this batch is done, or soon if it is: either
@@ -257,8 +271,9 @@ class RecordFuture(_RecordFutureBase):
                  "_more_callbacks")
     _asyncio_future_blocking = False  # asyncio's mark of a future (it never yields itself)
 
-    def __init__(self, batch: ProducerBatch, offset_delta: int, timestamp: int) -> None:
-        self._batch: ProducerBatch | _Unfollowed = batch
+    def __init__(self, batch: ProducerBatch | WaitingRecord, offset_delta: int,
+                 timestamp: int) -> None:
+        self._batch: ProducerBatch | WaitingRecord | _Decided = batch
         self._offset_delta = offset_delta
         self._timestamp = timestamp
         # The first done callback inline, as asyncio's own Future keeps it; others in a list.
@@ -295,7 +310,15 @@ class RecordFuture(_RecordFutureBase):
     def result(self) -> RecordMetadata:
         """The metadata if acknowledged; raises the failure, CancelledError if cancelled, or
         InvalidStateError if pending."""
-        return self._batch.metadata(self._offset_delta, self._timestamp)
+        batch = self._batch
+        if batch.pieces is not None:
+            return batch.metadata(self._offset_delta, self._timestamp)
+        # ProducerBatch.metadata() inlined (asyncio.gather reads every record's result).
+        base_offset, log_append_time = batch.future.result()
+        return _new_metadata(RecordMetadata, (
+            batch.topic, batch.partition,
+            base_offset + self._offset_delta if base_offset >= 0 else -1,
+            log_append_time if log_append_time >= 0 else self._timestamp))
 
     def exception(self) -> BaseException | None:
         """The failure, or None if acknowledged; raises as `result()` does when cancelled or
@@ -310,8 +333,8 @@ class RecordFuture(_RecordFutureBase):
         batch = self._batch
         if batch.future.done():
             return False
-        self._batch = _Unfollowed(batch, msg)
-        batch.cancel_waiters(self)  # type: ignore[union-attr]
+        self._batch = _Decided.cancelled(batch, msg)
+        batch.unfollowed(self)  # type: ignore[union-attr]
         self.get_loop().call_soon(_run_callbacks, [self])
         return True
 
@@ -321,11 +344,9 @@ class RecordFuture(_RecordFutureBase):
         the loop, in `context` or a copy of the current one, as asyncio futures do)."""
         if context is None:
             context = contextvars.copy_context()
-        if self.cancelled():
-            self.get_loop().call_soon(fn, self, context=context)
-        elif self._callback is None and not self._more_callbacks:
+        if self._callback is None and not self._more_callbacks:
             self._callback, self._context = fn, context
-            self._batch.watch(self)  # type: ignore[union-attr]  # (watched twice: run once)
+            self._batch.watch(self)  # (watched twice: run once)
         elif self._more_callbacks is None:
             self._more_callbacks = [(fn, context)]
         else:
@@ -392,24 +413,120 @@ class Sending(RecordFuture):
         """Nothing to stop: the record is buffered and will be sent."""
 
 
-class _Unfollowed:
-    """A cancelled RecordFuture's stand-in for its batch: a cancelled future answers for the
-    record from now on, whatever becomes of it."""
+class WaitingRecord:
+    """A record of send() or enqueue() waiting in line for buffer memory (see the
+    accumulator's line), and until it is appended the stand-in for the batch its
+    RecordFuture follows: it answers "pending" and keeps the waits for the record, which
+    its batch adopts. A send() waits so with no Task, so `asyncio.gather` over sends that
+    outrun buffer_memory costs what gather over buffered ones does."""
+
+    __slots__ = ("topic", "partition", "timestamp", "key", "value", "headers", "memory",
+                 "partitions", "deadline", "future", "record", "turn", "granted", "failure",
+                 "_waiters")
+    pieces = None
+
+    def __init__(self, topic: str, partition: int, timestamp: int, key: bytes | None,
+                 value: bytes | None, headers: bytes | None, memory: int, partitions: int,
+                 deadline: float, pending: asyncio.Future[Any]) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.timestamp = timestamp
+        self.key = key
+        self.value = value
+        self.headers = headers
+        self.memory = memory  # what a new batch for it takes
+        self.partitions = partitions
+        self.deadline = deadline  # max_block_ms after it joined the line
+        self.future = pending  # never resolved: "not done yet" to the record's future
+        self.record: RecordFuture | None = None  # send()'s future (None once cancelled), or
+        # enqueue()'s wait for its turn: its task appends the record itself when it runs
+        # (so a cancelled enqueue() has buffered nothing); meanwhile the entry holds the memory.
+        self.turn: asyncio.Future[None] | None = None
+        self.granted = False
+        self.failure: BaseException | None = None  # (failed after its turn came)
+        self._waiters: list[asyncio.Future[RecordMetadata]] | None = None
+
+    def waiter(self, record: RecordFuture) -> asyncio.Future[RecordMetadata]:
+        waiter: asyncio.Future[RecordMetadata] = self.future.get_loop().create_future()
+        if self._waiters is None:
+            self._waiters = [waiter]
+        else:
+            self._waiters.append(waiter)
+        return waiter
+
+    def watch(self, record: RecordFuture) -> None:
+        """Nothing to do now: the record's callbacks are read when it leaves the line."""
+
+    def unfollowed(self, record: RecordFuture) -> None:
+        """send()'s future was cancelled: the record leaves the line, unsent."""
+        self.record = None
+        for waiter in self._waiters or ():
+            waiter.cancel()
+
+    def abandoned(self) -> bool:
+        """Nobody follows the record any more: its future was cancelled, or every task
+        awaiting it was (with no callback left), or enqueue() was: like a coroutine cancelled
+        before it buffered, the record is then not sent."""
+        record = self.record
+        if record is None:
+            return self.turn is None or self.turn.cancelled()
+        waiters = self._waiters  # (None, or one or more)
+        return waiters is not None and all(w.cancelled() for w in waiters) and \
+            record._callback is None and not record._more_callbacks
+
+    def append_to(self, batch: ProducerBatch, offset_delta: int) -> None:
+        """send()'s record went into `batch`: its future follows the batch from now on."""
+        record = self.record
+        assert record is not None
+        record._batch, record._offset_delta = batch, offset_delta
+        batch.adopt(record, self._waiters or [],
+                    record._callback is not None or bool(record._more_callbacks))
+
+    def fail(self, exc: BaseException) -> None:
+        """The record is not buffered, nor sent: max_block_ms passed, or the producer closed."""
+        record = self.record
+        if record is None:
+            if self.granted:
+                self.granted, self.failure = False, exc
+            elif self.turn is not None and not self.turn.done():
+                self.turn.set_exception(exc)
+            return
+        record._batch = _Decided.failed(self, exc)
+        for waiter in self._waiters or ():
+            if not waiter.done():
+                waiter.set_exception(exc)
+        if record._callback is not None or record._more_callbacks:
+            self.future.get_loop().call_soon(_run_callbacks, [record])
+
+
+class _Decided:
+    """The stand-in for the batch of a RecordFuture whose outcome is decided apart from any
+    batch: cancelled (it stops following its record), or failed before it was buffered."""
 
     __slots__ = ("future", "topic", "partition")
     pieces = None
 
-    def __init__(self, batch: ProducerBatch | _Unfollowed, msg: Any) -> None:
-        self.future: asyncio.Future[Any] = batch.future.get_loop().create_future()
-        self.future.cancel(msg)
+    def __init__(self, batch: ProducerBatch | WaitingRecord | _Decided,
+                 future: asyncio.Future[Any]) -> None:
+        self.future = future
         self.topic: str = batch.topic
         self.partition: int = batch.partition
 
-    def metadata(self, offset_delta: int, timestamp: int) -> RecordMetadata:
-        return self.future.result()  # type: ignore[no-any-return]  # (raises CancelledError)
+    @classmethod
+    def cancelled(cls, batch: ProducerBatch | WaitingRecord | _Decided, msg: Any) -> _Decided:
+        future: asyncio.Future[Any] = batch.future.get_loop().create_future()
+        future.cancel(msg)
+        return cls(batch, future)
 
-    def exception_for(self, offset_delta: int) -> BaseException | None:
-        return self.future.exception()  # (raises CancelledError)
+    @classmethod
+    def failed(cls, batch: WaitingRecord, exc: BaseException) -> _Decided:
+        future: asyncio.Future[Any] = batch.future.get_loop().create_future()
+        future.set_exception(exc)
+        future.exception()  # retrieved: the record's future reports it
+        return cls(batch, future)
+
+    def watch(self, record: RecordFuture) -> None:
+        self.future.get_loop().call_soon(_run_callbacks, [record])
 
 
 def _ready(result: RecordMetadata) -> Generator[Any, None, RecordMetadata]:
@@ -420,28 +537,33 @@ def _ready(result: RecordMetadata) -> Generator[Any, None, RecordMetadata]:
 
 def _run_callbacks(records: list[RecordFuture]) -> None:
     """Run the done callbacks of a batch's records (or of a cancelled one): one loop callback
-    for them all, each in its own context, in the order they were added."""
+    for them all, each in its own context, in the order they were added; an error is
+    reported as the loop reports those of its own callbacks. (Inline: this is per record.)"""
     for record in records:
         fn, more = record._callback, record._more_callbacks
         if fn is not None:
             context = record._context
             record._callback = record._context = None
-            _call(record, fn, context)  # type: ignore[arg-type]
+            try:
+                context.run(fn, record)  # type: ignore[union-attr]
+            except (SystemExit, KeyboardInterrupt):
+                raise
+            except BaseException as exc:
+                _report(record, fn, exc)
         if more:
             record._more_callbacks = None
             for fn, context in more:
-                _call(record, fn, context)
+                try:
+                    context.run(fn, record)
+                except (SystemExit, KeyboardInterrupt):
+                    raise
+                except BaseException as exc:
+                    _report(record, fn, exc)
 
 
-def _call(record: RecordFuture, fn: Callable[[Any], object], context: contextvars.Context) -> None:
-    """A callback's error is reported as the loop reports those of its own callbacks."""
-    try:
-        context.run(fn, record)
-    except (SystemExit, KeyboardInterrupt):
-        raise
-    except BaseException as exc:
-        record.get_loop().call_exception_handler({
-            "message": f"Exception in callback {fn!r}", "exception": exc, "future": record})
+def _report(record: RecordFuture, fn: Callable[[Any], object], exc: BaseException) -> None:
+    record.get_loop().call_exception_handler({
+        "message": f"Exception in callback {fn!r}", "exception": exc, "future": record})
 
 
 class BulkFuture(_BulkFutureBase):

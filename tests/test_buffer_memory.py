@@ -1,0 +1,201 @@
+"""buffer_memory: the bound on what waits for the broker, the line of records waiting for
+memory (first come, first served, up to max_block_ms), and what a record in line may become:
+appended in order, failed, or (cancelled) never sent."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from aioproducer import Producer
+from aioproducer.errors import BufferExhaustedError, ProducerClosedError, RecordTooLargeError
+from tests.support.readback import consume_all
+
+# Each record needs most of a batch: memory for three batches holds three records.
+_LINE = dict(batch_size=1024, buffer_memory=3 * 1024, linger_ms=0, request_timeout_ms=30_000)
+
+
+async def _stalled_and_full(cluster, topic: str, **config) -> tuple[Producer, list]:
+    """A started producer whose buffer memory is all held by records the stalled broker does
+    not acknowledge."""
+    cluster.create_topic(topic, 1)
+    producer = Producer(cluster.bootstrap, **{**_LINE, **config})
+    await producer.start()
+    await producer.send(topic, b"warm-up")
+    cluster.proxy.stall(True)
+    held = [await producer.enqueue(topic, b"held%d" % i + b"h" * 600) for i in range(3)]
+    assert producer.metrics().buffer_memory_available < 1024
+    return producer, held
+
+
+async def _values(cluster, topic: str, expected: int) -> list[bytes]:
+    records = await asyncio.to_thread(consume_all, cluster.bootstrap, topic, expected)
+    return [r.value for r in sorted(records, key=lambda r: r.offset)]
+
+
+async def test_gather_of_sends_past_buffer_memory_arrives_whole_and_in_order(proxied_broker):
+    """send() calls that outrun buffer_memory wait in line as futures (gather makes no Task
+    of them), and arrive in the order they were called: a large record among them is not
+    overtaken by the small ones behind it."""
+    cluster = proxied_broker
+    producer, held = await _stalled_and_full(cluster, "line-order")
+    try:
+        values = [b"%03d" % i + b"v" * 500 for i in range(30)]
+        values[5] = b"005" + b"L" * 2500  # a batch of its own, larger than batch_size
+        sends = [producer.send("line-order", value) for value in values]
+        assert all(asyncio.isfuture(s) for s in sends)
+        await asyncio.sleep(0.2)
+        assert producer.metrics().waiting_for_memory == 30
+        assert not any(s.done() for s in sends)
+        cluster.proxy.stall(False)
+        metadata = await asyncio.wait_for(asyncio.gather(*sends), 30)
+    finally:
+        cluster.proxy.stall(False)
+        await producer.close()
+    offsets = [m.offset for m in metadata]
+    assert offsets == sorted(offsets) and len(set(offsets)) == 30
+    assert all(h.result().offset < offsets[0] for h in held)
+    got = await _values(cluster, "line-order", 34)
+    assert got == [b"warm-up", *(b"held%d" % i + b"h" * 600 for i in range(3)), *values]
+    assert producer.metrics().buffer_memory_available == producer.config.buffer_memory
+
+
+async def test_a_send_cancelled_in_line_is_not_sent_and_the_rest_are(proxied_broker):
+    """Cancelled while it waits for memory (its future, or every task awaiting it), a send()
+    buffered nothing: it is not sent, like a coroutine cancelled before it buffered. The
+    records around it are sent, in order, and all the memory comes back."""
+    cluster = proxied_broker
+    producer, _ = await _stalled_and_full(cluster, "line-cancel")
+    try:
+        first = producer.send("line-cancel", b"first" + b"v" * 600)
+        cancelled = producer.send("line-cancel", b"cancelled" + b"v" * 600)
+        awaited = asyncio.create_task(producer.send("line-cancel", b"timed-out" + b"v" * 600))
+        last = producer.send("line-cancel", b"last" + b"v" * 600)
+        await asyncio.sleep(0.1)
+        assert cancelled.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        awaited.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await awaited
+        assert producer.metrics().waiting_for_memory == 4  # (dropped when their turn comes)
+        cluster.proxy.stall(False)
+        await asyncio.wait_for(asyncio.gather(first, last), 30)
+        await asyncio.wait_for(producer.flush(), 30)
+        assert producer.metrics().waiting_for_memory == 0
+        assert producer.metrics().buffer_memory_available == producer.config.buffer_memory
+    finally:
+        cluster.proxy.stall(False)
+        await producer.close()
+    got = [v.rstrip(b"v") for v in await _values(cluster, "line-cancel", 6)]
+    assert len(got) == 6 and got[4:] == [b"first", b"last"]
+
+
+@pytest.mark.parametrize("call", ["send", "enqueue"])
+async def test_records_in_line_fail_after_max_block_and_free_their_place(proxied_broker, call):
+    """A record that waited max_block_ms for memory fails with BufferExhaustedError, having
+    buffered nothing; the producer goes on once the broker answers again."""
+    cluster = proxied_broker
+    producer, held = await _stalled_and_full(cluster, f"line-expire-{call}", max_block_ms=300)
+    topic = f"line-expire-{call}"
+    try:
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        if call == "send":
+            outcomes = await asyncio.wait_for(asyncio.gather(
+                *(producer.send(topic, b"late%d" % i + b"v" * 600) for i in range(3)),
+                return_exceptions=True), 10)
+        else:
+            outcomes = await asyncio.wait_for(asyncio.gather(
+                *(producer.enqueue(topic, b"late%d" % i + b"v" * 600) for i in range(3)),
+                return_exceptions=True), 10)
+        assert all(isinstance(o, BufferExhaustedError) for o in outcomes), outcomes
+        assert "max_block_ms" in str(outcomes[0])
+        assert loop.time() - began >= 0.29
+        cluster.proxy.stall(False)
+        assert (await asyncio.wait_for(producer.send(topic, b"after"), 30)).offset == 4
+        assert all(h.result().offset > 0 for h in held)
+        assert producer.metrics().buffer_memory_available == producer.config.buffer_memory
+    finally:
+        cluster.proxy.stall(False)
+        await producer.close()
+
+
+@pytest.mark.parametrize("call", ["send", "enqueue"])
+async def test_close_fails_records_waiting_for_memory_at_once(proxied_broker, call):
+    """With the broker stalled, memory never comes back: a record waiting for it must fail as
+    soon as close() begins, not when close(timeout=5) gives up on the batches in flight."""
+    cluster = proxied_broker
+    producer, held = await _stalled_and_full(cluster, "line-close", max_block_ms=30_000)
+    waiting = asyncio.ensure_future(getattr(producer, call)("line-close", b"w" * 600))
+    await asyncio.sleep(0.1)
+    assert not waiting.done()
+    loop = asyncio.get_running_loop()
+    closing = asyncio.create_task(producer.close(timeout=5))
+    began = loop.time()
+    with pytest.raises(ProducerClosedError):
+        await asyncio.wait_for(waiting, 10)
+    assert loop.time() - began < 2.5, "the waiting record failed only when close() gave up"
+    cluster.proxy.stall(False)
+    await asyncio.wait_for(closing, 10)
+    assert all(h.done() for h in held)
+
+
+async def test_a_record_larger_than_buffer_memory_fails_at_once(broker, topic):
+    async with Producer(broker.bootstrap, batch_size=1024, buffer_memory=2048) as producer:
+        with pytest.raises(RecordTooLargeError, match="buffer_memory"):
+            await asyncio.wait_for(producer.send(topic, b"v" * 3000), 5)
+        assert (await producer.send(topic, b"small")).offset == 0
+
+
+async def test_sends_waiting_for_memory_are_served_in_arrival_order(broker, topic):
+    """Each record needs a batch of its own and memory holds three: the tasks queue for it.
+    A task that closes a full batch keeps its place in line (it used to yield first and join
+    the back of the queue: task 2 was served 36 places late, and with a short max_block_ms,
+    early tasks failed while later ones succeeded). Only the one yield that lets the sender
+    ship the closed batch may let the next task's record in first."""
+    async with Producer(broker.bootstrap, batch_size=1024, buffer_memory=3 * 1024,
+                        linger_ms=0) as producer:
+        served: list[int] = []
+
+        async def send(i: int) -> None:
+            await producer.enqueue(topic, b"%03d" % i + b"v" * 600, partition=0)
+            served.append(i)
+
+        await asyncio.wait_for(asyncio.gather(*(send(i) for i in range(40))), 30)
+        await producer.flush()
+    assert sorted(served) == list(range(40))
+    lateness = {i: position - i for position, i in enumerate(served)}
+    assert max(lateness.values()) <= 1, f"served in the order {served}"
+
+
+@pytest.mark.parametrize("call", ["enqueue", "enqueue_many"])
+async def test_buffer_memory_bounds_what_waits_for_a_stalled_broker(proxied_broker, call):
+    """Each new batch holds batch_size of buffer_memory, whichever call opened it: with the
+    broker stalled, the calls wait once 4 batches' worth is buffered and fail after
+    max_block_ms, having buffered no more."""
+    from aioproducer import Producer, accepted
+    from aioproducer.errors import BufferExhaustedError
+
+    cluster = proxied_broker
+    cluster.create_topic("bounded", 1)
+    records = [(None, b"%05d" % i + b"v" * 95) for i in range(2000)]
+    async with Producer(cluster.bootstrap, batch_size=4096, buffer_memory=4 * 4096,
+                        max_block_ms=300, linger_ms=0, request_timeout_ms=30_000) as producer:
+        await producer.send("bounded", b"first")
+        cluster.proxy.stall(True)
+        buffered = 0
+        with pytest.raises(BufferExhaustedError):
+            if call == "enqueue_many":
+                try:
+                    await asyncio.wait_for(producer.enqueue_many("bounded", records), 10)
+                except BufferExhaustedError as exc:
+                    buffered = len(accepted(exc) or ())
+                    raise
+            for _, value in records:
+                await asyncio.wait_for(producer.enqueue("bounded", value), 10)
+                buffered += 1
+        assert 0 < buffered <= 4 * (4096 // 100), f"{buffered} records in 16 KiB"
+        cluster.proxy.stall(False)
+        await asyncio.wait_for(producer.flush(), 30)
