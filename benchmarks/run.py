@@ -43,8 +43,8 @@ USER_SHAPES = [
                                 ("taskgroup-send", 20_000))
     for client in ("aioproducer", "aiokafka", "confluent-aio")
 ]
-# The same shapes of send() within buffer_memory (200k records of 116 B, 32 MiB): past it, a
-# send() that must wait for memory is a coroutine, which gather and TaskGroups run as a Task.
+# The same shapes of send() within buffer_memory (200k records of 116 B, 32 MiB): past it,
+# sends wait in line for memory (as futures: still no Task from gather).
 USER_SHAPES += [(f"{shape}/200k", client, 200_000 if client == "aioproducer" else records,
                  extra)
                 for shape, client, records, extra in USER_SHAPES if shape.endswith("-send")]
