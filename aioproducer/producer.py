@@ -19,7 +19,8 @@ from ._internal.metrics import ProducerMetrics
 from ._internal.partitioner import StickyPartitioner, partition_for_key
 from ._internal.sender import Sender
 from ._internal.transactions import TransactionManager, TxnState
-from .client.cluster import Cluster, TopicInfo, cancelling, retrieve_exception, shielded
+from .client.cluster import Cluster, TopicInfo
+from .client.tasks import TaskSet, cancelling, shielded
 from .config import ProducerConfig
 from .errors import (
     ConfigError,
@@ -95,6 +96,7 @@ class Producer:
         self._sender: Sender | None = None
         self._sender_task: asyncio.Task[None] | None = None
         self._txn: TransactionManager | None = None
+        self._tasks = TaskSet()  # every task of this producer's, whoever spawns it
         # new -> starting -> started (-> failed) -> closing -> closed; a start that fails or
         # is cancelled goes back to new (a transactional one from started, once torn down).
         self._state = "new"
@@ -150,9 +152,9 @@ class Producer:
 
     async def _start(self) -> None:
         config = self.config
-        self._cluster = Cluster(config, self._wake_sender, self._release_topic)
+        self._cluster = Cluster(config, self._wake_sender, self._release_topic, self._tasks)
         if config.enable_idempotence:
-            self._txn = TransactionManager(config, self._cluster)
+            self._txn = TransactionManager(config, self._cluster, self._tasks)
             self._txn.on_change = self._wake_sender
         self._accumulator = RecordAccumulator(config, self._codec, self._txn,
                                               self._wake_sender)
@@ -170,7 +172,8 @@ class Producer:
                     "is it a Kafka broker, and up?")
             refresh.result()
         except BaseException:
-            await self._cluster.close()  # (then start() makes the producer new again)
+            self._cluster.close()  # (then start() makes the producer new again)
+            await self._tasks.aclose()
             # By close(), not the caller (who may have cancelled too: then cancelled, as asked).
             if self._state != "starting" and refresh.cancelled() and not cancelling():
                 raise ProducerClosedError("the producer was closed while it started") from None
@@ -180,8 +183,8 @@ class Producer:
         self._loop = asyncio.get_running_loop()
         self._thread = get_ident()
         self._loop_running = self._loop.is_running
-        self._sender_task = self._loop.create_task(
-            self._sender.run(), name=f"aioproducer-sender-{config.client_id}")
+        self._sender_task = self._tasks.spawn(
+            self._sender.run(), f"aioproducer-sender-{config.client_id}")
         self._sender_task.add_done_callback(self._sender_done)
         self._state = "started"
         if self._txn is not None and self._txn.is_transactional:
@@ -280,7 +283,8 @@ class Producer:
             # read_committed consumers until the coordinator times it out. (ABORTING: an
             # abort that failed; its task ended above.)
             log.warning("closing with a transaction open: aborting it")
-            aborting = asyncio.ensure_future(self.abort_transaction())
+            aborting = self._tasks.spawn(self.abort_transaction(),
+                                         f"aioproducer-abort-at-close-{self.config.client_id}")
             if not await self._within_close_deadline({aborting}):
                 aborting.cancel()  # (its task is stopped with the others below)
                 log.warning("could not abort the open transaction within close()'s timeout: "
@@ -315,19 +319,16 @@ class Producer:
         self._state = "closed"
 
     async def _stop_tasks(self) -> None:
-        """Close the connections, then wait for the tasks still running on them: a commit or
-        abort close() gave up on ends with the reason (its connections are gone); the
-        transactional requests running on their own are stopped. None outlives close()."""
-        stopped = self._txn.close() if self._txn is not None else []
+        """Close the connections, then end every task of the producer's: a commit or abort
+        close() gave up on ends with the reason (its connections are gone) within 5 s; the
+        rest are cancelled. None outlives close()."""
+        if self._txn is not None:
+            self._txn.close()
         if self._cluster is not None:
-            await self._cluster.close()
+            self._cluster.close()
         if self._ending is not None and not self._ending[1].done():
-            ending = self._ending[1]
-            if not (await asyncio.wait({ending}, timeout=5))[0]:
-                ending.cancel()
-                stopped.append(ending)
-        if stopped:
-            await asyncio.wait(stopped)
+            await asyncio.wait({self._ending[1]}, timeout=5)
+        await self._tasks.aclose()
 
     def _sender_done(self, task: asyncio.Task[None]) -> None:
         if task is not self._sender_task:  # (that of a start torn down)
@@ -764,10 +765,9 @@ class Producer:
                 raise ProducerClosedError("the producer is closing: a transaction left open "
                                           "is aborted; commit before close()")
             txn.start_commit_or_abort(commit)  # refuses what the state does not allow
-            task = asyncio.get_running_loop().create_task(
+            task = self._tasks.spawn(  # (its callers may all be cancelled: it goes on)
                 self._commit(txn) if commit else self._abort(txn),
-                name=f"aioproducer-{'commit' if commit else 'abort'}-{self.config.client_id}")
-            task.add_done_callback(retrieve_exception)  # its callers may all be cancelled
+                f"aioproducer-{'commit' if commit else 'abort'}-{self.config.client_id}")
             self._ending = (commit, task)
         await asyncio.shield(self._ending[1])
 

@@ -204,18 +204,21 @@ async def test_the_connection_setup_timeout_doubles_with_each_failure_in_a_row()
     """As in KIP-601: each failed attempt to reach the same broker doubles its connect
     timeout (with jitter), up to socket_connection_setup_timeout_max_ms."""
     from aioproducer.client.cluster import Cluster
+    from aioproducer.client.tasks import TaskSet
 
     with blackhole() as port:
         config = ProducerConfig.from_kwargs(bootstrap_servers=f"127.0.0.1:{port}",
                                             socket_connection_setup_timeout_ms=100,
                                             socket_connection_setup_timeout_max_ms=400)
-        cluster = Cluster(config, lambda: None, lambda topic: True)
+        tasks = TaskSet()
+        cluster = Cluster(config, lambda: None, lambda topic: True, tasks)
         timeouts = []
         for _ in range(4):
             with pytest.raises(KafkaConnectionError) as failed:
                 await asyncio.wait_for(cluster.any_connection(), 5)
             timeouts.append(float(re.search(r"timed out after ([\d.]+) s", str(failed.value))[1]))
-        await cluster.close()
+        cluster.close()
+        await tasks.aclose()
     assert timeouts[0] < timeouts[1] < timeouts[2]  # 0.1, 0.2, 0.4 (+-20%)
     assert timeouts[3] <= 0.5  # at most 0.4 (+20%)
 

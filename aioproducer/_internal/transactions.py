@@ -27,7 +27,8 @@ import enum
 import logging
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
-from ..client.cluster import Broker, retrieve_exception
+from ..client.cluster import Broker
+from ..client.tasks import TaskSet
 from ..errors import (
     ERROR_CLASSES,
     BrokerError,
@@ -116,9 +117,10 @@ _WHAT_TO_DO = {
 class TransactionManager:
     """Producer id/epoch, sequence numbers, and (with a transactional id) the transaction."""
 
-    def __init__(self, config: ProducerConfig, cluster: Cluster) -> None:
+    def __init__(self, config: ProducerConfig, cluster: Cluster, tasks: TaskSet) -> None:
         self._config = config
         self._cluster = cluster
+        self._tasks = tasks  # the producer's: what this spawns, the producer's close() awaits
         self.transactional_id: str | None = config.transactional_id
         self.producer_id = -1
         self.producer_epoch = -1
@@ -159,19 +161,16 @@ class TransactionManager:
             return None
         if self._init_task is not None and not self._init_task.done():
             return None
-        self._init_task = asyncio.get_running_loop().create_task(
-            self._init_idempotent(), name=f"aioproducer-init-producer-id-{self._config.client_id}")
+        self._init_task = self._tasks.spawn(
+            self._init_idempotent(), f"aioproducer-init-producer-id-{self._config.client_id}")
         return self._init_task
 
-    def close(self) -> list[asyncio.Task[None]]:
+    def close(self) -> None:
         """The producer is closing: stop the requests running on their own (an idempotent
-        producer's InitProducerId retries for as long as no broker answers); returns them,
-        to be waited for."""
-        stopped = [task for task in (self._init_task, self._add_task)
-                   if task is not None and not task.done()]
-        for task in stopped:
-            task.cancel()
-        return stopped
+        producer's InitProducerId retries for as long as no broker answers)."""
+        for task in (self._init_task, self._add_task):
+            if task is not None:
+                task.cancel()
 
     def init_request(self) -> dict[str, Any]:
         """InitProducerId for an idempotent producer: after lost sequence state, ask to keep
@@ -410,10 +409,8 @@ class TransactionManager:
         said now, to the caller."""
         if self._init_task is None or self._init_task.done():
             self._transition(TxnState.INITIALIZING)
-            self._init_task = asyncio.get_running_loop().create_task(
-                self._init_producer_id(),
-                name=f"aioproducer-init-transactions-{self._config.client_id}")
-            self._init_task.add_done_callback(retrieve_exception)
+            self._init_task = self._tasks.spawn(
+                self._init_producer_id(), f"aioproducer-init-transactions-{self._config.client_id}")
         return self._init_task
 
     async def init_transactions(self) -> None:
@@ -460,8 +457,8 @@ class TransactionManager:
             return
         if self.state not in (TxnState.IN_TRANSACTION, TxnState.COMMITTING):
             return
-        self._add_task = asyncio.get_running_loop().create_task(
-            self._add_partitions(), name=f"aioproducer-add-partitions-{self._config.client_id}")
+        self._add_task = self._tasks.spawn(
+            self._add_partitions(), f"aioproducer-add-partitions-{self._config.client_id}")
 
     async def _add_partitions(self) -> None:
         adding = sorted(self._pending)

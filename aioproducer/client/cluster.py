@@ -14,7 +14,7 @@ import asyncio
 import logging
 import random
 from dataclasses import dataclass
-from typing import Callable, Iterable, TypeVar
+from typing import Callable, Iterable
 
 from ..config import ProducerConfig, ssl_context_for
 from ..errors import (
@@ -31,9 +31,9 @@ from ..protocol.messages import ApiKey
 from ..protocol.sasl import mechanism as sasl_mechanism
 from .connection import BrokerConnection
 from .ratelimit import LogEvery
+from .tasks import TaskSet, shielded
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 _NO_ERROR = 0
 # Errors that make a topic unusable at once, however long we wait.
@@ -68,8 +68,9 @@ class Cluster:
     """Metadata and one connection per broker; shared by the producer and its sender."""
 
     def __init__(self, config: ProducerConfig, on_change: Callable[[], None],
-                 release_topic: Callable[[str], bool]) -> None:
+                 release_topic: Callable[[str], bool], tasks: TaskSet) -> None:
         self._config = config
+        self._tasks = tasks  # the producer's: what this spawns, the producer's close() awaits
         self._on_change = on_change  # wakes the sender: a connection came up or leaders moved
         self._refresh_failed = LogEvery(log, logging.WARNING, 30)  # an outage's, every 30 s
         # Asked before an idle topic is forgotten: False while records for it are pending.
@@ -147,8 +148,8 @@ class Cluster:
         """Start a metadata fetch unless one is running; await the task to wait for it."""
         if self._refresh is None or self._refresh.done():
             self._attempted_at = self._loop.time()
-            self._refresh = self._loop.create_task(
-                self._fetch_metadata(), name=f"aioproducer-metadata-{self._config.client_id}")
+            self._refresh = self._tasks.spawn(
+                self._fetch_metadata(), f"aioproducer-metadata-{self._config.client_id}")
             self._refresh.add_done_callback(self._refresh_done)
         return self._refresh
 
@@ -311,9 +312,7 @@ class Cluster:
         if node_id not in self._connecting and not self.closed:
             backoff = self._backoff.get(node_id)
             if backoff is None or backoff.not_before <= self._loop.time():
-                task = self._loop.create_task(self.connection(node_id),
-                                              name=f"aioproducer-connect-{node_id}")
-                task.add_done_callback(retrieve_exception)
+                self._tasks.spawn(self.connection(node_id), f"aioproducer-connect-{node_id}")
         return None
 
     @property
@@ -343,8 +342,7 @@ class Cluster:
             target = broker or self.brokers.get(node_id)
             if target is None:
                 raise KafkaConnectionError(f"broker {node_id} is not in the metadata")
-            task = self._loop.create_task(self._open(target),
-                                          name=f"aioproducer-open-{target.node_id}")
+            task = self._tasks.spawn(self._open(target), f"aioproducer-open-{target.node_id}")
             self._connecting[node_id] = task
         return await shielded(task, f"the producer was closed while it connected to broker "
                                     f"{node_id}")
@@ -398,18 +396,17 @@ class Cluster:
             self._stale = True  # leaders may have moved
             self._on_change()
 
-    async def close(self) -> None:
+    def close(self) -> None:
+        """Close the connections and stop fetching and connecting (the tasks' owner awaits
+        them)."""
         if not self._closed.done():
             self._closed.set_result(None)
-        tasks = [task for task in (*self._connecting.values(), self._refresh)
-                 if task is not None and not task.done()]
-        for task in tasks:
-            task.cancel()
+        for task in (*self._connecting.values(), self._refresh):
+            if task is not None:
+                task.cancel()
         for conn in list(self._connections.values()):
             conn.close()
         self._connections.clear()
-        if tasks:  # none outlives close()
-            await asyncio.wait(tasks)
 
 
 def exponential_backoff(base: float, failures: int, cap: float) -> float:
@@ -417,27 +414,3 @@ def exponential_backoff(base: float, failures: int, cap: float) -> float:
     (so clients that failed together do not retry together). Any count of failures: a
     float times 2 ** 1024 would overflow."""
     return min(base * 2 ** min(failures, 32), cap) * random.uniform(0.8, 1.2)
-
-
-async def shielded(task: asyncio.Task[T], closed: str) -> T:
-    """Await a task that outlives its caller's cancellation. Cancelled by close(), not by the
-    caller, it raises ProducerClosedError(`closed`) rather than a CancelledError nobody
-    asked for."""
-    try:
-        return await asyncio.shield(task)
-    except asyncio.CancelledError:
-        if task.cancelled() and not cancelling():
-            raise ProducerClosedError(closed) from None
-        raise
-
-
-def cancelling() -> bool:
-    """Whether the current task was asked to stop."""
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
-
-
-def retrieve_exception(task: asyncio.Task) -> None:
-    """A done callback for a task nobody may await: its failure is not reported as unretrieved."""
-    if not task.cancelled():
-        task.exception()

@@ -1,0 +1,73 @@
+"""TaskSet, the owner of the producer's tasks: none is lost or outlives close(), and one
+failing cancels no other. Broker-free."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+
+import pytest
+
+from aioproducer.client.tasks import TaskSet
+from aioproducer.errors import ProducerClosedError
+
+
+async def test_a_failing_task_cancels_no_sibling_and_aclose_ends_the_rest():
+    tasks = TaskSet()
+    ended: list[str] = []
+
+    async def fail() -> None:
+        raise ValueError("boom")
+
+    async def wait_forever() -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            ended.append("cleaned up")
+
+    failing = tasks.spawn(fail(), "fail")
+    waiting = tasks.spawn(wait_forever(), "wait")
+    await asyncio.wait({failing}, timeout=1)
+    assert isinstance(failing.exception(), ValueError)
+    await asyncio.sleep(0.01)
+    assert not waiting.done(), "a sibling's failure cancelled it"
+    await asyncio.wait_for(tasks.aclose(), 1)
+    assert waiting.cancelled() and ended == ["cleaned up"]
+
+
+async def test_nothing_is_spawned_once_closing_began():
+    """A task that tries to start another while aclose() ends it is refused (so aclose()
+    cannot be outrun), and so is any spawn afterwards."""
+    tasks = TaskSet()
+
+    async def spawns_on_cancel() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            tasks.spawn(asyncio.sleep(10), "late")
+            raise
+
+    parent = tasks.spawn(spawns_on_cancel(), "parent")
+    await asyncio.sleep(0)
+    await asyncio.wait_for(tasks.aclose(), 1)
+    assert isinstance(parent.exception(), ProducerClosedError)
+    with pytest.raises(ProducerClosedError):
+        tasks.spawn(asyncio.sleep(0), "after")
+
+
+async def test_a_failure_nobody_awaits_is_not_reported_as_never_retrieved():
+    loop = asyncio.get_running_loop()
+    reported: list[dict] = []
+    loop.set_exception_handler(lambda _, context: reported.append(context))
+    try:
+        async def fail() -> None:
+            raise ValueError("nobody awaits me")
+
+        failing = TaskSet().spawn(fail(), "fail")
+        await asyncio.wait({failing})
+        del failing
+        gc.collect()
+        await asyncio.sleep(0)
+    finally:
+        loop.set_exception_handler(None)
+    assert not reported
