@@ -1,9 +1,9 @@
-"""One multiplexed connection per broker.
+"""One multiplexed connection per broker: an asyncio loop around `protocol.framing`.
 
-Requests of every kind share the socket: each gets a correlation id and a callback, and the
-response is handed to it straight from the socket's data callback, without a loop turn in
-between (so a produce response reaches the tasks awaiting its records one turn after it
-arrives). Kafka answers the requests of one connection in order, so the oldest pending
+Requests of every kind share the socket: each gets a correlation id (from the framing) and a
+callback, and the response is handed to it straight from the socket's data callback, without
+a loop turn in between (so a produce response reaches the tasks awaiting its records one turn
+after it arrives). Kafka answers the requests of one connection in order, so the oldest pending
 request always has the earliest deadline: a single timer per connection (armed for the oldest
 request) enforces `request_timeout_ms` for all of them, and a timeout closes the connection,
 failing everything on it as retriable, as the Java client does.
@@ -12,9 +12,7 @@ failing everything on it as retriable, as the Java client does.
 from __future__ import annotations
 
 import asyncio
-import logging
 import ssl
-import struct
 from functools import partial
 from typing import Any, Callable, Mapping
 
@@ -24,26 +22,13 @@ from ..errors import (
     KafkaConnectionError,
     KafkaError,
     RequestTimeoutError,
-    UnsupportedVersionError,
     error_for_code,
 )
 from .._version import __version__
-from ..protocol.messages import (
-    CLIENT_VERSIONS,
-    ApiKey,
-    decode_response,
-    encode_request,
-    pick_version,
-    response_correlation_id,
-)
+from ..protocol.framing import Framing, FramingError, Response
+from ..protocol.messages import CLIENT_VERSIONS, ApiKey, pick_version
 from ..protocol.sasl import SaslMechanism
 
-log = logging.getLogger(__name__)
-
-_SIZE = struct.Struct(">i")
-# A response larger than this is not from a Kafka broker (or is corrupt): refuse it rather
-# than buffer it. Produce responses are tiny; metadata for very large clusters stays far below.
-_MAX_RESPONSE_BYTES = 256 * 1024 * 1024
 _UNSUPPORTED_VERSION = 35
 
 
@@ -52,12 +37,10 @@ ResponseCallback = Callable[["dict[str, Any] | None", "BaseException | None"], N
 
 
 class _Pending:
-    __slots__ = ("api_key", "version", "on_response", "deadline")
+    __slots__ = ("api_key", "on_response", "deadline")
 
-    def __init__(self, api_key: ApiKey, version: int, on_response: ResponseCallback,
-                 deadline: float):
+    def __init__(self, api_key: ApiKey, on_response: ResponseCallback, deadline: float):
         self.api_key = api_key
-        self.version = version
         self.on_response = on_response
         self.deadline = deadline
 
@@ -77,9 +60,9 @@ class BrokerConnection(asyncio.Protocol):
         self.in_flight_produce = 0
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
+        self._framing = Framing(client_id, self.address)
+        # The callback and deadline of each request awaiting its response, oldest first.
         self._pending: dict[int, _Pending] = {}
-        self._next_correlation_id = 0
-        self._buffer = bytearray()
         self._timer: asyncio.TimerHandle | None = None
         self._close_exc: KafkaError | None = None
         # Set by the owner: called with (this connection, the exception it closed with).
@@ -183,12 +166,11 @@ class BrokerConnection(asyncio.Protocol):
             raise self._close_exc
         if version is None:
             version = self.version_for(api_key)
-        correlation_id = self._next_correlation_id
-        self._next_correlation_id = (correlation_id + 1) & 0x7FFFFFFF
-        frame = encode_request(api_key, version, correlation_id, self.client_id, body)
+        frame, correlation_id = self._framing.send_request(
+            api_key, version, body, expect_response=on_response is not None)
         if on_response is not None:
             deadline = self._loop.time() + self.request_timeout
-            self._pending[correlation_id] = _Pending(api_key, version, on_response, deadline)
+            self._pending[correlation_id] = _Pending(api_key, on_response, deadline)
             if api_key == ApiKey.PRODUCE:
                 self.in_flight_produce += 1
             if self._timer is None:
@@ -236,50 +218,31 @@ class BrokerConnection(asyncio.Protocol):
         self.close(KafkaConnectionError(f"connection to {self.address} lost{reason}"))
 
     def data_received(self, data: bytes) -> None:
-        buffer = self._buffer
-        if buffer:  # a frame started in an earlier read
-            buffer += data
-            source: bytes | bytearray = buffer
-        else:  # the usual case: whole frames, sliced straight from the read's bytes
-            source = data
-        start = 0
-        end = len(source)
-        while end - start >= 4:
-            (size,) = _SIZE.unpack_from(source, start)
-            if size < 4 or size > _MAX_RESPONSE_BYTES:
-                self.close(CorruptMessageError(
-                    f"{self.address} sent a frame of {size} bytes: it does not speak the Kafka "
-                    "protocol (wrong port? TLS expected?)"))
-                return
-            if end - start - 4 < size:
-                break
-            frame = bytes(source[start + 4:start + 4 + size])  # no second copy of a bytes slice
-            start += 4 + size
-            self._handle_frame(frame)
-            if self._close_exc is not None:
-                return
-        if source is buffer:
-            del buffer[:start]
-        elif start < end:
-            buffer += memoryview(data)[start:]
-
-    def _handle_frame(self, frame: bytes) -> None:
-        correlation_id = response_correlation_id(frame)
-        entry = self._pending.pop(correlation_id, None)
-        if entry is None:
-            # A response to a request we did not wait for (acks=0 produce: some brokers answer
-            # anyway). Anything else unknown would be a broker bug; nothing waits for it.
-            log.debug("%r: ignoring response with correlation id %d", self, correlation_id)
+        if self._close_exc is not None:  # what was pending has failed already
             return
-        if entry.api_key == ApiKey.PRODUCE:
-            self.in_flight_produce -= 1
         try:
-            body = decode_response(entry.api_key, entry.version, frame)
-        except (CorruptMessageError, UnsupportedVersionError) as exc:
-            self._deliver(entry, None, exc)
-            self.close(exc if isinstance(exc, CorruptMessageError) else None)
+            responses = self._framing.receive_data(data)
+        except FramingError as exc:
+            self._handle(exc.responses)
+            self.close(exc)
             return
-        self._deliver(entry, body, None)
+        self._handle(responses)
+
+    def _handle(self, responses: list[Response]) -> None:
+        """Each response to its request's callback, in order, until the connection closes."""
+        pending = self._pending
+        for response in responses:
+            entry = pending.pop(response.correlation_id)
+            if entry.api_key == ApiKey.PRODUCE:
+                self.in_flight_produce -= 1
+            error = response.error
+            if error is None:
+                self._deliver(entry, response.body, None)
+            else:  # this request gets the error; the others fail as the connection closes
+                self._deliver(entry, None, error)
+                self.close(error if isinstance(error, CorruptMessageError) else None)
+            if self._close_exc is not None:  # by a callback or the error: close() failed the rest
+                return
 
     def _deliver(self, entry: _Pending, body: dict[str, Any] | None,
                  exc: BaseException | None) -> None:
@@ -304,7 +267,7 @@ class BrokerConnection(asyncio.Protocol):
             self._timer = self._loop.call_at(oldest.deadline, self._check_timeouts)
 
 
-def _settle(future: asyncio.Future, body: dict[str, Any] | None,
+def _settle(future: asyncio.Future[Any], body: dict[str, Any] | None,
             exc: BaseException | None) -> None:
     if not future.done():  # the awaiting task may have been cancelled
         if exc is not None:

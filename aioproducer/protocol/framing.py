@@ -1,0 +1,144 @@
+"""Kafka's framing, sans-I/O: requests out as bytes, bytes in as responses.
+
+A `Framing` is the protocol state of one connection, with no socket, loop or clock (in the
+style of h11), so it can be tested by feeding it bytes. `send_request()` gives the frame to
+write and its correlation id; `receive_data()` takes whatever the socket read and gives back
+the responses it completes, in order, keeping a partial frame for the next read. The I/O
+around it (`client/connection.py`) owns the socket, the callbacks and the timeouts.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections import deque
+from typing import Any, Mapping
+
+from ..errors import CorruptMessageError, KafkaError, UnsupportedVersionError
+from .messages import ApiKey, decode_response, encode_request
+
+log = logging.getLogger(__name__)
+
+_INT32 = struct.Struct(">i")  # the size prefix, and the correlation id after it
+# A response larger than this is not from a Kafka broker (or is corrupt): refuse it rather
+# than buffer it. Produce responses are tiny; metadata for very large clusters stays far below.
+MAX_RESPONSE_BYTES = 256 * 1024 * 1024
+
+
+class FramingError(CorruptMessageError):
+    """The peer broke the framing, so nothing after this point of the stream can be read and
+    the connection must close (retriable: a new connection may do fine). `responses` holds the
+    responses completed before the bad bytes in the same `receive_data()` call: they are good,
+    and are handed on before the connection closes."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.responses: list[Response] = []
+
+
+class FrameSizeError(FramingError):
+    """A size prefix no Kafka broker sends: shorter than a correlation id, or over
+    MAX_RESPONSE_BYTES (typically a peer that is not Kafka, or TLS spoken to plaintext)."""
+
+
+class CorrelationIdError(FramingError):
+    """A response to a request while an earlier one is still unanswered: Kafka answers the
+    requests of a connection in order, so the stream cannot be trusted to match any more."""
+
+
+class Response:
+    """A response matched to its request: the decoded `body`, or the `error` that decoding it
+    raised (CorruptMessageError, UnsupportedVersionError), which fails only that request."""
+
+    __slots__ = ("correlation_id", "body", "error")
+
+    def __init__(self, correlation_id: int, body: dict[str, Any] | None,
+                 error: KafkaError | None) -> None:
+        self.correlation_id = correlation_id
+        self.body = body
+        self.error = error
+
+    def __repr__(self) -> str:
+        return f"<Response {self.correlation_id} {self.error or self.body}>"
+
+
+class Framing:
+    """The frames of one connection: numbers the requests, cuts the byte stream into
+    response frames, and matches each to its request (in order) to decode it."""
+
+    def __init__(self, client_id: str | None, peer: str) -> None:
+        self.client_id = client_id
+        self.peer = peer  # named in error messages
+        self._next_correlation_id = 0
+        # (correlation id, api key, version) of each request awaiting its response, oldest first.
+        self._in_flight: deque[tuple[int, ApiKey, int]] = deque()
+        self._buffer = bytearray()  # the start of a frame the next read completes
+
+    def send_request(self, api_key: ApiKey, version: int, body: Mapping[str, Any], *,
+                     expect_response: bool = True) -> tuple[bytes, int]:
+        """The frame to write, and its correlation id. With expect_response=False (acks=0
+        produce) no response is awaited: one the broker sends anyway is dropped."""
+        correlation_id = self._next_correlation_id
+        frame = encode_request(api_key, version, correlation_id, self.client_id, body)
+        self._next_correlation_id = (correlation_id + 1) & 0x7FFFFFFF
+        if expect_response:
+            self._in_flight.append((correlation_id, api_key, version))
+        return frame, correlation_id
+
+    def receive_data(self, data: bytes) -> list[Response]:
+        """The responses `data` completes, in order; a frame it leaves unfinished is kept.
+        Raises a FramingError (with the responses before it) if the stream breaks."""
+        buffer = self._buffer
+        if not buffer:  # the usual case: whole frames, sliced straight from the read's bytes
+            responses, used = self._read_frames(data)
+            if used < len(data):
+                buffer += memoryview(data)[used:]
+            return responses
+        buffer += data  # a frame started in an earlier read
+        with memoryview(buffer) as view:  # frames copied out once, not sliced then copied
+            responses, used = self._read_frames(view)
+        del buffer[:used]
+        return responses
+
+    def _read_frames(self, source: bytes | memoryview) -> tuple[list[Response], int]:
+        """The responses of the whole frames at the start of `source`, and the bytes they
+        take."""
+        in_flight = self._in_flight
+        responses: list[Response] = []
+        start = 0
+        end = len(source)
+        try:
+            while end - start >= 4:
+                (size,) = _INT32.unpack_from(source, start)
+                if size < 4 or size > MAX_RESPONSE_BYTES:
+                    raise FrameSizeError(
+                        f"{self.peer} sent a frame of {size} bytes: it does not speak the Kafka "
+                        "protocol (wrong port? TLS expected?)")
+                if end - start - 4 < size:
+                    break
+                (correlation_id,) = _INT32.unpack_from(source, start + 4)
+                frame = bytes(source[start + 4:start + 4 + size])  # one copy, bytes or view
+                start += 4 + size
+                if in_flight and in_flight[0][0] == correlation_id:
+                    _, api_key, version = in_flight.popleft()
+                elif any(waiting[0] == correlation_id for waiting in in_flight):
+                    raise CorrelationIdError(
+                        f"{self.peer} answered request {correlation_id} before request "
+                        f"{in_flight[0][0]}: a Kafka broker answers in order")
+                else:
+                    # A response to a request that expected none (acks=0 produce: some brokers
+                    # answer anyway). Anything else unknown would be a broker bug; nothing
+                    # waits for it.
+                    log.debug("%s: ignoring response with correlation id %d",
+                              self.peer, correlation_id)
+                    continue
+                try:
+                    body = decode_response(api_key, version, frame)
+                except (CorruptMessageError, UnsupportedVersionError) as exc:
+                    responses.append(Response(correlation_id, None, exc))
+                else:
+                    responses.append(Response(correlation_id, body, None))
+        except FramingError as exc:
+            exc.responses = responses
+            raise
+        return responses, start
