@@ -1,14 +1,17 @@
 """The exception tree, and every Kafka error code as a named exception.
 
 `except KafkaError` catches every error of the producer (not asyncio's own: RuntimeError for
-a call from another event loop, TimeoutError from flush(timeout=...)). Three flags say
-what a caller can do about an error: `retriable` (trying again may work; the producer retries
-these itself within delivery_timeout_ms), `abortable` (the current transaction must be
-aborted, then the producer goes on) and `fatal` (the producer cannot continue: close it). They
-say what an error usually means; a few mean more from a transaction coordinator
-(INVALID_TXN_STATE is fatal there, as in the Java client), and inside a transaction any failed
-record makes the transaction abortable.
+a call from another event loop, TimeoutError from flush(timeout=...)). Four flags say what
+can be done about an error: `retriable` (trying again may work; the producer retries these
+itself within delivery_timeout_ms), `abortable` (the current transaction must be aborted,
+then the producer goes on), `fatal` (the producer cannot continue: close it) and
+`refresh_metadata` (what the producer knows of a partition's leader is stale: it fetches
+metadata again before it retries). They say what an error usually means; a few mean
+more from a transaction coordinator (INVALID_TXN_STATE is fatal there, as in the Java
+client), and inside a transaction any failed record makes the transaction abortable.
 
+These classes and flags are the one table of Kafka's error codes: the rest of the package
+decides by flag or class (`isinstance(exc, NotCoordinatorError)`), never by a bare number.
 This module imports nothing from the package, so every layer may use it.
 """
 
@@ -23,6 +26,7 @@ class KafkaError(Exception):
     retriable = False
     abortable = False
     fatal = False
+    refresh_metadata = False
 
 
 class RetriableError(KafkaError):
@@ -173,6 +177,7 @@ class UnknownTopicOrPartitionError(BrokerError, UnknownTopicError):
     """This server does not host this topic-partition."""
 
     error_code, name = 3, "UNKNOWN_TOPIC_OR_PARTITION"
+    refresh_metadata = True
 
 
 class InvalidFetchSizeError(BrokerError):
@@ -186,6 +191,7 @@ class LeaderNotAvailableError(BrokerError, RetriableError):
     election."""
 
     error_code, name = 5, "LEADER_NOT_AVAILABLE"
+    refresh_metadata = True
 
 
 class NotLeaderOrFollowerError(BrokerError, RetriableError):
@@ -193,6 +199,7 @@ class NotLeaderOrFollowerError(BrokerError, RetriableError):
     not the current leader."""
 
     error_code, name = 6, "NOT_LEADER_OR_FOLLOWER"
+    refresh_metadata = True
 
 
 class RequestTimedOutError(BrokerError, RequestTimeoutError):
@@ -211,6 +218,7 @@ class ReplicaNotAvailableError(BrokerError, RetriableError):
     """The replica is not available for the requested topic-partition."""
 
     error_code, name = 9, "REPLICA_NOT_AVAILABLE"
+    refresh_metadata = True
 
 
 class MessageTooLargeError(BrokerError, RecordTooLargeError):
@@ -236,6 +244,7 @@ class NetworkError(BrokerError, RetriableError):
     """The server disconnected before a response was received."""
 
     error_code, name = 13, "NETWORK_EXCEPTION"
+    refresh_metadata = True
 
 
 class CoordinatorLoadInProgressError(BrokerError, RetriableError):
@@ -506,6 +515,7 @@ class KafkaStorageErrorError(BrokerError, RetriableError):
     """Disk error when trying to access log file on the disk."""
 
     error_code, name = 56, "KAFKA_STORAGE_ERROR"
+    refresh_metadata = True
 
 
 class LogDirNotFoundError(BrokerError):
@@ -617,12 +627,14 @@ class FencedLeaderEpochError(BrokerError, RetriableError):
     """The leader epoch in the request is older than the epoch on the broker."""
 
     error_code, name = 74, "FENCED_LEADER_EPOCH"
+    refresh_metadata = True
 
 
 class UnknownLeaderEpochError(BrokerError, RetriableError):
     """The leader epoch in the request is newer than the epoch on the broker."""
 
     error_code, name = 75, "UNKNOWN_LEADER_EPOCH"
+    refresh_metadata = True
 
 
 class UnsupportedCompressionTypeError(BrokerError):

@@ -626,6 +626,7 @@ async def test_records_refused_for_an_old_epoch_make_the_transaction_abortable(p
         with pytest.raises(TransactionStateError, match="abort") as refused:
             await producer.commit_transaction()
         assert isinstance(refused.value.__cause__, InvalidProducerEpochError)
+        assert refused.value.abortable and not refused.value.fatal  # what is left: abort
         await producer.abort_transaction()
         async with producer.transaction():
             await producer.send("old-epoch", b"next")
@@ -656,8 +657,9 @@ async def test_fatal_answers_of_the_coordinator_close_the_door(proxied_broker, c
         with pytest.raises(error):
             await asyncio.wait_for(producer.send("refused-txn", b"never"), 10)
         for call in (producer.abort_transaction, producer.commit_transaction):
-            with pytest.raises(TransactionStateError, match="fatal error.*close it"):
+            with pytest.raises(TransactionStateError, match="fatal error.*close it") as refused:
                 await call()
+            assert refused.value.fatal
         with pytest.raises(TransactionStateError, match="fatal error.*close it"):
             producer.begin_transaction()
     assert cluster.proxy.rewritten == 1

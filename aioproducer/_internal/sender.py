@@ -34,6 +34,7 @@ from ..errors import (
     DuplicateSequenceNumberError,
     KafkaConnectionError,
     KafkaError,
+    MessageTooLargeError,
     OutOfOrderSequenceNumberError,
     UnknownProducerIdError,
     error_for_code,
@@ -49,20 +50,6 @@ if TYPE_CHECKING:
     from ..config import ProducerConfig
 
 log = logging.getLogger(__name__)
-
-_MESSAGE_TOO_LARGE = 10
-
-# Error codes after which the partition's leader should be looked up again.
-_STALE_METADATA = frozenset({
-    3,   # UNKNOWN_TOPIC_OR_PARTITION
-    5,   # LEADER_NOT_AVAILABLE
-    6,   # NOT_LEADER_OR_FOLLOWER
-    9,   # REPLICA_NOT_AVAILABLE
-    13,  # NETWORK_EXCEPTION
-    56,  # KAFKA_STORAGE_ERROR
-    74,  # FENCED_LEADER_EPOCH
-    75,  # UNKNOWN_LEADER_EPOCH
-})
 
 
 class Sender:
@@ -286,13 +273,14 @@ class Sender:
             self.wake()
 
     def _on_partition_error(self, batch: ProducerBatch, p: dict[str, Any]) -> None:
-        if p["error_code"] == _MESSAGE_TOO_LARGE and batch.record_count > 1:
+        too_large = p["error_code"] == MessageTooLargeError.error_code
+        if too_large and batch.record_count > 1:
             self._split(batch)
             return
         where = f"producing to {batch.topic}-{batch.partition}"
         if p.get("error_message"):
             where += f": {p['error_message']}"
-        elif p["error_code"] == _MESSAGE_TOO_LARGE:
+        elif too_large:
             where += (f": a record of {batch.writer.size} bytes (in its own batch) is over the "
                       "broker's message.max.bytes or the topic's max.message.bytes")
         if p.get("record_errors"):
@@ -300,7 +288,7 @@ class Sender:
             # Java client, the whole batch fails; the message names the culprits.
             where += _record_errors(p["record_errors"])
         exc = error_for_code(p["error_code"], where)
-        if p["error_code"] in _STALE_METADATA:
+        if exc.refresh_metadata:
             self._cluster.request_update()
         txn = self._txn
         if txn is not None:

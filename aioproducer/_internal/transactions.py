@@ -33,8 +33,12 @@ from ..errors import (
     ERROR_CLASSES,
     BrokerError,
     ClusterAuthorizationFailedError,
+    CoordinatorNotAvailableError,
+    InvalidProducerEpochError,
     InvalidTxnStateError,
     KafkaError,
+    NotCoordinatorError,
+    OperationNotAttemptedError,
     ProducerClosedError,
     ProducerFencedError,
     TransactionalIdAuthorizationFailedError,
@@ -56,17 +60,14 @@ log = logging.getLogger(__name__)
 _SEQUENCE_WRAP = 1 << 31
 TopicPartition = tuple[str, int]
 
-# Error codes of coordinator requests (Apache Kafka's Errors.java).
-_COORDINATOR_LOAD_IN_PROGRESS = 14
-_COORDINATOR_NOT_AVAILABLE = 15
-_NOT_COORDINATOR = 16
-_CLUSTER_AUTHORIZATION_FAILED = 31
-_CONCURRENT_TRANSACTIONS = 51
-_OPERATION_NOT_ATTEMPTED = 55
-_FENCED = frozenset({47, 90})  # INVALID_PRODUCER_EPOCH, PRODUCER_FENCED
-_RETRY_SAME_COORDINATOR = frozenset({_COORDINATOR_LOAD_IN_PROGRESS, _CONCURRENT_TRANSACTIONS})
-_FIND_COORDINATOR_AGAIN = frozenset({_COORDINATOR_NOT_AVAILABLE, _NOT_COORDINATOR})
 _GROUP, _TRANSACTION = 0, 1  # FindCoordinator key types
+
+# A coordinator's answers that say it moved: it is looked up again before the retry. (Its
+# other retriable answers, a coordinator still loading or a transaction still ending, are
+# retried with it.)
+_COORDINATOR_MOVED = (CoordinatorNotAvailableError, NotCoordinatorError)
+# From a coordinator an old epoch means another producer took ours, as in the Java client.
+_FENCED = (InvalidProducerEpochError, ProducerFencedError)
 
 # Failures after which a transactional producer cannot go on, as in the Java client (its
 # TransactionManager.maybeTransitionToErrorState); any other failure of a batch makes the
@@ -88,7 +89,9 @@ class TxnState(enum.Enum):
     FATAL_ERROR = "fatal error"
 
 
-_ALLOWED = {
+# The transaction state table: where each state may go. Every change goes through
+# TransactionManager._transition; a fatal error may come in any state (the latest is kept).
+_ALLOWED = {state: targets | {TxnState.FATAL_ERROR} for state, targets in {
     TxnState.UNINITIALIZED: {TxnState.INITIALIZING},
     TxnState.INITIALIZING: {TxnState.READY, TxnState.UNINITIALIZED},
     TxnState.READY: {TxnState.IN_TRANSACTION, TxnState.INITIALIZING},
@@ -97,7 +100,7 @@ _ALLOWED = {
     TxnState.ABORTING: {TxnState.READY, TxnState.INITIALIZING},
     TxnState.ABORTABLE_ERROR: {TxnState.ABORTING, TxnState.ABORTABLE_ERROR},
     TxnState.FATAL_ERROR: set(),
-}
+}.items()}
 # What to do when a call does not fit the state (the README promises it is said).
 _WHAT_TO_DO = {
     TxnState.UNINITIALIZED: "call init_transactions() (or start()) first",
@@ -190,21 +193,21 @@ class TransactionManager:
                 if self._bump_from and conn.version_for(ApiKey.INIT_PRODUCER_ID) < 3:
                     self._bump_from = None  # the broker predates KIP-360
                 response = await conn.request(ApiKey.INIT_PRODUCER_ID, self.init_request())
-                if response["error_code"] and self._bump_from:
-                    log.warning("the broker refused to bump producer id %d's epoch (%s); "
-                                "taking a new producer id", self._bump_from[0],
-                                error_for_code(response["error_code"]))
-                    self._bump_from = None
-                    continue
-                if response["error_code"] == _CLUSTER_AUTHORIZATION_FAILED:
-                    raise ClusterAuthorizationFailedError(
-                        "InitProducerId: this producer's principal may not write idempotently "
-                        "(enable_idempotence=True, the default): grant it Write on the topic "
-                        "(brokers 2.8+) or IdempotentWrite on the cluster, or turn idempotence "
-                        "off. The producer asks again for each new batch, so it recovers "
-                        "once the permission is granted")
                 if response["error_code"]:
-                    raise error_for_code(response["error_code"], "InitProducerId")
+                    refused = error_for_code(response["error_code"], "InitProducerId")
+                    if self._bump_from:
+                        log.warning("the broker refused to bump producer id %d's epoch (%s); "
+                                    "taking a new producer id", self._bump_from[0], refused)
+                        self._bump_from = None
+                        continue
+                    if isinstance(refused, ClusterAuthorizationFailedError):
+                        raise ClusterAuthorizationFailedError(
+                            "InitProducerId: this producer's principal may not write "
+                            "idempotently (enable_idempotence=True, the default): grant it "
+                            "Write on the topic (brokers 2.8+) or IdempotentWrite on the "
+                            "cluster, or turn idempotence off. The producer asks again for "
+                            "each new batch, so it recovers once the permission is granted")
+                    raise refused
             except KafkaError as exc:
                 if not exc.retriable:
                     raise
@@ -340,11 +343,24 @@ class TransactionManager:
     # -- transaction state -----------------------------------------------------------------
 
     def _transition(self, target: TxnState) -> None:
-        if target is not TxnState.FATAL_ERROR and target not in _ALLOWED[self.state]:
-            raise TransactionStateError(
+        if target not in _ALLOWED[self.state]:
+            raise self._state_error(
                 f"cannot go from {self.state.value!r} to {target.value!r}: "
                 f"{_WHAT_TO_DO[self.state]}" + (f" (after {self.error!r})" if self.error else ""))
         self.state = target
+
+    def _state_error(self, message: str) -> TransactionStateError:
+        """A call that does not fit the state. Its flags say what the state leaves to do: a
+        failed transaction is abortable, a producer in a fatal error must be closed."""
+        exc = TransactionStateError(message)
+        exc.abortable = self.state is TxnState.ABORTABLE_ERROR
+        exc.fatal = self.state is TxnState.FATAL_ERROR
+        return exc
+
+    def _cannot_commit(self) -> TransactionStateError:
+        exc = self._state_error(f"cannot commit: the transaction failed ({self.error!r}); abort it")
+        exc.__cause__ = self.error
+        return exc
 
     def check_can_send(self) -> None:
         """Raise unless records may be sent now (inside a transaction, when transactional)."""
@@ -353,10 +369,10 @@ class TransactionManager:
         if self.state is TxnState.FATAL_ERROR:
             raise self._fatal_error()
         if self.state is TxnState.ABORTABLE_ERROR:
-            raise TransactionStateError(
+            raise self._state_error(
                 f"the transaction failed ({self.error!r}): call abort_transaction(), "
                 "then start a new one") from self.error
-        raise TransactionStateError(
+        raise self._state_error(
             f"a transactional producer sends only inside a transaction (state: "
             f"{self.state.value}): call begin_transaction() or use `async with "
             "producer.transaction()`")
@@ -364,19 +380,19 @@ class TransactionManager:
     def _fatal_error(self) -> KafkaError:
         if isinstance(self.error, ProducerFencedError):
             return self.error
-        return TransactionStateError(
+        return self._state_error(
             f"the producer hit a fatal error and cannot continue: {self.error!r}; close it")
 
     def fatal(self, exc: KafkaError) -> None:
         self.error = exc
-        self.state = TxnState.FATAL_ERROR
+        self._transition(TxnState.FATAL_ERROR)
         self.on_change()
 
     def abortable(self, exc: KafkaError) -> None:
         """A batch of the transaction failed: the transaction can only be aborted now."""
-        if self.state in (TxnState.IN_TRANSACTION, TxnState.COMMITTING):
+        if self.state in (TxnState.IN_TRANSACTION, TxnState.COMMITTING):  # (the first error)
             self.error = exc
-            self.state = TxnState.ABORTABLE_ERROR
+            self._transition(TxnState.ABORTABLE_ERROR)
 
     def batch_failed(self, batch: ProducerBatch, exc: BaseException) -> None:
         """A batch failed for good without an acknowledgement (every such path comes here)."""
@@ -441,7 +457,7 @@ class TransactionManager:
         if self.state is TxnState.FATAL_ERROR:
             raise self._fatal_error()
         if self.state is TxnState.UNINITIALIZED:
-            raise TransactionStateError("call init_transactions() (or start()) first")
+            raise self._state_error("call init_transactions() (or start()) first")
         self._transition(TxnState.IN_TRANSACTION)
 
     def add_partition(self, topic: str, partition: int) -> None:
@@ -496,8 +512,7 @@ class TransactionManager:
         if self.state is TxnState.FATAL_ERROR:
             raise self._fatal_error()
         if commit and self.state is TxnState.ABORTABLE_ERROR:
-            raise TransactionStateError(
-                f"cannot commit: the transaction failed ({self.error!r}); abort it") from self.error
+            raise self._cannot_commit()
         target = TxnState.COMMITTING if commit else TxnState.ABORTING
         if self.state is not target:
             self._transition(target)
@@ -508,8 +523,7 @@ class TransactionManager:
             # Its outcome, not its cancellation (close() stops it), is what decides below.
             await asyncio.wait({self._add_task})
         if self.state is TxnState.ABORTABLE_ERROR and commit:
-            raise TransactionStateError(
-                f"cannot commit: the transaction failed ({self.error!r}); abort it") from self.error
+            raise self._cannot_commit()
         if self._partitions or self._offsets_added:
             try:
                 await self._coordinator_request(
@@ -619,16 +633,16 @@ class TransactionManager:
                 exc = error
                 self._coordinators.pop((key_type, key), None)
             if exc is None:
-                if code == 0:
+                if not code:
                     return response
                 exc = error_for_code(code, f"{what} for {key!r}")
-                if code in _FENCED:
+                if isinstance(exc, _FENCED):
                     raise ProducerFencedError(
                         f"{what}: another producer with transactional_id {key!r} has started "
                         "(this one is fenced off and must be closed)")
-                if code in _FIND_COORDINATOR_AGAIN:
+                if isinstance(exc, _COORDINATOR_MOVED):
                     self._coordinators.pop((key_type, key), None)
-                elif code not in _RETRY_SAME_COORDINATOR and not exc.retriable:
+                elif not exc.retriable:
                     raise exc
             if loop.time() + delay > deadline:
                 raise exc
@@ -667,9 +681,9 @@ def _deciding_error(codes: Iterable[int]) -> int:
     OPERATION_NOT_ATTEMPTED comes last: it only says that another partition failed."""
     def rank(code: int) -> int:
         cls = ERROR_CLASSES.get(code, BrokerError)
-        if code in _FENCED or issubclass(cls, _FATAL_FROM_COORDINATOR):
+        if issubclass(cls, _FENCED + _FATAL_FROM_COORDINATOR):
             return 0
-        if code in _RETRY_SAME_COORDINATOR or code in _FIND_COORDINATOR_AGAIN or cls.retriable:
+        if cls.retriable:
             return 1
-        return 3 if code == _OPERATION_NOT_ATTEMPTED else 2
+        return 3 if cls is OperationNotAttemptedError else 2
     return min((code for code in codes if code), key=rank, default=0)

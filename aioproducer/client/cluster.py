@@ -35,7 +35,6 @@ from .tasks import TaskSet, shielded
 
 log = logging.getLogger(__name__)
 
-_NO_ERROR = 0
 # Errors that make a topic unusable at once, however long we wait.
 _HARD_TOPIC_ERRORS = (InvalidTopicError, TopicAuthorizationFailedError)
 
@@ -230,7 +229,7 @@ class Cluster:
         topics_info: dict[str, TopicInfo] = {}
         for t in response["topics"]:
             name = t["name"]
-            if t["error_code"] != _NO_ERROR:
+            if t["error_code"]:
                 topics_info[name] = TopicInfo(name, (), error_for_code(
                     t["error_code"], f"metadata for topic {name!r}"))
                 continue

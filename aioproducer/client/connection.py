@@ -18,6 +18,7 @@ from typing import Any, Callable, Mapping
 
 from ..errors import (
     AuthenticationError,
+    BrokerUnsupportedVersionError,
     CorruptMessageError,
     KafkaConnectionError,
     KafkaError,
@@ -28,8 +29,6 @@ from .._version import __version__
 from ..protocol.framing import Framing, FramingError, Response
 from ..protocol.messages import CLIENT_VERSIONS, ApiKey, pick_version
 from ..protocol.sasl import SaslMechanism
-
-_UNSUPPORTED_VERSION = 35
 
 
 # Called with (response body, None) or (None, exception).
@@ -134,7 +133,7 @@ class BrokerConnection(asyncio.Protocol):
         body = {"client_software_name": "aioproducer", "client_software_version": __version__}
         version = CLIENT_VERSIONS[ApiKey.API_VERSIONS][1]
         response = await self.request(ApiKey.API_VERSIONS, body, version=version)
-        if response["error_code"] == _UNSUPPORTED_VERSION:
+        if response["error_code"] == BrokerUnsupportedVersionError.error_code:
             # The broker answers with its own range in a v0 body; retry at its highest.
             ranges = {k["api_key"]: (k["min_version"], k["max_version"])
                       for k in response["api_keys"]}

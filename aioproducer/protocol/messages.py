@@ -14,7 +14,7 @@ from functools import lru_cache
 from typing import Any, Mapping
 
 from .._speedups import decode_produce, encode_produce
-from ..errors import CorruptMessageError, UnsupportedVersionError
+from ..errors import BrokerUnsupportedVersionError, CorruptMessageError, UnsupportedVersionError
 from .primitives import Field as F
 from .primitives import compile_reader, compile_writer, skip_tags
 
@@ -256,7 +256,6 @@ _RESPONSES: dict[ApiKey, tuple[F, ...]] = {
 _HEADER = struct.Struct(">ihhi")  # size, api_key, api_version, correlation_id
 _INT16 = struct.Struct(">h")
 _CORRELATION = struct.Struct(">i")
-_UNSUPPORTED_VERSION = 35
 
 
 def pick_version(api_key: ApiKey, broker_range: tuple[int, int] | None) -> int:
@@ -337,7 +336,7 @@ def _decode_response(api_key: ApiKey, version: int, frame: bytes | memoryview) -
         # A broker that does not speak the version we asked for answers in a v0 body (with
         # its own range in it), as Apache Kafka's ApiVersionsResponse.parse expects.
         if version and len(frame) >= 6 and \
-                _INT16.unpack_from(frame, position)[0] == _UNSUPPORTED_VERSION:
+                _INT16.unpack_from(frame, position)[0] == BrokerUnsupportedVersionError.error_code:
             version = 0
     elif _flexible(api_key, version):
         position = skip_tags(frame, position)  # response header v1
