@@ -29,7 +29,7 @@ import time
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from ..client.cluster import exponential_backoff
+from ..client.backoff import exponential_backoff
 from ..errors import (
     DuplicateSequenceNumberError,
     KafkaConnectionError,

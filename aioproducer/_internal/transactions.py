@@ -27,6 +27,7 @@ import enum
 import logging
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
+from ..client.backoff import Backoff
 from ..client.cluster import Broker
 from ..client.tasks import TaskSet
 from ..errors import (
@@ -186,7 +187,7 @@ class TransactionManager:
 
     async def _init_idempotent(self) -> None:
         config = self._config
-        delay = config.retry_backoff_ms / 1000
+        backoff = Backoff(config.retry_backoff_ms / 1000, config.retry_backoff_max_ms / 1000)
         while True:
             try:
                 conn = await self._cluster.any_connection()
@@ -211,9 +212,9 @@ class TransactionManager:
             except KafkaError as exc:
                 if not exc.retriable:
                     raise
+                delay = backoff.failed()
                 log.info("InitProducerId failed (%s); retrying in %.2f s", exc, delay)
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, config.retry_backoff_max_ms / 1000)
                 continue
             self._set_producer_id(response)
             self._bump_from = None
@@ -619,7 +620,7 @@ class TransactionManager:
         config = self._config
         loop = asyncio.get_running_loop()
         deadline = loop.time() + config.max_block_ms / 1000
-        delay = config.retry_backoff_ms / 1000
+        backoff = Backoff(config.retry_backoff_ms / 1000, config.retry_backoff_max_ms / 1000)
         while True:
             code = 0
             exc: KafkaError | None = None
@@ -644,13 +645,13 @@ class TransactionManager:
                     self._coordinators.pop((key_type, key), None)
                 elif not exc.retriable:
                     raise exc
+            delay = backoff.failed()
             if loop.time() + delay > deadline:
                 raise exc
             if self._cluster.closed:  # close() cut it short: no retry to run on after it
                 raise ProducerClosedError(f"the producer was closed during {what}") from exc
             log.debug("%s: %s; retrying in %.2f s", what, exc, delay)
             await self._cluster.pause(delay)  # (then, closed, _coordinator() raises)
-            delay = min(delay * 2, config.retry_backoff_max_ms / 1000)
 
     async def _coordinator(self, key_type: int, key: str, deadline: float) -> BrokerConnection:
         node_id = self._coordinators.get((key_type, key))

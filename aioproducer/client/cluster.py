@@ -29,6 +29,7 @@ from ..errors import (
 )
 from ..protocol.messages import ApiKey
 from ..protocol.sasl import mechanism as sasl_mechanism
+from .backoff import Backoff, exponential_backoff
 from .connection import BrokerConnection
 from .ratelimit import LogEvery
 from .tasks import TaskSet, shielded
@@ -86,8 +87,9 @@ class Cluster:
         self._updated_at = float("-inf")
         self._attempted_at = float("-inf")
         # Between fetches while stale: retry_backoff_ms, doubled by each failed fetch up to
-        # retry_backoff_max_ms (KIP-580), so an outage is not knocked on 10 times a second.
-        self._refresh_backoff = config.retry_backoff_ms / 1000
+        # retry_backoff_max_ms, so an outage is not knocked on 10 times a second.
+        self._refresh_backoff = Backoff(config.retry_backoff_ms / 1000,
+                                        config.retry_backoff_max_ms / 1000)
         self._stale = True
         self._closed: asyncio.Future[None] = self._loop.create_future()  # done at close()
         self._ssl_context = ssl_context_for(config)
@@ -135,7 +137,7 @@ class Cluster:
         the last attempt); return the seconds until the next one is due."""
         if self._refresh is not None and not self._refresh.done():
             return float("inf")  # its end wakes the sender
-        due = self._attempted_at + self._refresh_backoff
+        due = self._attempted_at + self._refresh_backoff.delay
         if not self._stale:  # (metadata_max_age_ms may be 0: still no more often than that)
             due = max(due, self._updated_at + self._config.metadata_max_age_ms / 1000)
         if now < due:
@@ -156,8 +158,7 @@ class Cluster:
         if not task.cancelled() and task.exception() is not None:
             if self._updated_at != float("-inf"):  # (the first fetch's failure fails start())
                 self._refresh_failed("metadata refresh failed: %s", task.exception())
-            self._refresh_backoff = min(self._refresh_backoff * 2,
-                                        self._config.retry_backoff_max_ms / 1000)
+            self._refresh_backoff.failed()
         elif not task.cancelled() and not self._refresh_failed.quiet():
             log.warning("metadata refresh works again")
             self._refresh_failed.reset()
@@ -171,7 +172,8 @@ class Cluster:
         self._wanted.add(topic)
         self.touch(topic)
         deadline = self._loop.time() + timeout
-        delay = self._config.retry_backoff_ms / 1000
+        backoff = Backoff(self._config.retry_backoff_ms / 1000,
+                          self._config.retry_backoff_max_ms / 1000)
         last_error: BaseException | None = None
         answered = False  # whether a fetch got the cluster's answer
         while True:
@@ -202,8 +204,7 @@ class Cluster:
             remaining = deadline - self._loop.time()
             if remaining <= 0:
                 break
-            await self.pause(min(delay, remaining))
-            delay = min(delay * 2, self._config.retry_backoff_max_ms / 1000)
+            await self.pause(min(backoff.failed(), remaining))
         if not answered or isinstance(last_error, (KafkaConnectionError, RequestTimeoutError)):
             raise KafkaConnectionError(
                 f"could not fetch metadata for topic {topic!r} within max_block_ms="
@@ -244,7 +245,7 @@ class Cluster:
         self.topics = topics_info
         self._updated_at = self._loop.time()
         self._stale = False
-        self._refresh_backoff = self._config.retry_backoff_ms / 1000
+        self._refresh_backoff.reset()
         self._adopt_bootstrap_connections()
 
     def _adopt_bootstrap_connections(self) -> None:
@@ -407,9 +408,3 @@ class Cluster:
             conn.close()
         self._connections.clear()
 
-
-def exponential_backoff(base: float, failures: int, cap: float) -> float:
-    """`base` doubled per failure so far, at most `cap`, with the Java client's ±20% jitter
-    (so clients that failed together do not retry together). Any count of failures: a
-    float times 2 ** 1024 would overflow."""
-    return min(base * 2 ** min(failures, 32), cap) * random.uniform(0.8, 1.2)
