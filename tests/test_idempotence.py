@@ -54,9 +54,7 @@ async def test_broker_forgetting_our_producer_id_loses_and_duplicates_nothing(br
         txn = producer._txn
         original_id = txn.producer_id
         # What the broker would see if it had forgotten us: an id it does not know.
-        txn.producer_id = original_id + 1_000_000
-        txn._next_sequence.clear()
-        txn._acked_up_to.clear()
+        txn.sequencer.start(original_id + 1_000_000, txn.producer_epoch)
         second = [await producer.enqueue(topic, b"%05d" % i) for i in range(2000, 4000)]
         await producer.flush()
     assert all(h.exception() is None for h in first + second)

@@ -392,7 +392,7 @@ class RecordAccumulator:
             self._unlist(batch)
             batch.writer.close(self._codec, self._compression_level)
         if self._txn is not None:
-            self._txn.assign_sequence(batch)
+            self._txn.sequencer.assign(batch)
 
     def _unlist(self, batch: ProducerBatch) -> None:
         """The batch left its queue: it is no longer its partition's open batch."""
@@ -429,7 +429,7 @@ class RecordAccumulator:
             pieces.append(piece)
         batch.split_into(pieces)
         if self._txn is not None:
-            self._txn.split(batch, pieces)
+            self._txn.sequencer.split(batch, pieces)
         self.incomplete.discard(batch)
         for piece in pieces:
             self.incomplete.add(piece)

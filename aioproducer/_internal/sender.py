@@ -210,7 +210,7 @@ class Sender:
                                               producer_epoch=batch.producer_epoch,
                                               base_sequence=batch.base_sequence,
                                               transactional=txn.is_transactional)
-                txn.sent(batch)
+                txn.sequencer.sent(batch)
             else:
                 records = batch.writer.encode()
             size += len(records)
@@ -301,7 +301,7 @@ class Sender:
                 self._complete(batch, p["base_offset"], p["log_append_time_ms"])
                 return
             if isinstance(exc, (OutOfOrderSequenceNumberError, UnknownProducerIdError)):
-                if not txn.is_expected_next(batch):
+                if not txn.sequencer.is_expected_next(batch):
                     # An older batch of this partition failed or is being retried: this one
                     # was refused only because of the gap. Retry it in order.
                     self._retry(batch)
@@ -320,7 +320,7 @@ class Sender:
         a retry: it does not count against `retries`."""
         self._in_flight.pop(batch, None)
         if self._txn is not None:
-            self._txn.resolved(batch)
+            self._txn.sequencer.resolved(batch)
         if batch.done:
             return  # expired while in flight; its outcome was already reported
         self.splits += 1
@@ -344,8 +344,8 @@ class Sender:
     def _retry(self, batch: ProducerBatch) -> None:
         self._in_flight.pop(batch, None)
         if self._txn is not None:
-            self._txn.resolved(batch)
-            self._txn.renumber_on_reset(batch)
+            self._txn.sequencer.resolved(batch)
+            self._txn.sequencer.renumber_on_reset(batch)
         if batch.done:
             return  # expired while in flight; its outcome was already reported
         now = self._loop.time()
@@ -360,7 +360,7 @@ class Sender:
     def _complete(self, batch: ProducerBatch, base_offset: int, log_append_time: int) -> None:
         self._in_flight.pop(batch, None)
         if self._txn is not None:
-            self._txn.resolved(batch)
+            self._txn.sequencer.resolved(batch)
             self._txn.acked(batch)
         batch.complete(base_offset, log_append_time)
         self._accumulator.finish(batch)
@@ -368,7 +368,7 @@ class Sender:
     def _fail(self, batch: ProducerBatch, exc: BaseException) -> None:
         self._in_flight.pop(batch, None)
         if self._txn is not None:
-            self._txn.resolved(batch)
+            self._txn.sequencer.resolved(batch)
             self._txn.batch_failed(batch, exc)
         batch.fail(exc)
         self._accumulator.finish(batch)

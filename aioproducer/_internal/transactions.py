@@ -1,14 +1,8 @@
 """Producer id, epoch and sequence numbers (idempotence), and the transaction state machine.
 
-Idempotence: the broker keeps, per producer id and partition, the sequence numbers of the
-last batches it wrote, so a retried batch it already has is answered DUPLICATE_SEQUENCE_NUMBER
-instead of being written twice, and a gap is answered OUT_OF_ORDER_SEQUENCE_NUMBER. The client
-numbers each batch when it is first drained, keeps up to `max_in_flight_requests_per_connection`
-of them in flight, sends a retried batch only when nothing else of its partition is in
-flight, and re-queues retries in sequence order. A numbered batch that fails for good without
-an acknowledgement (expired, out of retries, refused, aborted) has used up its sequence numbers
-whether or not the broker wrote it. When the sequence state is lost (an unknown producer id, a
-real gap, such a failed batch with nothing after it to show that the broker has it) an
+Idempotence: the producer id and epoch come from InitProducerId (here); the sequence numbers
+are kept by `Sequencer` (sequencing.py). When the sequence state is lost (an unknown producer
+id, a real gap, a failed batch with nothing after it to show that the broker has it) an
 idempotent producer takes a new epoch or producer id and numbers its batches afresh, as the
 Java client does (KIP-360); a transactional one gets a new epoch when it aborts.
 
@@ -50,6 +44,7 @@ from ..errors import (
 )
 from ..protocol.messages import ApiKey
 from .batch import ProducerBatch
+from .sequencing import Sequencer, TopicPartition
 
 if TYPE_CHECKING:
     from ..client.cluster import Cluster
@@ -58,8 +53,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_SEQUENCE_WRAP = 1 << 31
-TopicPartition = tuple[str, int]
 
 _GROUP, _TRANSACTION = 0, 1  # FindCoordinator key types
 
@@ -119,21 +112,15 @@ _WHAT_TO_DO = {
 
 
 class TransactionManager:
-    """Producer id/epoch, sequence numbers, and (with a transactional id) the transaction."""
+    """The producer id and epoch (InitProducerId), what to do when sequencing fails, and
+    (with a transactional id) the transaction: its state and its coordinator requests."""
 
     def __init__(self, config: ProducerConfig, cluster: Cluster, tasks: TaskSet) -> None:
         self._config = config
         self._cluster = cluster
         self._tasks = tasks  # the producer's: what this spawns, the producer's close() awaits
         self.transactional_id: str | None = config.transactional_id
-        self.producer_id = -1
-        self.producer_epoch = -1
-        self._next_sequence: dict[TopicPartition, int] = {}
-        self._acked_up_to: dict[TopicPartition, int] = {}  # sequence the broker expects next
-        # Batches numbered under the current producer id and epoch, neither acknowledged nor
-        # failed yet, in sequence order (a dict as an ordered set).
-        self._unacked: dict[TopicPartition, dict[ProducerBatch, None]] = {}
-        self._in_flight: dict[TopicPartition, list[ProducerBatch]] = {}
+        self.sequencer = Sequencer(config.max_in_flight_requests_per_connection)
         self._init_task: asyncio.Task[None] | None = None  # InitProducerId's, either kind
         self._bump_from: tuple[int, int] | None = None  # (id, epoch) whose epoch to bump
         # Transactions only:
@@ -148,8 +135,16 @@ class TransactionManager:
         self.on_change: Callable[[], None] = lambda: None  # wakes the sender
 
     @property
+    def producer_id(self) -> int:
+        return self.sequencer.producer_id
+
+    @property
+    def producer_epoch(self) -> int:
+        return self.sequencer.producer_epoch
+
+    @property
     def has_producer_id(self) -> bool:
-        return self.producer_id >= 0
+        return self.sequencer.has_producer_id
 
     @property
     def is_transactional(self) -> bool:
@@ -221,11 +216,7 @@ class TransactionManager:
             return
 
     def _set_producer_id(self, response: Mapping[str, Any]) -> None:
-        self.producer_id = response["producer_id"]
-        self.producer_epoch = response["producer_epoch"]
-        self._next_sequence.clear()
-        self._acked_up_to.clear()
-        self._unacked.clear()
+        self.sequencer.start(response["producer_id"], response["producer_epoch"])
         log.debug("producer id %d epoch %d", self.producer_id, self.producer_epoch)
         self.on_change()
 
@@ -239,107 +230,24 @@ class TransactionManager:
         log.warning("producer id %d epoch %d lost its sequence state (%s): bumping the epoch",
                     self.producer_id, self.producer_epoch, exc)
         self._bump_from = (self.producer_id, self.producer_epoch)
-        self.producer_id = -1
-        self.producer_epoch = -1
-        self._next_sequence.clear()
-        self._acked_up_to.clear()
-        self._unacked.clear()
+        self.sequencer.start(-1, -1)
 
-    # -- sequencing ------------------------------------------------------------------------
+    # -- sequencing: the decisions --------------------------------------------------------
 
     def may_send(self, batch: ProducerBatch) -> bool:
-        """Whether the sender may put `batch` on the wire now without breaking order."""
-        if not self.has_producer_id:
-            return False
-        tp = (batch.topic, batch.partition)
-        if self.is_transactional and tp not in self._partitions:
+        """Whether the sender may put `batch` on the wire now: in order, and (transactional)
+        once its partition is in the transaction."""
+        if self.is_transactional and (batch.topic, batch.partition) not in self._partitions:
             return False  # AddPartitionsToTxn first
-        in_flight = self._in_flight.get(tp)
-        if not in_flight:
-            return True
-        if batch.attempts > 0 or not self.is_current(in_flight[0]):
-            # A retry goes only when nothing else of its partition is in flight; after a
-            # producer id reset, nothing goes until the old id's batches are resolved.
-            return False
-        return len(in_flight) < self._config.max_in_flight_requests_per_connection
-
-    def assign_sequence(self, batch: ProducerBatch) -> None:
-        """Number a batch under the current producer id (first send, or after a reset)."""
-        if self.is_current(batch) and batch.base_sequence >= 0:
-            return
-        tp = (batch.topic, batch.partition)
-        sequence = self._next_sequence.get(tp, 0)
-        batch.producer_id = self.producer_id
-        batch.producer_epoch = self.producer_epoch
-        batch.base_sequence = sequence
-        self._next_sequence[tp] = (sequence + batch.record_count) % _SEQUENCE_WRAP
-        self._unacked.setdefault(tp, {})[batch] = None
-
-    def split(self, batch: ProducerBatch, pieces: list[ProducerBatch]) -> None:
-        """`batch` was split (unwritten: the broker refused it as too large): its pieces take
-        its sequence numbers, and its place among the partition's unacknowledged batches."""
-        if not self.is_current(batch) or batch.base_sequence < 0:
-            return  # not numbered yet: the pieces are numbered when drained
-        sequence = batch.base_sequence
-        for piece in pieces:
-            piece.producer_id = batch.producer_id
-            piece.producer_epoch = batch.producer_epoch
-            piece.base_sequence = sequence
-            sequence = (sequence + piece.record_count) % _SEQUENCE_WRAP
-        tp = (batch.topic, batch.partition)
-        unacked = self._unacked.get(tp, {})
-        if batch in unacked:
-            self._unacked[tp] = {b: None for old in unacked
-                                 for b in (pieces if old is batch else (old,))}
-
-    def sent(self, batch: ProducerBatch) -> None:
-        in_flight = self._in_flight.setdefault((batch.topic, batch.partition), [])
-        in_flight.append(batch)
-        in_flight.sort(key=_sequence_order)
-
-    def resolved(self, batch: ProducerBatch) -> None:
-        """The batch's request came back (any outcome): it is no longer in flight."""
-        in_flight = self._in_flight.get((batch.topic, batch.partition))
-        if in_flight and batch in in_flight:
-            in_flight.remove(batch)
+        return self.sequencer.may_send(batch)
 
     def acked(self, batch: ProducerBatch) -> None:
-        if self.is_current(batch):
-            tp = (batch.topic, batch.partition)
-            self._acked_up_to[tp] = (batch.base_sequence + batch.record_count) % _SEQUENCE_WRAP
-            self._unacked.get(tp, {}).pop(batch, None)
-            if not self.is_transactional and self._gap_left(tp):
-                # A younger batch failed while this one was pending (the Java client's
-                # maybeResolveSequences): start afresh now, not at the next batch's refusal.
-                self.sequence_state_lost(KafkaError(
-                    f"a batch of {tp[0]}-{tp[1]} after sequence {self._acked_up_to[tp]} "
-                    "failed unacknowledged"))
-
-    def _gap_left(self, tp: TopicPartition) -> bool:
-        """Nothing numbered under this id is pending on the partition, yet not all of it was
-        acknowledged: a batch failed after the last acknowledged one. Nothing can show now
-        whether the broker wrote it; if it did not, every later batch would be refused as out
-        of order. (While others are pending, the oldest of them, refused as out of order,
-        shows a gap: is_expected_next.)"""
-        return not self._unacked.get(tp) and \
-            self._acked_up_to.get(tp, 0) != self._next_sequence.get(tp, 0)
-
-    def is_expected_next(self, batch: ProducerBatch) -> bool:
-        """Whether the broker should accept this batch now: it is the oldest of its partition
-        not yet acknowledged or failed. If not, an OUT_OF_ORDER answer only means an older
-        batch is being retried; if so, the gap is real (an older batch failed unwritten, or
-        the broker lost our state)."""
-        unacked = self._unacked.get((batch.topic, batch.partition), {})
-        return bool(unacked) and next(iter(unacked)) is batch
-
-    def renumber_on_reset(self, batch: ProducerBatch) -> None:
-        """A batch from before a producer id reset is numbered again when next drained."""
-        if not self.is_current(batch):
-            batch.base_sequence = -1
-
-    def is_current(self, batch: ProducerBatch) -> bool:
-        """Whether the batch was numbered under the current producer id and epoch."""
-        return batch.producer_id == self.producer_id and batch.producer_epoch == self.producer_epoch
+        if self.sequencer.acked(batch) and not self.is_transactional:
+            # A younger batch failed while this one was pending (the Java client's
+            # maybeResolveSequences): start afresh now, not at the next batch's refusal.
+            self.sequence_state_lost(KafkaError(
+                f"a batch of {batch.topic}-{batch.partition} after sequence "
+                f"{batch.base_sequence + batch.record_count - 1} failed unacknowledged"))
 
     # -- transaction state -----------------------------------------------------------------
 
@@ -397,14 +305,10 @@ class TransactionManager:
 
     def batch_failed(self, batch: ProducerBatch, exc: BaseException) -> None:
         """A batch failed for good without an acknowledgement (every such path comes here)."""
-        tp = (batch.topic, batch.partition)
-        unacked = self._unacked.get(tp, {})
-        if batch in unacked:
-            # Its sequence numbers are used up, whether or not the broker wrote it.
-            del unacked[batch]
+        if self.sequencer.failed(batch):  # its sequence numbers are used up
             if self.is_transactional:
                 self._needs_epoch_bump = True  # the abort that must follow starts a new epoch
-            elif self._gap_left(tp):
+            elif self.sequencer.gap_left(batch):
                 self.sequence_state_lost(exc)  # type: ignore[arg-type]
         if not self.is_transactional:
             return
@@ -670,10 +574,6 @@ class TransactionManager:
         broker = Broker(found["node_id"], found["host"], found["port"])
         self._coordinators[(key_type, key)] = broker.node_id
         return await self._cluster.connection(broker.node_id, broker)
-
-
-def _sequence_order(batch: ProducerBatch) -> tuple[int, int, int]:
-    return (batch.producer_id, batch.producer_epoch, batch.base_sequence)
 
 
 def _deciding_error(codes: Iterable[int]) -> int:

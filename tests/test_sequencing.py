@@ -1,0 +1,96 @@
+"""Sequence numbers, broker-free: contiguous per partition, in order on the wire, a retry
+alone in flight, split pieces in their batch's place, and the gaps that need a new epoch."""
+
+from __future__ import annotations
+
+import asyncio
+
+from aioproducer._internal.batch import ProducerBatch
+from aioproducer._internal.sequencing import Sequencer
+from aioproducer.protocol.records import BatchWriter
+
+
+def _batch(records: int, partition: int = 0) -> ProducerBatch:
+    writer = BatchWriter(0, 1 << 20)
+    for i in range(records):
+        assert writer.try_append(0, None, b"%d" % i, None)
+    future = asyncio.get_running_loop().create_future()
+    return ProducerBatch((0,), "t", partition, writer, future, 0.0, 60.0, 0)
+
+
+async def test_batches_are_numbered_contiguously_per_partition():
+    seq = Sequencer(max_in_flight=5)
+    seq.start(7, 0)
+    a, b, other = _batch(3), _batch(2), _batch(4, partition=1)
+    for batch in (a, b, other):
+        seq.assign(batch)
+    assert [(x.producer_id, x.base_sequence) for x in (a, b, other)] == [(7, 0), (7, 3), (7, 0)]
+    seq.assign(a)  # a retry keeps its numbers
+    assert a.base_sequence == 0
+
+
+async def test_sequence_numbers_wrap_at_int32():
+    seq = Sequencer(max_in_flight=5)
+    seq.start(1, 0)
+    seq._next_sequence[("t", 0)] = (1 << 31) - 2  # (no seam: 2**31 records would take hours)
+    first, second = _batch(3), _batch(1)
+    seq.assign(first)
+    seq.assign(second)
+    assert (first.base_sequence, second.base_sequence) == ((1 << 31) - 2, 1)
+
+
+async def test_nothing_goes_without_a_producer_id_and_a_retry_goes_alone():
+    seq = Sequencer(max_in_flight=2)
+    a, b, c = _batch(1), _batch(1), _batch(1)
+    assert not seq.may_send(a)  # no producer id yet
+    seq.start(1, 0)
+    for batch in (a, b):
+        seq.assign(batch)
+        assert seq.may_send(batch)
+        seq.sent(batch)
+    seq.assign(c)
+    assert not seq.may_send(c)  # two in flight: the limit
+    seq.resolved(a)
+    seq.resolved(b)  # b failed and is to be retried
+    b.attempts = 1
+    seq.sent(c)
+    assert not seq.may_send(b)  # c is in flight: the retry waits
+    seq.resolved(c)
+    assert seq.may_send(b)
+
+
+async def test_split_pieces_take_their_batch_numbers_and_place():
+    seq = Sequencer(max_in_flight=5)
+    seq.start(1, 0)
+    big, after = _batch(4), _batch(1)
+    seq.assign(big)
+    seq.assign(after)
+    pieces = [_batch(2), _batch(2)]
+    seq.split(big, pieces)
+    assert [p.base_sequence for p in pieces] == [0, 2] and after.base_sequence == 4
+    assert seq.is_expected_next(pieces[0]) and not seq.is_expected_next(after)
+
+
+async def test_a_younger_batch_that_failed_unacknowledged_leaves_a_gap():
+    seq = Sequencer(max_in_flight=5)
+    seq.start(1, 0)
+    older, younger = _batch(1), _batch(1)
+    seq.assign(older)
+    seq.assign(younger)
+    assert seq.failed(younger)  # its numbers are used up
+    assert not seq.gap_left(younger)  # the older one, still pending, will show it
+    assert seq.acked(older)  # now nothing pending, and sequence 1 was never acknowledged
+    assert not seq.failed(_batch(1))  # never numbered: nothing used up
+
+
+async def test_a_new_epoch_numbers_old_batches_afresh():
+    seq = Sequencer(max_in_flight=5)
+    seq.start(1, 0)
+    old = _batch(2)
+    seq.assign(old)
+    seq.start(1, 1)  # the epoch was bumped
+    assert not seq.is_current(old)
+    seq.renumber_on_reset(old)
+    seq.assign(old)
+    assert (old.producer_epoch, old.base_sequence) == (1, 0)
+    assert not seq.acked(old) and seq.is_current(old)
