@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import gc
 import os
+import weakref
 
 import pytest
 
 from aioproducer import BulkFuture, Producer, RecordFuture
-from aioproducer.errors import MessageTooLargeError
+from aioproducer.errors import DeliveryTimeoutError, MessageTooLargeError
 from tests.support.readback import consume_all
 
 # Long enough that a record is still pending when the test acts on it, short enough to wait.
@@ -239,6 +241,61 @@ async def test_callbacks_run_in_their_own_context_and_errors_reach_the_loop(brok
     assert seen == [("second", True), ("third", True)]
     assert [type(e["exception"]) for e in errors] == [ValueError]
     assert errors[0]["future"] is future
+
+
+async def test_a_callback_runs_in_a_copy_of_its_context_or_in_the_one_given(broker, topic):
+    """As with asyncio's futures: without `context`, each callback runs in a copy of the
+    context it was added in (what it sets, no other callback sees); with one, in that one."""
+    var = contextvars.ContextVar("var", default=0)
+    seen: list[int] = []
+    given = contextvars.copy_context()
+
+    def bump(f: RecordFuture) -> None:
+        seen.append(var.get())
+        var.set(var.get() + 1)
+
+    async with Producer(broker.bootstrap, **SLOW) as producer:
+        futures = [await producer.enqueue(topic, b"v") for _ in range(3)]
+        var.set(10)
+        for future in futures:
+            future.add_done_callback(bump)
+        futures[0].add_done_callback(bump, context=given)
+        futures[1].add_done_callback(bump, context=given)
+        await asyncio.gather(*futures)
+        await asyncio.sleep(0)
+    assert seen == [10, 0, 10, 1, 10]
+    assert given[var] == 2 and var.get() == 10
+
+
+async def test_failed_records_awaited_leave_no_garbage_behind(proxied_broker):
+    """A failure raised in a coroutine that holds its batch's futures ties them into a cycle
+    (the exception's traceback holds the frame, which holds the futures, which lead to the
+    exception): once the coroutine is gone, the garbage collector frees all of it."""
+    cluster = proxied_broker
+    cluster.create_topic("doomed", 1)
+
+    class Canary:
+        pass
+
+    async def user(producer: Producer) -> weakref.ref[Canary]:
+        canary = Canary()
+        futures = [await producer.enqueue("doomed", b"%d" % i) for i in range(10)]
+        try:
+            await futures[0]
+        except DeliveryTimeoutError:
+            pass
+        return weakref.ref(canary)
+
+    failed: list[int] = []  # (a handler, not the warning: pytest keeps logged errors)
+    async with Producer(cluster.bootstrap, request_timeout_ms=300, delivery_timeout_ms=600,
+                        linger_ms=0, retry_backoff_ms=20,
+                        on_delivery_error=lambda *failure: failed.append(failure[3])) as producer:
+        await producer.partitions_for("doomed")
+        cluster.proxy.stall(True)
+        canary = await asyncio.wait_for(user(producer), 10)
+        cluster.proxy.stall(False)
+    gc.collect()
+    assert failed == [10] and canary() is None
 
 
 async def test_a_bulk_future_is_an_asyncio_future(broker, topic_factory):

@@ -1,5 +1,5 @@
-"""The per-record work of producing (the record encoder, murmur2, enqueue_many's loop) and the
-codec of the one request every send waits for (Produce).
+"""The per-record work of producing (the record encoder, murmur2, enqueue_many's loop, a
+record's future and metadata) and the codec of the one request every send waits for (Produce).
 
 Compiled from _c.c when the package is built (an optional extension: installing never fails
 for want of a compiler), else the pure-Python _py.py with the same interface and results.
@@ -10,22 +10,23 @@ import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the C module has exactly _py's interface
-    from ._py import DONE, NEEDS_BATCH, NEEDS_PYTHON, RecordWriter, append_many, \
-        decode_produce, encode_produce, murmur2, partition_for_key
+    from ._py import DONE, NEEDS_BATCH, NEEDS_PYTHON, RecordFields, RecordWriter, append_many, \
+        decode_produce, encode_produce, murmur2, new_tuple, partition_for_key
     IMPLEMENTATION: str
 elif os.environ.get("AIOPRODUCER_PURE_PYTHON", "") not in ("", "0"):
-    from ._py import DONE, NEEDS_BATCH, NEEDS_PYTHON, RecordWriter, append_many, \
-        decode_produce, encode_produce, murmur2, partition_for_key
+    from ._py import DONE, NEEDS_BATCH, NEEDS_PYTHON, RecordFields, RecordWriter, append_many, \
+        decode_produce, encode_produce, murmur2, new_tuple, partition_for_key
     IMPLEMENTATION = "python"
 else:
     try:
-        from ._c import DONE, NEEDS_BATCH, NEEDS_PYTHON, RecordWriter, append_many, \
-            decode_produce, encode_produce, murmur2, partition_for_key
+        from ._c import DONE, NEEDS_BATCH, NEEDS_PYTHON, RecordFields, RecordWriter, append_many, \
+            decode_produce, encode_produce, murmur2, new_tuple, partition_for_key
         IMPLEMENTATION = "c"
     except ImportError:
-        from ._py import DONE, NEEDS_BATCH, NEEDS_PYTHON, RecordWriter, append_many, \
-            decode_produce, encode_produce, murmur2, partition_for_key
+        from ._py import DONE, NEEDS_BATCH, NEEDS_PYTHON, RecordFields, RecordWriter, append_many, \
+            decode_produce, encode_produce, murmur2, new_tuple, partition_for_key
         IMPLEMENTATION = "python"
 
-__all__ = ["DONE", "IMPLEMENTATION", "NEEDS_BATCH", "NEEDS_PYTHON", "RecordWriter",
-           "append_many", "decode_produce", "encode_produce", "murmur2", "partition_for_key"]
+__all__ = ["DONE", "IMPLEMENTATION", "NEEDS_BATCH", "NEEDS_PYTHON", "RecordFields",
+           "RecordWriter", "append_many", "decode_produce", "encode_produce", "murmur2",
+           "new_tuple", "partition_for_key"]

@@ -432,6 +432,171 @@ static PyTypeObject RecordWriterType = {
     .tp_members = writer_members,
 };
 
+/* -- RecordFuture's fields ---------------------------------------------------------------- */
+
+/* A RecordFuture per record is what a caller of enqueue() holds, often hundreds of thousands
+   of them: tracked by the garbage collector, each full collection walks them all (a third of
+   the CPU of gather over 500k records). While it follows a batch that has not failed, a
+   record's future is in no reference cycle that outlives the batch: the waits, callbacks and
+   the batch's list of its untracked futures, which point back at it, are dropped when the
+   batch is done, and an acknowledged batch leads to no frame or user object. So a future
+   whose batch keeps a list `_untracked` starts untracked, in that list; the batch hands them
+   all to the collector (_track) if it fails (the exception's traceback may come to hold frames
+   that hold them). A future of anything else (a record waiting in line for memory) is
+   tracked from the start, and so is one cancelled. (A producer abandoned unclosed, its loop
+   gone, leaves its pending batches and their futures to the end of the process.) */
+
+static PyObject *s_untracked;  /* "_untracked", interned at import */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *batch, *offset_delta, *timestamp, *callback, *context, *more_callbacks;
+} RecordFields;
+
+static PyObject *
+fields_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    PyObject *batch, *offset_delta, *timestamp;
+    if (kwargs != NULL && PyDict_GET_SIZE(kwargs)) {
+        PyErr_SetString(PyExc_TypeError, "RecordFuture takes no keyword arguments");
+        return NULL;
+    }
+    if (!PyArg_UnpackTuple(args, "RecordFuture", 3, 3, &batch, &offset_delta, &timestamp))
+        return NULL;
+    RecordFields *self = (RecordFields *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    Py_INCREF(batch);
+    self->batch = batch;
+    Py_INCREF(offset_delta);
+    self->offset_delta = offset_delta;
+    Py_INCREF(timestamp);
+    self->timestamp = timestamp;
+    PyObject *untracked = PyObject_GetAttr(batch, s_untracked);
+    if (untracked == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
+            Py_DECREF(self);
+            return NULL;
+        }
+        PyErr_Clear();
+    }
+    else if (PyList_CheckExact(untracked)) {
+        int failed = PyList_Append(untracked, (PyObject *)self);
+        Py_DECREF(untracked);
+        if (failed) {
+            Py_DECREF(self);
+            return NULL;
+        }
+        PyObject_GC_UnTrack(self);
+    }
+    else
+        Py_DECREF(untracked);
+    return (PyObject *)self;
+}
+
+static int
+fields_traverse(RecordFields *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->batch);
+    Py_VISIT(self->callback);
+    Py_VISIT(self->context);
+    Py_VISIT(self->more_callbacks);
+    return 0;
+}
+
+static int
+fields_clear(RecordFields *self)
+{
+    Py_CLEAR(self->batch);
+    Py_CLEAR(self->offset_delta);
+    Py_CLEAR(self->timestamp);
+    Py_CLEAR(self->callback);
+    Py_CLEAR(self->context);
+    Py_CLEAR(self->more_callbacks);
+    return 0;
+}
+
+static void
+fields_dealloc(RecordFields *self)
+{
+    PyObject_GC_UnTrack(self);
+    fields_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *
+fields_track(PyObject *self, PyObject *unused)
+{
+    if (!PyObject_GC_IsTracked(self))
+        PyObject_GC_Track(self);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef fields_methods[] = {
+    {"_track", fields_track, METH_NOARGS,
+     "Hand this future to the garbage collector (see the comment in _c.c)."},
+    {NULL}
+};
+
+static PyMemberDef fields_members[] = {
+    {"_batch", T_OBJECT, offsetof(RecordFields, batch), 0, NULL},
+    {"_offset_delta", T_OBJECT, offsetof(RecordFields, offset_delta), 0, NULL},
+    {"_timestamp", T_OBJECT, offsetof(RecordFields, timestamp), 0, NULL},
+    {"_callback", T_OBJECT, offsetof(RecordFields, callback), 0, NULL},
+    {"_context", T_OBJECT, offsetof(RecordFields, context), 0, NULL},
+    {"_more_callbacks", T_OBJECT, offsetof(RecordFields, more_callbacks), 0, NULL},
+    {NULL}
+};
+
+static PyTypeObject RecordFieldsType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "aioproducer._speedups._c.RecordFields",
+    .tp_doc = "The fields of a RecordFuture, untracked by the garbage collector until they may "
+              "be in a reference cycle.",
+    .tp_basicsize = sizeof(RecordFields),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_new = fields_new,
+    .tp_dealloc = (destructor)fields_dealloc,
+    .tp_traverse = (traverseproc)fields_traverse,
+    .tp_clear = (inquiry)fields_clear,
+    .tp_methods = fields_methods,
+    .tp_members = fields_members,
+};
+
+/* RecordMetadata, a NamedTuple, is what gather returns for every record. The collector
+   untracks plain tuples of atomic values (strings, numbers) as it meets them, but not
+   instances of tuple subclasses: hundreds of thousands of metadata would each be walked by
+   every full collection. new_tuple() makes them as tuple.__new__ does, untracked when no item
+   can hold a reference. */
+static PyObject *
+py_new_tuple(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (!takes_args(nargs, 2, "new_tuple(cls, items)"))
+        return NULL;
+    PyTypeObject *cls = (PyTypeObject *)args[0];
+    PyObject *items = args[1];
+    if (!PyType_Check(args[0]) || !PyType_IsSubtype(cls, &PyTuple_Type) ||
+        !PyTuple_CheckExact(items)) {
+        PyErr_SetString(PyExc_TypeError, "new_tuple takes a tuple subclass and a tuple");
+        return NULL;
+    }
+    Py_ssize_t n = PyTuple_GET_SIZE(items);
+    PyObject *self = cls->tp_alloc(cls, n);
+    if (self == NULL)
+        return NULL;
+    int atomic = 1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyTuple_GET_ITEM(items, i);
+        Py_INCREF(item);
+        PyTuple_SET_ITEM(self, i, item);
+        if (PyObject_IS_GC(item))
+            atomic = 0;
+    }
+    if (atomic && PyObject_GC_IsTracked(self))
+        PyObject_GC_UnTrack(self);
+    return self;
+}
+
 /* -- append_many -------------------------------------------------------------------------- */
 
 enum { DONE = 0, NEEDS_BATCH = 1, NEEDS_PYTHON = 2 };
@@ -947,6 +1112,10 @@ static PyMethodDef module_methods[] = {
      "when its partition has no writer or the writer is full, 2 (NEEDS_PYTHON) when it is not\n"
      "a tuple of bytes or None (or is keyless and `sticky` is -1); 0 (DONE) when every record\n"
      "was appended. `index` is that record's (or len(records))."},
+    {"new_tuple", (PyCFunction)(void (*)(void))py_new_tuple, METH_FASTCALL,
+     "new_tuple(cls, items) -> cls\n\n"
+     "tuple.__new__(cls, items) for a tuple subclass, untracked by the garbage collector when\n"
+     "no item can hold a reference (as the collector does for plain tuples)."},
     {"encode_produce", (PyCFunction)(void (*)(void))py_encode_produce, METH_FASTCALL,
      "encode_produce(version, correlation_id, client_id, body) -> bytes | None\n\n"
      "A Produce request frame (size prefix included) as protocol/messages.py's encode_request\n"
@@ -968,6 +1137,8 @@ PyInit__c(void)
 {
     if (PyType_Ready(&RecordWriterType) < 0)
         return NULL;
+    if (PyType_Ready(&RecordFieldsType) < 0)
+        return NULL;
     if (crc32c_function == NULL) {
         PyObject *crc32c = PyImport_ImportModule("crc32c");
         if (crc32c == NULL)
@@ -986,6 +1157,7 @@ PyInit__c(void)
         {&s_log_append_time_ms, "log_append_time_ms"},
         {&s_log_start_offset, "log_start_offset"}, {&s_record_errors, "record_errors"},
         {&s_error_message, "error_message"}, {&s_throttle_time_ms, "throttle_time_ms"},
+        {&s_untracked, "_untracked"},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if (*names[i].name == NULL &&
@@ -994,6 +1166,10 @@ PyInit__c(void)
     PyObject *module = PyModule_Create(&module_def);
     if (module == NULL)
         return NULL;
+    if (PyModule_AddType(module, &RecordFieldsType) < 0) {
+        Py_DECREF(module);
+        return NULL;
+    }
     Py_INCREF(&RecordWriterType);
     if (PyModule_AddObject(module, "RecordWriter", (PyObject *)&RecordWriterType) < 0 ||
         PyModule_AddIntConstant(module, "DONE", DONE) < 0 ||

@@ -69,6 +69,29 @@ def partition_for_key(key: bytes, num_partitions: int) -> int:
     return h % num_partitions
 
 
+new_tuple = tuple.__new__  # (the C one leaves tuples of atomic values untracked)
+
+
+class RecordFields:
+    """The fields of a RecordFuture. The C one keeps a record's future out of the garbage
+    collector's sight while it cannot be in a reference cycle (see _c.c); this one is tracked
+    like any object, so it need not register with its batch."""
+
+    __slots__ = ("_batch", "_offset_delta", "_timestamp", "_callback", "_context",
+                 "_more_callbacks")
+
+    def __init__(self, batch: Any, offset_delta: int, timestamp: int) -> None:
+        self._batch = batch
+        self._offset_delta = offset_delta
+        self._timestamp = timestamp
+        self._callback: Any = None
+        self._context: Any = None
+        self._more_callbacks: Any = None
+
+    def _track(self) -> None:
+        """Tracked already."""
+
+
 class RecordWriter:
     """Records of one RecordBatch v2, encoded as they are appended."""
 
