@@ -24,7 +24,8 @@ from typing import Any, AsyncGenerator, AsyncIterator, BinaryIO, Iterable, Seque
 from ._version import __version__
 from .config import ProducerConfig
 from .errors import InvalidRecordError, KafkaError, RecordTooLargeError
-from .producer import Producer, RecordFuture
+from ._internal.batch import RecordFuture
+from .producer import Producer
 from .testing.broker import EmbeddedBrokerError
 
 

@@ -104,7 +104,7 @@ class ProducerConfig:
         changes: dict[str, Any] = {"bootstrap_addresses": _parse_bootstrap(self.bootstrap_servers)}
         acks = {"all": -1, "-1": -1, -1: -1, "1": 1, 1: 1, "0": 0, 0: 0}.get(
             self.acks if isinstance(self.acks, (int, str)) and not isinstance(self.acks, bool)
-            else None)  # type: ignore[arg-type]
+            else None)
         if acks is None:
             raise ConfigError(f"acks must be 0, 1 or \"all\" (or -1), not {self.acks!r}")
         changes["acks"] = acks
@@ -195,7 +195,8 @@ def ssl_context_for(config: ProducerConfig) -> ssl.SSLContext | None:
     if not config.security_protocol.endswith("SSL"):
         return None
     if config.ssl_context is not None:
-        return config.ssl_context
+        given: ssl.SSLContext = config.ssl_context
+        return given
     try:
         context = ssl.create_default_context(cafile=config.ssl_cafile)
         if config.ssl_certfile:

@@ -102,7 +102,7 @@ class BrokerError(KafkaError):
         text = f"[{self.name}] {self.description}"
         super().__init__(f"{message}: {text}" if message else text)
 
-    def __reduce__(self):  # pickle (Spark ships errors between processes) with the message
+    def __reduce__(self) -> tuple[type[BrokerError], tuple[str | None]]:  # pickle (Spark ships errors between processes) with the message
         return (type(self), (self.message,))
 
 
@@ -975,6 +975,6 @@ def error_for_code(code: int, message: str | None = None) -> BrokerError:
     if cls is None:
         exc = BrokerError(f"{message + ': ' if message else ''}error code {code}, unknown to "
                           "this client")
-        exc.error_code = code  # type: ignore[misc]
+        exc.error_code = code
         return exc
     return cls(message)

@@ -173,8 +173,8 @@ class RecordWriter:
         return bytes(header)
 
 
-def append_many(records: list, start: int, batches: list, writers: list, partition: int,
-                sticky: int, timestamp: int, out_batches: list,
+def append_many(records: list[Any], start: int, batches: list[Any], writers: list[Any],
+                partition: int, sticky: int, timestamp: int, out_batches: list[Any],
                 out_deltas: bytearray) -> tuple[int, int, int]:
     """Append records[start:] ((key, value) tuples of bytes or None) to the writers of their
     partitions: `partition` if it is not -1, else murmur2 of the key, else `sticky`.

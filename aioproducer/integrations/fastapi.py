@@ -63,7 +63,7 @@ def producer_lifespan(bootstrap_servers: str | Sequence[str] | None = None, *,
 
 def get_producer(request: Request) -> Producer:
     """The app's producer (a FastAPI dependency)."""
-    producer = getattr(request.app.state, "aioproducer", None)
+    producer: Producer | None = getattr(request.app.state, "aioproducer", None)
     if producer is None:
         raise RuntimeError(
             "no producer on this app: create it with FastAPI(lifespan=producer_lifespan(...))")

@@ -46,8 +46,8 @@ def compress(codec: Codec, data: bytes | bytearray | memoryview, level: int | No
     if codec == Codec.SNAPPY:
         return bytes(cramjam.snappy.compress_raw(bytes(data)))
     if codec == Codec.LZ4:
-        return lz4.frame.compress(bytes(data), block_linked=False, store_size=False,
-                                  compression_level=level or 0)
+        return bytes(lz4.frame.compress(bytes(data), block_linked=False, store_size=False,
+                                        compression_level=level or 0))
     if codec == Codec.ZSTD:
         return zstandard.ZstdCompressor(level=3 if level is None else level).compress(bytes(data))
     return bytes(data)
@@ -62,7 +62,7 @@ def decompress(codec: Codec, data: bytes | memoryview) -> bytes:
             return _xerial_decompress(data)
         return bytes(cramjam.snappy.decompress_raw(data))
     if codec == Codec.LZ4:
-        return lz4.frame.decompress(data)
+        return bytes(lz4.frame.decompress(data))
     if codec == Codec.ZSTD:
         return zstandard.ZstdDecompressor().decompressobj().decompress(data)
     return data

@@ -314,12 +314,6 @@ def _encode_request(api_key: ApiKey, version: int, correlation_id: int, client_i
     return b"".join(parts)
 
 
-def response_correlation_id(frame: bytes | memoryview) -> int:
-    if len(frame) < 4:
-        raise CorruptMessageError("a response shorter than its header")
-    return _CORRELATION.unpack_from(frame)[0]
-
-
 def decode_response(api_key: ApiKey, version: int, frame: bytes | memoryview) -> dict[str, Any]:
     """The body of a response frame (the bytes after the size prefix)."""
     if api_key == ApiKey.PRODUCE:  # in C for a healthy broker's answer, when compiled

