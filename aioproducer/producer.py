@@ -695,7 +695,8 @@ class Producer:
         """Counters since start() and the state now (see ProducerMetrics); cheap enough to
         call every few seconds for a monitoring system. Before start(): all zero but
         buffer_memory_available, the whole buffer_memory."""
-        accumulator, sender, cluster = self._accumulator, self._sender, self._cluster
+        accumulator, sender, cluster, txn = \
+            self._accumulator, self._sender, self._cluster, self._txn
         if accumulator is None or sender is None or cluster is None:
             return ProducerMetrics(buffer_memory_available=self.config.buffer_memory)
         connections = cluster.open_connections()
@@ -714,6 +715,10 @@ class Producer:
             connections=len(connections),
             buffer_memory_available=accumulator.memory_available,
             waiting_for_memory=accumulator.waiting,
+            producer_id=txn.producer_id if txn is not None else -1,
+            producer_epoch=txn.producer_epoch if txn is not None else -1,
+            transaction_state=txn.state.value if txn is not None and txn.is_transactional
+            else "",
         )
 
     # -- transactions ----------------------------------------------------------------------

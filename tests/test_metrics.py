@@ -29,6 +29,9 @@ async def test_metrics_count_what_the_broker_stored(broker, topic_factory):
     assert metrics.batches_sent == len(stored) > 3  # batch_size made several per partition
     assert sum(len(batch.records) for batch in stored) == 1000
     assert metrics.bytes_sent == sum(batch.size for batch in stored)
+    # idempotent by default: the producer id the broker stored with every batch
+    assert {batch.producer_id for batch in stored} == {metrics.producer_id} and \
+        metrics.producer_id >= 0 and metrics.transaction_state == ""
     assert 1 <= metrics.produce_requests == metrics.produce_responses <= metrics.batches_sent
     assert metrics.produce_latency_s > 0
     assert 0 < metrics.produce_latency_avg_s <= metrics.produce_latency_s

@@ -20,7 +20,6 @@ from kafka.protocol.producer.transaction import (
 )
 
 from aioproducer import Producer
-from aioproducer._internal.transactions import TxnState
 from aioproducer.errors import (
     DeliveryTimeoutError,
     IllegalGenerationError,
@@ -97,10 +96,10 @@ async def test_a_second_start_waits_for_init_transactions(broker, topic):
     # miss that moment; bounded by time too, for a loaded machine's slow metadata.
     for _ in range(10_000_000):
         await asyncio.sleep(0)
-        if producer._txn is not None and producer._txn.state is TxnState.INITIALIZING or \
+        if producer.metrics().transaction_state == "initializing" or \
                 asyncio.get_running_loop().time() > deadline:
             break
-    assert producer._txn.state is TxnState.INITIALIZING
+    assert producer.metrics().transaction_state == "initializing"
     await asyncio.wait_for(producer.start(), 10)
     try:
         async with producer.transaction():
@@ -240,10 +239,10 @@ async def test_a_commit_asked_once_close_began_says_the_producer_is_closing(prox
     cluster.proxy.stall(True)  # close()'s abort waits for its EndTxn
     closing = asyncio.create_task(producer.close())
     for _ in range(100):  # until close() is aborting (at most 5 s)
-        if producer._txn.state is TxnState.ABORTING:
+        if producer.metrics().transaction_state == "aborting":
             break
         await asyncio.sleep(0.05)
-    assert producer._txn.state is TxnState.ABORTING
+    assert producer.metrics().transaction_state == "aborting"
     with pytest.raises(ProducerClosedError, match="closing.*commit before close"):
         await producer.commit_transaction()
     cluster.proxy.heal()
@@ -901,10 +900,10 @@ async def test_a_failed_commit_cut_short_raises_its_error_when_called_again(prox
             await asyncio.wait_for(producer.commit_transaction(), 0.5)
         cluster.proxy.stall(False)
         for _ in range(200):  # until the commit ended (at most 10 s)
-            if producer._txn.state is TxnState.FATAL_ERROR:
+            if producer.metrics().transaction_state == "fatal error":
                 break
             await asyncio.sleep(0.05)
-        assert producer._txn.state is TxnState.FATAL_ERROR  # (a second call now cannot join it)
+        assert producer.metrics().transaction_state == "fatal error"  # (a second call now cannot join it)
         for _ in range(2):
             with pytest.raises(TransactionalIdAuthorizationFailedError):
                 await asyncio.wait_for(producer.commit_transaction(), 10)

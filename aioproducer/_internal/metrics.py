@@ -12,8 +12,8 @@ import dataclasses
 @dataclasses.dataclass(frozen=True)
 class ProducerMetrics:
     """A snapshot. The counters run from start() and only grow (as Prometheus counters): a
-    rate is the difference of two snapshots over the time between them. The last five
-    fields are the state when the snapshot was taken."""
+    rate is the difference of two snapshots over the time between them. The fields from
+    records_pending on are the state when the snapshot was taken."""
 
     records_sent: int = 0  # acknowledged by the broker
     records_failed: int = 0  # failed for good (delivery timeout, a non-retriable error, close)
@@ -29,6 +29,9 @@ class ProducerMetrics:
     connections: int = 0  # open broker connections
     buffer_memory_available: int = 0  # bytes of buffer_memory not held by batches
     waiting_for_memory: int = 0  # sends and enqueues waiting for buffer_memory
+    producer_id: int = -1  # idempotent or transactional: the broker's id for us (-1: none yet)
+    producer_epoch: int = -1
+    transaction_state: str = ""  # transactional: "ready", "in transaction", "aborting", ...
 
     @property
     def produce_latency_avg_s(self) -> float:
