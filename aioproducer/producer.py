@@ -15,6 +15,8 @@ from typing import Any, AsyncIterator, Callable, Coroutine, Iterable, Iterator, 
 from ._internal.accumulator import RecordAccumulator
 from ._internal.batch import BulkFuture, ProducerBatch, RecordFuture, RecordMetadata, Sending, \
     WaitingRecord
+from ._internal.lifecycle import CLOSED, CLOSING, FAILED, NEW, STARTED, STARTING, State, \
+    next_state
 from ._internal.metrics import ProducerMetrics
 from ._internal.partitioner import StickyPartitioner, partition_for_key
 from ._internal.sender import Sender
@@ -87,6 +89,7 @@ class Producer:
         self._partitioner = StickyPartitioner()
         self._transactional = self.config.transactional_id is not None
         self._started: asyncio.Future[None] | None = None  # the outcome of starting
+        self._state = NEW  # changed only by _become(), as _internal/lifecycle.py allows
         self._renew()
 
     def _renew(self) -> None:
@@ -97,16 +100,13 @@ class Producer:
         self._sender_task: asyncio.Task[None] | None = None
         self._txn: TransactionManager | None = None
         self._tasks = TaskSet()  # every task of this producer's, whoever spawns it
-        # new -> starting -> started (-> failed) -> closing -> closed; a start that fails or
-        # is cancelled goes back to new (a transactional one from started, once torn down).
-        self._state = "new"
         self._failure: BaseException | None = None
         self._closing: asyncio.Task[None] | None = None
         # When close() gives up on what is pending (None: never); a later close(timeout) may
         # bring it nearer, and then resolves (and replaces) the future.
         self._close_deadline: float | None = None
         self._close_timeout: float | None = None  # the close(timeout) that set it, to say so
-        self._deadline_moved: asyncio.Future[None] | None = None
+        self._close_timer: asyncio.Timeout | None = None  # what waits for it, to move it
         self._close_called = False  # by the user (a failed start closes what it started too)
         self._ending: tuple[bool, asyncio.Task[None]] | None = None  # (commit?, its task)
         self._loop: asyncio.AbstractEventLoop | None = None  # the one start() ran on
@@ -114,7 +114,11 @@ class Producer:
         self._loop_running: Callable[[], bool] = lambda: False
 
     def __repr__(self) -> str:
-        return f"<Producer {self.config.client_id} {self._state} bootstrap={self.config.bootstrap_servers}>"
+        return (f"<Producer {self.config.client_id} {self._state.value} "
+                f"bootstrap={self.config.bootstrap_servers}>")
+
+    def _become(self, state: State) -> None:
+        self._state = next_state(self._state, state)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -131,16 +135,17 @@ class Producer:
                 if not started.cancelled() or cancelling():
                     raise
                 # Its own caller cancelled that start, leaving the producer new: start it here.
-        if self._state != "new":
-            if self._state == "started":
+        if self._state is not NEW:
+            if self._state is STARTED:
                 return
             raise ProducerClosedError("this producer was closed; create a new one")
-        self._state = "starting"
+        self._become(STARTING)
         started = self._started = asyncio.get_running_loop().create_future()
         try:
             await self._start()
         except BaseException as exc:
-            if self._state == "starting":  # failed (a TLS file not there yet, say): as new
+            if self._state is STARTING:  # failed (a TLS file not there yet, say): as new
+                self._become(NEW)
                 self._renew()
             if isinstance(exc, Exception):
                 started.set_exception(exc)
@@ -175,10 +180,10 @@ class Producer:
             self._cluster.close()  # (then start() makes the producer new again)
             await self._tasks.aclose()
             # By close(), not the caller (who may have cancelled too: then cancelled, as asked).
-            if self._state != "starting" and refresh.cancelled() and not cancelling():
+            if self._state is not STARTING and refresh.cancelled() and not cancelling():
                 raise ProducerClosedError("the producer was closed while it started") from None
             raise
-        if self._state != "starting":  # close() came as the metadata did
+        if self._state is not STARTING:  # close() came as the metadata did
             raise ProducerClosedError("the producer was closed while it started")
         self._loop = asyncio.get_running_loop()
         self._thread = get_ident()
@@ -186,7 +191,7 @@ class Producer:
         self._sender_task = self._tasks.spawn(
             self._sender.run(), f"aioproducer-sender-{config.client_id}")
         self._sender_task.add_done_callback(self._sender_done)
-        self._state = "started"
+        self._become(STARTED)
         if self._txn is not None and self._txn.is_transactional:
             try:
                 await self.init_transactions()
@@ -199,6 +204,7 @@ class Producer:
                     except asyncio.CancelledError:
                         cancelled = True
                 if not self._close_called:  # (also while it tore down: the producer stays closed)
+                    self._become(NEW)
                     self._renew()
                 if cancelled:
                     raise asyncio.CancelledError()
@@ -230,15 +236,13 @@ class Producer:
         deadline = None if timeout is None else loop.time() + timeout
         if self._closing is None:
             self._close_deadline, self._close_timeout = deadline, timeout
-            self._deadline_moved = loop.create_future()
             self._closing = loop.create_task(
                 self._close(), name=f"aioproducer-close-{self.config.client_id}")
         elif deadline is not None and (self._close_deadline is None or
                                        deadline < self._close_deadline):
             self._close_deadline, self._close_timeout = deadline, timeout
-            moved, self._deadline_moved = self._deadline_moved, loop.create_future()
-            if moved is not None and not moved.done():
-                moved.set_result(None)
+            if self._close_timer is not None:
+                self._close_timer.reschedule(deadline)
         return self._closing
 
     def _close_remaining(self) -> float | None:
@@ -248,29 +252,25 @@ class Producer:
         return max(0.0, self._close_deadline - asyncio.get_running_loop().time())
 
     async def _within_close_deadline(self, waits: Iterable[asyncio.Future[Any]]) -> bool:
-        """Wait for `waits` until close()'s deadline, also one brought nearer meanwhile;
-        whether they all ended."""
+        """Wait for `waits` until close()'s deadline (a later close(timeout) that brings it
+        nearer reschedules the wait); whether they all ended."""
         pending = {future for future in waits if not future.done()}
         if not pending:
             return True
-        all_done: asyncio.Future[Any] = asyncio.ensure_future(asyncio.wait(pending))
         try:
-            while not all_done.done():
-                remaining = self._close_remaining()
-                if remaining == 0:
-                    return False
-                assert self._deadline_moved is not None
-                either: set[asyncio.Future[Any]] = {all_done, self._deadline_moved}
-                await asyncio.wait(either, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
-            return True
+            async with asyncio.timeout_at(self._close_deadline) as self._close_timer:
+                await asyncio.wait(pending)
+        except TimeoutError:
+            return False
         finally:
-            all_done.cancel()
+            self._close_timer = None
+        return True
 
     async def _close(self) -> None:
-        if self._state == "closed":
+        if self._state is CLOSED:
             return
-        if self._state in ("new", "starting", "failed"):
-            self._state = "closed"
+        if self._state in (NEW, STARTING, FAILED):
+            self._become(CLOSED)
             await self._stop_tasks()
             return
         txn = self._txn
@@ -292,7 +292,7 @@ class Producer:
             elif not aborting.cancelled() and aborting.exception() is not None:
                 log.warning("could not abort the open transaction (%r): its coordinator will, "
                             "after transaction_timeout_ms", aborting.exception())
-        self._state = "closing"
+        self._become(CLOSING)
         accumulator, sender = self._accumulator, self._sender
         assert accumulator is not None and sender is not None and self._cluster is not None
         accumulator.begin_closing()
@@ -316,7 +316,7 @@ class Producer:
         accumulator.fail_unresolved(ProducerClosedError(
             "the producer closed before these records could be sent"))
         await self._stop_tasks()
-        self._state = "closed"
+        self._become(CLOSED)
 
     async def _stop_tasks(self) -> None:
         """Close the connections, then end every task of the producer's: a commit or abort
@@ -334,7 +334,7 @@ class Producer:
         if task is not self._sender_task:  # (that of a start torn down)
             return
         if task.cancelled():
-            if self._state == "started" and self._loop is not None:
+            if self._state is STARTED and self._loop is not None:
                 # Not by close(): the loop shuts down (asyncio.run() cancels what is left)
                 # with the producer open. Said where it is seen without -W, as asyncio says
                 # a task was destroyed pending.
@@ -350,7 +350,7 @@ class Producer:
         if exc is not None:
             log.error("aioproducer sender task failed: %r", exc, exc_info=exc)
             self._failure = exc
-            self._state = "failed"
+            self._become(FAILED)
             if self._sender is not None:
                 self._sender.fail_in_flight(exc)
             if self._accumulator is not None:
@@ -364,7 +364,7 @@ class Producer:
             self._sender.wake(new_batch)
 
     def __del__(self, _warn: Callable[..., None] = warnings.warn) -> None:
-        if getattr(self, "_state", None) in ("started", "failed", "closing"):
+        if getattr(self, "_state", None) in (STARTED, FAILED, CLOSING):
             message = f"unclosed {self!r}: call `await producer.close()` (or use `async with`)"
             _warn(message, ResourceWarning, source=self)
 
@@ -386,7 +386,7 @@ class Producer:
         Cancelled after the record was buffered, it is still sent: only the wait ends.
         Cancelled while in line for memory (the future, or every task awaiting it), the
         record is not sent."""
-        if self._state != "started" or get_ident() != self._thread or not self._loop_running():
+        if self._state is not STARTED or get_ident() != self._thread or not self._loop_running():
             return self._send_when_awaited(topic, value, key, partition, timestamp_ms, headers)
         appended = self._append(topic, value, key, partition, timestamp_ms, headers, True)
         if isinstance(appended, tuple):
@@ -431,7 +431,7 @@ class Producer:
         needed, a coroutine that returns them. A plain call in the common case: a coroutine
         per record (and a handle per record, in send) were a tenth of a send's cost with
         1,000 tasks sending."""
-        if self._state != "started":
+        if self._state is not STARTED:
             self._raise_not_started()
         if get_ident() != self._thread or not self._loop_running():
             self._check_loop()  # raises: another thread, or another loop in this one
@@ -595,7 +595,7 @@ class Producer:
         out_deltas = bytearray()
         stamp = 0
         try:
-            if self._state != "started":
+            if self._state is not STARTED:
                 self._raise_not_started()
             if self._transactional:
                 self._txn.check_can_send()  # type: ignore[union-attr]
@@ -671,8 +671,8 @@ class Producer:
         TimeoutError if `timeout` (seconds) passes first. On a closed producer it
         returns at once."""
         check_timeout("flush(timeout=...)", timeout)
-        if self._state not in ("started", "closing"):  # closing also sends what is buffered
-            if self._state in ("new", "starting"):
+        if self._state not in (STARTED, CLOSING):  # closing also sends what is buffered
+            if self._state in (NEW, STARTING):
                 self._raise_not_started()
             return
         self._check_loop()
@@ -842,14 +842,14 @@ class Producer:
         if not self._transactional:
             raise TransactionStateError(
                 "transactions need a transactional_id: Producer(..., transactional_id='my-app-1')")
-        if self._state != "started":
+        if self._state is not STARTED:
             self._raise_not_started()
         assert self._txn is not None
         return self._txn
 
     async def partitions_for(self, topic: str) -> int:
         """Number of partitions of `topic` (fetching its metadata if needed)."""
-        if self._state != "started":
+        if self._state is not STARTED:
             self._raise_not_started()
         self._check_loop()
         return len((await self._topic_info(_topic_str(topic))).leaders)
@@ -896,7 +896,7 @@ class Producer:
             raise ProducerClosedError(
                 f"the producer stopped after an internal failure: {self._failure!r}"
             ) from self._failure
-        if self._state in ("new", "starting"):
+        if self._state in (NEW, STARTING):
             raise ProducerClosedError(
                 "the producer is not started: `await producer.start()` (and let it finish) "
                 "or use `async with`")
