@@ -38,11 +38,10 @@ from .errors import (
 )
 from ._speedups import DONE, append_many
 from .protocol.compression import codec_from_name
-from .protocol.records import encode_headers, record_size_upper_bound
+from .protocol.records import Headers, encode_headers, record_size_upper_bound
 
 log = logging.getLogger(__name__)
 
-Headers = Sequence[tuple[str, "bytes | None"]]
 # A record's batch (for send(), maybe its place in line for memory), offset delta, timestamp.
 Appended = tuple[ProducerBatch | WaitingRecord, int, int]
 _BYTES_TYPES = (bytes, bytearray, memoryview)
@@ -629,7 +628,7 @@ class Producer:
         index, end = 0, len(records)
         while index < end:
             if not self._serializing and not accumulator.waiting:  # (else: in line, one by one)
-                index, status, p = append_many(
+                index, status, _ = append_many(
                     records, index, batches, writers, fixed,
                     self._partitioner.partition(topic, count), timestamp_ms,
                     out_batches, out_deltas)
@@ -645,22 +644,9 @@ class Producer:
                 raise InvalidRecordError(  # out_batches has an entry per record before it
                     f"enqueue_many takes (key, value) pairs, not {type(record).__name__} "
                     f"(record {len(out_batches)}: {record!r:.80})") from None
-            key, value = self._key_value(topic, key, value)
-            if partition is not None:
-                p = partition
-            elif key is not None:
-                p = partition_for_key(key, count)
-            else:
-                p = self._partitioner.partition(topic, count)
-            batch = accumulator.try_append(topic, p, timestamp_ms, key, value, None)
-            if batch is None:
-                appended = self._append_new(topic, p, partition is None and key is None, count,
-                                            timestamp_ms, key, value, None, False)
-                waiting, delta, _ = appended if isinstance(appended, tuple) else await appended
-                assert isinstance(waiting, ProducerBatch)  # (only send()'s records wait apart)
-                batch = waiting
-            else:
-                delta = batch.writer.count - 1
+            appended = self._append(topic, value, key, partition, timestamp_ms, None, False)
+            batch, delta, _ = appended if isinstance(appended, tuple) else await appended
+            assert isinstance(batch, ProducerBatch)  # (only send()'s records wait apart)
             out_batches.append(batch)
             out_deltas += _DELTA.pack(delta)
             index += 1

@@ -29,14 +29,13 @@ from ..errors import BufferExhaustedError, DeliveryTimeoutError, ProducerClosedE
     TransactionAbortedError
 from ..protocol.compression import Codec
 from ..protocol.records import BatchWriter, encode_headers, read_batches
-from .batch import ProducerBatch, WaitingRecord
+from .batch import ProducerBatch, TopicPartition, WaitingRecord
 
 if TYPE_CHECKING:
     from ..client.cluster import Cluster
     from ..config import ProducerConfig
     from .transactions import TransactionManager
 
-TopicPartition = tuple[str, int]
 log = logging.getLogger(__name__)
 
 

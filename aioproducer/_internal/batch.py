@@ -25,6 +25,9 @@ if TYPE_CHECKING:
     from ..protocol.records import BatchWriter
 
 
+TopicPartition = tuple[str, int]  # (topic, partition)
+
+
 class RecordMetadata(NamedTuple):
     """Where a record landed. `offset` is -1 when the broker did not say (acks=0, or a
     duplicate the broker already had and answered without its offset)."""

@@ -12,10 +12,9 @@ do about that (a new epoch) is the transaction manager's call.
 
 from __future__ import annotations
 
-from .batch import ProducerBatch
+from .batch import ProducerBatch, TopicPartition
 
 _SEQUENCE_WRAP = 1 << 31
-TopicPartition = tuple[str, int]
 
 
 class Sequencer:

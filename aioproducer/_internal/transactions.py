@@ -43,8 +43,8 @@ from ..errors import (
     error_for_code,
 )
 from ..protocol.messages import ApiKey
-from .batch import ProducerBatch
-from .sequencing import Sequencer, TopicPartition
+from .batch import ProducerBatch, TopicPartition
+from .sequencing import Sequencer
 
 if TYPE_CHECKING:
     from ..client.cluster import Cluster

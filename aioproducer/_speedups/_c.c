@@ -21,7 +21,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#define BATCH_HEADER_SIZE 61
+#define BATCH_HEADER_SIZE 61  /* the layout: protocol/batch_layout.py */
 
 /* -- murmur2 ------------------------------------------------------------------------------ */
 

@@ -11,16 +11,14 @@ from typing import Any, Mapping
 
 import crc32c
 
+from ..protocol.batch_layout import CRC_FROM, HEADER, HEADER_SIZE
 from ..protocol.primitives import encode_varint as _varint
 
-HEADER_SIZE = 61
 DONE, NEEDS_BATCH, NEEDS_PYTHON = 0, 1, 2
 
 _M = 0x5BD1E995
 _MASK = 0xFFFFFFFF
 _DELTA = struct.Struct("=i")  # an offset delta, native int32 as the C module writes
-_HEADER = struct.Struct(">qiibIhiqqqhii")  # RecordBatch v2, from base_offset to the count
-_CRC_FROM = 21  # the CRC covers attributes .. end
 
 # Lengths, offset deltas and small timestamp deltas hit this table: one list index instead of
 # a loop per varint.
@@ -163,11 +161,11 @@ class RecordWriter:
         """The RecordBatch v2 as it goes on the wire: the 61-byte header (count and
         timestamps from this writer, CRC-32C) and `payload`, the sealed records as sent
         (compressed or not)."""
-        header = bytearray(_HEADER.pack(
+        header = bytearray(HEADER.pack(
             0, HEADER_SIZE - 12 + len(payload), -1, 2, 0, attributes, self.count - 1,
             self.base_timestamp, self.max_timestamp, producer_id, producer_epoch,
             base_sequence, self.count))
-        crc = crc32c.crc32c(payload, crc32c.crc32c(header[_CRC_FROM:]))
+        crc = crc32c.crc32c(payload, crc32c.crc32c(header[CRC_FROM:]))
         struct.pack_into(">I", header, 17, crc)
         header += payload
         return bytes(header)

@@ -18,14 +18,10 @@ import crc32c
 
 from .._speedups import RecordWriter
 from ..errors import CorruptMessageError
+from .batch_layout import CONTROL, CRC_FROM, HEADER, HEADER_SIZE, TRANSACTIONAL
 from .compression import Codec, compress, decompress
 from .primitives import encode_varint
 
-HEADER_SIZE = 61
-_HEADER = struct.Struct(">qiibIhiqqqhii")  # from base_offset to the record count
-_CRC_FROM = 21  # the CRC covers attributes .. end
-_TRANSACTIONAL = 0x10
-_CONTROL = 0x20
 
 Headers = Sequence[tuple[str, "bytes | None"]]
 
@@ -58,7 +54,7 @@ class BatchWriter(RecordWriter):
         """The batch as it goes on the wire (after close()); may be called again for a retry."""
         payload = self._payload
         assert payload is not None, "close() the batch before encoding it"
-        attributes = (self._codec | _TRANSACTIONAL) if transactional else self._codec
+        attributes = (self._codec | TRANSACTIONAL) if transactional else self._codec
         return self.frame(payload, attributes, producer_id, producer_epoch, base_sequence)
 
 
@@ -124,11 +120,11 @@ class RecordBatch:
 
     @property
     def is_transactional(self) -> bool:
-        return bool(self.attributes & _TRANSACTIONAL)
+        return bool(self.attributes & TRANSACTIONAL)
 
     @property
     def is_control(self) -> bool:
-        return bool(self.attributes & _CONTROL)
+        return bool(self.attributes & CONTROL)
 
     @property
     def control_type(self) -> str | None:
@@ -180,7 +176,7 @@ def read_batches(data: bytes | memoryview) -> list[RecordBatch]:
     batches = []
     position = 0
     while len(data) - position >= HEADER_SIZE:
-        fields = _HEADER.unpack_from(data, position)
+        fields = HEADER.unpack_from(data, position)
         (base_offset, batch_length, leader_epoch, magic, crc, attributes, last_delta,
          base_ts, max_ts, producer_id, producer_epoch, base_sequence, count) = fields
         end = position + 12 + batch_length
@@ -190,7 +186,7 @@ def read_batches(data: bytes | memoryview) -> list[RecordBatch]:
             break
         if magic != 2:
             raise CorruptMessageError(f"batch at offset {base_offset} has magic {magic}, not 2")
-        if crc32c.crc32c(data[position + _CRC_FROM:end]) != crc:
+        if crc32c.crc32c(data[position + CRC_FROM:end]) != crc:
             raise CorruptMessageError(f"batch at offset {base_offset} fails its CRC-32C")
         payload = data[position + HEADER_SIZE:end]
         if attributes & 0x07:
