@@ -18,6 +18,16 @@ def _batch(records: int, partition: int = 0) -> ProducerBatch:
     return ProducerBatch((0,), "t", partition, writer, future, 0.0, 60.0, 0)
 
 
+def _numbered(*records: int) -> tuple[Sequencer, list[ProducerBatch]]:
+    """A sequencer under producer id 1, epoch 0, and batches of these sizes numbered in turn."""
+    seq = Sequencer(max_in_flight=5)
+    seq.start(1, 0)
+    batches = [_batch(n) for n in records]
+    for batch in batches:
+        seq.assign(batch)
+    return seq, batches
+
+
 async def test_batches_are_numbered_contiguously_per_partition():
     seq = Sequencer(max_in_flight=5)
     seq.start(7, 0)
@@ -60,11 +70,7 @@ async def test_nothing_goes_without_a_producer_id_and_a_retry_goes_alone():
 
 
 async def test_split_pieces_take_their_batch_numbers_and_place():
-    seq = Sequencer(max_in_flight=5)
-    seq.start(1, 0)
-    big, after = _batch(4), _batch(1)
-    seq.assign(big)
-    seq.assign(after)
+    seq, (big, after) = _numbered(4, 1)
     pieces = [_batch(2), _batch(2)]
     seq.split(big, pieces)
     assert [p.base_sequence for p in pieces] == [0, 2] and after.base_sequence == 4
@@ -72,11 +78,7 @@ async def test_split_pieces_take_their_batch_numbers_and_place():
 
 
 async def test_a_younger_batch_that_failed_unacknowledged_leaves_a_gap():
-    seq = Sequencer(max_in_flight=5)
-    seq.start(1, 0)
-    older, younger = _batch(1), _batch(1)
-    seq.assign(older)
-    seq.assign(younger)
+    seq, (older, younger) = _numbered(1, 1)
     assert seq.failed(younger)  # its numbers are used up
     assert not seq.gap_left(younger)  # the older one, still pending, will show it
     assert seq.acked(older)  # now nothing pending, and sequence 1 was never acknowledged
