@@ -267,6 +267,23 @@ async def test_a_callback_runs_in_a_copy_of_its_context_or_in_the_one_given(brok
     assert given[var] == 2 and var.get() == 10
 
 
+async def test_a_callback_sees_the_very_objects_its_context_held(broker, topic):
+    """Callbacks added in one context share a snapshot of it, but only while it holds the
+    same objects: one added after the variable was set to an equal object sees that one."""
+    request = contextvars.ContextVar("request")
+    seen: list[object] = []
+    first, second = {"id": 1}, {"id": 1}
+    async with Producer(broker.bootstrap, **SLOW) as producer:
+        futures = [await producer.enqueue(topic, b"v") for _ in range(2)]
+        request.set(first)
+        futures[0].add_done_callback(lambda f: seen.append(request.get()))
+        request.set(second)
+        futures[1].add_done_callback(lambda f: seen.append(request.get()))
+        await asyncio.gather(*futures)
+        await asyncio.sleep(0)
+    assert seen[0] is first and seen[1] is second
+
+
 async def test_failed_records_awaited_leave_no_garbage_behind(proxied_broker):
     """A failure raised in a coroutine that holds its batch's futures ties them into a cycle
     (the exception's traceback holds the frame, which holds the futures, which lead to the

@@ -19,7 +19,7 @@ import contextvars
 from typing import TYPE_CHECKING, Any, Callable, Generator, Iterator, NamedTuple, Sequence, \
     TypeAlias, Union, overload
 
-from .._speedups import RecordFields, new_tuple
+from .._speedups import RecordFields, new_tuple, same_context
 
 if TYPE_CHECKING:
     from ..protocol.records import BatchWriter
@@ -365,7 +365,7 @@ class RecordFuture(_RecordFutureBase):
         held: _HeldContext
         if context is None:
             current = contextvars.copy_context()
-            if current != _snapshot:
+            if not same_context(current, _snapshot):
                 _snapshot = current
             held = _snapshot
         else:

@@ -11,22 +11,26 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the C module has exactly _py's interface
     from ._py import DONE, NEEDS_BATCH, NEEDS_PYTHON, RecordFields, RecordWriter, append_many, \
-        decode_produce, encode_produce, murmur2, new_tuple, partition_for_key
+        decode_produce, encode_produce, murmur2, new_tuple, partition_for_key, \
+        same_context
     IMPLEMENTATION: str
 elif os.environ.get("AIOPRODUCER_PURE_PYTHON", "") not in ("", "0"):
     from ._py import DONE, NEEDS_BATCH, NEEDS_PYTHON, RecordFields, RecordWriter, append_many, \
-        decode_produce, encode_produce, murmur2, new_tuple, partition_for_key
+        decode_produce, encode_produce, murmur2, new_tuple, partition_for_key, \
+        same_context
     IMPLEMENTATION = "python"
 else:
     try:
         from ._c import DONE, NEEDS_BATCH, NEEDS_PYTHON, RecordFields, RecordWriter, append_many, \
-            decode_produce, encode_produce, murmur2, new_tuple, partition_for_key
+            decode_produce, encode_produce, murmur2, new_tuple, partition_for_key, \
+            same_context
         IMPLEMENTATION = "c"
     except ImportError:
         from ._py import DONE, NEEDS_BATCH, NEEDS_PYTHON, RecordFields, RecordWriter, append_many, \
-            decode_produce, encode_produce, murmur2, new_tuple, partition_for_key
+            decode_produce, encode_produce, murmur2, new_tuple, partition_for_key, \
+            same_context
         IMPLEMENTATION = "python"
 
 __all__ = ["DONE", "IMPLEMENTATION", "NEEDS_BATCH", "NEEDS_PYTHON", "RecordFields",
            "RecordWriter", "append_many", "decode_produce", "encode_produce", "murmur2",
-           "new_tuple", "partition_for_key"]
+           "new_tuple", "partition_for_key", "same_context"]

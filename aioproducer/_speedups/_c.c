@@ -563,6 +563,53 @@ static PyTypeObject RecordFieldsType = {
     .tp_members = fields_members,
 };
 
+/* Whether two contextvars.Context hold the very same values: identity, not ==, which a
+   value may not answer (a numpy array) or answer slowly, and which would let a callback run
+   with an equal object in place of the one set. */
+static PyObject *
+py_same_context(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (!takes_args(nargs, 2, "same_context(a, b)"))
+        return NULL;
+    PyObject *a = args[0], *b = args[1];
+    if (!PyContext_CheckExact(a) || !PyContext_CheckExact(b)) {
+        PyErr_SetString(PyExc_TypeError, "same_context takes two contextvars.Context");
+        return NULL;
+    }
+    if (a == b)
+        Py_RETURN_TRUE;
+    Py_ssize_t n = PyObject_Length(a);
+    if (n < 0 || n != PyObject_Length(b))
+        return n < 0 ? NULL : Py_NewRef(Py_False);
+    PyObject *keys = PyObject_GetIter(a);
+    if (keys == NULL)
+        return NULL;
+    int same = 1;
+    PyObject *key;
+    while (same && (key = PyIter_Next(keys)) != NULL) {
+        PyObject *in_a = PyObject_GetItem(a, key);
+        PyObject *in_b = in_a == NULL ? NULL : PyObject_GetItem(b, key);
+        Py_DECREF(key);
+        if (in_b == NULL) {
+            Py_XDECREF(in_a);
+            if (!PyErr_ExceptionMatches(PyExc_KeyError)) {
+                Py_DECREF(keys);
+                return NULL;
+            }
+            PyErr_Clear();
+            same = 0;
+            break;
+        }
+        same = in_a == in_b;
+        Py_DECREF(in_a);
+        Py_DECREF(in_b);
+    }
+    Py_DECREF(keys);
+    if (PyErr_Occurred())
+        return NULL;
+    return Py_NewRef(same ? Py_True : Py_False);
+}
+
 /* RecordMetadata, a NamedTuple, is what gather returns for every record. The collector
    untracks plain tuples of atomic values (strings, numbers) as it meets them, but not
    instances of tuple subclasses: hundreds of thousands of metadata would each be walked by
@@ -1112,6 +1159,9 @@ static PyMethodDef module_methods[] = {
      "when its partition has no writer or the writer is full, 2 (NEEDS_PYTHON) when it is not\n"
      "a tuple of bytes or None (or is keyless and `sticky` is -1); 0 (DONE) when every record\n"
      "was appended. `index` is that record's (or len(records))."},
+    {"same_context", (PyCFunction)(void (*)(void))py_same_context, METH_FASTCALL,
+     "same_context(a, b) -> bool\n\n"
+     "Whether two contextvars.Context hold the very same values (identity, not ==)."},
     {"new_tuple", (PyCFunction)(void (*)(void))py_new_tuple, METH_FASTCALL,
      "new_tuple(cls, items) -> cls\n\n"
      "tuple.__new__(cls, items) for a tuple subclass, untracked by the garbage collector when\n"

@@ -70,6 +70,15 @@ def partition_for_key(key: bytes, num_partitions: int) -> int:
 new_tuple = tuple.__new__  # (the C one leaves tuples of atomic values untracked)
 
 
+def same_context(a: Any, b: Any) -> bool:
+    """Whether two contextvars.Context hold the very same values (identity, not ==)."""
+    return a is b or len(a) == len(b) and all(
+        b.get(var, _MISSING) is value for var, value in a.items())
+
+
+_MISSING = object()
+
+
 class RecordFields:
     """The fields of a RecordFuture. The C one keeps a record's future out of the garbage
     collector's sight while it cannot be in a reference cycle (see _c.c); this one is tracked
