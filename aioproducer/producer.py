@@ -240,8 +240,9 @@ class Producer:
         elif deadline is not None and (self._close_deadline is None or
                                        deadline < self._close_deadline):
             self._close_deadline, self._close_timeout = deadline, timeout
-            if self._close_timer is not None:
-                self._close_timer.reschedule(deadline)
+            timer = self._close_timer
+            if timer is not None and not timer.expired():  # (once expired, it cannot move)
+                timer.reschedule(deadline)
         return self._closing
 
     def _close_remaining(self) -> float | None:

@@ -1,4 +1,4 @@
-"""Producer id, epoch and sequence numbers (idempotence), and the transaction state machine.
+"""The producer id and epoch (idempotence), and the transaction: its state table and requests.
 
 Idempotence: the producer id and epoch come from InitProducerId (here); the sequence numbers
 are kept by `Sequencer` (sequencing.py). When the sequence state is lost (an unknown producer

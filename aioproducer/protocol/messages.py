@@ -14,7 +14,7 @@ from functools import lru_cache
 from typing import Any, Mapping
 
 from .._speedups import decode_produce, encode_produce
-from ..errors import BrokerUnsupportedVersionError, CorruptMessageError, UnsupportedVersionError
+from ..errors import BrokerUnsupportedVersionError, UnsupportedVersionError
 from .primitives import Field as F
 from .primitives import compile_reader, compile_writer, skip_tags
 
