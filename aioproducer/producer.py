@@ -10,9 +10,12 @@ import struct
 import time
 import warnings
 from threading import get_ident
-from typing import Any, AsyncIterator, Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
+from typing import Any, AsyncIterator, Callable, Coroutine, Iterable, Sequence
 
 from ._internal.accumulator import RecordAccumulator
+from ._internal.arguments import BYTES_TYPES, as_bytes, bad_partition, check_timeout, \
+    check_topic_name, checked_offsets, checked_timestamp, encode_checked_headers, group_fields, \
+    iterate_records, serialize, topic_str
 from ._internal.batch import BulkFuture, ProducerBatch, RecordFuture, RecordMetadata, Sending, \
     WaitingRecord
 from ._internal.lifecycle import CLOSED, CLOSING, FAILED, NEW, STARTED, STARTING, State, \
@@ -31,23 +34,19 @@ from .errors import (
     KafkaError,
     ProducerClosedError,
     RecordTooLargeError,
-    SerializationError,
     TransactionAbortedError,
     TransactionStateError,
-    InvalidTopicError,
 )
 from ._speedups import DONE, append_many
 from .protocol.compression import codec_from_name
-from .protocol.records import Headers, encode_headers, record_size_upper_bound
+from .protocol.records import Headers, record_size_upper_bound
 
 log = logging.getLogger(__name__)
 
 # A record's batch (for send(), maybe its place in line for memory), offset delta, timestamp.
 Appended = tuple[ProducerBatch | WaitingRecord, int, int]
-_BYTES_TYPES = (bytes, bytearray, memoryview)
 _CHUNK = 10_000  # enqueue_many takes its records this many at a time
 _DELTA = struct.Struct("=i")  # an offset delta in a BulkFuture (as the speed-up writes them)
-_TOPIC_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 
 
 class Producer:
@@ -438,7 +437,7 @@ class Producer:
         if self._transactional:
             self._txn.check_can_send()  # type: ignore[union-attr]
         if type(topic) is not str:
-            topic = _topic_str(topic)
+            topic = topic_str(topic)
         info = self._cluster.topics.get(topic)  # type: ignore[union-attr]
         if info is None or not info.leaders:
             return self._append_when_known(topic, value, key, partition, timestamp_ms, headers,
@@ -447,16 +446,16 @@ class Producer:
         if self._serializing or (value is not None and type(value) is not bytes) or \
                 (key is not None and type(key) is not bytes):
             key, value = self._key_value(topic, key, value)
-        encoded_headers = _encode_headers(headers) if headers else None
+        encoded_headers = encode_checked_headers(headers) if headers else None
         if timestamp_ms is None:
             timestamp_ms = int(time.time() * 1000)
         else:
-            timestamp_ms = _timestamp(timestamp_ms)
+            timestamp_ms = checked_timestamp(timestamp_ms)
         count = len(info.leaders)
         sticky = partition is None and key is None
         if partition is not None:
             if type(partition) is not int or not 0 <= partition < count:
-                raise _bad_partition(topic, partition, count)
+                raise bad_partition(topic, partition, count)
         elif key is not None:
             partition = partition_for_key(key, count)
         else:
@@ -600,15 +599,15 @@ class Producer:
             if self._transactional:
                 self._txn.check_can_send()  # type: ignore[union-attr]
             self._check_loop()
-            stamp = timestamp_ms = _timestamp(timestamp_ms)
+            stamp = timestamp_ms = checked_timestamp(timestamp_ms)
             if type(topic) is not str:
-                topic = _topic_str(topic)
+                topic = topic_str(topic)
             count = await self._partition_count(topic)
             if partition is not None and (type(partition) is not int or
                                           not 0 <= partition < count):
-                raise _bad_partition(topic, partition, count)
+                raise bad_partition(topic, partition, count)
             # In chunks, so a generator of any length is fine; a list is read as the call goes.
-            iterator = _iterate(records)
+            iterator = iterate_records(records)
             while chunk := list(itertools.islice(iterator, _CHUNK)):
                 await self._append_many(topic, chunk, count, partition, timestamp_ms,
                                         out_batches, out_deltas)
@@ -638,7 +637,7 @@ class Producer:
             # One record the loop could not take, done the way enqueue() does it.
             record = records[index]
             try:
-                if isinstance(record, (str, *_BYTES_TYPES)):  # would unpack if of length 2
+                if isinstance(record, (str, *BYTES_TYPES)):  # would unpack if of length 2
                     raise TypeError
                 key, value = record
             except (TypeError, ValueError):
@@ -786,19 +785,8 @@ class Producer:
         group_instance_id."""
         txn = self._transaction_manager()
         self._check_loop()
-        by_partition = _offsets(offsets)
-        group: dict[str, Any]
-        if isinstance(group_metadata, str):
-            group = {"group_id": group_metadata}
-        elif isinstance(group_metadata, Mapping):
-            group = dict(group_metadata)
-        else:
-            group = {name: getattr(group_metadata, name) for name in
-                     ("group_id", "generation_id", "member_id", "group_instance_id")
-                     if hasattr(group_metadata, name)}
-        if not group.get("group_id"):
-            raise InvalidRecordError(
-                f"group_metadata must be a group id or carry a group_id, not {group_metadata!r}")
+        by_partition = checked_offsets(offsets)
+        group = group_fields(group_metadata)
         if by_partition:  # none: nothing to commit (as in the Java client)
             await txn.send_offsets(by_partition, **group)
 
@@ -839,20 +827,20 @@ class Producer:
         if self._state is not STARTED:
             self._raise_not_started()
         self._check_loop()
-        return len((await self._topic_info(_topic_str(topic))).leaders)
+        return len((await self._topic_info(topic_str(topic))).leaders)
 
     # -- helpers ---------------------------------------------------------------------------
 
     def _key_value(self, topic: str, key: Any, value: Any) -> tuple[bytes | None, bytes | None]:
         """Serialize (if serializers are set) and check that key and value are bytes."""
         if self._key_serializer is not None and key is not None:
-            key = self._serialize(self._key_serializer, key, "key", topic)
+            key = serialize(self._key_serializer, key, "key", topic)
         if self._value_serializer is not None and value is not None:
-            value = self._serialize(self._value_serializer, value, "value", topic)
+            value = serialize(self._value_serializer, value, "value", topic)
         if value is not None and type(value) is not bytes:
-            value = _as_bytes(value, "value")
+            value = as_bytes(value, "value")
         if key is not None and type(key) is not bytes:
-            key = _as_bytes(key, "key")
+            key = as_bytes(key, "key")
         return key, value
 
     async def _partition_count(self, topic: str) -> int:
@@ -863,7 +851,7 @@ class Producer:
         return len(info.leaders)
 
     async def _topic_info(self, topic: str) -> TopicInfo:
-        _check_topic_name(topic)
+        check_topic_name(topic)
         assert self._cluster is not None
         return await self._cluster.topic(topic, self._max_block)
 
@@ -889,43 +877,8 @@ class Producer:
                 "or use `async with`")
         raise ProducerClosedError("the producer is closed: no more records can be sent")
 
-    @staticmethod
-    def _serialize(serializer: Callable[[Any], bytes], obj: Any, what: str, topic: str) -> bytes:
-        try:
-            data = serializer(obj)
-        except Exception as exc:
-            raise SerializationError(
-                f"{what}_serializer failed on a {what} for topic {topic!r}: {exc!r}") from exc
-        if not isinstance(data, _BYTES_TYPES):
-            raise SerializationError(
-                f"{what}_serializer returned {type(data).__name__}; it must return bytes")
-        return bytes(data)
 
 
-def _as_bytes(obj: Any, what: str) -> bytes:
-    if isinstance(obj, _BYTES_TYPES):
-        return bytes(obj)
-    hint = (f" (encode it first, e.g. {what}.encode(), or set {what}_serializer)"
-            if isinstance(obj, str) else f" (set {what}_serializer to convert it)")
-    raise InvalidRecordError(f"{what} must be bytes or None, not {type(obj).__name__}{hint}")
-
-
-def _offsets(offsets: Any) -> dict[tuple[str, int], int]:
-    """send_offsets_to_transaction's offsets, checked before any request goes out."""
-    items: list[Any]
-    try:
-        items = [(*tp, offset) for tp, offset in offsets.items()] if isinstance(offsets, Mapping) \
-            else [(tp.topic, tp.partition, tp.offset) for tp in offsets]
-    except (TypeError, AttributeError):
-        items = [None]
-    for item in items:
-        if not (isinstance(item, tuple) and len(item) == 3 and isinstance(item[0], str)
-                and type(item[1]) is int and item[1] >= 0 and type(item[2]) is int
-                and item[2] >= 0):
-            raise InvalidRecordError(
-                "offsets must map (topic: str, partition: int >= 0) to an offset (int >= 0), "
-                f"or list objects with .topic, .partition and .offset; got {offsets!r}")
-    return {(str.__str__(topic), partition): offset for topic, partition, offset in items}
 
 
 def accepted(error: BaseException) -> BulkFuture | None:
@@ -957,70 +910,8 @@ def _may_retry(task: asyncio.Task[None]) -> bool:
     return isinstance(error, KafkaError) and error.retriable
 
 
-def _iterate(records: Any) -> Iterator[Any]:
-    try:
-        return iter(records)
-    except TypeError:
-        raise InvalidRecordError("records must be an iterable of (key, value) pairs, not "
-                                 f"{type(records).__name__}") from None
 
 
-def check_timeout(what: str, timeout: float | None) -> None:
-    if timeout is not None and (type(timeout) not in (int, float) or not timeout >= 0):
-        raise ConfigError(f"{what} must be None or seconds >= 0, not {timeout!r}")
 
 
-def _topic_str(topic: Any) -> str:
-    """The topic as a plain str: a str subclass (a str Enum, say) gives its text."""
-    if not isinstance(topic, str):
-        raise InvalidRecordError(f"topic must be a str, not {type(topic).__name__}")
-    return str.__str__(topic)
 
-
-def _timestamp(timestamp_ms: Any) -> int:
-    if timestamp_ms is None:
-        return int(time.time() * 1000)
-    if type(timestamp_ms) is not int or not 0 <= timestamp_ms < 1 << 63:  # Kafka's int64
-        raise InvalidRecordError("timestamp_ms must be an int from 0 to 2**63-1 (ms since the "
-                                 f"epoch), not {timestamp_ms!r}")
-    return timestamp_ms
-
-
-def _check_headers(headers: Headers) -> list[tuple[str, bytes | None]]:
-    if isinstance(headers, (str, bytes, dict)) or not hasattr(headers, "__iter__"):
-        raise InvalidRecordError(
-            f"headers must be a sequence of (str, bytes | None) pairs, not {type(headers).__name__}")
-    checked = []
-    for item in headers:
-        if not isinstance(item, tuple) or len(item) != 2:
-            raise InvalidRecordError(f"each header must be a (str, bytes | None) pair, not {item!r}")
-        name, value = item
-        if type(name) is not str:
-            raise InvalidRecordError(f"header names must be str, not {type(name).__name__} ({name!r})")
-        if value is not None and not isinstance(value, _BYTES_TYPES):
-            raise InvalidRecordError(
-                f"header {name!r} must have a bytes or None value, not {type(value).__name__}")
-        checked.append((name, None if value is None else bytes(value)))
-    return checked
-
-
-def _encode_headers(headers: Headers) -> bytes:
-    try:
-        return encode_headers(_check_headers(headers))
-    except UnicodeEncodeError as exc:
-        raise InvalidRecordError(f"a header name is not valid text ({exc})") from None
-
-
-def _check_topic_name(topic: str) -> None:
-    if not topic or topic in (".", "..") or len(topic) > 249 or not _TOPIC_CHARS.issuperset(topic):
-        raise InvalidTopicError(
-            f"invalid topic name {topic!r}: use 1-249 characters of ASCII letters, digits, "
-            "'.', '_' and '-'")
-
-
-def _bad_partition(topic: str, partition: Any, count: int) -> KafkaError:
-    if type(partition) is not int:
-        return InvalidRecordError(f"partition must be an int or None, not {type(partition).__name__}")
-    return InvalidRecordError(
-        f"partition {partition} does not exist: topic {topic!r} has {count} partition(s), "
-        f"0..{count - 1}")

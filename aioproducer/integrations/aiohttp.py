@@ -19,7 +19,8 @@ from typing import Any, AsyncIterator, Sequence
 
 from aiohttp import web
 
-from ..producer import Producer, check_timeout
+from .._internal.arguments import check_timeout
+from ..producer import Producer
 
 PRODUCER: web.AppKey[Producer] = web.AppKey("aioproducer", Producer)
 """Where the application keeps its producer: `request.app[PRODUCER]`."""

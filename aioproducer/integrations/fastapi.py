@@ -25,7 +25,8 @@ from typing import Annotated, Any, AsyncIterator, Callable, Sequence
 
 from fastapi import Depends, FastAPI, Request
 
-from ..producer import Producer, check_timeout
+from .._internal.arguments import check_timeout
+from ..producer import Producer
 
 # A FastAPI lifespan, which may yield a state dict (Starlette copies it into request.state).
 Lifespan = Callable[[FastAPI], contextlib.AbstractAsyncContextManager[Any]]

@@ -1,0 +1,145 @@
+"""What the producer's verbs check in their arguments, and the errors that say what is wrong
+(InvalidRecordError, SerializationError, InvalidTopicError, ConfigError): one place for the
+rules, so each verb reads as its steps."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Iterator, Mapping
+
+from ..errors import (
+    ConfigError,
+    InvalidRecordError,
+    InvalidTopicError,
+    KafkaError,
+    SerializationError,
+)
+from ..protocol.records import Headers, encode_headers
+
+BYTES_TYPES = (bytes, bytearray, memoryview)
+_TOPIC_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+
+
+def serialize(serializer: Callable[[Any], bytes], obj: Any, what: str, topic: str) -> bytes:
+    try:
+        data = serializer(obj)
+    except Exception as exc:
+        raise SerializationError(
+            f"{what}_serializer failed on a {what} for topic {topic!r}: {exc!r}") from exc
+    if not isinstance(data, BYTES_TYPES):
+        raise SerializationError(
+            f"{what}_serializer returned {type(data).__name__}; it must return bytes")
+    return bytes(data)
+
+
+def as_bytes(obj: Any, what: str) -> bytes:
+    if isinstance(obj, BYTES_TYPES):
+        return bytes(obj)
+    hint = (f" (encode it first, e.g. {what}.encode(), or set {what}_serializer)"
+            if isinstance(obj, str) else f" (set {what}_serializer to convert it)")
+    raise InvalidRecordError(f"{what} must be bytes or None, not {type(obj).__name__}{hint}")
+
+
+def checked_offsets(offsets: Any) -> dict[tuple[str, int], int]:
+    """send_offsets_to_transaction's offsets, checked before any request goes out."""
+    items: list[Any]
+    try:
+        items = [(*tp, offset) for tp, offset in offsets.items()] if isinstance(offsets, Mapping) \
+            else [(tp.topic, tp.partition, tp.offset) for tp in offsets]
+    except (TypeError, AttributeError):
+        items = [None]
+    for item in items:
+        if not (isinstance(item, tuple) and len(item) == 3 and isinstance(item[0], str)
+                and type(item[1]) is int and item[1] >= 0 and type(item[2]) is int
+                and item[2] >= 0):
+            raise InvalidRecordError(
+                "offsets must map (topic: str, partition: int >= 0) to an offset (int >= 0), "
+                f"or list objects with .topic, .partition and .offset; got {offsets!r}")
+    return {(str.__str__(topic), partition): offset for topic, partition, offset in items}
+
+
+def iterate_records(records: Any) -> Iterator[Any]:
+    try:
+        return iter(records)
+    except TypeError:
+        raise InvalidRecordError("records must be an iterable of (key, value) pairs, not "
+                                 f"{type(records).__name__}") from None
+
+
+def check_timeout(what: str, timeout: float | None) -> None:
+    if timeout is not None and (type(timeout) not in (int, float) or not timeout >= 0):
+        raise ConfigError(f"{what} must be None or seconds >= 0, not {timeout!r}")
+
+
+def topic_str(topic: Any) -> str:
+    """The topic as a plain str: a str subclass (a str Enum, say) gives its text."""
+    if not isinstance(topic, str):
+        raise InvalidRecordError(f"topic must be a str, not {type(topic).__name__}")
+    return str.__str__(topic)
+
+
+def checked_timestamp(timestamp_ms: Any) -> int:
+    if timestamp_ms is None:
+        return int(time.time() * 1000)
+    if type(timestamp_ms) is not int or not 0 <= timestamp_ms < 1 << 63:  # Kafka's int64
+        raise InvalidRecordError("timestamp_ms must be an int from 0 to 2**63-1 (ms since the "
+                                 f"epoch), not {timestamp_ms!r}")
+    return timestamp_ms
+
+
+def _check_headers(headers: Headers) -> list[tuple[str, bytes | None]]:
+    if isinstance(headers, (str, bytes, dict)) or not hasattr(headers, "__iter__"):
+        raise InvalidRecordError(
+            f"headers must be a sequence of (str, bytes | None) pairs, not {type(headers).__name__}")
+    checked = []
+    for item in headers:
+        if not isinstance(item, tuple) or len(item) != 2:
+            raise InvalidRecordError(f"each header must be a (str, bytes | None) pair, not {item!r}")
+        name, value = item
+        if type(name) is not str:
+            raise InvalidRecordError(f"header names must be str, not {type(name).__name__} ({name!r})")
+        if value is not None and not isinstance(value, BYTES_TYPES):
+            raise InvalidRecordError(
+                f"header {name!r} must have a bytes or None value, not {type(value).__name__}")
+        checked.append((name, None if value is None else bytes(value)))
+    return checked
+
+
+def encode_checked_headers(headers: Headers) -> bytes:
+    try:
+        return encode_headers(_check_headers(headers))
+    except UnicodeEncodeError as exc:
+        raise InvalidRecordError(f"a header name is not valid text ({exc})") from None
+
+
+def check_topic_name(topic: str) -> None:
+    if not topic or topic in (".", "..") or len(topic) > 249 or not _TOPIC_CHARS.issuperset(topic):
+        raise InvalidTopicError(
+            f"invalid topic name {topic!r}: use 1-249 characters of ASCII letters, digits, "
+            "'.', '_' and '-'")
+
+
+def bad_partition(topic: str, partition: Any, count: int) -> KafkaError:
+    if type(partition) is not int:
+        return InvalidRecordError(f"partition must be an int or None, not {type(partition).__name__}")
+    return InvalidRecordError(
+        f"partition {partition} does not exist: topic {topic!r} has {count} partition(s), "
+        f"0..{count - 1}")
+
+
+def group_fields(group_metadata: Any) -> dict[str, Any]:
+    """send_offsets_to_transaction's group: a group id, or an object (or mapping) with
+    group_id and the KIP-447 fencing fields."""
+    group: dict[str, Any]
+    if isinstance(group_metadata, str):
+        group = {"group_id": group_metadata}
+    elif isinstance(group_metadata, Mapping):
+        group = dict(group_metadata)
+    else:
+        group = {name: getattr(group_metadata, name) for name in
+                 ("group_id", "generation_id", "member_id", "group_instance_id")
+                 if hasattr(group_metadata, name)}
+    if not group.get("group_id"):
+        raise InvalidRecordError(
+            f"group_metadata must be a group id or carry a group_id, not {group_metadata!r}")
+    return group
