@@ -256,6 +256,8 @@ class Producer:
         pending = {future for future in waits if not future.done()}
         if not pending:
             return True
+        if self._close_remaining() == 0:  # (close(timeout=0): not even one loop turn)
+            return False
         try:
             async with asyncio.timeout_at(self._close_deadline) as self._close_timer:
                 await asyncio.wait(pending)
