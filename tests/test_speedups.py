@@ -8,8 +8,12 @@ again with AIOPRODUCER_PURE_PYTHON=1.
 
 from __future__ import annotations
 
+import contextvars
+import gc
 import os
 import random
+import weakref
+from typing import NamedTuple
 
 import pytest
 
@@ -26,6 +30,7 @@ except ImportError:  # reported by test_compiled_speedup_is_in_use
     _c = None
 
 needs_c = pytest.mark.skipif(_c is None, reason="the C speed-up did not build")
+BOTH = [_py, pytest.param(_c, marks=needs_c)]
 
 
 def test_compiled_speedup_is_in_use():
@@ -272,3 +277,76 @@ def test_produce_codec_leaves_uncommon_cases_to_python():
     assert _c.decode_produce(8, bad_name) is None
     with pytest.raises(CorruptMessageError, match="UTF-8"):
         messages.decode_response(ApiKey.PRODUCE, 8, bad_name)
+
+
+# -- what keeps a record's future and metadata out of the garbage collector's way ----------
+
+@pytest.mark.parametrize("impl", BOTH, ids=["python", "c"])
+def test_same_context_compares_values_by_identity(impl):
+    var, other = contextvars.ContextVar("var"), contextvars.ContextVar("other")
+
+    def copy_with(**values: object) -> contextvars.Context:
+        def set_them() -> contextvars.Context:
+            for name, value in values.items():
+                (var if name == "var" else other).set(value)
+            return contextvars.copy_context()
+        return contextvars.Context().run(set_them)
+
+    value = [1]
+    base = copy_with(var=value)
+    assert impl.same_context(base, base) and impl.same_context(base, copy_with(var=value))
+    assert not impl.same_context(base, copy_with(var=[1]))  # equal, not the same object
+    assert not impl.same_context(base, copy_with(var=value, other=2))
+    assert not impl.same_context(copy_with(var=value, other=2), base)
+    assert not impl.same_context(base, copy_with(other=value))
+    assert impl.same_context(contextvars.Context(), contextvars.Context())
+
+
+class _Metadata(NamedTuple):
+    topic: str
+    offset: int
+
+
+@pytest.mark.parametrize("impl", BOTH, ids=["python", "c"])
+def test_new_tuple_is_tuple_new(impl):
+    made = impl.new_tuple(_Metadata, ("t", 5))
+    assert type(made) is _Metadata and made == ("t", 5) and made.offset == 5
+
+
+@needs_c
+def test_new_tuple_untracks_only_tuples_that_hold_no_references():
+    assert not gc.is_tracked(_c.new_tuple(_Metadata, ("t", 5)))
+    assert gc.is_tracked(_c.new_tuple(_Metadata, ("t", [5])))  # a list may lead back to it
+
+
+class _Batch:
+    def __init__(self, untracked: list | None) -> None:
+        self._untracked = untracked
+
+
+@needs_c
+def test_record_fields_stay_untracked_only_while_their_batch_lists_them():
+    class Future(_c.RecordFields):
+        __slots__ = ()
+
+    listed = _Batch([])
+    future = Future(listed, 3, 1000)
+    assert not gc.is_tracked(future) and listed._untracked == [future]
+    assert (future._batch, future._offset_delta, future._timestamp) == (listed, 3, 1000)
+    assert future._callback is None
+    future._callback = print
+    future._track()
+    future._track()  # (twice is once)
+    assert gc.is_tracked(future)
+    for batch in (_Batch(None), object()):  # done, or not a batch: tracked from the start
+        assert gc.is_tracked(Future(batch, 0, 0))
+    with pytest.raises(TypeError):
+        Future(listed, 0)
+    batch = _Batch([])  # once tracked, a cycle through its future is collected
+    in_cycle = Future(batch, 0, 0)
+    in_cycle._track()
+    in_cycle._callback = [in_cycle].append  # the future -> a list's method -> the future
+    collected = weakref.ref(batch)
+    del batch, in_cycle
+    gc.collect()
+    assert collected() is None
