@@ -73,7 +73,7 @@ class RecordAccumulator:
         self.incomplete: set[ProducerBatch] = set()
         # Final outcomes, for Producer.metrics() (a split batch counts as its pieces).
         self.records_sent = self.records_failed = self.batches_sent = 0
-        self.flushing = 0
+        self._flushing = 0
         self.closing = False
         self._on_delivery_error = config.on_delivery_error
         self._log_failure = LogEvery(log, logging.WARNING, 10)
@@ -315,7 +315,7 @@ class RecordAccumulator:
         ready: set[int] = set()
         next_check = float("inf")
         unknown_leader: set[str] = set()
-        drain_all = self.flushing > 0 or self.closing or bool(self._line)
+        drain_all = self._flushing > 0 or self.closing or bool(self._line)
         for (topic, partition), queue in self._batches.items():
             leader = cluster.leader_for(topic, partition)
             if leader < 0:
@@ -502,6 +502,27 @@ class RecordAccumulator:
                     self._txn.batch_failed(batch, exc)
                 batch.fail(exc)
                 self.finish(batch)
+
+    async def flush(self, timeout: float | None) -> int:
+        """Make every batch buffered now sendable (linger no longer counts) and wait until
+        each is acknowledged or failed, at most `timeout` seconds; how many are still
+        pending then."""
+        pending = [batch.future for batch in self.incomplete]
+        if not pending:
+            return 0
+        self._flushing += 1
+        self._wake_sender(None)
+        try:
+            _, not_done = await asyncio.wait(pending, timeout=timeout)
+        finally:
+            self._flushing -= 1
+        return len(not_done)
+
+    async def settled(self) -> None:
+        """Wait until every batch buffered now is acknowledged or failed."""
+        pending = [batch.future for batch in self.incomplete]
+        if pending:
+            await asyncio.wait(pending)
 
     def fail_unresolved(self, exc: BaseException) -> None:
         """Fail every batch still without an outcome, queued or not: the sender is gone, and

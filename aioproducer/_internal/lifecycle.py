@@ -1,10 +1,15 @@
 """The producer's lifecycle as a table (h11's `_state.py` style): which state may follow
-which. `Producer` changes its state only through `next_state`, so a change the table does
+which. `Lifecycle` changes its state only through `next_state`, so a change the table does
 not list is a bug that raises at once instead of leaving a producer half started."""
 
 from __future__ import annotations
 
+import asyncio
 import enum
+from threading import get_ident
+from typing import Any, Callable, Iterable, NoReturn
+
+from ..errors import ProducerClosedError
 
 
 class State(enum.Enum):
@@ -37,3 +42,91 @@ def next_state(current: State, target: State) -> State:
         raise RuntimeError(f"aioproducer bug: the producer went from {current.value!r} to "
                            f"{target.value!r}, which its lifecycle does not allow")
     return target
+
+
+class Lifecycle:
+    """One producer's state (changed only through the table) and the event loop it belongs
+    to. Shared by the producer and its record intake, so the verbs and the append path ask
+    the same questions of one owner."""
+
+    def __init__(self) -> None:
+        self.state = NEW
+        self.failure: BaseException | None = None  # why the sender task died (FAILED)
+        self.closing = False  # close() has begun (the state may still be STARTED meanwhile)
+        self.loop: asyncio.AbstractEventLoop | None = None  # the one start() ran on
+        # The thread it runs in, and whether it is running: per record, "this thread, and its
+        # loop running" is the cheap test for "in the producer's loop" (asking for the
+        # running loop is a syscall).
+        self.thread: int | None = None
+        self.loop_running: Callable[[], bool] = lambda: False
+
+    def become(self, state: State) -> None:
+        self.state = next_state(self.state, state)
+
+    def bind_to_running_loop(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.thread = get_ident()
+        self.loop_running = self.loop.is_running
+
+    def check_loop(self) -> None:
+        """Refuse a call from an event loop other than the producer's (its tasks and futures
+        live there: the call would hang or fail obscurely, and from another thread, corrupt
+        a batch)."""
+        if self.loop is not None and (get_ident() != self.thread or
+                                      asyncio.get_running_loop() is not self.loop):
+            raise RuntimeError(
+                "this producer belongs to the event loop that started it and cannot be used "
+                "from another one: use one producer per event loop (and close it on its own)")
+
+    def raise_not_started(self) -> NoReturn:
+        """The error of a verb that needs a started producer, saying why it is not."""
+        if self.failure is not None:
+            raise ProducerClosedError(
+                f"the producer stopped after an internal failure: {self.failure!r}"
+            ) from self.failure
+        if self.state in (NEW, STARTING):
+            raise ProducerClosedError(
+                "the producer is not started: `await producer.start()` (and let it finish) "
+                "or use `async with`")
+        raise ProducerClosedError("the producer is closed: no more records can be sent")
+
+
+class CloseDeadline:
+    """When close() gives up on what is pending: set by the first close(timeout), brought
+    nearer by a later, shorter one, which also moves the wait under way."""
+
+    def __init__(self, timeout: float | None) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.timeout = timeout  # the close(timeout) that set it, for the error to say
+        self.at = None if timeout is None else self._loop.time() + timeout
+        self._timer: asyncio.Timeout | None = None  # what waits for it now
+
+    def bring_nearer(self, timeout: float | None) -> None:
+        if timeout is None:
+            return
+        at = self._loop.time() + timeout
+        if self.at is None or at < self.at:
+            self.at, self.timeout = at, timeout
+            timer = self._timer
+            if timer is not None and not timer.expired():  # (once expired, it cannot move)
+                timer.reschedule(at)
+
+    @property
+    def passed(self) -> bool:
+        return self.at is not None and self._loop.time() >= self.at
+
+    async def wait(self, waits: Iterable[asyncio.Future[Any]]) -> bool:
+        """Wait for `waits` until the deadline; whether they all ended."""
+        pending = {future for future in waits if not future.done()}
+        if not pending:
+            return True
+        if self.passed:  # (close(timeout=0): not even one loop turn)
+            return False
+        try:
+            async with asyncio.timeout_at(self.at) as self._timer:
+                await asyncio.wait(pending)
+        except TimeoutError:
+            return False
+        finally:
+            self._timer = None
+        return True

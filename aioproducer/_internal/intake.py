@@ -1,0 +1,332 @@
+"""The record intake: what send(), enqueue() and enqueue_many() do with a record up to its
+future. Check it, serialize it, pick its partition, and append it to a batch; or wait for
+what it needs first (the topic's metadata, buffer memory).
+
+The common case is a plain call with no await: a coroutine per record (and a handle per
+record, in send) was a tenth of a send's cost with 1,000 tasks sending.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import struct
+import time
+from threading import get_ident
+from typing import Any, Coroutine, Iterable
+
+from ..client.cluster import Cluster, TopicInfo
+from ..config import ProducerConfig
+from ..errors import InvalidRecordError, RecordTooLargeError
+from ..protocol.records import Headers, record_size_upper_bound
+from .._speedups import DONE, append_many
+from .accumulator import RecordAccumulator
+from .arguments import BYTES_TYPES, as_bytes, bad_partition, check_topic_name, \
+    checked_timestamp, encode_checked_headers, iterate_records, serialize, topic_str
+from .batch import BulkFuture, ProducerBatch, RecordFuture, RecordMetadata, Sending, \
+    WaitingRecord
+from .lifecycle import STARTED, Lifecycle
+from .partitioner import StickyPartitioner, partition_for_key
+from .transactions import TransactionManager
+
+# A record's batch (for send(), maybe its place in line for memory), offset delta, timestamp.
+Appended = tuple[ProducerBatch | WaitingRecord, int, int]
+_CHUNK = 10_000  # enqueue_many takes its records this many at a time
+_DELTA = struct.Struct("=i")  # an offset delta in a BulkFuture (as the speed-up writes them)
+
+
+class RecordIntake:
+    """The append path of one producer. Made with the producer; given the cluster, the
+    accumulator and the transaction manager when it starts (`attach`). The lifecycle it
+    shares with the producer says whether records may come in."""
+
+    def __init__(self, config: ProducerConfig, lifecycle: Lifecycle) -> None:
+        self._lifecycle = lifecycle
+        self._buffer_memory = config.buffer_memory
+        self._max_request_size = config.max_request_size
+        self._max_block = config.max_block_ms / 1000
+        self._key_serializer = config.key_serializer
+        self._value_serializer = config.value_serializer
+        self._serializing = self._key_serializer is not None or self._value_serializer is not None
+        self._partitioner = StickyPartitioner()
+        # Set by attach() before the lifecycle lets any record in.
+        self._cluster: Cluster
+        self._accumulator: RecordAccumulator
+        self._txn: TransactionManager | None = None
+
+    def attach(self, cluster: Cluster, accumulator: RecordAccumulator,
+               txn: TransactionManager | None) -> None:
+        self._cluster, self._accumulator = cluster, accumulator
+        self._txn = txn if txn is not None and txn.is_transactional else None
+
+    # -- the verbs' entries ----------------------------------------------------------------
+
+    def send(self, topic: str, value: Any, key: Any, partition: int | None,
+             timestamp_ms: int | None, headers: Headers | None
+             ) -> Coroutine[Any, Any, RecordMetadata]:
+        """send(): in the producer's running loop, append now and return a future that is
+        also a coroutine; else (or before the topic's metadata is known) a coroutine that
+        does it all when awaited."""
+        lifecycle = self._lifecycle
+        if lifecycle.state is not STARTED or get_ident() != lifecycle.thread or \
+                not lifecycle.loop_running():
+            return self._send_when_awaited(topic, value, key, partition, timestamp_ms, headers)
+        appended = self.append(topic, value, key, partition, timestamp_ms, headers, True)
+        if isinstance(appended, tuple):
+            sending = Sending(*appended)
+            if type(appended[0]) is WaitingRecord:
+                appended[0].record = sending
+            return sending
+        return _send_appended(appended)
+
+    async def _send_when_awaited(self, topic: str, value: Any, key: Any,
+                                 partition: int | None, timestamp_ms: int | None,
+                                 headers: Headers | None) -> RecordMetadata:
+        appended = self.append(topic, value, key, partition, timestamp_ms, headers, True)
+        if not isinstance(appended, tuple):
+            appended = await appended
+        record = RecordFuture(*appended)
+        if type(appended[0]) is WaitingRecord:
+            appended[0].record = record
+        return await record
+
+    def append(self, topic: str, value: Any, key: Any, partition: int | None,
+               timestamp_ms: int | None, headers: Headers | None, eager: bool
+               ) -> Appended | Coroutine[Any, Any, Appended]:
+        """(batch, offset delta, timestamp) of the appended record, or, when the topic's
+        metadata or (unless `eager`, as for send()) a new batch is needed, a coroutine that
+        returns them."""
+        lifecycle = self._lifecycle
+        if lifecycle.state is not STARTED:
+            lifecycle.raise_not_started()
+        if get_ident() != lifecycle.thread or not lifecycle.loop_running():
+            lifecycle.check_loop()  # raises: another thread, or another loop in this one
+        if self._txn is not None:
+            self._txn.check_can_send()
+        if type(topic) is not str:
+            topic = topic_str(topic)
+        info = self._cluster.topics.get(topic)
+        if info is None or not info.leaders:
+            return self._append_when_known(topic, value, key, partition, timestamp_ms, headers,
+                                           eager)
+        # The common case, bytes and no serializers, costs one test: this is per record.
+        if self._serializing or (value is not None and type(value) is not bytes) or \
+                (key is not None and type(key) is not bytes):
+            key, value = self._key_value(topic, key, value)
+        encoded_headers = encode_checked_headers(headers) if headers else None
+        if timestamp_ms is None:
+            timestamp_ms = int(time.time() * 1000)
+        else:
+            timestamp_ms = checked_timestamp(timestamp_ms)
+        count = len(info.leaders)
+        sticky = partition is None and key is None
+        if partition is not None:
+            if type(partition) is not int or not 0 <= partition < count:
+                raise bad_partition(topic, partition, count)
+        elif key is not None:
+            partition = partition_for_key(key, count)
+        else:
+            partition = self._partitioner.partition(topic, count)
+
+        batch = self._accumulator.try_append(
+            topic, partition, timestamp_ms, key, value, encoded_headers)
+        if batch is None:
+            return self._append_new(topic, partition, sticky, count, timestamp_ms,
+                                    key, value, encoded_headers, eager)
+        return batch, batch.writer.count - 1, timestamp_ms
+
+    async def enqueue_many(self, topic: str, records: Iterable[tuple[Any, Any]],
+                           partition: int | None, timestamp_ms: int | None) -> BulkFuture:
+        """enqueue_many(): whatever it raises, the records before stay buffered, and the
+        exception's `accepted` is the BulkFuture of those."""
+        out_batches: list[ProducerBatch] = []
+        out_deltas = bytearray()
+        stamp = 0
+        try:
+            lifecycle = self._lifecycle
+            if lifecycle.state is not STARTED:
+                lifecycle.raise_not_started()
+            if self._txn is not None:
+                self._txn.check_can_send()
+            lifecycle.check_loop()
+            stamp = timestamp_ms = checked_timestamp(timestamp_ms)
+            if type(topic) is not str:
+                topic = topic_str(topic)
+            count = await self.partition_count(topic)
+            if partition is not None and (type(partition) is not int or
+                                          not 0 <= partition < count):
+                raise bad_partition(topic, partition, count)
+            # In chunks, so a generator of any length is fine; a list is read as the call goes.
+            iterator = iterate_records(records)
+            while chunk := list(itertools.islice(iterator, _CHUNK)):
+                await self._append_many(topic, chunk, count, partition, timestamp_ms,
+                                        out_batches, out_deltas)
+        except (Exception, asyncio.CancelledError) as exc:  # also the iterable's own errors
+            exc.accepted = BulkFuture(out_batches, out_deltas, stamp)  # type: ignore[union-attr]
+            raise
+        return BulkFuture(out_batches, out_deltas, stamp)
+
+    async def partition_count(self, topic: str) -> int:
+        info = self._cluster.topics.get(topic)
+        if info is None or not info.leaders:
+            info = await self.topic_info(topic)
+        return len(info.leaders)
+
+    async def topic_info(self, topic: str) -> TopicInfo:
+        check_topic_name(topic)
+        return await self._cluster.topic(topic, self._max_block)
+
+    # -- the steps -------------------------------------------------------------------------
+
+    def _key_value(self, topic: str, key: Any, value: Any) -> tuple[bytes | None, bytes | None]:
+        """Serialize (if serializers are set) and check that key and value are bytes."""
+        if self._key_serializer is not None and key is not None:
+            key = serialize(self._key_serializer, key, "key", topic)
+        if self._value_serializer is not None and value is not None:
+            value = serialize(self._value_serializer, value, "value", topic)
+        if value is not None and type(value) is not bytes:
+            value = as_bytes(value, "value")
+        if key is not None and type(key) is not bytes:
+            key = as_bytes(key, "key")
+        return key, value
+
+    async def _append_when_known(self, topic: str, value: Any, key: Any,
+                                 partition: int | None, timestamp_ms: int | None,
+                                 headers: Headers | None, eager: bool) -> Appended:
+        """append() for a topic without metadata yet: fetch it first (as the Java client
+        does, so the record is serialized once, with the topic known), then append."""
+        self._lifecycle.check_loop()
+        await self.partition_count(topic)
+        # Nothing ran since the metadata arrived: this time append() finds the topic.
+        appended = self.append(topic, value, key, partition, timestamp_ms, headers, eager)
+        return appended if isinstance(appended, tuple) else await appended
+
+    def _append_new(self, topic: str, partition: int, sticky: bool, count: int,
+                    timestamp_ms: int, key: bytes | None, value: bytes | None,
+                    headers: bytes | None, eager: bool) -> Appended | Coroutine[Any, Any, Appended]:
+        """The record needs a new batch: check its size, close the partition's full batch,
+        move a sticky partition on (KIP-480). Then, if `eager` and the memory is free, append
+        now; else return a coroutine that does it."""
+        self._lifecycle.check_loop()
+        accumulator = self._accumulator
+        self._cluster.touch(topic)  # once per batch, not per record
+        size = record_size_upper_bound(key, value, headers)
+        if size > self._max_request_size:
+            raise RecordTooLargeError(
+                f"a record of {size} bytes (serialized, in its own batch) is larger than "
+                f"max_request_size={self._max_request_size}: raise max_request_size (and the "
+                "broker's message.max.bytes) or send smaller records")
+        if size > self._buffer_memory:
+            raise RecordTooLargeError(
+                f"a record of {size} bytes is larger than buffer_memory={self._buffer_memory}")
+        memory = accumulator.batch_memory(size)
+        if accumulator.waiting:  # behind the records waiting for memory, whatever is open
+            return self._wait_in_line(topic, partition, timestamp_ms, key, value, headers,
+                                      memory, count, eager)
+        closed = accumulator.close_for_appends(topic, partition)
+        if sticky:
+            self._partitioner.on_new_batch(topic, count, partition)
+            partition = self._partitioner.partition(topic, count)
+        if eager:
+            # The new sticky partition may have a batch with room; a keyed one has none now.
+            batch = accumulator.try_append(topic, partition, timestamp_ms, key, value,
+                                           headers) if sticky else None
+            if batch is None and accumulator.reserve_now(memory):
+                batch = accumulator.open_batch(topic, partition, timestamp_ms, key, value,
+                                               headers, memory, count)
+            if batch is not None:
+                return batch, batch.writer.count - 1, timestamp_ms
+            return self._wait_in_line(topic, partition, timestamp_ms, key, value, headers,
+                                      memory, count, eager)
+        return self._append_soon(topic, partition, timestamp_ms, key, value, headers,
+                                 memory, count, closed)
+
+    def _wait_in_line(self, topic: str, partition: int, timestamp_ms: int,
+                      key: bytes | None, value: bytes | None, headers: bytes | None,
+                      memory: int, count: int, eager: bool
+                      ) -> Appended | Coroutine[Any, Any, Appended]:
+        """Join the line for memory: send() (`eager`) at once, its future following the
+        line's entry (send() makes it follow); enqueue() in a coroutine that waits its turn."""
+        waiting = self._accumulator.join_line(topic, partition, timestamp_ms, key, value,
+                                              headers, memory, count, eager)
+        if eager:
+            return waiting, 0, timestamp_ms
+        return self._append_in_turn(waiting)
+
+    async def _append_in_turn(self, waiting: WaitingRecord) -> Appended:
+        """Wait for `waiting`'s turn in the line (up to max_block_ms), then append it.
+        Cancelled or failed before appending, it has buffered nothing: enqueue() is all or
+        nothing."""
+        accumulator = self._accumulator
+        assert waiting.turn is not None
+        try:
+            await waiting.turn
+        except BaseException:
+            accumulator.leave_line(waiting)
+            raise
+        batch = accumulator.append_granted(waiting)
+        return batch, batch.writer.count - 1, waiting.timestamp
+
+    async def _append_soon(self, topic: str, partition: int, timestamp_ms: int,
+                           key: bytes | None, value: bytes | None, headers: bytes | None,
+                           memory: int, count: int, closed: bool) -> Appended:
+        """enqueue()'s append of a record that needs a new batch: with the memory free,
+        yield once first if it closed a full batch (the sender ships it, so a loop that
+        never waits keeps the broker busy instead of filling buffer_memory first), then
+        append; else wait in line."""
+        accumulator = self._accumulator
+        if not accumulator.reserve_now(memory):
+            return await self._append_in_turn(accumulator.join_line(
+                topic, partition, timestamp_ms, key, value, headers, memory, count, False))
+        try:
+            if closed:
+                await asyncio.sleep(0)
+                batch = accumulator.try_append(topic, partition, timestamp_ms, key, value,
+                                               headers)
+                if batch is not None:  # into a batch others opened meanwhile
+                    accumulator.release(memory)
+                    return batch, batch.writer.count - 1, timestamp_ms
+            batch = accumulator.open_batch(topic, partition, timestamp_ms, key, value,
+                                           headers, memory, count)
+        except BaseException:
+            accumulator.release(memory)
+            raise
+        return batch, 0, timestamp_ms
+
+    async def _append_many(self, topic: str, records: list[Any], count: int,
+                           partition: int | None, timestamp_ms: int,
+                           out_batches: list[ProducerBatch], out_deltas: bytearray) -> None:
+        """Hand the records to the speed-up's loop; take over where it stops (a new batch is
+        needed, or a record needs serializing or checking), then hand back the rest."""
+        accumulator = self._accumulator
+        batches, writers = accumulator.open_batches(topic, count)
+        fixed = -1 if partition is None else partition
+        index, end = 0, len(records)
+        while index < end:
+            if not self._serializing and not accumulator.waiting:  # (else: in line, one by one)
+                index, status, _ = append_many(
+                    records, index, batches, writers, fixed,
+                    self._partitioner.partition(topic, count), timestamp_ms,
+                    out_batches, out_deltas)
+                if status == DONE:
+                    return
+            # One record the loop could not take, done the way enqueue() does it.
+            record = records[index]
+            try:
+                if isinstance(record, (str, *BYTES_TYPES)):  # would unpack if of length 2
+                    raise TypeError
+                key, value = record
+            except (TypeError, ValueError):
+                raise InvalidRecordError(  # out_batches has an entry per record before it
+                    f"enqueue_many takes (key, value) pairs, not {type(record).__name__} "
+                    f"(record {len(out_batches)}: {record!r:.80})") from None
+            appended = self.append(topic, value, key, partition, timestamp_ms, None, False)
+            batch, delta, _ = appended if isinstance(appended, tuple) else await appended
+            assert isinstance(batch, ProducerBatch)  # (only send()'s records wait apart)
+            out_batches.append(batch)
+            out_deltas += _DELTA.pack(delta)
+            index += 1
+
+
+async def _send_appended(appending: Coroutine[Any, Any, Appended]) -> RecordMetadata:
+    return await RecordFuture(*await appending)
