@@ -11,7 +11,7 @@ from typing import Any, AsyncIterator, Callable, Coroutine, Iterable, Sequence
 
 from ._internal.accumulator import RecordAccumulator
 from ._internal.arguments import check_timeout, checked_offsets, group_fields, topic_str
-from ._internal.batch import BulkFuture, ProducerBatch, RecordFuture, RecordMetadata
+from ._internal.batch import BulkFuture, RecordFuture, RecordMetadata
 from ._internal.intake import RecordIntake
 from ._internal.lifecycle import CLOSED, CLOSING, FAILED, NEW, STARTED, STARTING, \
     CloseDeadline, Lifecycle
@@ -122,15 +122,18 @@ class Producer:
         """Make the parts, fetch the first metadata (within max_block_ms), start the sender;
         a transactional producer then initializes its transactions."""
         config, lifecycle = self.config, self._lifecycle
-        cluster = self._cluster = Cluster(config, self._wake_sender, self._release_topic,
-                                          self._tasks)
+        cluster = self._cluster = Cluster(config, self._tasks)
         txn = None
         if config.enable_idempotence:
             txn = self._txn = TransactionManager(config, cluster, self._tasks)
-            txn.on_change = self._wake_sender
-        accumulator = self._accumulator = RecordAccumulator(config, self._codec, txn,
-                                                            self._wake_sender)
+        accumulator = self._accumulator = RecordAccumulator(config, self._codec, txn)
         sender = self._sender = Sender(config, cluster, accumulator, txn)
+        # What wakes the sender, and who may let a topic's metadata go: wired part to part,
+        # so no call goes up through the producer and down again.
+        cluster.on_change = accumulator.wake_sender = sender.wake
+        if txn is not None:
+            txn.on_change = sender.wake
+        cluster.release_topic = accumulator.release_topic
         self._intake.attach(cluster, accumulator, txn)
         if txn is not None and txn.is_transactional:
             self._transactions = TransactionFlow(txn, accumulator, self._tasks, lifecycle,
@@ -310,13 +313,6 @@ class Producer:
                 self._sender.fail_in_flight(exc)
             if self._accumulator is not None:
                 self._accumulator.fail_unresolved(exc)
-
-    def _release_topic(self, topic: str) -> bool:
-        return self._accumulator is None or self._accumulator.release_topic(topic)
-
-    def _wake_sender(self, new_batch: ProducerBatch | None = None) -> None:
-        if self._sender is not None:
-            self._sender.wake(new_batch)
 
     def __del__(self, _warn: Callable[..., None] = warnings.warn) -> None:
         lifecycle = getattr(self, "_lifecycle", None)

@@ -23,7 +23,7 @@ class OneBroker:
 async def test_partitions_are_drained_in_turn_and_none_starves():
     config = ProducerConfig.from_kwargs(bootstrap_servers="127.0.0.1:9092", batch_size=100,
                                         linger_ms=0, enable_idempotence=False)
-    accumulator = RecordAccumulator(config, Codec.NONE, None, lambda batch: None)
+    accumulator = RecordAccumulator(config, Codec.NONE, None)
     partitions = 4
     size = record_size_upper_bound(None, b"v" * 90, None)
     for partition in range(partitions):  # three full batches queued for each partition
@@ -50,7 +50,7 @@ async def test_partitions_are_drained_in_turn_and_none_starves():
 async def test_a_bulk_future_raises_the_first_failure_in_input_order():
     config = ProducerConfig.from_kwargs(bootstrap_servers="127.0.0.1:9092", linger_ms=0,
                                         enable_idempotence=False)
-    accumulator = RecordAccumulator(config, Codec.NONE, None, lambda batch: None)
+    accumulator = RecordAccumulator(config, Codec.NONE, None)
     partitions = 20
     size = record_size_upper_bound(None, b"v", None)
     batches = [accumulator.open_batch("t", p, 0, None, b"v", None, size, partitions)

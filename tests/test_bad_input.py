@@ -211,7 +211,7 @@ async def test_the_connection_setup_timeout_doubles_with_each_failure_in_a_row()
                                             socket_connection_setup_timeout_ms=100,
                                             socket_connection_setup_timeout_max_ms=400)
         tasks = TaskSet()
-        cluster = Cluster(config, lambda: None, lambda topic: True, tasks)
+        cluster = Cluster(config, tasks)
         timeouts = []
         for _ in range(4):
             with pytest.raises(KafkaConnectionError) as failed:

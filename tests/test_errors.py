@@ -35,7 +35,7 @@ def test_the_errors_that_make_the_producer_look_up_leaders_again():
 async def _manager() -> TransactionManager:
     config = ProducerConfig.from_kwargs(bootstrap_servers="127.0.0.1:9", transactional_id="t")
     tasks = TaskSet()
-    cluster = Cluster(config, on_change=lambda: None, release_topic=lambda _: True, tasks=tasks)
+    cluster = Cluster(config, tasks)
     txn = TransactionManager(config, cluster, tasks)
     return txn
 

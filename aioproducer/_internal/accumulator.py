@@ -42,8 +42,8 @@ log = logging.getLogger(__name__)
 class RecordAccumulator:
     """Per-partition queues of batches; the sender asks which are ready and drains them."""
 
-    def __init__(self, config: ProducerConfig, codec: Codec, txn: TransactionManager | None,
-                 wake_sender: Callable[[ProducerBatch | None], None]) -> None:
+    def __init__(self, config: ProducerConfig, codec: Codec,
+                 txn: TransactionManager | None) -> None:
         self._loop = asyncio.get_running_loop()
         self._batch_size = config.batch_size
         self._linger = config.linger_ms / 1000
@@ -59,9 +59,9 @@ class RecordAccumulator:
         self._line_timer: asyncio.TimerHandle | None = None
         self._pending: asyncio.Future[None] = self._loop.create_future()  # never resolved
         self._txn = txn
-        # Called with each new batch (at linger_ms=0 the sender may write it at once), and
-        # with None when a queued batch became sendable.
-        self._wake_sender = wake_sender
+        # Wired to the sender's wake(): called with each new batch (at linger_ms=0 the sender
+        # may write it at once), and with None when a queued batch became sendable.
+        self.wake_sender: Callable[[ProducerBatch | None], None] = lambda batch: None
         # The partitions with batches queued, least recently drained first (drain() moves a
         # partition it took from to the end: no partition starves). Empty queues are removed.
         self._batches: dict[TopicPartition, deque[ProducerBatch]] = {}
@@ -122,7 +122,7 @@ class RecordAccumulator:
             return False
         open_[0][partition] = open_[1][partition] = None
         batch.full = True
-        self._wake_sender(None)
+        self.wake_sender(None)
         return True
 
     def batch_memory(self, record_size: int) -> int:
@@ -304,7 +304,7 @@ class RecordAccumulator:
         self.incomplete.add(batch)
         if self._txn is not None and self._txn.is_transactional:
             self._txn.add_partition(topic, partition)
-        self._wake_sender(batch)  # a new linger deadline, or the previous batch is now full
+        self.wake_sender(batch)  # a new linger deadline, or the previous batch is now full
         return batch
 
     # -- the sender's side -----------------------------------------------------------------
@@ -511,7 +511,7 @@ class RecordAccumulator:
         if not pending:
             return 0
         self._flushing += 1
-        self._wake_sender(None)
+        self.wake_sender(None)
         try:
             _, not_done = await asyncio.wait(pending, timeout=timeout)
         finally:

@@ -67,14 +67,15 @@ class _Backoff:
 class Cluster:
     """Metadata and one connection per broker; shared by the producer and its sender."""
 
-    def __init__(self, config: ProducerConfig, on_change: Callable[[], None],
-                 release_topic: Callable[[str], bool], tasks: TaskSet) -> None:
+    def __init__(self, config: ProducerConfig, tasks: TaskSet) -> None:
         self._config = config
         self._tasks = tasks  # the producer's: what this spawns, the producer's close() awaits
-        self._on_change = on_change  # wakes the sender: a connection came up or leaders moved
+        # Wired by whoever puts the parts together: wakes the sender (a connection came up or
+        # leaders moved); asked before an idle topic is forgotten (False while records for it
+        # are pending).
+        self.on_change: Callable[[], None] = lambda: None
+        self.release_topic: Callable[[str], bool] = lambda topic: True
         self._refresh_failed = LogEvery(log, logging.WARNING, 30)  # an outage's, every 30 s
-        # Asked before an idle topic is forgotten: False while records for it are pending.
-        self._release_topic = release_topic
         self._used_at: dict[str, float] = {}
         self._loop = asyncio.get_running_loop()
         self.brokers: dict[int, Broker] = {}
@@ -115,7 +116,7 @@ class Cluster:
         topics does not fetch all of them for ever."""
         cutoff = self._loop.time() - self._config.metadata_max_idle_ms / 1000
         for topic in [t for t, used in self._used_at.items() if used < cutoff]:
-            if self._release_topic(topic):
+            if self.release_topic(topic):
                 del self._used_at[topic]
                 self._wanted.discard(topic)
                 self.topics.pop(topic, None)
@@ -162,7 +163,7 @@ class Cluster:
         elif not task.cancelled() and not self._refresh_failed.quiet():
             log.warning("metadata refresh works again")
             self._refresh_failed.reset()
-        self._on_change()
+        self.on_change()
 
     async def topic(self, topic: str, timeout: float) -> TopicInfo:
         """Metadata for `topic`, fetching it (with retries) for at most `timeout` seconds."""
@@ -365,7 +366,7 @@ class Cluster:
                                         config.reconnect_backoff_max_ms / 1000)
             backoff.failures += 1
             backoff.not_before = self._loop.time() + delay
-            self._loop.call_later(delay, self._on_change)
+            self._loop.call_later(delay, self.on_change)
             raise
         finally:
             self._connecting.pop(broker.node_id, None)
@@ -375,7 +376,7 @@ class Cluster:
         self._backoff.pop(broker.node_id, None)
         conn.on_close = self._connection_closed
         self._connections[broker.node_id] = conn
-        self._on_change()
+        self.on_change()
         return conn
 
     def _setup_timeout(self, node_id: int) -> float:
@@ -394,7 +395,7 @@ class Cluster:
         if not self.closed:
             log.info("%r closed: %s", conn, exc)
             self._stale = True  # leaders may have moved
-            self._on_change()
+            self.on_change()
 
     def close(self) -> None:
         """Close the connections and stop fetching and connecting (the tasks' owner awaits
