@@ -61,3 +61,22 @@ async def test_a_bulk_future_raises_the_first_failure_in_input_order():
     assert str(bulk.exception()) == "record 0"
     with pytest.raises(RuntimeError, match="^record 0$"):
         await bulk
+
+
+async def test_a_batch_is_ready_when_its_linger_ends_on_a_whole_millisecond_clock():
+    """uvloop's loop time is whole milliseconds: at the reading where a batch's linger ends,
+    created + linger - now can come out a hair above zero in floats. The batch is ready then,
+    not at the next tick (which cost every lingered batch a millisecond, spinning)."""
+    config = ProducerConfig.from_kwargs(bootstrap_servers="127.0.0.1:9092", linger_ms=5,
+                                        enable_idempotence=False)
+    accumulator = RecordAccumulator(config, Codec.NONE, None)
+    size = record_size_upper_bound(None, b"v", None)
+    batch = accumulator.open_batch("t", 0, 0, None, b"v", None, size, 1)
+    late = []
+    for ms in range(1_469_000, 1_471_000):  # clock readings as uvloop gives them (seconds)
+        batch.created = ms / 1000
+        ready, next_check, _ = accumulator.ready(OneBroker(), (ms + 5) / 1000)
+        if ready != {0}:
+            late.append((ms, next_check))
+        assert accumulator.ready(OneBroker(), (ms + 4) / 1000)[0] == set()  # not before
+    assert not late, f"{len(late)} of 2,000 lingers not over when they ended: {late[:3]}"

@@ -38,6 +38,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# Loop times are floats, and uvloop's are whole milliseconds: when a linger or a retry
+# backoff is over, its time left can come out a hair above zero, and the sender would wait
+# for the clock's next tick (spinning through the rest of the millisecond on uvloop).
+_CLOCK_SLACK = 1e-6
+
 
 class RecordAccumulator:
     """Per-partition queues of batches; the sender asks which are ready and drains them."""
@@ -324,7 +329,7 @@ class RecordAccumulator:
             if leader in ready:
                 continue
             batch = queue[0]
-            if batch.retry_at > now:
+            if batch.retry_at - now > _CLOCK_SLACK:
                 next_check = min(next_check, batch.retry_at - now)
                 continue
             if (drain_all or batch.full or len(queue) > 1
@@ -332,7 +337,7 @@ class RecordAccumulator:
                 ready.add(leader)
                 continue
             linger_left = batch.created + self._linger - now
-            if linger_left <= 0:
+            if linger_left <= _CLOCK_SLACK:
                 ready.add(leader)
             else:
                 next_check = min(next_check, linger_left)
@@ -358,7 +363,7 @@ class RecordAccumulator:
             batches: list[ProducerBatch] = []
             for tp, queue in queues:
                 batch = queue[0]
-                if batch.retry_at > now:
+                if batch.retry_at - now > _CLOCK_SLACK:
                     continue
                 if self._txn is not None and not self._txn.may_send(batch):
                     continue

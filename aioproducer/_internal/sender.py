@@ -93,20 +93,23 @@ class Sender:
         """Rounds until told to stop and nothing is left (the producer closes it)."""
         try:
             while self.running or self._accumulator.incomplete:
-                delay = self._run_once(self._loop.time())
-                await self._sleep(delay)
+                now = self._loop.time()
+                await self._sleep(now, self._run_once(now))
         finally:
             if self._timer is not None:
                 self._timer.cancel()
 
-    async def _sleep(self, delay: float) -> None:
-        """Set the next wake-up, write the round's requests, then wait."""
+    async def _sleep(self, now: float, delay: float) -> None:
+        """Set the next wake-up, `delay` after the round's `now`, write the round's requests,
+        then wait. (From `now`, not the clock after the round's work: uvloop's clock moves
+        in whole milliseconds, and a tick during the round set every linger's timer a
+        millisecond late.)"""
         if delay <= 0:
             self._write_requests()
             await asyncio.sleep(0)
             return
         self._wakeup = wakeup = self._loop.create_future()
-        self._wake_by(self._loop.time() + delay)
+        self._wake_by(now + delay)
         try:
             self._write_requests()
             await wakeup
