@@ -48,6 +48,19 @@ async def aioproducer_run(args, data):
                                            args, data)
 
 
+def blocking_run(args, data):
+    """Sync code: BlockingProducer.produce() per record from one thread, then flush()."""
+    from aioproducer import BlockingProducer
+
+    with BlockingProducer(args.bootstrap, **SETTINGS, enable_idempotence=False) as producer:
+        start = time.perf_counter()
+        produce = producer.produce
+        for key, value in data:
+            produce(args.topic, value, key)
+        producer.flush()
+        return time.perf_counter() - start, []
+
+
 # -- aiokafka ------------------------------------------------------------------------------------
 
 async def aiokafka_run(args, data):
@@ -150,6 +163,22 @@ def confluent_sync_run(args, data):
             producer.poll(0)
     producer.flush(60)
     return time.perf_counter() - start, latencies
+
+
+def kafka_python_run(args, data):
+    """Sync code with kafka-python: send() per record from one thread, then flush()."""
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=args.bootstrap, acks=1, linger_ms=5,
+                             batch_size=16384)
+    try:
+        start = time.perf_counter()
+        for key, value in data:
+            producer.send(args.topic, value, key=key)
+        producer.flush()
+        return time.perf_counter() - start, []
+    finally:
+        producer.close()
 
 
 async def confluent_aio_run(args, data):
@@ -280,13 +309,17 @@ SHAPES = {"per-record": per_record, "bulk": per_record, "concurrent": concurrent
           "enqueue-as-completed": enqueue_as_completed, "gather-send": gather_send,
           "taskgroup-send": taskgroup_send, "load-latency": load_latency}
 CLIENTS = {"aioproducer": aioproducer_run, "aiokafka": aiokafka_run,
-           "confluent-sync": confluent_sync_run, "confluent-aio": confluent_aio_run}
+           "confluent-sync": confluent_sync_run, "confluent-aio": confluent_aio_run,
+           "kafka-python": kafka_python_run}
+# Sync code (no event loop of the caller's): one thread producing record by record.
+SYNC = {"aioproducer": blocking_run, "confluent-sync": confluent_sync_run,
+        "kafka-python": kafka_python_run}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("client", choices=CLIENTS)
-    parser.add_argument("scenario", choices=SHAPES)
+    parser.add_argument("scenario", choices=[*SHAPES, "sync"])
     parser.add_argument("--bootstrap", required=True)
     parser.add_argument("--topic", required=True)
     parser.add_argument("--records", type=int, required=True)
@@ -298,7 +331,7 @@ def main() -> None:
     parser.add_argument("--uvloop", action="store_true")
     args = parser.parse_args()
     data = records(args.records, args.value_size, args.keyless)
-    run = CLIENTS[args.client]
+    run = SYNC[args.client] if args.scenario == "sync" else CLIENTS[args.client]
     if asyncio.iscoroutinefunction(run):
         if args.uvloop:
             import uvloop

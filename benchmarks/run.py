@@ -78,6 +78,10 @@ PLAN = USER_SHAPES + [
     ("1KiB", "aioproducer", 200_000, ["--value-size", "1024"]),
     ("1KiB", "aiokafka", 100_000, ["--value-size", "1024"]),
     ("1KiB", "confluent-sync", 200_000, ["--value-size", "1024"]),
+    # Sync code: produce() per record from one thread, then flush() (ours: BlockingProducer).
+    ("sync", "aioproducer", 300_000, []),
+    ("sync", "confluent-sync", 500_000, []),
+    ("sync", "kafka-python", 50_000, []),
     ("idempotence-on", "aioproducer", 500_000, ["--idempotence"]),
     ("lz4", "aioproducer", 500_000, ["--codec", "lz4"]),
 ]

@@ -56,7 +56,8 @@ async def test_readme_python_snippets(broker, topic_factory):
 
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
     assert len(blocks) >= 2
-    topics = {name: topic_factory(1) for name in ("orders", "clicks", "enriched", "raw")}
+    topics = {name: topic_factory(1) for name in ("orders", "clicks", "enriched", "raw",
+                                                  "events")}
     namespace: dict = {}
     for block in blocks:
         block = block.replace('"localhost:9092"', repr(broker.bootstrap))
@@ -69,6 +70,8 @@ async def test_readme_python_snippets(broker, topic_factory):
         await asyncio.wait_for(namespace["snippet"](), 30)
     for name in ("orders", "clicks", "enriched"):
         assert len(consume_all(broker.bootstrap, topics[name], expected=1)) == 1, name
+    events = consume_all(broker.bootstrap, topics["events"], expected=2)
+    assert [(r.key, r.value) for r in events] == [(b"user-7", b"clicked"), (b"user-7", b"paid")]
 
 
 def test_cli_perf_on_its_own_broker():

@@ -1,0 +1,380 @@
+"""The producer for code without an event loop: Django and Flask views, scripts, notebooks,
+Celery tasks, Spark executors.
+
+`BlockingProducer` runs a `Producer` on an event loop in a thread of its own, through anyio's
+blocking portal. Records cross to that thread in batches, not one hop each: `produce()` puts
+the record in a queue and wakes the loop only when the queue was idle, and the loop's pump
+hands everything queued to the producer in one go. Many threads may produce at once; each
+thread's records keep their order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import importlib.util
+import logging
+import os
+import threading
+import weakref
+from collections import deque
+from concurrent.futures import Future
+from functools import partial
+from typing import Any, Callable, Iterator, Sequence
+
+from anyio.from_thread import BlockingPortal, start_blocking_portal
+
+from ._internal.batch import ProducerBatch, RecordMetadata
+from ._internal.metrics import ProducerMetrics
+from ._internal.thread_future import ThreadFuture
+from .config import ProducerConfig
+from .errors import BufferExhaustedError, ProducerClosedError
+from .producer import Producer
+from .protocol.records import Headers
+
+log = logging.getLogger(__name__)
+DeliveryCallback = Callable[[RecordMetadata | None, BaseException | None], None]
+
+# Records queued for the loop's thread before produce() waits for the pump to catch up:
+# the producer's buffer_memory bounds what is buffered, this bounds what waits to be.
+_QUEUE_LIMIT = 5000
+_POLL = 0.001  # how often the pump looks at the queue while records keep coming
+_OPEN: weakref.WeakSet[BlockingProducer] = weakref.WeakSet()
+
+
+class BlockingProducer:
+    """A Kafka producer with blocking calls; the same settings as `Producer`.
+
+    ::
+
+        with BlockingProducer("localhost:9092", linger_ms=5) as producer:
+            producer.produce("clicks", b"...")              # returns at once: a Future
+            md = producer.send("orders", b"...", key=b"k")  # returns after the ack
+            producer.flush()
+
+    `produce()` returns a `concurrent.futures.Future` of the record's metadata; errors,
+    bad arguments included, are set on it (and passed to `on_delivery`). Cancelling that
+    future before the producer took the record means the record is not sent; after, it
+    cannot be cancelled. Settings are checked in the constructor. Not usable after
+    `os.fork()`: create a new one in the child.
+    """
+
+    def __init__(self, bootstrap_servers: str | Sequence[str] | None = None, *,
+                 config: ProducerConfig | None = None, **settings: Any) -> None:
+        self._producer = Producer(bootstrap_servers, config=config, **settings)
+        self._max_block = self._producer.config.max_block_ms / 1000
+        self._queue: deque[tuple[Any, ...] | asyncio.Future[None]] = deque()
+        self._woken = False  # a wake-up of the pump is on its way or running
+        self._room = threading.Event()
+        self._room.set()
+        self._closed = False
+        self._forked = False
+        self._loop_thread: int | None = None
+        # Per batch in flight, its records' (offset delta, timestamp, future, on_delivery).
+        self._by_batch: dict[ProducerBatch, list[tuple[int, int, ThreadFuture[
+            RecordMetadata], DeliveryCallback | None]]] = {}
+        self._portal_cm = start_blocking_portal("asyncio", _backend_options(),
+                                                name="aioproducer-blocking")
+        self._portal: BlockingPortal = self._portal_cm.__enter__()
+        try:
+            self._loop, self._wakeup, self._pump = self._portal.call(self._start)
+        except BaseException:
+            self._portal_cm.__exit__(None, None, None)
+            raise
+        _OPEN.add(self)
+
+    @property
+    def config(self) -> ProducerConfig:
+        return self._producer.config
+
+    def __repr__(self) -> str:
+        return f"<BlockingProducer of {self._producer!r}>"
+
+    def __enter__(self) -> BlockingProducer:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        self.close()
+
+    # -- producing -------------------------------------------------------------------------
+
+    def produce(self, topic: str, value: Any, key: Any = None, *,
+                partition: int | None = None, timestamp_ms: int | None = None,
+                headers: Headers | None = None,
+                on_delivery: DeliveryCallback | None = None) -> Future[RecordMetadata]:
+        """Queue one record; returns at once with a future of its metadata. `on_delivery`
+        (metadata, None) or (None, exception) runs in the producer's thread: keep it short.
+        Waits (up to max_block_ms) only while 10,000 records are queued for that thread."""
+        if self._closed:  # (or forked: that closes it too)
+            self._check_usable()
+        future: ThreadFuture[RecordMetadata] = ThreadFuture()
+        queue = self._queue
+        if len(queue) >= _QUEUE_LIMIT and threading.get_ident() != self._loop_thread:
+            self._wait_for_room()
+        queue.append((topic, value, key, partition, timestamp_ms, headers, future, on_delivery))
+        if not self._woken:
+            self._woken = True
+            try:
+                self._loop.call_soon_threadsafe(self._wakeup.set)
+            except RuntimeError:  # closed by another thread since the check above
+                if future.take():
+                    _fail(future, on_delivery, ProducerClosedError("the producer is closed"))
+        return future
+
+    def send(self, topic: str, value: Any, key: Any = None, *,
+             partition: int | None = None, timestamp_ms: int | None = None,
+             headers: Headers | None = None, timeout: float | None = None) -> RecordMetadata:
+        """Produce one record and wait for its acknowledgement (at most `timeout` seconds:
+        then TimeoutError, and the record may still be sent)."""
+        self._check_blocking_allowed()
+        return self.produce(topic, value, key, partition=partition, timestamp_ms=timestamp_ms,
+                            headers=headers).result(timeout)
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Send everything produced so far (linger no longer counts) and wait until each
+        record is acknowledged or failed; TimeoutError if `timeout` (seconds) passes first."""
+        self._check_blocking_allowed()
+        self._portal.call(self._flush, timeout)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Send what is queued and buffered, then stop the producer and its thread. With
+        `timeout` (seconds), records not acknowledged by then fail with
+        ProducerClosedError. A second call returns at once."""
+        if self._closed:
+            return
+        if threading.get_ident() == self._loop_thread:
+            raise RuntimeError("close() from the producer's own thread (an on_delivery "
+                               "callback?) would never return")
+        self._closed = True
+        _OPEN.discard(self)
+        if self._forked:
+            return  # the loop's thread is not in this process
+        try:
+            self._portal.call(self._close, timeout)
+        finally:
+            self._portal_cm.__exit__(None, None, None)
+
+    def metrics(self) -> ProducerMetrics:
+        """As `Producer.metrics()`."""
+        self._check_blocking_allowed()
+        return self._portal.call(self._producer.metrics)
+
+    def partitions_for(self, topic: str) -> int:
+        """Number of partitions of `topic` (fetching its metadata if needed)."""
+        self._check_blocking_allowed()
+        return self._portal.call(self._producer.partitions_for, topic)
+
+    # -- transactions ----------------------------------------------------------------------
+
+    def begin_transaction(self) -> None:
+        """As `Producer.begin_transaction()`; records produced before it stay out of it."""
+        self._check_blocking_allowed()
+        self._portal.call(self._after_handover, self._producer.begin_transaction)
+
+    def commit_transaction(self) -> None:
+        """As `Producer.commit_transaction()`: every record produced before it is in it."""
+        self._check_blocking_allowed()
+        self._portal.call(self._after_handover, self._producer.commit_transaction)
+
+    def abort_transaction(self) -> None:
+        """As `Producer.abort_transaction()`."""
+        self._check_blocking_allowed()
+        self._portal.call(self._after_handover, self._producer.abort_transaction)
+
+    def send_offsets_to_transaction(self, offsets: Any, group_metadata: Any) -> None:
+        """As `Producer.send_offsets_to_transaction()`."""
+        self._check_blocking_allowed()
+        self._portal.call(self._after_handover, partial(
+            self._producer.send_offsets_to_transaction, offsets, group_metadata))
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[BlockingProducer]:
+        """`with producer.transaction():` commits when the block ends, aborts if it raises."""
+        self.begin_transaction()
+        try:
+            yield self
+        except BaseException as exc:
+            try:
+                self.abort_transaction()
+            except Exception as abort_error:
+                exc.add_note(f"aborting the transaction failed too: {abort_error!r}")
+            raise
+        self.commit_transaction()
+
+    # -- the producing thread's side -------------------------------------------------------
+
+    def _check_blocking_allowed(self) -> None:
+        """A call that waits for the producer's thread, made from that thread (in an
+        on_delivery callback), would wait for ever."""
+        self._check_usable()
+        if threading.get_ident() == self._loop_thread:
+            raise RuntimeError("a blocking call from the producer's own thread (an "
+                               "on_delivery callback?) would never return: use produce() there")
+
+    def _check_usable(self) -> None:
+        if self._forked:
+            raise ProducerClosedError(
+                "this BlockingProducer was created before os.fork(): its event loop's thread "
+                "is not in this process; create a new one here")
+        if self._closed:
+            raise ProducerClosedError("the producer is closed: no more records can be sent")
+
+    def _wait_for_room(self) -> None:
+        """Wait until the pump made room in the queue (it sets the event after each batch)."""
+        self._room.clear()
+        if len(self._queue) >= _QUEUE_LIMIT and not self._room.wait(self._max_block):
+            raise BufferExhaustedError(
+                f"{len(self._queue)} records still queued for the producer after "
+                f"max_block_ms={self._producer.config.max_block_ms}: it cannot keep up "
+                "(buffer_memory full, or the cluster unreachable)")
+
+    # -- the loop's side -------------------------------------------------------------------
+
+    async def _start(self) -> tuple[asyncio.AbstractEventLoop, asyncio.Event,
+                                    asyncio.Task[None]]:
+        await self._producer.start()
+        self._loop_thread = threading.get_ident()
+        wakeup = asyncio.Event()
+        pump = asyncio.get_running_loop().create_task(self._pump_records(wakeup),
+                                                      name="aioproducer-blocking-pump")
+        return asyncio.get_running_loop(), wakeup, pump
+
+    async def _pump_records(self, wakeup: asyncio.Event) -> None:
+        """Hand what the threads queued to the producer, in queue order. Woken by the first
+        record after a quiet spell; while records keep coming it looks again every
+        millisecond of its own accord, so producing threads make no wake-up call (a pipe
+        write that hands the GIL to this thread: one per record when it keeps up)."""
+        while True:
+            await wakeup.wait()
+            wakeup.clear()
+            while True:
+                await self._hand_over_queued()
+                await asyncio.sleep(_POLL)
+                if not self._queue:
+                    self._woken = False
+                    if not self._queue:  # (one queued since then woke, or wakes, us itself)
+                        break
+
+    async def _hand_over_queued(self) -> None:
+        """Everything queued, to the producer, appended as enqueue() appends (no coroutine
+        per record); each batch's records' futures are resolved together when it is done."""
+        queue, append, room = self._queue, self._producer._intake.append, self._room
+        by_batch = self._by_batch
+        while queue:
+            item = queue.popleft()
+            if isinstance(item, asyncio.Future):  # a flush's or a transaction's marker
+                if not item.done():  # (not a flush that timed out)
+                    item.set_result(None)
+                continue
+            topic, value, key, partition, timestamp_ms, headers, future, on_delivery = item
+            if not future.take():
+                continue  # cancelled by its producer before it was taken: not sent
+            try:
+                appended = append(topic, value, key, partition, timestamp_ms, headers, False)
+                if not isinstance(appended, tuple):  # (waits for metadata or memory)
+                    appended = await appended
+            except asyncio.CancelledError:  # close() stopped the pump as it waited
+                _fail(future, on_delivery, ProducerClosedError(
+                    "the producer was closed before this record was sent"))
+                raise
+            except Exception as exc:
+                _fail(future, on_delivery, exc)
+            else:
+                batch = appended[0]
+                assert isinstance(batch, ProducerBatch)  # (only send()'s records wait apart)
+                waiting = by_batch.get(batch)
+                if waiting is None:
+                    waiting = by_batch[batch] = []
+                    batch.future.add_done_callback(partial(self._batch_done, batch))
+                waiting.append((appended[1], appended[2], future, on_delivery))
+            if not room.is_set() and len(queue) <= _QUEUE_LIMIT // 2:
+                room.set()  # (not at limit - 1: a thread hop per record)
+        room.set()
+
+    def _batch_done(self, batch: ProducerBatch, _: object) -> None:
+        """Resolve the batch's records' futures (a split batch's from the piece of each)."""
+        for offset_delta, timestamp, future, on_delivery in self._by_batch.pop(batch):
+            exc = batch.exception_for(offset_delta)
+            if exc is not None:
+                _fail(future, on_delivery, exc)
+                continue
+            metadata = batch.metadata(offset_delta, timestamp)
+            future.resolve(metadata, None)
+            if on_delivery is not None:
+                _call(on_delivery, metadata, None)
+
+    async def _handover(self) -> None:
+        """Wait until every record queued before this call is in the producer."""
+        marker = asyncio.get_running_loop().create_future()
+        self._queue.append(marker)
+        self._wakeup.set()
+        await marker
+
+    async def _after_handover(self, call: Callable[[], Any]) -> Any:
+        await self._handover()
+        result = call()
+        return await result if asyncio.iscoroutine(result) else result
+
+    async def _flush(self, timeout: float | None) -> None:
+        async with asyncio.timeout(timeout):
+            await self._handover()
+            await self._producer.flush()
+
+    async def _close(self, timeout: float | None) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        try:
+            async with asyncio.timeout_at(deadline):
+                await self._handover()
+        except TimeoutError:
+            pass  # what is still queued fails below
+        await self._producer.close(None if deadline is None else max(0.0, deadline - loop.time()))
+        self._pump.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._pump
+        error = ProducerClosedError("the producer was closed before this record was sent")
+        while self._queue:
+            item = self._queue.popleft()
+            if isinstance(item, tuple) and item[6].take():
+                _fail(item[6], item[7], error)
+        self._room.set()
+
+
+def _fail(future: ThreadFuture[RecordMetadata], on_delivery: DeliveryCallback | None,
+          exc: BaseException) -> None:
+    future.resolve(None, exc)
+    if on_delivery is not None:
+        _call(on_delivery, None, exc)
+
+
+def _call(on_delivery: DeliveryCallback, metadata: RecordMetadata | None,
+          exc: BaseException | None) -> None:
+    """A callback's own error is logged: it must not keep the batch's other records'
+    callbacks from running."""
+    try:
+        on_delivery(metadata, exc)
+    except Exception:
+        log.exception("on_delivery callback %r raised", on_delivery)
+
+
+def _backend_options() -> dict[str, Any]:
+    return {"use_uvloop": True} if importlib.util.find_spec("uvloop") is not None else {}
+
+
+def _forked_in_child() -> None:
+    for producer in list(_OPEN):
+        producer._forked = producer._closed = True
+    _OPEN.clear()
+
+
+def _close_at_exit() -> None:
+    """Records produced but never flushed are sent at exit (within 10 s each producer), as
+    the loop's thread is a daemon that would otherwise die with them."""
+    for producer in list(_OPEN):
+        with contextlib.suppress(Exception):
+            producer.close(timeout=10)
+
+
+os.register_at_fork(after_in_child=_forked_in_child)
+atexit.register(_close_at_exit)

@@ -1,0 +1,160 @@
+"""BlockingProducer, for code without an event loop: what many threads produce arrives once
+and in each thread's order, errors reach the future and the callback with their type, and
+flush, close, transactions and fork behave as documented. Read back with librdkafka."""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import Future, wait
+
+import pytest
+
+from aioproducer import BlockingProducer, RecordMetadata
+from aioproducer.errors import InvalidRecordError, ProducerClosedError
+from tests.support.readback import consume_all
+
+THREADS, PER_THREAD = 8, 2_000
+
+
+def test_threads_producing_at_once_lose_duplicate_and_reorder_nothing(broker, topic_factory):
+    topic = topic_factory(3)
+    futures: list[list[Future[RecordMetadata]]] = [[] for _ in range(THREADS)]
+    start = threading.Barrier(THREADS)
+
+    def produce(thread: int) -> None:
+        start.wait(10)
+        for i in range(PER_THREAD):  # one key per thread: its records share a partition
+            futures[thread].append(
+                producer.produce(topic, b"%d-%d" % (thread, i), key=b"thread-%d" % thread))
+
+    with BlockingProducer(broker.bootstrap, linger_ms=5) as producer:
+        threads = [threading.Thread(target=produce, args=(t,)) for t in range(THREADS)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        producer.flush(30)
+        assert all(f.done() for fs in futures for f in fs), "flush() returned before the acks"
+    offsets = [[f.result().offset for f in fs] for fs in futures]
+    assert all(o == sorted(o) for o in offsets), "a thread's records were reordered"
+
+    got = consume_all(broker.bootstrap, topic, expected=THREADS * PER_THREAD)
+    values = [r.value for r in sorted(got, key=lambda r: (r.partition, r.offset))]
+    assert len(values) == len(set(values)) == THREADS * PER_THREAD
+    for thread in range(THREADS):
+        mine = [v for v in values if v.startswith(b"%d-" % thread)]
+        assert mine == [b"%d-%d" % (thread, i) for i in range(PER_THREAD)]
+
+
+def test_send_returns_the_metadata_and_bad_input_fails_with_its_type(broker, topic):
+    delivered: list[tuple[RecordMetadata | None, BaseException | None]] = []
+    with BlockingProducer(broker.bootstrap) as producer:
+        metadata = producer.send(topic, b"v", key=b"k", headers=[("h", b"1")], timeout=30)
+        assert (metadata.topic, metadata.offset) == (topic, 0)
+        with pytest.raises(InvalidRecordError, match="value must be bytes"):
+            producer.send(topic, "not bytes")  # type: ignore[arg-type]
+        bad = producer.produce(topic, 42, on_delivery=lambda md, exc: delivered.append((md, exc)))
+        good = producer.produce(topic, b"w", on_delivery=lambda md, exc: delivered.append((md, exc)))
+        producer.flush(30)
+    assert isinstance(bad.exception(), InvalidRecordError)
+    assert good.result().offset == 1
+    assert [(md is None, type(exc)) for md, exc in delivered] == \
+        [(True, InvalidRecordError), (False, type(None))]
+    got = consume_all(broker.bootstrap, topic, expected=2)
+    assert [(r.key, r.value, r.headers) for r in got] == [(b"k", b"v", [("h", b"1")]),
+                                                          (None, b"w", [])]
+
+
+def test_a_blocking_call_from_a_delivery_callback_raises_instead_of_hanging(broker, topic):
+    errors: list[BaseException] = []
+
+    def on_delivery(md: RecordMetadata | None, exc: BaseException | None) -> None:
+        try:
+            producer.flush()
+        except RuntimeError as error:
+            errors.append(error)
+        raise ValueError("a callback's own error is logged, not spread")
+
+    with BlockingProducer(broker.bootstrap) as producer:
+        first = producer.produce(topic, b"1", on_delivery=on_delivery)
+        second = producer.produce(topic, b"2")
+        producer.flush(30)
+    assert first.result().offset == 0 and second.result().offset == 1
+    assert len(errors) == 1 and "never return" in str(errors[0])
+
+
+def test_flush_times_out_and_close_fails_what_is_left(proxied_broker):
+    cluster = proxied_broker
+    cluster.create_topic("stalled", 1)
+    producer = BlockingProducer(cluster.bootstrap, acks=1, delivery_timeout_ms=60_000)
+    try:
+        producer.send("stalled", b"before", timeout=30)
+        cluster.proxy.stall(True)
+        future = producer.produce("stalled", b"stuck")
+        with pytest.raises(TimeoutError):
+            producer.flush(timeout=0.3)
+        assert not future.done()
+    finally:
+        producer.close(timeout=0.5)
+        cluster.proxy.stall(False)
+    assert isinstance(future.exception(5), ProducerClosedError)
+    producer.close()  # a second close returns at once
+    with pytest.raises(ProducerClosedError, match="closed"):
+        producer.produce("stalled", b"after")
+
+
+def test_a_future_cancelled_before_the_producer_took_it_is_not_sent(broker, topic_factory):
+    """The first record to a new topic waits for its metadata, and the records behind it
+    wait in the queue: one cancelled there is not sent; the others are, in order."""
+    topic = topic_factory(1)
+    with BlockingProducer(broker.bootstrap) as producer:
+        first = producer.produce(topic, b"0")
+        behind = [producer.produce(topic, b"%d" % i) for i in range(1, 200)]
+        cancelled = [f for f in behind[100:] if f.cancel()]
+        assert cancelled, "the producer took every record before any could be cancelled"
+        producer.flush(30)
+    assert first.result().offset == 0
+    kept = [f for f in behind if not f.cancelled()]
+    wait(kept, 30)
+    got = consume_all(broker.bootstrap, topic, expected=1 + len(kept))
+    sent = [r.value for r in got]
+    assert sent == [b"0"] + [b"%d" % (behind.index(f) + 1) for f in kept]
+    assert len(sent) == 200 - len(cancelled)
+
+
+def test_transactions_commit_what_was_produced_in_them(broker, topic):
+    with BlockingProducer(broker.bootstrap, transactional_id=f"blocking-{topic}") as producer:
+        with producer.transaction():
+            futures = [producer.produce(topic, b"%d" % i) for i in range(100)]
+        assert all(f.done() for f in futures), "commit returned before its records were acked"
+        producer.begin_transaction()
+        producer.produce(topic, b"aborted")
+        producer.abort_transaction()
+        assert producer.metrics().transaction_state == "ready"
+    got = consume_all(broker.bootstrap, topic, expected=100, isolation_level="read_committed")
+    assert [r.value for r in got][:100] == [b"%d" % i for i in range(100)]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+def test_after_fork_the_child_is_told_to_create_its_own(broker, topic):
+    with BlockingProducer(broker.bootstrap) as producer:
+        producer.send(topic, b"parent", timeout=30)
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report what produce() raised, and leave at once
+            try:
+                producer.produce(topic, b"child")
+                message = b"no error"
+            except ProducerClosedError as error:
+                message = str(error).encode()
+            os.write(write, message)
+            os._exit(0)
+        os.close(write)
+        with os.fdopen(read, "rb") as pipe:
+            said = pipe.read()
+        os.waitpid(pid, 0)
+        assert b"create a new one here" in said
+        producer.send(topic, b"parent again", timeout=30)  # the parent's goes on
+    assert [r.value for r in consume_all(broker.bootstrap, topic, expected=2)] == \
+        [b"parent", b"parent again"]
