@@ -160,8 +160,8 @@ class BlockingProducer:
         self._check_blocking_allowed()
         return self._portal.call(self._producer.metrics)
 
-    def partitions_for(self, topic: str) -> int:
-        """Number of partitions of `topic` (fetching its metadata if needed)."""
+    def partitions_for(self, topic: str) -> set[int]:
+        """The partition ids of `topic` (fetching its metadata if needed)."""
         self._check_blocking_allowed()
         return self._portal.call(self._producer.partitions_for, topic)
 

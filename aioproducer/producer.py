@@ -419,12 +419,24 @@ class Producer:
             else "",
         )
 
-    async def partitions_for(self, topic: str) -> int:
-        """Number of partitions of `topic` (fetching its metadata if needed)."""
+    async def partitions_for(self, topic: str) -> set[int]:
+        """The partition ids of `topic` (fetching its metadata if needed), as aiokafka's
+        partitions_for() returns them: `len()` of it is the partition count."""
         if self._lifecycle.state is not STARTED:
             self._lifecycle.raise_not_started()
         self._lifecycle.check_loop()
-        return len((await self._intake.topic_info(topic_str(topic))).leaders)
+        return set(range(len((await self._intake.topic_info(topic_str(topic))).leaders)))
+
+    async def send_and_wait(self, topic: str, value: Any, key: Any = None, *,
+                            partition: int | None = None, timestamp_ms: int | None = None,
+                            headers: Headers | None = None) -> RecordMetadata:
+        """aiokafka's name for `send()`, which waits for the acknowledgement already."""
+        return await self.send(topic, value, key, partition=partition,
+                               timestamp_ms=timestamp_ms, headers=headers)
+
+    async def stop(self) -> None:
+        """aiokafka's name for `close()`."""
+        await self.close()
 
     # -- transactions ----------------------------------------------------------------------
 

@@ -400,7 +400,7 @@ async def test_a_str_subclass_is_its_text_as_a_topic(broker, topic_factory):
         first = await producer.send(Topic.ORDERS, b"before the metadata is known")
         second = await producer.send(Topic.ORDERS, b"after")
         bulk = await (await producer.enqueue_many(Topic.ORDERS, [(None, b"bulk")]))
-        assert await producer.partitions_for(Topic.ORDERS) == 2
+        assert await producer.partitions_for(Topic.ORDERS) == {0, 1}
     assert type(first.topic) is str and first.topic == second.topic == bulk[0].topic == name
     got = consume_all(broker.bootstrap, name, expected=3)
     assert sorted(r.value for r in got) == [b"after", b"before the metadata is known", b"bulk"]

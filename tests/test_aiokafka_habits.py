@@ -1,0 +1,27 @@
+"""Code written for aiokafka, moved over by changing the class name: its verbs are here under
+its names (send_and_wait, stop, partitions_for as a set of ids), and its enqueue-then-await
+habit is enqueue(). Read back with librdkafka."""
+
+from __future__ import annotations
+
+from aioproducer import Producer
+from tests.support.readback import consume_all
+
+
+async def test_code_written_for_aiokafka_runs(broker, topic_factory):
+    topic = topic_factory(3)
+    producer = Producer(broker.bootstrap, linger_ms=5, max_request_size=1_048_576)
+    await producer.start()
+    try:
+        assert await producer.partitions_for(topic) == {0, 1, 2}
+        metadata = await producer.send_and_wait(topic, b"waited", key=b"k",
+                                                headers=[("h", b"1")])
+        future = await producer.enqueue(topic, b"enqueued", key=b"k")  # aiokafka: send()
+        second = await future
+    finally:
+        await producer.stop()
+    assert (second.partition, second.offset) == (metadata.partition, metadata.offset + 1)
+    got = consume_all(broker.bootstrap, topic, expected=2)
+    assert [(r.key, r.value, r.headers) for r in got] == [
+        (b"k", b"waited", [("h", b"1")]), (b"k", b"enqueued", [])]
+    assert "closed" in repr(producer)
