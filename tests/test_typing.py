@@ -1,5 +1,7 @@
 """The package ships py.typed and type-checks strictly: what users import must type-check,
-error classes included."""
+error classes included, from a project of their own outside this repo (mypy finds the
+installed package, as pip installs it and as ./dev's editable install does); and Python run
+from the directory holding the clone imports the package, not the clone as a namespace."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 USER_CODE = """
 import asyncio
 
-from aioproducer import Producer, RecordMetadata
+from aioproducer import BlockingProducer, Producer, RecordMetadata
 from aioproducer.errors import BrokerError, NotLeaderOrFollowerError, ERROR_CLASSES
 
 async def main() -> None:
@@ -33,6 +35,14 @@ async def main() -> None:
         bulks_done, _ = await asyncio.wait([bulk], timeout=1)
     code: int = NotLeaderOrFollowerError.error_code
     cls: type[BrokerError] = ERROR_CLASSES[6]
+
+def from_sync_code() -> set[int]:
+    with BlockingProducer("localhost:9092", linger_ms=5) as producer:
+        metadata: RecordMetadata = producer.produce("t", b"v").result(timeout=10)
+        producer.send("t", b"v", key=b"k")
+        with producer.transaction():
+            producer.produce("t", b"in it")
+        return producer.partitions_for("t")
 """
 
 
@@ -45,9 +55,21 @@ def test_package_and_user_code_type_check(tmp_path):
          "--cache-dir", str(tmp_path / "cache"), str(ROOT / "aioproducer"), str(sample)],
         capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stdout + done.stderr
-    # Users who type-check strictly: asyncio.wait, gather and TaskGroups over our futures.
+    # Users who type-check strictly, in a project of their own: asyncio.wait, gather and
+    # TaskGroups over our futures, and the blocking facade.
     strict = subprocess.run(
         [sys.executable, "-m", "mypy", "--strict", "--follow-imports=silent", "--no-error-summary",
          "--cache-dir", str(tmp_path / "cache"), str(sample)],
-        capture_output=True, text=True, timeout=300, cwd=ROOT)
+        capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert strict.returncode == 0, strict.stdout + strict.stderr
+
+
+def test_python_run_beside_the_clone_imports_the_package(tmp_path):
+    """A clone named aioproducer in the working directory is a directory without
+    __init__.py there: it must not shadow the installed package as a namespace package."""
+    (tmp_path / "aioproducer").symlink_to(ROOT)
+    done = subprocess.run([sys.executable, "-c", "from aioproducer import Producer; "
+                           "import aioproducer; print(aioproducer.__file__)"],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(ROOT / "aioproducer" / "__init__.py")
