@@ -21,14 +21,14 @@ import weakref
 from collections import deque
 from concurrent.futures import Future
 from functools import partial
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence, Unpack
 
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from ._internal.batch import ProducerBatch, RecordMetadata
 from ._internal.metrics import ProducerMetrics
 from ._internal.thread_future import ThreadFuture
-from .config import ProducerConfig
+from .config import ProducerConfig, ProducerSettings
 from .errors import BufferExhaustedError, ProducerClosedError
 from .producer import Producer
 from .protocol.records import Headers
@@ -61,7 +61,8 @@ class BlockingProducer:
     """
 
     def __init__(self, bootstrap_servers: str | Sequence[str] | None = None, *,
-                 config: ProducerConfig | None = None, **settings: Any) -> None:
+                 config: ProducerConfig | None = None,
+                 **settings: Unpack[ProducerSettings]) -> None:
         self._producer = Producer(bootstrap_servers, config=config, **settings)
         self._max_block = self._producer.config.max_block_ms / 1000
         self._queue: deque[tuple[Any, ...] | asyncio.Future[None]] = deque()

@@ -10,7 +10,7 @@ import dataclasses
 import difflib
 import re
 import ssl
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, TypedDict
 
 from .errors import ConfigError
 from .protocol.compression import Codec
@@ -23,6 +23,50 @@ _MAX_INT = 2**31 - 1
 # its negative fast levels up to 22; lz4 takes any int, clamped).
 _LEVELS = {"gzip": (-1, 9), "zstd": (-131072, 22)}
 _ADDRESS = re.compile(r"^\s*(?:\[(?P<ipv6>[0-9a-fA-F:.]+)\]|(?P<host>[^:\s\[\]]+)):(?P<port>\d+)\s*$")
+
+
+class ProducerSettings(TypedDict, total=False):
+    """The settings `Producer(...)` and `BlockingProducer(...)` take as keywords, typed, so a
+    type checker catches a misspelt name or a wrong type (ProducerConfig validates the
+    values when the producer is made; tests/test_config.py keeps the two lists one)."""
+
+    client_id: str
+    acks: int | str
+    enable_idempotence: bool
+    linger_ms: int
+    batch_size: int
+    buffer_memory: int
+    max_block_ms: int
+    max_request_size: int
+    request_timeout_ms: int
+    delivery_timeout_ms: int
+    retries: int
+    retry_backoff_ms: int
+    retry_backoff_max_ms: int
+    reconnect_backoff_ms: int
+    reconnect_backoff_max_ms: int
+    socket_connection_setup_timeout_ms: int
+    socket_connection_setup_timeout_max_ms: int
+    max_in_flight_requests_per_connection: int
+    compression_type: str
+    compression_level: int | None
+    metadata_max_age_ms: int
+    metadata_max_idle_ms: int
+    allow_auto_create_topics: bool
+    transactional_id: str | None
+    transaction_timeout_ms: int
+    key_serializer: Callable[[Any], bytes] | None
+    value_serializer: Callable[[Any], bytes] | None
+    on_delivery_error: Callable[[BaseException, str, int, int], object] | None
+    security_protocol: str
+    ssl_context: ssl.SSLContext | None
+    ssl_cafile: str | None
+    ssl_certfile: str | None
+    ssl_keyfile: str | None
+    ssl_check_hostname: bool
+    sasl_mechanism: str
+    sasl_username: str | None
+    sasl_password: str | None
 
 
 @dataclasses.dataclass(frozen=True)

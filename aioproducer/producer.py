@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import logging
 import warnings
-from typing import Any, AsyncIterator, Callable, Coroutine, Iterable, Sequence
+from typing import Any, AsyncIterator, Callable, Coroutine, Iterable, Sequence, Unpack
 
 from ._internal.accumulator import RecordAccumulator
 from ._internal.arguments import check_timeout, checked_offsets, group_fields, topic_str
@@ -21,7 +21,7 @@ from ._internal.transaction_flow import TransactionFlow
 from ._internal.transactions import TransactionManager
 from .client.cluster import Cluster
 from .client.tasks import TaskSet, cancelling
-from .config import ProducerConfig
+from .config import ProducerConfig, ProducerSettings
 from .errors import ConfigError, KafkaConnectionError, ProducerClosedError, \
     TransactionStateError
 from .protocol.compression import codec_from_name
@@ -46,7 +46,8 @@ class Producer:
     """
 
     def __init__(self, bootstrap_servers: str | Sequence[str] | None = None, *,
-                 config: ProducerConfig | None = None, **settings: Any) -> None:
+                 config: ProducerConfig | None = None,
+                 **settings: Unpack[ProducerSettings]) -> None:
         if config is not None:
             if settings or bootstrap_servers is not None:
                 raise ConfigError("pass either config=ProducerConfig(...) or settings, not both")
@@ -56,9 +57,10 @@ class Producer:
             # changes nothing). Idempotence counts as defaulted: off if acks etc. conflict.
             self.config = config._validated(None)
         else:
+            given: dict[str, Any] = dict(settings)
             if bootstrap_servers is not None:
-                settings["bootstrap_servers"] = bootstrap_servers
-            self.config = ProducerConfig.from_kwargs(**settings)
+                given["bootstrap_servers"] = bootstrap_servers
+            self.config = ProducerConfig.from_kwargs(**given)
         self._codec = codec_from_name(self.config.compression_type)
         self._started: asyncio.Future[None] | None = None  # the outcome of starting
         self._renew()

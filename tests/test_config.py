@@ -1,10 +1,11 @@
 """Settings: Java-client defaults, Kafka property files, and the idempotence rules."""
 
+import dataclasses
 import pickle
 
 import pytest
 
-from aioproducer import ProducerConfig
+from aioproducer import ProducerConfig, ProducerSettings
 from aioproducer.errors import ConfigError, ERROR_CLASSES, ProducerFencedError, error_for_code
 
 
@@ -90,3 +91,11 @@ def test_every_kafka_error_code_has_a_named_pickleable_exception():
     assert error_for_code(47).abortable and not error_for_code(47).fatal  # KIP-588
     assert error_for_code(35).fatal and not error_for_code(29).fatal
     assert "error code 999" in str(error_for_code(999))
+
+
+def test_the_typed_settings_are_the_settings_the_config_takes():
+    """ProducerSettings (what type checkers see) and ProducerConfig (what is validated) list
+    the same settings: a new setting in one and not the other fails here."""
+    fields = {f.name for f in dataclasses.fields(ProducerConfig)} - {
+        "bootstrap_servers", "bootstrap_addresses"}  # (a parameter of its own; derived)
+    assert set(ProducerSettings.__annotations__) == fields

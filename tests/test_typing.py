@@ -64,6 +64,26 @@ def test_package_and_user_code_type_check(tmp_path):
     assert strict.returncode == 0, strict.stdout + strict.stderr
 
 
+MISTAKES = """
+from aioproducer import BlockingProducer, Producer
+
+producer = Producer("localhost:9092", lingr_ms=5)
+blocking = BlockingProducer("localhost:9092", linger_ms="5")
+"""
+
+
+def test_a_misspelt_or_mistyped_setting_is_a_type_error(tmp_path):
+    sample = tmp_path / "mistakes.py"
+    sample.write_text(MISTAKES)
+    done = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--no-error-summary",
+         "--cache-dir", str(tmp_path / "cache"), str(sample)],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert 'mistakes.py:4: error: Unexpected keyword argument "lingr_ms"' in done.stdout, \
+        done.stdout
+    assert 'mistakes.py:5: error: Argument "linger_ms"' in done.stdout, done.stdout
+
+
 def test_python_run_beside_the_clone_imports_the_package(tmp_path):
     """A clone named aioproducer in the working directory is a directory without
     __init__.py there: it must not shadow the installed package as a namespace package."""
