@@ -1,13 +1,14 @@
-"""What `pip install` of a built wheel gives a user: the package with its type marker and the
-compiled speed-up (or, built where there is no compiler, the pure-Python one), the embedded
-broker only as an extra, and a producer that works, imported from outside this checkout."""
+"""What a release gives a user: an sdist with what a build needs, and from it a wheel with the
+package, its type marker and the compiled speed-up (or, built where there is no compiler,
+the pure-Python one), the embedded broker only as an extra, and a producer that works,
+imported from outside this checkout."""
 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
+import tarfile
 import zipfile
 from email.parser import Parser
 from pathlib import Path
@@ -30,19 +31,32 @@ print(aioproducer._speedups.IMPLEMENTATION, metadata.offset)
 """
 
 
+@pytest.fixture(scope="module")
+def sdist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("sdist")
+    subprocess.run([sys.executable, "-m", "build", "--sdist", "--outdir", str(out), str(ROOT)],
+                   check=True, timeout=600, capture_output=True)
+    [built] = out.glob("aioproducer-*.tar.gz")
+    return built
+
+
+def test_the_sdist_holds_what_a_build_needs_and_nothing_built(sdist):
+    with tarfile.open(sdist) as archive:
+        names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
+    assert {"pyproject.toml", "setup.py", "README.md", "aioproducer/__init__.py",
+            "aioproducer/py.typed", "aioproducer/_speedups/_c.c"} <= names
+    assert not [n for n in names if n.endswith((".so", ".pyd", ".pyc"))]
+
+
 @pytest.mark.parametrize("compiler", ["cc", "none"])
-def test_a_built_wheel_installs_and_produces(broker, topic, tmp_path, compiler):
+def test_a_wheel_built_from_the_sdist_installs_and_produces(broker, topic, tmp_path, sdist,
+                                                           compiler):
     env = dict(os.environ)
     if compiler == "none":
         env["CC"] = "/bin/false"  # a machine without a C compiler
-    # From the sources alone, as a release build sees them: not the speed-up this checkout's
-    # editable install compiled in place, which a wheel built here would carry.
-    source = tmp_path / "source"
-    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
-        ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", "*.so"))
     dist = tmp_path / "dist"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q",
-                    "--disable-pip-version-check", "-w", str(dist), str(source)],
+                    "--disable-pip-version-check", "-w", str(dist), str(sdist)],
                    check=True, timeout=600, env=env, capture_output=True)
     [wheel] = dist.glob("aioproducer-*.whl")
     with zipfile.ZipFile(wheel) as archive:
