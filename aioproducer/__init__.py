@@ -1,11 +1,24 @@
 """aioproducer: an asyncio-native Kafka producer that speaks the Kafka protocol itself."""
 
+from typing import TYPE_CHECKING, Any
+
 from ._internal.batch import BulkFuture, RecordFuture, RecordMetadata
 from ._internal.metrics import ProducerMetrics
 from ._version import __version__
-from .blocking import BlockingProducer
 from .config import ProducerConfig, ProducerSettings
 from .producer import Producer, accepted
 
-__all__ = ["BlockingProducer", "BulkFuture", "Producer", "ProducerConfig", "ProducerMetrics", "ProducerSettings", "RecordFuture",
-           "RecordMetadata", "__version__", "accepted"]
+if TYPE_CHECKING:
+    from .blocking import BlockingProducer
+
+__all__ = ["BlockingProducer", "BulkFuture", "Producer", "ProducerConfig", "ProducerMetrics",
+           "ProducerSettings", "RecordFuture", "RecordMetadata", "__version__", "accepted"]
+
+
+def __getattr__(name: str) -> Any:
+    """BlockingProducer on first use: its thread portal (anyio's) is ~50 ms of imports that
+    asyncio code never needs."""
+    if name == "BlockingProducer":
+        from .blocking import BlockingProducer
+        return BlockingProducer
+    raise AttributeError(f"module 'aioproducer' has no attribute {name!r}")
