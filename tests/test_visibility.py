@@ -89,3 +89,28 @@ async def test_an_outage_logs_its_metadata_failures_once_and_its_end(proxied_bro
     failed = [m for m in messages if m.startswith("metadata refresh failed")]
     assert len(failed) == 1, failed
     assert messages.count("metadata refresh works again") == 1
+
+
+LINGER_BOUND = "bound by linger_ms"
+
+
+@pytest.mark.parametrize("shape", ["sequential", "gather", "paced", "linger 0"])
+async def test_a_loop_of_sends_bound_by_linger_is_said_once(broker, topic, caplog, shape):
+    """A loop awaiting send() one record at a time runs at ~1/linger_ms records a second:
+    said once, after 50 in a row. Not for records sent together (gather), not for a service
+    whose sends come apart from each other (paced), not at linger_ms=0."""
+    caplog.set_level(logging.WARNING, logger="aioproducer")
+    linger = 0 if shape == "linger 0" else 2
+    async with Producer(broker.bootstrap, linger_ms=linger, acks=1) as producer:
+        if shape == "gather":
+            for _ in range(3):
+                await asyncio.gather(*(producer.send(topic, b"v") for _ in range(100)))
+        else:
+            for i in range(120):
+                await producer.send(topic, b"%d" % i)
+                if shape == "paced":
+                    await asyncio.sleep(0.005)  # the next request comes later than the ack
+    said = [r for r in caplog.records if LINGER_BOUND in r.getMessage()]
+    assert len(said) == (1 if shape == "sequential" else 0), [r.getMessage() for r in said]
+    if said:
+        assert "linger_ms=2" in said[0].getMessage() and "enqueue()" in said[0].getMessage()

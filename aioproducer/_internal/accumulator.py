@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 # backoff is over, its time left can come out a hair above zero, and the sender would wait
 # for the clock's next tick (spinning through the rest of the millisecond on uvloop).
 _CLOCK_SLACK = 1e-6
+_LINGER_BOUND_AFTER = 50  # lone, lingered records in a row before saying a loop is linger-bound
 
 
 class RecordAccumulator:
@@ -82,6 +83,12 @@ class RecordAccumulator:
         self.closing = False
         self._on_delivery_error = config.on_delivery_error
         self._log_failure = LogEvery(log, logging.WARNING, 10)
+        # A loop of `await send()`, one record at a time, waits linger_ms for each: when the
+        # producer was idle but for a lone record that waited out its linger, and the next
+        # record comes as it is acknowledged, that is the loop; said once.
+        self._lone_acked_at: float | None = None
+        self._lone_in_a_row = 0
+        self._said_linger_bound = self._linger == 0
 
     # -- appending (the hot path) ----------------------------------------------------------
 
@@ -293,6 +300,8 @@ class RecordAccumulator:
         if self.closing:
             raise closed_while_buffering()
         now = self._loop.time()
+        if not self._said_linger_bound:
+            self._count_linger_bound(now)
         self._batches_created += 1
         writer = BatchWriter(timestamp, self._batch_size)
         batch = ProducerBatch((self._batches_created,), topic, partition, writer,
@@ -473,9 +482,32 @@ class RecordAccumulator:
             if failure is None:
                 self.records_sent += batch.record_count
                 self.batches_sent += 1
+                if not self._said_linger_bound and batch.record_count == 1 and \
+                        not self.incomplete:
+                    now = self._loop.time()
+                    if now - batch.created >= self._linger:
+                        self._lone_acked_at = now
             else:
                 self.records_failed += batch.record_count
                 self._report_failure(batch, failure)
+
+    def _count_linger_bound(self, now: float) -> None:
+        """A new batch: does it follow at once on a lone record that waited out its linger?"""
+        acked_at, self._lone_acked_at = self._lone_acked_at, None
+        if acked_at is None or now - acked_at > 0.001:
+            self._lone_in_a_row = 0
+            return
+        self._lone_in_a_row += 1
+        if self._lone_in_a_row == _LINGER_BOUND_AFTER:
+            self._said_linger_bound = True
+            log.warning(
+                "%d records in a row were each sent alone after waiting linger_ms=%d for "
+                "others, the next one coming as the last was acknowledged: a loop of "
+                "`await send()` one record at a time is bound by linger_ms (at most ~%d "
+                "records/s). Buffer many before waiting (enqueue() then flush(), or "
+                "asyncio.gather over send()), or set linger_ms=0 for one-at-a-time latency. "
+                "(Said once.)", _LINGER_BOUND_AFTER, round(self._linger * 1000),
+                round(1 / self._linger))
 
     def _report_failure(self, batch: ProducerBatch, failure: BaseException) -> None:
         """Say that records failed for good, to the on_delivery_error hook if there is one,
