@@ -3,8 +3,8 @@ Celery tasks, Spark executors.
 
 `BlockingProducer` runs a `Producer` on an event loop in a thread of its own, through anyio's
 blocking portal. Records cross to that thread in batches, not one hop each: `produce()` puts
-the record in a queue and wakes the loop only when the queue was idle, and the loop's pump
-hands everything queued to the producer in one go. Many threads may produce at once; each
+the record in a queue and wakes the loop's pump only when it is asleep, and the pump hands
+everything queued to the producer in one go. Many threads may produce at once; each
 thread's records keep their order.
 """
 
@@ -38,7 +38,7 @@ DeliveryCallback = Callable[[RecordMetadata | None, BaseException | None], None]
 
 # Records queued for the loop's thread before produce() waits for the pump to catch up:
 # the producer's buffer_memory bounds what is buffered, this bounds what waits to be.
-_QUEUE_LIMIT = 5000
+_QUEUE_LIMIT = 5_000
 _POLL = 0.001  # how often the pump looks at the queue while records keep coming
 _OPEN: weakref.WeakSet[BlockingProducer] = weakref.WeakSet()
 
@@ -106,7 +106,7 @@ class BlockingProducer:
                 on_delivery: DeliveryCallback | None = None) -> Future[RecordMetadata]:
         """Queue one record; returns at once with a future of its metadata. `on_delivery`
         (metadata, None) or (None, exception) runs in the producer's thread: keep it short.
-        Waits (up to max_block_ms) only while 10,000 records are queued for that thread."""
+        Waits (up to max_block_ms) only while 5,000 records are queued for that thread."""
         if self._closed:  # (or forked: that closes it too)
             self._check_usable()
         future: ThreadFuture[RecordMetadata] = ThreadFuture()
@@ -222,7 +222,8 @@ class BlockingProducer:
             raise ProducerClosedError("the producer is closed: no more records can be sent")
 
     def _wait_for_room(self) -> None:
-        """Wait until the pump made room in the queue (it sets the event after each batch)."""
+        """Wait until the pump has taken the queue down to half its limit (not to one below
+        it: that would be a thread hop per record)."""
         self._room.clear()
         if len(self._queue) >= _QUEUE_LIMIT and not self._room.wait(self._max_block):
             raise BufferExhaustedError(

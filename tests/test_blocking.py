@@ -138,7 +138,8 @@ def test_transactions_commit_what_was_produced_in_them(broker, topic):
     assert [r.value for r in got][:100] == [b"%d" % i for i in range(100)]
 
 
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+@pytest.mark.skipif(not hasattr(os, "fork"),
+                    reason="Windows has no os.fork(): there is no forked child to guard")
 def test_after_fork_the_child_is_told_to_create_its_own(broker, topic):
     with BlockingProducer(broker.bootstrap) as producer:
         producer.send(topic, b"parent", timeout=30)

@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 # for the clock's next tick (spinning through the rest of the millisecond on uvloop).
 _CLOCK_SLACK = 1e-6
 _LINGER_BOUND_AFTER = 50  # lone, lingered records in a row before saying a loop is linger-bound
+_AT_ONCE = 0.001  # the next record this soon after the last one's ack: that loop's signature
 
 
 class RecordAccumulator:
@@ -494,7 +495,7 @@ class RecordAccumulator:
     def _count_linger_bound(self, now: float) -> None:
         """A new batch: does it follow at once on a lone record that waited out its linger?"""
         acked_at, self._lone_acked_at = self._lone_acked_at, None
-        if acked_at is None or now - acked_at > 0.001:
+        if acked_at is None or now - acked_at > _AT_ONCE:
             self._lone_in_a_row = 0
             return
         self._lone_in_a_row += 1
