@@ -111,6 +111,60 @@ def test_produce_response_from_kafka_python(version):
         assert partition["error_message"] == "not leader"
 
 
+@pytest.mark.parametrize("version", [10, 11])
+def test_produce_response_naming_a_new_leader_from_kafka_python(version):
+    """KIP-951's tagged fields, read where they are (a partition's CurrentLeader, the
+    response's NodeEndpoints); absent, they read as none."""
+    topic_cls = ProduceResponse.TopicProduceResponse
+    partition_cls = topic_cls.PartitionProduceResponse
+    moved = partition_cls(
+        version=version, index=0, error_code=6, base_offset=-1, log_append_time_ms=-1,
+        log_start_offset=-1, record_errors=[], error_message=None,
+        current_leader=partition_cls.LeaderIdAndEpoch(version=version, leader_id=2,
+                                                      leader_epoch=7))
+    stayed = partition_cls(
+        version=version, index=1, error_code=0, base_offset=5, log_append_time_ms=-1,
+        log_start_offset=0, record_errors=[], error_message=None)
+    response = ProduceResponse(
+        version=version, throttle_time_ms=3,
+        responses=[topic_cls(version=version, name="t", partition_responses=[moved, stayed])],
+        node_endpoints=[ProduceResponse.NodeEndpoint(version=version, node_id=2, host="h2",
+                                                     port=9093, rack="r1")])
+    response.with_header(correlation_id=1)
+    body = decode_response(ApiKey.PRODUCE, version, response.encode(header=True))
+    first, second = body["responses"][0]["partition_responses"]
+    assert first["current_leader"] == {"leader_id": 2, "leader_epoch": 7}
+    assert second["current_leader"] is None and second["base_offset"] == 5
+    assert body["node_endpoints"] == [{"node_id": 2, "host": "h2", "port": 9093, "rack": "r1"}]
+    assert body["throttle_time_ms"] == 3
+
+    response.node_endpoints = []
+    moved.current_leader = None
+    response.with_header(correlation_id=1)
+    body = decode_response(ApiKey.PRODUCE, version, response.encode(header=True))
+    assert body["node_endpoints"] == []
+    assert body["responses"][0]["partition_responses"][0]["current_leader"] is None
+
+
+def test_unknown_tagged_fields_are_skipped():
+    """A tag we do not know (a newer broker's field) is skipped whole, and the fields after
+    it are read in place."""
+    from aioproducer.protocol.primitives import Field, compile_reader, encode_uvarint
+
+    schema = (Field("a", "int32"), Field("known", "int32", tag=3),
+              Field("items", (Field("b", "int16"),)))
+    item = b"\x00\x07" + b"\x00"  # b=7, no tags
+    tags = (encode_uvarint(2) + encode_uvarint(1) + encode_uvarint(2) + b"\xff\xff"
+            + encode_uvarint(3) + encode_uvarint(4) + struct.pack(">i", 42))
+    frame = struct.pack(">i", 1) + encode_uvarint(2) + item + tags
+    assert compile_reader(schema, 0, flexible=True)(frame, 0) == \
+        {"a": 1, "items": [{"b": 7}], "known": 42}
+    bad = struct.pack(">i", 1) + encode_uvarint(2) + item + encode_uvarint(1) + \
+        encode_uvarint(3) + encode_uvarint(9) + struct.pack(">i", 42)
+    with pytest.raises(CorruptMessageError):
+        compile_reader(schema, 0, flexible=True)(bad, 0)
+
+
 @pytest.mark.parametrize("version", range(1, 13))
 def test_metadata_response_from_kafka_python(version):
     broker_cls = MetadataResponse.MetadataResponseBroker

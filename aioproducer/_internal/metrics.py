@@ -24,6 +24,9 @@ class ProducerMetrics:
     produce_latency_s: float = 0.0  # ... this long in total from write to response
     retries: int = 0  # batches sent again after a retriable error
     splits: int = 0  # batches the broker refused as too large, sent again in halves
+    produce_throttle_time_ms: int = 0  # quota throttling the brokers asked for, summed (KIP-219)
+    produce_throttle_time_max_ms: int = 0  # ... and the longest
+    leader_redirects: int = 0  # batches sent on to a new leader a produce response named (KIP-951)
     records_pending: int = 0  # accepted, neither acknowledged nor failed yet
     requests_in_flight: int = 0  # Produce requests awaiting their response
     connections: int = 0  # open broker connections

@@ -81,6 +81,8 @@ class Sender:
         # For Producer.metrics():
         self.bytes_sent = self.requests = self.responses = self.retries = self.splits = 0
         self.latency = 0.0  # seconds from write to response, summed over the responses
+        self.throttle_time_ms = self.throttle_time_max_ms = 0  # KIP-219, summed and largest
+        self.redirects = 0  # batches retried at once at a leader a response named (KIP-951)
 
     def wake(self, new_batch: ProducerBatch | None = None) -> None:
         """Run a round soon; `new_batch`, just opened, may instead be written at once."""
@@ -137,7 +139,8 @@ class Sender:
             return False  # transactions add partitions in rounds
         cluster = self._cluster
         conn = cluster.ready_connection(cluster.leader_for(batch.topic, batch.partition))
-        if conn is None or conn.in_flight_produce or not self._accumulator.drain_lone(batch):
+        if conn is None or conn.in_flight_produce or conn.throttled_until > self._loop.time() \
+                or not self._accumulator.drain_lone(batch):
             return False
         self._prepare_produce(conn, [batch])
         self._wake_by(self._next_in_flight_expiry())  # also drops acknowledged batches' entries
@@ -172,6 +175,8 @@ class Sender:
                 backoff = cluster.backoff_remaining(node)
                 if backoff:
                     next_wake = min(next_wake, backoff)
+            elif conn.throttled_until > now:
+                next_wake = min(next_wake, conn.throttled_until - now)
             elif conn.in_flight_produce < self._config.max_in_flight_requests_per_connection:
                 sendable[node] = conn
         if sendable:
@@ -256,6 +261,9 @@ class Sender:
             assert response is not None
             self.responses += 1
             self.latency += time.perf_counter() - written
+            throttle_ms = response.get("throttle_time_ms", 0)
+            if throttle_ms > 0:
+                self._throttled(conn, throttle_ms)
             results = {}
             for topic in response["responses"]:
                 for p in topic["partition_responses"]:
@@ -269,13 +277,25 @@ class Sender:
                 elif p["error_code"] == 0:
                     self._complete(batch, p["base_offset"], p["log_append_time_ms"])
                 else:
-                    self._on_partition_error(batch, p)
+                    self._on_partition_error(batch, p, response.get("node_endpoints", ()))
         # Another round only if it has work: batches queued behind this request (or put back
         # for a retry), or closing. Otherwise it would run before the woken tasks resume.
         if not self.running or self._accumulator.has_queued():
             self.wake()
 
-    def _on_partition_error(self, batch: ProducerBatch, p: dict[str, Any]) -> None:
+    def _throttled(self, conn: BrokerConnection, throttle_ms: int) -> None:
+        """A quota was exceeded. From Produce v6 the broker answers at once and expects the
+        client to hold back for throttle_time_ms (KIP-219): the sender writes nothing more to
+        that broker until then. (Before v6 the broker itself delayed the answer.)"""
+        self.throttle_time_ms += throttle_ms
+        self.throttle_time_max_ms = max(self.throttle_time_max_ms, throttle_ms)
+        if conn.versions.get(ApiKey.PRODUCE, 0) >= 6:
+            conn.throttled_until = max(conn.throttled_until,
+                                       self._loop.time() + throttle_ms / 1000)
+            self._wake_by(conn.throttled_until)
+
+    def _on_partition_error(self, batch: ProducerBatch, p: dict[str, Any],
+                            endpoints: list[dict[str, Any]]) -> None:
         too_large = p["error_code"] == MessageTooLargeError.error_code
         if too_large and batch.record_count > 1:
             self._split(batch)
@@ -291,8 +311,15 @@ class Sender:
             # Java client, the whole batch fails; the message names the culprits.
             where += _record_errors(p["record_errors"])
         exc = error_for_code(p["error_code"], where)
+        moved = False  # to a leader the response named: retried there at once
         if exc.refresh_metadata:
-            self._cluster.request_update()
+            leader = p.get("current_leader")
+            moved = leader is not None and self._cluster.update_leader(
+                batch.topic, batch.partition, leader, endpoints)
+            if moved:
+                self.redirects += 1
+            else:
+                self._cluster.request_update()
         txn = self._txn
         if txn is not None:
             if isinstance(exc, DuplicateSequenceNumberError):
@@ -315,7 +342,7 @@ class Sender:
                 else:
                     self._retry(batch)  # numbered afresh under a new producer id
                 return
-        self._retry_or_fail(batch, exc)
+        self._retry_or_fail(batch, exc, at_once=moved)
 
     def _split(self, batch: ProducerBatch) -> None:
         """The broker's limit (message.max.bytes, or the topic's max.message.bytes) is below
@@ -337,14 +364,17 @@ class Sender:
         for batch in batches:
             self._retry_or_fail(batch, exc)
 
-    def _retry_or_fail(self, batch: ProducerBatch, exc: BaseException) -> None:
+    def _retry_or_fail(self, batch: ProducerBatch, exc: BaseException,
+                       at_once: bool = False) -> None:
         retriable = isinstance(exc, KafkaError) and exc.retriable
         if retriable and batch.attempts < self._config.retries:
-            self._retry(batch)
+            self._retry(batch, at_once)
         else:
             self._fail(batch, exc)
 
-    def _retry(self, batch: ProducerBatch) -> None:
+    def _retry(self, batch: ProducerBatch, at_once: bool = False) -> None:
+        """Queue the batch again, after retry backoff unless `at_once` (its partition's new
+        leader is known: nothing to wait for, KIP-951)."""
         self._in_flight.pop(batch, None)
         if self._txn is not None:
             self._txn.sequencer.resolved(batch)
@@ -356,7 +386,7 @@ class Sender:
             self._fail(batch, delivery_timeout_error(
                 batch, self._config.delivery_timeout_ms, "still failing when retries ran out of time"))
             return
-        self._accumulator.reenqueue(batch, now + exponential_backoff(
+        self._accumulator.reenqueue(batch, now if at_once else now + exponential_backoff(
             self._retry_backoff, batch.attempts, self._retry_backoff_max))
         self.retries += 1
 

@@ -14,7 +14,7 @@ import asyncio
 import logging
 import random
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 from ..config import ProducerConfig, ssl_context_for
 from ..errors import (
@@ -49,11 +49,13 @@ class Broker:
 
 @dataclass(frozen=True, slots=True)
 class TopicInfo:
-    """Leaders of a topic's partitions (-1: none now); `error` set when the topic is unusable."""
+    """Leaders of a topic's partitions (-1: none now) and their leader epochs (-1: unknown);
+    `error` set when the topic is unusable."""
 
     name: str
     leaders: tuple[int, ...]
     error: KafkaError | None = None
+    epochs: tuple[int, ...] = ()
 
 
 class _Backoff:
@@ -105,6 +107,31 @@ class Cluster:
         if info is None or partition >= len(info.leaders):
             return -1
         return info.leaders[partition]
+
+    def update_leader(self, topic: str, partition: int, leader: Mapping[str, int],
+                      endpoints: Iterable[Mapping[str, Any]]) -> bool:
+        """Take the new leader a produce response named (KIP-951: `leader` is its
+        CurrentLeader, `endpoints` its NodeEndpoints), unless what we know is as new (by
+        leader epoch); True if the partition moved, so its batch may go there at once
+        instead of after a metadata refresh."""
+        info = self.topics.get(topic)
+        node_id, epoch = leader["leader_id"], leader["leader_epoch"]
+        if info is None or info.error is not None or not 0 <= partition < len(info.leaders) \
+                or node_id < 0 or epoch < 0:
+            return False
+        if partition < len(info.epochs) and info.epochs[partition] >= epoch:
+            return False
+        if node_id not in self.brokers:
+            endpoint = next((e for e in endpoints if e["node_id"] == node_id), None)
+            if endpoint is None:
+                return False
+            self.brokers = {**self.brokers,
+                            node_id: Broker(node_id, endpoint["host"], endpoint["port"])}
+        leaders = list(info.leaders)
+        epochs = list(info.epochs) if len(info.epochs) == len(leaders) else [-1] * len(leaders)
+        leaders[partition], epochs[partition] = node_id, epoch
+        self.topics[topic] = TopicInfo(topic, tuple(leaders), epochs=tuple(epochs))
+        return True
 
     def touch(self, topic: str) -> None:
         """`topic` is being produced to: keep its metadata (see metadata_max_idle_ms)."""
@@ -235,14 +262,24 @@ class Cluster:
                 topics_info[name] = TopicInfo(name, (), error_for_code(
                     t["error_code"], f"metadata for topic {name!r}"))
                 continue
+            known = self.topics.get(name)
             leaders = [-1] * len(t["partitions"])
+            epochs = [-1] * len(t["partitions"])
             for p in t["partitions"]:
+                index, leader, epoch = p["partition_index"], p["leader_id"], p.get("leader_epoch", -1)
+                if index >= len(leaders):
+                    continue
+                if known is not None and index < len(known.epochs) and \
+                        known.epochs[index] > epoch >= 0 and known.leaders[index] in self.brokers:
+                    # A produce response named a newer leader (KIP-951) than this answer,
+                    # which a broker behind the change gave: stale metadata never wins.
+                    leader, epoch = known.leaders[index], known.epochs[index]
                 # A leader missing from the brokers listed cannot be reached: taken as none
                 # (the sender asks again, as the Java client does), not waited for until
                 # metadata_max_age_ms.
-                if p["partition_index"] < len(leaders) and p["leader_id"] in self.brokers:
-                    leaders[p["partition_index"]] = p["leader_id"]
-            topics_info[name] = TopicInfo(name, tuple(leaders))
+                if leader in self.brokers:
+                    leaders[index], epochs[index] = leader, epoch
+            topics_info[name] = TopicInfo(name, tuple(leaders), epochs=tuple(epochs))
         self.topics = topics_info
         self._updated_at = self._loop.time()
         self._stale = False

@@ -57,6 +57,7 @@ class BrokerConnection(asyncio.Protocol):
         self.versions: dict[ApiKey, int] = {}
         self.broker_ranges: dict[int, tuple[int, int]] = {}
         self.in_flight_produce = 0
+        self.throttled_until = 0.0  # loop time: the broker asked us to hold back (KIP-219)
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
         self._framing = Framing(client_id, self.address)

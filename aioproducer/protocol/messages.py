@@ -190,9 +190,16 @@ _RESPONSES: dict[ApiKey, tuple[F, ...]] = {
                     F("batch_index_error_message", "string", nullable_from=0),
                 ), (8, 99)),
                 F("error_message", "string", (8, 99), nullable_from=0),
+                # KIP-951: with NOT_LEADER_OR_FOLLOWER, the leader to use instead.
+                F("current_leader", (F("leader_id", "int32"), F("leader_epoch", "int32")),
+                  (10, 99), tag=0, array=False),
             )),
         )),
         F("throttle_time_ms", "int32", (1, 99)),
+        F("node_endpoints", (  # KIP-951: where the leaders named above are
+            F("node_id", "int32"), F("host", "string"), F("port", "int32"),
+            F("rack", "string", nullable_from=0),
+        ), (10, 99), tag=0),
     ),
     ApiKey.INIT_PRODUCER_ID: (
         F("throttle_time_ms", "int32"),

@@ -2,8 +2,9 @@
 
 A message is a list of `Field`s, each valid for a range of versions, as in Kafka's JSON message
 definitions. "Flexible" versions (KIP-482) use compact (varint-length) strings, bytes and
-arrays, and end every struct with a tagged-field section; we write empty tag sections and skip
-the tags we read. A schema is turned once per (message, version, flexible) into Python source,
+arrays, and end every struct with a tagged-field section; we write empty tag sections, and read
+the tagged fields a schema names (KIP-951's new leader in a produce response), skipping the
+rest. A schema is turned once per (message, version, flexible) into Python source,
 straight-line code with no call per field, and compiled: encoding a request walks no schema
 metadata, and a request encoded on a cold CPU (a service that sends now and then) pays for
 few calls.
@@ -81,13 +82,17 @@ class Reader:
 @dataclass(frozen=True)
 class Field:
     """One field: `kind` is a primitive name, "[kind]" for an array of primitives, or a
-    tuple of Fields for an array of structs."""
+    tuple of Fields for an array of structs (one struct when `array` is False). A field with
+    a `tag` lives in the struct's tagged-field section (flexible versions only): read when
+    present, its default when not; never written."""
 
     name: str
     kind: str | tuple["Field", ...]
     versions: tuple[int, int] = (0, 99)
     nullable_from: int = 99  # the first version where null is allowed
     default: Any = None
+    tag: int | None = None
+    array: bool = True
 
 
 Writer = Callable[[list[Any], Any], None]
@@ -142,7 +147,7 @@ def _write_struct(src: _Source, fields: Sequence[Field], version: int, flexible:
     get = src.var("get")
     src.emit(depth, f"{get} = {var}.get")
     for f in fields:
-        if f.versions[0] <= version <= f.versions[1]:
+        if f.versions[0] <= version <= f.versions[1] and f.tag is None:
             item = src.var("v")
             src.emit(depth, f"{item} = {get}({f.name!r}, {src.literal(_default(f, version))})")
             _write_field(src, f.name, f.kind, version >= f.nullable_from, version, flexible,
@@ -211,7 +216,7 @@ def compile_reader(fields: Sequence[Field], version: int, flexible: bool) -> Rea
     `version`. The generated code reads from local `data` and `pos`, one-byte varints (the
     common case) inline; running off the end of the frame is a CorruptMessageError."""
     src = _Source()
-    src.names.update(uvarint_at=_uvarint_at, skip_tags=skip_tags,
+    src.names.update(uvarint_at=_uvarint_at, skip_tags=skip_tags, read_tags=_read_tags,
                      struct_error=struct.error)
     function = _read_struct(src, fields, version, flexible)
     src.emit(0, "def read(data, pos):")
@@ -226,22 +231,53 @@ def compile_reader(fields: Sequence[Field], version: int, flexible: bool) -> Rea
 def _read_struct(src: _Source, fields: Sequence[Field], version: int, flexible: bool) -> str:
     """Emits a function `(data, pos) -> (dict, pos)` for one struct (nested structs first);
     returns its name."""
-    present = [f for f in fields if f.versions[0] <= version <= f.versions[1]]
+    present = [f for f in fields if f.versions[0] <= version <= f.versions[1]
+               and (f.tag is None or flexible)]
     nested = {f.name: _read_struct(src, f.kind, version, flexible)
               for f in present if isinstance(f.kind, tuple)}
+    tagged = {f.tag: (f.name, _read_tagged(src, f, nested.get(f.name), flexible))
+              for f in present if f.tag is not None}
     function = src.var("read_struct")
     src.emit(0, f"def {function}(data, pos):")
     items = []
     for f in present:
-        item = src.var("v")
-        _read_field(src, f.kind, nested.get(f.name), flexible, item, 1)
-        items.append(f"{f.name!r}: {item}")
-    if flexible:
+        if f.tag is None:
+            item = src.var("v")
+            _read_field(src, f.kind, nested.get(f.name), flexible, item, 1)
+            items.append(f"{f.name!r}: {item}")
+    if tagged:
+        # Built only when the section is not empty (rare: a produce response names a new
+        # leader), from the names of the generated readers.
+        values = src.var("tagged")
+        readers = ", ".join(f"{tag}: ({name!r}, {reader})"
+                            for tag, (name, reader) in tagged.items())
+        src.emit(1, "if data[pos]:")
+        src.emit(2, f"{values}, pos = read_tags(data, pos, {{{readers}}})")
+        src.emit(1, "else:")
+        src.emit(2, f"{values} = {{}}")
+        src.emit(2, "pos += 1")
+        items += [f"{f.name!r}: {values}.get({f.name!r}, "
+                  f"{src.literal(_default(f, version) if f.array else None)})"
+                  for f in present if f.tag is not None]
+    elif flexible:
         src.emit(1, "if data[pos]:")
         src.emit(2, "pos = skip_tags(data, pos)")
         src.emit(1, "else:")
         src.emit(2, "pos += 1")
     src.emit(1, f"return {{{', '.join(items)}}}, pos")
+    return function
+
+
+def _read_tagged(src: _Source, f: Field, struct_reader: str | None, flexible: bool) -> str:
+    """The name of a generated function `(data, pos) -> (value, pos)` for a tagged field's
+    value."""
+    if struct_reader is not None and not f.array:
+        return struct_reader
+    function = src.var("read_tagged")
+    src.emit(0, f"def {function}(data, pos):")
+    item = src.var("v")
+    _read_field(src, f.kind, struct_reader, flexible, item, 1)
+    src.emit(1, f"return {item}, pos")
     return function
 
 
@@ -305,6 +341,28 @@ def _read_field(src: _Source, kind: str | tuple[Field, ...], struct_reader: str 
 def _uvarint_at(data: bytes | memoryview, pos: int) -> tuple[int, int]:
     reader = Reader(data, pos)
     return reader.uvarint(), reader.position
+
+
+def _read_tags(data: bytes | memoryview, pos: int,
+               readers: dict[int, tuple[str, ReaderFn]]) -> tuple[dict[str, Any], int]:
+    """The tagged fields at `pos` that `readers` knows, by name, and the position after the
+    section; unknown tags are skipped, as KIP-482 requires."""
+    reader = Reader(data, pos)
+    values = {}
+    for _ in range(reader.uvarint()):
+        tag = reader.uvarint()
+        size = reader.uvarint()
+        start, end = reader.position, reader.position + size
+        if end > len(data):
+            raise CorruptMessageError("a tagged field is longer than its frame")
+        known = readers.get(tag)
+        if known is not None:
+            name, read = known
+            values[name], read_to = read(data, start)
+            if read_to != end:
+                raise CorruptMessageError(f"tagged field {name!r} is not {size} bytes long")
+        reader.position = end
+    return values, reader.position
 
 
 def skip_tags(data: bytes | memoryview, pos: int) -> int:

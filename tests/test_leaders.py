@@ -1,0 +1,148 @@
+"""Leaders that move and brokers that throttle, on one broker behind a proxy that rewrites its
+answers with kafka-python's codecs (a client we did not write): KIP-951's new leader named in
+a produce response, KIP-219's throttle_time_ms."""
+
+from __future__ import annotations
+
+import asyncio
+
+from kafka.protocol.metadata import MetadataResponse
+from kafka.protocol.producer import ProduceResponse
+
+from aioproducer import Producer
+from tests.support.ports import free_port
+from tests.support.proxy import FaultProxy
+from tests.support.readback import consume_all
+
+
+def _not_leader(response, leader_id: int, epoch: int, port: int | None = None):
+    """NOT_LEADER_OR_FOLLOWER for every partition, naming `leader_id` at `epoch` (and its
+    address, when it is a node the client has not heard of)."""
+    partition_cls = ProduceResponse.TopicProduceResponse.PartitionProduceResponse
+    for topic in response.responses:
+        for partition in topic.partition_responses:
+            partition.error_code, partition.base_offset = 6, -1
+            partition.current_leader = partition_cls.LeaderIdAndEpoch(
+                version=response.version, leader_id=leader_id, leader_epoch=epoch)
+    if port is not None:
+        response.node_endpoints = [ProduceResponse.NodeEndpoint(
+            version=response.version, node_id=leader_id, host="127.0.0.1", port=port,
+            rack=None)]
+    return response
+
+
+async def test_a_new_leader_named_in_the_response_gets_the_batch_at_once(proxied_broker):
+    """KIP-951: the broker refuses a batch as no longer the leader and names the new one (a
+    node the client had not heard of, with its address). The batch goes there at once: no
+    metadata lookup, no retry backoff (a minute here) before the retry; later metadata that
+    still names the old leader at an older epoch does not move the partition back. Read
+    back once, in order, by librdkafka."""
+    cluster = proxied_broker
+    cluster.create_topic("moved-951", 1)
+    refusals, lookups, at_new_leader = [], [], []
+
+    def refuse_once(response):
+        if refusals != ["armed"]:
+            return None
+        refusals.append("refused")
+        return _not_leader(response, 222, 5, new_leader.port)
+
+    def list_node_222(response):
+        """Metadata from a broker behind the change: node 222 is in the cluster, but 111
+        still leads, at epoch 0."""
+        lookups.append(1)
+        response.brokers.append(MetadataResponse.MetadataResponseBroker(
+            version=response.version, node_id=222, host="127.0.0.1", port=new_leader.port,
+            rack=None))
+        return response
+
+    cluster.proxy.rewrite_responses(ProduceResponse, refuse_once)
+    cluster.proxy.rewrite_responses(MetadataResponse, list_node_222)
+    # "Node 222": a second way to the same broker, which has the records.
+    with FaultProxy(cluster.broker.port, free_port()) as new_leader:
+        new_leader.rewrite_responses(ProduceResponse, lambda response: at_new_leader.append(1))
+        async with Producer(cluster.bootstrap, linger_ms=0, retry_backoff_ms=60_000,
+                            retry_backoff_max_ms=60_000) as producer:
+            await producer.send("moved-951", b"before")
+            refusals.append("armed")
+            lookups.clear()
+            moved = await asyncio.wait_for(producer.send("moved-951", b"moved"), 10)
+            looked_up_when_moved = len(lookups)
+            metrics = producer.metrics()
+            # A topic made now: its metadata is fetched, with moved-951's (leader 111 at
+            # epoch 0, older than the move's 5).
+            cluster.create_topic("other-951", 1)
+            await asyncio.wait_for(producer.send("other-951", b"x"), 10)
+            after = await asyncio.wait_for(producer.send("moved-951", b"after"), 10)
+    assert refusals == ["armed", "refused"]
+    assert looked_up_when_moved == 0, "the producer waited for metadata to find the leader"
+    assert metrics.leader_redirects == 1 and metrics.retries == 1
+    assert len(lookups) == 1
+    assert len(at_new_leader) == 2, "the retry and the next record did not go to the new leader"
+    # The broker wrote the refused batch; the retry is a duplicate it dropped (Tansu answers
+    # offset -1 then, see tansu.md).
+    assert moved.offset in (-1, 1) and after.offset == 2
+    got = consume_all(cluster.broker.bootstrap, "moved-951", expected=3)
+    assert [r.value for r in got] == [b"before", b"moved", b"after"]
+
+
+async def test_an_older_leader_epoch_in_a_response_is_ignored(proxied_broker):
+    """A refusal naming a leader at an epoch no newer than the one metadata gave (0 here) is
+    stale: the producer asks metadata instead of following it."""
+    cluster = proxied_broker
+    cluster.create_topic("stale-951", 1)
+    refusals, lookups = [], []
+
+    def refuse_once(response):
+        if refusals != ["armed"]:
+            return None
+        refusals.append("refused")
+        return _not_leader(response, 111, 0)
+
+    cluster.proxy.rewrite_responses(ProduceResponse, refuse_once)
+    cluster.proxy.rewrite_responses(MetadataResponse, lambda response: lookups.append(1))
+    async with Producer(cluster.bootstrap, linger_ms=0, retry_backoff_ms=50) as producer:
+        await producer.send("stale-951", b"before")
+        refusals.append("armed")
+        lookups.clear()
+        await asyncio.wait_for(producer.send("stale-951", b"v"), 10)
+        metrics = producer.metrics()
+    assert refusals == ["armed", "refused"]
+    assert metrics.leader_redirects == 0 and metrics.retries == 1
+    assert lookups, "no metadata lookup after a refusal that named no newer leader"
+
+
+async def test_a_throttled_broker_gets_nothing_until_the_throttle_ends(proxied_broker):
+    """KIP-219: from Produce v6 the broker answers at once with throttle_time_ms and the
+    client must hold back that long. The producer writes no request to it until then, and
+    says so in its metrics."""
+    cluster = proxied_broker
+    cluster.create_topic("throttled", 1)
+    answered_at: list[float] = []
+    requested_at: list[float] = []
+    loop = asyncio.get_running_loop()
+
+    def throttle_first(response):
+        answered_at.append(loop.time())
+        if len(answered_at) == 2:  # the first after the warm-up
+            response.throttle_time_ms = 700
+            return response
+        return None
+
+    cluster.proxy.rewrite_responses(ProduceResponse, throttle_first)
+    async with Producer(cluster.bootstrap, linger_ms=0) as producer:
+        await producer.send("throttled", b"warm-up")
+        await producer.send("throttled", b"throttled")
+        # Sent while the throttle holds: each is written only after it ends.
+        futures = [await producer.enqueue("throttled", b"held-%d" % i) for i in range(3)]
+        requested_at.append(loop.time())
+        await asyncio.wait_for(asyncio.gather(*futures), 10)
+        metrics = producer.metrics()
+    # The proxy's clock is this process's monotonic clock too (loop.time()).
+    assert len(answered_at) >= 3
+    assert answered_at[2] - answered_at[1] >= 0.7, \
+        f"a request was written {answered_at[2] - answered_at[1]:.3f} s into a 0.7 s throttle"
+    assert metrics.produce_throttle_time_ms == 700
+    assert metrics.produce_throttle_time_max_ms == 700
+    got = consume_all(cluster.broker.bootstrap, "throttled", expected=5)
+    assert [r.value for r in got] == [b"warm-up", b"throttled", b"held-0", b"held-1", b"held-2"]
