@@ -58,6 +58,10 @@ class ProducerSettings(TypedDict, total=False):
     key_serializer: Callable[[Any], bytes] | None
     value_serializer: Callable[[Any], bytes] | None
     on_delivery_error: Callable[[BaseException, str, int, int], object] | None
+    partitioner: Callable[[str, bytes | None, int, Sequence[int]], int | None] | None
+    partitioner_adaptive_partitioning_enable: bool
+    partitioner_availability_timeout_ms: int
+    partitioner_ignore_keys: bool
     security_protocol: str
     ssl_context: ssl.SSLContext | None
     ssl_cafile: str | None
@@ -108,6 +112,15 @@ class ProducerConfig:
     # records that failed for good, whether or not anyone awaits them; errors it raises are
     # logged. Without it, such failures are logged (at most one line per 10 s).
     on_delivery_error: Callable[[BaseException, str, int, int], object] | None = None
+    # Called as partitioner(topic, key, partition_count, partitions_with_a_leader) for each
+    # record sent without an explicit partition, after serialization; returns the partition,
+    # or None for the built-in choice (murmur2 of the key; keyless: sticky, KIP-794).
+    partitioner: Callable[[str, bytes | None, int, Sequence[int]], int | None] | None = None
+    # KIP-794, for keyless records: fewer records to partitions with more batches waiting
+    # (a slow broker's); with a timeout, none to a broker that took no data for that long.
+    partitioner_adaptive_partitioning_enable: bool = True
+    partitioner_availability_timeout_ms: int = 0
+    partitioner_ignore_keys: bool = False  # keyed records placed as keyless ones are
     security_protocol: str = "PLAINTEXT"
     ssl_context: Any = None  # an ssl.SSLContext; else one is built from the ssl_* settings
     ssl_cafile: str | None = None
@@ -161,7 +174,8 @@ class ProducerConfig:
                           ("socket_connection_setup_timeout_max_ms", 1),
                           ("max_in_flight_requests_per_connection", 1),
                           ("metadata_max_age_ms", 0), ("metadata_max_idle_ms", 1000),
-                          ("transaction_timeout_ms", 1)):
+                          ("transaction_timeout_ms", 1),
+                          ("partitioner_availability_timeout_ms", 0)):
             _check_int(name, getattr(self, name), low)
         if self.compression_level is not None:
             low, high = _LEVELS.get(self.compression_type, (-131072, _MAX_INT))
@@ -183,7 +197,8 @@ class ProducerConfig:
                                   "sasl_username and sasl_password")
         if self.ssl_context is not None and not isinstance(self.ssl_context, ssl.SSLContext):
             raise ConfigError("ssl_context must be an ssl.SSLContext")
-        for name in ("enable_idempotence", "allow_auto_create_topics", "ssl_check_hostname"):
+        for name in ("enable_idempotence", "allow_auto_create_topics", "ssl_check_hostname",
+                     "partitioner_adaptive_partitioning_enable", "partitioner_ignore_keys"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False, not {getattr(self, name)!r}")
         if self.compression_type not in _CODECS:
@@ -198,6 +213,9 @@ class ProducerConfig:
         for name in ("key_serializer", "value_serializer"):
             if getattr(self, name) is not None and not callable(getattr(self, name)):
                 raise ConfigError(f"{name} must be a callable returning bytes")
+        if self.partitioner is not None and not callable(self.partitioner):
+            raise ConfigError("partitioner must be a callable taking (topic, key, "
+                              "partition_count, available_partitions)")
         if self.on_delivery_error is not None and not callable(self.on_delivery_error):
             raise ConfigError("on_delivery_error must be a callable taken (error, topic, "
                               "partition, record_count)")

@@ -136,7 +136,7 @@ class Producer:
         if txn is not None:
             txn.on_change = sender.wake
         cluster.release_topic = accumulator.release_topic
-        self._intake.attach(cluster, accumulator, txn)
+        self._intake.attach(cluster, accumulator, txn, sender.node_unavailable)
         if txn is not None and txn.is_transactional:
             self._transactions = TransactionFlow(txn, accumulator, self._tasks, lifecycle,
                                                  config.client_id)

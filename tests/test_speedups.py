@@ -269,7 +269,7 @@ def test_produce_codec_leaves_uncommon_cases_to_python():
     assert _c.decode_produce(11, frame) is None  # record errors: read by Python
     assert messages.decode_response(ApiKey.PRODUCE, 11, frame)["responses"][0][
         "partition_responses"][0]["record_errors"] == partition["record_errors"]
-    tagged = frame[:-1] + b"\x01\x00\x01\x07"  # a tagged field in the body's last tag section
+    tagged = frame[:-1] + b"\x01\x05\x01\x07"  # an unknown tag in the body's last tag section
     assert _c.decode_produce(11, tagged) is None
     assert messages.decode_response(ApiKey.PRODUCE, 11, tagged)["throttle_time_ms"] == 0
     bad_name = _produce_response_frame(8, {"responses": [{"name": "tt", "partition_responses": []}],

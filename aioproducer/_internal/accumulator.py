@@ -72,6 +72,8 @@ class RecordAccumulator:
         # The partitions with batches queued, least recently drained first (drain() moves a
         # partition it took from to the end: no partition starves). Empty queues are removed.
         self._batches: dict[TopicPartition, deque[ProducerBatch]] = {}
+        # Bytes of each partition's batches as first sent, for the partitioner (KIP-794).
+        self._drained_bytes: dict[TopicPartition, int] = {}
         # Per topic, each partition's open batch and its writer, for appends without a tuple
         # key (enqueue_many's compiled loop reads them too). A batch leaves these lists when
         # it is closed for appends or leaves its queue.
@@ -353,6 +355,15 @@ class RecordAccumulator:
                 next_check = min(next_check, linger_left)
         return ready, next_check, unknown_leader
 
+    def queued(self, topic: str, partition: int) -> int:
+        """Batches waiting for the partition (the adaptive partitioner's load)."""
+        queue = self._batches.get((topic, partition))
+        return len(queue) if queue is not None else 0
+
+    def drained_bytes(self, topic: str, partition: int) -> int:
+        """Bytes of the partition's batches sent so far (uncompressed)."""
+        return self._drained_bytes.get((topic, partition), 0)
+
     def has_queued(self) -> bool:
         """Whether some batch waits to be drained."""
         return bool(self._batches)
@@ -404,6 +415,7 @@ class RecordAccumulator:
             self._batches[tp] = queue  # to the back of the line
         if batch.attempts == 0:  # first send: no more appends; compress once
             self._unlist(batch)
+            self._drained_bytes[tp] = self._drained_bytes.get(tp, 0) + batch.writer.size
             batch.writer.close(self._codec, self._compression_level)
         if self._txn is not None:
             self._txn.sequencer.assign(batch)
@@ -578,6 +590,8 @@ class RecordAccumulator:
         if any(batch.topic == topic for batch in self.incomplete):
             return False
         self._open.pop(topic, None)
+        for tp in [tp for tp in self._drained_bytes if tp[0] == topic]:
+            del self._drained_bytes[tp]
         return True
 
 

@@ -13,7 +13,7 @@ import itertools
 import struct
 import time
 from threading import get_ident
-from typing import Any, Coroutine, Iterable
+from typing import Any, Callable, Coroutine, Iterable, Sequence
 
 from ..client.cluster import Cluster, TopicInfo
 from ..config import ProducerConfig
@@ -48,15 +48,23 @@ class RecordIntake:
         self._key_serializer = config.key_serializer
         self._value_serializer = config.value_serializer
         self._serializing = self._key_serializer is not None or self._value_serializer is not None
-        self._partitioner = StickyPartitioner()
+        self._config = config
+        self._custom_partitioner = config.partitioner
+        self._ignore_keys = config.partitioner_ignore_keys
+        # Records the speed-up's bulk loop cannot place (it knows murmur2 and sticky only).
+        self._partition_in_python = self._custom_partitioner is not None or self._ignore_keys
+        self._partitioner: StickyPartitioner  # made by attach(), from the accumulator
         # Set by attach() before the lifecycle lets any record in.
         self._cluster: Cluster
         self._accumulator: RecordAccumulator
         self._txn: TransactionManager | None = None
 
     def attach(self, cluster: Cluster, accumulator: RecordAccumulator,
-               txn: TransactionManager | None) -> None:
+               txn: TransactionManager | None, node_unavailable: Callable[[int], bool]) -> None:
         self._cluster, self._accumulator = cluster, accumulator
+        self._partitioner = StickyPartitioner(
+            self._config.batch_size, self._config.partitioner_adaptive_partitioning_enable,
+            accumulator.queued, accumulator.drained_bytes, node_unavailable)
         self._txn = txn if txn is not None and txn.is_transactional else None
 
     # -- the verbs' entries ----------------------------------------------------------------
@@ -118,20 +126,22 @@ class RecordIntake:
             timestamp_ms = int(time.time() * 1000)
         else:
             timestamp_ms = checked_timestamp(timestamp_ms)
-        count = len(info.leaders)
-        sticky = partition is None and key is None
+        leaders = info.leaders
+        sticky = False
         if partition is not None:
-            if type(partition) is not int or not 0 <= partition < count:
-                raise bad_partition(topic, partition, count)
+            if type(partition) is not int or not 0 <= partition < len(leaders):
+                raise bad_partition(topic, partition, len(leaders))
+        elif self._partition_in_python:
+            partition, sticky = self._place(topic, key, leaders)
         elif key is not None:
-            partition = partition_for_key(key, count)
+            partition = partition_for_key(key, len(leaders))
         else:
-            partition = self._partitioner.partition(topic, count)
+            partition, sticky = self._partitioner.partition(topic, leaders), True
 
         batch = self._accumulator.try_append(
             topic, partition, timestamp_ms, key, value, encoded_headers)
         if batch is None:
-            return self._append_new(topic, partition, sticky, count, timestamp_ms,
+            return self._append_new(topic, partition, sticky, leaders, timestamp_ms,
                                     key, value, encoded_headers, eager)
         return batch, batch.writer.count - 1, timestamp_ms
 
@@ -165,6 +175,23 @@ class RecordIntake:
             exc.accepted = BulkFuture(out_batches, out_deltas, stamp)  # type: ignore[union-attr]
             raise
         return BulkFuture(out_batches, out_deltas, stamp)
+
+    def _place(self, topic: str, key: bytes | None, leaders: Sequence[int]) -> tuple[int, bool]:
+        """The partition of a record without an explicit one, with a custom partitioner or
+        partitioner_ignore_keys (else append() places it inline), and whether it is sticky."""
+        if self._custom_partitioner is not None:
+            count = len(leaders)
+            chosen = self._custom_partitioner(
+                topic, key, count, [p for p, leader in enumerate(leaders) if leader >= 0])
+            if chosen is not None:
+                if type(chosen) is not int or not 0 <= chosen < count:
+                    raise InvalidRecordError(
+                        f"the partitioner returned {chosen!r} for topic {topic!r}, which has "
+                        f"partitions 0 to {count - 1}")
+                return chosen, False
+        if key is not None and not self._ignore_keys:
+            return partition_for_key(key, len(leaders)), False
+        return self._partitioner.partition(topic, leaders), True
 
     async def partition_count(self, topic: str) -> int:
         info = self._cluster.topics.get(topic)
@@ -201,7 +228,7 @@ class RecordIntake:
         appended = self.append(topic, value, key, partition, timestamp_ms, headers, eager)
         return appended if isinstance(appended, tuple) else await appended
 
-    def _append_new(self, topic: str, partition: int, sticky: bool, count: int,
+    def _append_new(self, topic: str, partition: int, sticky: bool, leaders: Sequence[int],
                     timestamp_ms: int, key: bytes | None, value: bytes | None,
                     headers: bytes | None, eager: bool) -> Appended | Coroutine[Any, Any, Appended]:
         """The record needs a new batch: check its size, close the partition's full batch,
@@ -209,6 +236,7 @@ class RecordIntake:
         now; else return a coroutine that does it."""
         self._lifecycle.check_loop()
         accumulator = self._accumulator
+        count = len(leaders)
         self._cluster.touch(topic)  # once per batch, not per record
         size = record_size_upper_bound(key, value, headers)
         if size > self._max_request_size:
@@ -225,8 +253,7 @@ class RecordIntake:
                                       memory, count, eager)
         closed = accumulator.close_for_appends(topic, partition)
         if sticky:
-            self._partitioner.on_new_batch(topic, count, partition)
-            partition = self._partitioner.partition(topic, count)
+            partition = self._partitioner.on_new_batch(topic, leaders, partition, closed)
         if eager:
             # The new sticky partition may have a batch with room; a keyed one has none now.
             batch = accumulator.try_append(topic, partition, timestamp_ms, key, value,
@@ -303,10 +330,15 @@ class RecordIntake:
         fixed = -1 if partition is None else partition
         index, end = 0, len(records)
         while index < end:
-            if not self._serializing and not accumulator.waiting:  # (else: in line, one by one)
+            # (Else, one by one: serializers, a partitioner the loop does not know, in line.)
+            if not self._serializing and not self._partition_in_python and \
+                    not accumulator.waiting:
+                info = self._cluster.topics.get(topic)
+                leaders = info.leaders if info is not None and len(info.leaders) == count \
+                    else (-1,) * count  # (forgotten meanwhile: any partition, for now)
                 index, status, _ = append_many(
                     records, index, batches, writers, fixed,
-                    self._partitioner.partition(topic, count), timestamp_ms,
+                    self._partitioner.partition(topic, leaders), timestamp_ms,
                     out_batches, out_deltas)
                 if status == DONE:
                     return

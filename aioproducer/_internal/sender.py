@@ -78,6 +78,12 @@ class Sender:
         self._retry_backoff = config.retry_backoff_ms / 1000
         self._retry_backoff_max = config.retry_backoff_max_ms / 1000
         self.running = True
+        # Per broker, when it last had a batch to send and when it last took one: one that
+        # had data but took none for partitioner_availability_timeout_ms gets no new keyless
+        # records (KIP-794).
+        self._ready_at: dict[int, float] = {}
+        self._drained_at: dict[int, float] = {}
+        self._availability_timeout = config.partitioner_availability_timeout_ms / 1000
         # For Producer.metrics():
         self.bytes_sent = self.requests = self.responses = self.retries = self.splits = 0
         self.latency = 0.0  # seconds from write to response, summed over the responses
@@ -170,6 +176,8 @@ class Sender:
 
         sendable: dict[int, BrokerConnection] = {}
         for node in ready:
+            self._ready_at[node] = now
+            self._drained_at.setdefault(node, now)
             conn = cluster.ready_connection(node)
             if conn is None:
                 backoff = cluster.backoff_remaining(node)
@@ -182,11 +190,18 @@ class Sender:
         if sendable:
             drained = accumulator.drain(cluster, sendable, self._config.max_request_size, now)
             for node, batches in drained.items():
+                self._drained_at[node] = now
                 self._prepare_produce(sendable[node], batches)
 
         self._expire(now)
         next_wake = min(next_wake, accumulator.next_expiry() - now, self._next_in_flight_expiry() - now)
         return max(next_wake, 0.0)
+
+    def node_unavailable(self, node: int) -> bool:
+        """Whether `node` had batches to send but took none for longer than
+        partitioner_availability_timeout_ms (never, with the timeout 0)."""
+        return bool(self._availability_timeout) and node in self._ready_at and \
+            self._ready_at[node] - self._drained_at[node] > self._availability_timeout
 
     def _fail_unsendable(self, txn: TransactionManager) -> None:
         """After a fatal error nothing queued will be sent, after an abortable one nothing not

@@ -266,7 +266,8 @@ class Cluster:
             leaders = [-1] * len(t["partitions"])
             epochs = [-1] * len(t["partitions"])
             for p in t["partitions"]:
-                index, leader, epoch = p["partition_index"], p["leader_id"], p.get("leader_epoch", -1)
+                index, leader = p["partition_index"], p["leader_id"]
+                epoch = p.get("leader_epoch", -1)
                 if index >= len(leaders):
                     continue
                 if known is not None and index < len(known.epochs) and \

@@ -83,8 +83,8 @@ class Reader:
 class Field:
     """One field: `kind` is a primitive name, "[kind]" for an array of primitives, or a
     tuple of Fields for an array of structs (one struct when `array` is False). A field with
-    a `tag` lives in the struct's tagged-field section (flexible versions only): read when
-    present, its default when not; never written."""
+    a `tag` lives in the struct's tagged-field section (flexible versions only): in the
+    dict when the section holds it, absent when not; never written."""
 
     name: str
     kind: str | tuple["Field", ...]
@@ -256,9 +256,7 @@ def _read_struct(src: _Source, fields: Sequence[Field], version: int, flexible: 
         src.emit(1, "else:")
         src.emit(2, f"{values} = {{}}")
         src.emit(2, "pos += 1")
-        items += [f"{f.name!r}: {values}.get({f.name!r}, "
-                  f"{src.literal(_default(f, version) if f.array else None)})"
-                  for f in present if f.tag is not None]
+        items.append(f"**{values}")
     elif flexible:
         src.emit(1, "if data[pos]:")
         src.emit(2, "pos = skip_tags(data, pos)")
