@@ -5,14 +5,15 @@ from typing import TYPE_CHECKING, Any
 from ._internal.batch import BulkFuture, RecordFuture, RecordMetadata
 from ._internal.metrics import ProducerMetrics
 from ._version import __version__
-from .config import ProducerConfig, ProducerSettings
+from .config import ProducerConfig, ProducerSettings, TokenProvider
 from .producer import Producer, accepted
 
 if TYPE_CHECKING:
     from .blocking import BlockingProducer
 
 __all__ = ["BlockingProducer", "BulkFuture", "Producer", "ProducerConfig", "ProducerMetrics",
-           "ProducerSettings", "RecordFuture", "RecordMetadata", "__version__", "accepted"]
+           "ProducerSettings", "RecordFuture", "RecordMetadata", "TokenProvider", "__version__",
+           "accepted"]
 
 
 def __getattr__(name: str) -> Any:

@@ -10,7 +10,9 @@ import dataclasses
 import difflib
 import re
 import ssl
-from typing import Any, Callable, Mapping, Sequence, TypedDict
+import tempfile
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Mapping, Protocol, Sequence, TypedDict, Union
 
 from .errors import ConfigError
 from .protocol.compression import Codec
@@ -22,6 +24,21 @@ _MAX_INT = 2**31 - 1
 # compression_level: what each codec's library accepts (gzip: zlib's -1 default and 0-9; zstd:
 # its negative fast levels up to 22; lz4 takes any int, clamped).
 _LEVELS = {"gzip": (-1, 9), "zstd": (-131072, 22)}
+
+
+class TokenProvider(Protocol):
+    """Where OAUTHBEARER tokens come from (aiokafka's AbstractTokenProvider fits): `token()`
+    returns the token, or an awaitable of it, and is asked again for each connection and
+    each re-authentication, so it can hand out a fresh token before the last expires. An
+    optional `extensions()` returns SASL extensions (KIP-342), e.g. Confluent Cloud's
+    logicalCluster and identityPoolId."""
+
+    def token(self) -> str | Awaitable[str]: ...
+
+
+# A TokenProvider, or a plain callable returning the token (or an awaitable of it).
+TokenSource = Union[TokenProvider, Callable[[], Union[str, Awaitable[str]]]]
+
 _ADDRESS = re.compile(r"^\s*(?:\[(?P<ipv6>[0-9a-fA-F:.]+)\]|(?P<host>[^:\s\[\]]+)):(?P<port>\d+)\s*$")
 
 
@@ -68,9 +85,14 @@ class ProducerSettings(TypedDict, total=False):
     ssl_certfile: str | None
     ssl_keyfile: str | None
     ssl_check_hostname: bool
+    ssl_password: str | None
+    ssl_ca_pem: str | None
+    ssl_cert_pem: str | None
+    ssl_key_pem: str | None
     sasl_mechanism: str
     sasl_username: str | None
     sasl_password: str | None
+    sasl_oauth_token_provider: TokenSource | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,9 +149,16 @@ class ProducerConfig:
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
     ssl_check_hostname: bool = True
+    # The private key's password (ssl_keyfile or ssl_key_pem), and PEM text in place of the
+    # files (a secret store's value, say): CA certificates, the client's certificate, its key.
+    ssl_password: str | None = dataclasses.field(default=None, repr=False)
+    ssl_ca_pem: str | None = None
+    ssl_cert_pem: str | None = None
+    ssl_key_pem: str | None = dataclasses.field(default=None, repr=False)
     sasl_mechanism: str = "PLAIN"
     sasl_username: str | None = None
     sasl_password: str | None = dataclasses.field(default=None, repr=False)
+    sasl_oauth_token_provider: Any = dataclasses.field(default=None, repr=False)
     # Derived by validation, not settings:
     bootstrap_addresses: tuple[tuple[str, int], ...] = dataclasses.field(default=(), repr=False)
 
@@ -192,7 +221,14 @@ class ProducerConfig:
             if self.sasl_mechanism not in _SASL:
                 raise ConfigError(f"sasl_mechanism must be one of {', '.join(_SASL)}, not "
                                   f"{self.sasl_mechanism!r}")
-            if not self.sasl_username or self.sasl_password is None:
+            if self.sasl_mechanism == "OAUTHBEARER":
+                provider = self.sasl_oauth_token_provider
+                if not callable(getattr(provider, "token", None)) and not callable(provider):
+                    raise ConfigError(
+                        "sasl_mechanism=OAUTHBEARER needs sasl_oauth_token_provider: a callable "
+                        "returning the token (or an awaitable of it), or an object with a "
+                        "token() method")
+            elif not self.sasl_username or self.sasl_password is None:
                 raise ConfigError(f"security_protocol={protocol} needs "
                                   "sasl_username and sasl_password")
         if self.ssl_context is not None and not isinstance(self.ssl_context, ssl.SSLContext):
@@ -260,14 +296,41 @@ def ssl_context_for(config: ProducerConfig) -> ssl.SSLContext | None:
         given: ssl.SSLContext = config.ssl_context
         return given
     try:
-        context = ssl.create_default_context(cafile=config.ssl_cafile)
+        context = ssl.create_default_context(cafile=config.ssl_cafile,
+                                             cadata=config.ssl_ca_pem)
         if config.ssl_certfile:
-            context.load_cert_chain(config.ssl_certfile, config.ssl_keyfile)
-    except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(f"cannot load the TLS files (ssl_cafile/ssl_certfile/ssl_keyfile): "
-                          f"{exc}") from exc
+            context.load_cert_chain(config.ssl_certfile, config.ssl_keyfile,
+                                    password=config.ssl_password)
+        elif config.ssl_cert_pem:
+            _load_pem_chain(context, config.ssl_cert_pem, config.ssl_key_pem, config.ssl_password)
+    except (OSError, ssl.SSLError, ValueError) as exc:
+        # The cause named, never a key or a password (no chained exception to show them).
+        if isinstance(exc, ssl.SSLError):
+            cause = exc.reason or type(exc).__name__  # BAD_DECRYPT: a wrong ssl_password
+        elif isinstance(exc, OSError):
+            cause = f"{exc.strerror or type(exc).__name__}: {exc.filename or ''}"
+        else:
+            cause = type(exc).__name__
+        raise ConfigError(f"cannot load the TLS files or PEM text (ssl_cafile/ssl_ca_pem, "
+                          f"ssl_certfile/ssl_cert_pem, ssl_keyfile/ssl_key_pem, "
+                          f"ssl_password): {cause}") from None
     context.check_hostname = config.ssl_check_hostname
     return context
+
+
+def _load_pem_chain(context: ssl.SSLContext, cert: str, key: str | None,
+                    password: str | None) -> None:
+    """load_cert_chain() from PEM text: Python's ssl reads certificates and keys only from
+    files, so they go to a private temporary directory for the call and are removed."""
+    with tempfile.TemporaryDirectory(prefix="aioproducer-tls-") as directory:
+        cert_path = Path(directory, "cert.pem")
+        cert_path.write_text(cert)
+        key_path = None
+        if key:
+            key_path = Path(directory, "key.pem")
+            key_path.touch(mode=0o600)
+            key_path.write_text(key)
+        context.load_cert_chain(cert_path, key_path, password=password)
 
 
 def _setting_names() -> frozenset[str]:

@@ -413,6 +413,7 @@ class Producer:
             produce_throttle_time_ms=sender.throttle_time_ms,
             produce_throttle_time_max_ms=sender.throttle_time_max_ms,
             leader_redirects=sender.redirects,
+            reauthentications=cluster.reauthentications,
             records_pending=sum(batch.record_count for batch in accumulator.incomplete),
             requests_in_flight=sum(conn.in_flight_produce for conn in connections),
             connections=len(connections),

@@ -4,7 +4,7 @@ the exchange with a broker is not exercised here)."""
 import pytest
 
 from aioproducer.errors import AuthenticationError
-from aioproducer.protocol.sasl import Plain, Scram
+from aioproducer.protocol.sasl import OAuthBearer, Plain, Scram
 
 
 def test_scram_sha_256_rfc7677_vector():
@@ -44,3 +44,19 @@ def test_plain_message():
     plain = Plain("alice", "s3cret")
     assert plain.step(None) == b"\0alice\0s3cret"
     assert plain.step(b"") is None and plain.done
+
+
+def test_oauthbearer_message_and_refusal():
+    """RFC 7628's client message: the token and the SASL extensions (KIP-342). A server
+    that refuses sends an error document, acknowledged with 0x01, after which it answers
+    with its error code."""
+    bearer = OAuthBearer("eyJ.tok.en", {"logicalCluster": "lkc-1"})
+    assert bearer.step(None) == b"n,,\x01auth=Bearer eyJ.tok.en\x01logicalCluster=lkc-1\x01\x01"
+    assert bearer.step(b"") is None and bearer.done
+    refused = OAuthBearer("eyJ.tok.en")
+    refused.step(None)
+    assert refused.step(b'{"status":"invalid_token"}') == b"\x01" and not refused.done
+    assert "eyJ" not in repr(bearer)
+    for bad in ("", "two words", "ctl\x01"):
+        with pytest.raises(AuthenticationError, match="empty token or one with spaces"):
+            OAuthBearer(bad)

@@ -14,9 +14,10 @@ import ssl
 
 import pytest
 import trustme
+from cryptography.hazmat.primitives import serialization
 
 from aioproducer import Producer, ProducerConfig
-from aioproducer.errors import AuthenticationError, ConfigError
+from aioproducer.errors import AuthenticationError, ConfigError, KafkaConnectionError
 from aioproducer.testing import EmbeddedBroker
 from tests.support.ports import free_port
 from tests.support.proxy import FaultProxy
@@ -114,3 +115,44 @@ def test_security_settings_are_validated_and_secrets_hidden():
         bootstrap_servers="h:1", security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512",
         sasl_username="alice", sasl_password="s3cret-pw")
     assert "s3cret-pw" not in repr(config) and "s3cret-pw" not in repr(Producer(config=config))
+
+
+def _encrypted_key_pem(leaf: trustme.LeafCert, password: bytes) -> str:
+    key = serialization.load_pem_private_key(leaf.private_key_pem.bytes(), password=None)
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.BestAvailableEncryption(password)).decode()
+
+
+async def test_client_certificate_from_pem_text_with_a_key_password(ca):
+    """Mutual TLS with the CA, the client's certificate and its encrypted key given as PEM
+    text (a secret store's values) and the key's password: the broker's TLS end requires
+    the certificate and gets it; a wrong password is a ConfigError naming the settings, not
+    the secrets; no repr shows the key or the password."""
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server)
+    server.verify_mode = ssl.CERT_REQUIRED
+    ca.configure_trust(server)
+    client_leaf = ca.issue_cert("client@example.com")
+    key_pem = _encrypted_key_pem(client_leaf, b"key-pw-42")
+    settings = dict(security_protocol="SSL", ssl_ca_pem=ca.cert_pem.bytes().decode(),
+                    ssl_cert_pem="".join(p.bytes().decode() for p in client_leaf.cert_chain_pems),
+                    ssl_key_pem=key_pem, ssl_password="key-pw-42")
+    proxy_port = free_port()
+    with EmbeddedBroker(advertised_port=proxy_port) as broker:
+        broker.create_topic("mtls", 1)
+        with FaultProxy(broker.port, proxy_port, tls=server):
+            bootstrap = f"127.0.0.1:{proxy_port}"
+            async with Producer(bootstrap, **settings) as producer:
+                assert "key-pw-42" not in repr(producer.config)
+                assert "PRIVATE KEY" not in repr(producer.config)
+                assert (await producer.send("mtls", b"v")).offset == 0
+            with pytest.raises(ConfigError, match="ssl_password") as refused:
+                await Producer(bootstrap, **dict(settings, ssl_password="wrong")).start()
+            assert "wrong" not in str(refused.value) and "PRIVATE" not in str(refused.value)
+            # Without a client certificate the broker's end refuses the handshake (under TLS
+            # 1.3 the client learns it only as the connection closes).
+            with pytest.raises(KafkaConnectionError):
+                async with Producer(bootstrap, security_protocol="SSL",
+                                    ssl_ca_pem=settings["ssl_ca_pem"], max_block_ms=3000,
+                                    request_timeout_ms=3000, delivery_timeout_ms=6000) as bare:
+                    await bare.send("mtls", b"w")

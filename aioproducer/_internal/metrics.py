@@ -27,6 +27,7 @@ class ProducerMetrics:
     produce_throttle_time_ms: int = 0  # quota throttling the brokers asked for, summed (KIP-219)
     produce_throttle_time_max_ms: int = 0  # ... and the longest
     leader_redirects: int = 0  # batches sent on to a new leader a produce response named (KIP-951)
+    reauthentications: int = 0  # SASL sessions renewed on open connections (KIP-368)
     records_pending: int = 0  # accepted, neither acknowledged nor failed yet
     requests_in_flight: int = 0  # Produce requests awaiting their response
     connections: int = 0  # open broker connections

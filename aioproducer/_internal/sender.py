@@ -146,7 +146,7 @@ class Sender:
         cluster = self._cluster
         conn = cluster.ready_connection(cluster.leader_for(batch.topic, batch.partition))
         if conn is None or conn.in_flight_produce or conn.throttled_until > self._loop.time() \
-                or not self._accumulator.drain_lone(batch):
+                or conn.reauthenticating or not self._accumulator.drain_lone(batch):
             return False
         self._prepare_produce(conn, [batch])
         self._wake_by(self._next_in_flight_expiry())  # also drops acknowledged batches' entries
@@ -185,6 +185,8 @@ class Sender:
                     next_wake = min(next_wake, backoff)
             elif conn.throttled_until > now:
                 next_wake = min(next_wake, conn.throttled_until - now)
+            elif conn.reauthenticating:
+                pass  # (its end wakes the sender)
             elif conn.in_flight_produce < self._config.max_in_flight_requests_per_connection:
                 sendable[node] = conn
         if sendable:

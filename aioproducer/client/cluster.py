@@ -11,6 +11,7 @@ waiting (`ready_connection`) and is woken when a connection comes up.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import random
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from ..config import ProducerConfig, ssl_context_for
 from ..errors import (
+    AuthenticationError,
     InvalidTopicError,
     KafkaConnectionError,
     KafkaError,
@@ -28,6 +30,7 @@ from ..errors import (
     error_for_code,
 )
 from ..protocol.messages import ApiKey
+from ..protocol.sasl import OAuthBearer, SaslMechanism
 from ..protocol.sasl import mechanism as sasl_mechanism
 from .backoff import Backoff, exponential_backoff
 from .connection import BrokerConnection
@@ -94,6 +97,7 @@ class Cluster:
         self._refresh_backoff = Backoff(config.retry_backoff_ms / 1000,
                                         config.retry_backoff_max_ms / 1000)
         self._stale = True
+        self.reauthentications = 0  # for metrics (KIP-368)
         self._closed: asyncio.Future[None] = self._loop.create_future()  # done at close()
         self._ssl_context = ssl_context_for(config)
         # Bootstrap servers get negative ids, as in the Java client, until metadata names them.
@@ -389,10 +393,7 @@ class Cluster:
     async def _open(self, broker: Broker) -> BrokerConnection:
         config = self._config
         try:
-            sasl = None
-            if config.security_protocol.startswith("SASL"):
-                sasl = sasl_mechanism(config.sasl_mechanism, config.sasl_username or "",
-                                      config.sasl_password or "")
+            sasl = await self._sasl_mechanism()
             conn = await BrokerConnection.connect(
                 broker.node_id, broker.host, broker.port, client_id=config.client_id,
                 request_timeout=config.request_timeout_ms / 1000,
@@ -414,8 +415,68 @@ class Cluster:
         self._backoff.pop(broker.node_id, None)
         conn.on_close = self._connection_closed
         self._connections[broker.node_id] = conn
+        self._schedule_reauthentication(conn)
         self.on_change()
         return conn
+
+    async def _sasl_mechanism(self) -> SaslMechanism | None:
+        """A fresh exchange for one authentication (an OAUTHBEARER token asked of the
+        provider each time, so it may be a new one); None without SASL."""
+        config = self._config
+        if not config.security_protocol.startswith("SASL"):
+            return None
+        if config.sasl_mechanism != "OAUTHBEARER":
+            return sasl_mechanism(config.sasl_mechanism, config.sasl_username or "",
+                                  config.sasl_password or "")
+        provider = config.sasl_oauth_token_provider
+        get_token = getattr(provider, "token", provider)
+        try:
+            token = get_token()
+            if inspect.isawaitable(token):
+                token = await token
+            extensions = getattr(provider, "extensions", None)
+            extras = extensions() if callable(extensions) else None
+        except Exception as exc:
+            raise AuthenticationError(
+                f"the OAUTHBEARER token provider failed: {type(exc).__name__}") from exc
+        if not isinstance(token, str):
+            raise AuthenticationError(f"the OAUTHBEARER token provider returned "
+                                      f"{type(token).__name__}, not a str")
+        return OAuthBearer(token, extras)
+
+    def _schedule_reauthentication(self, conn: BrokerConnection) -> None:
+        """KIP-368: a broker that limits SASL sessions (connections.max.reauth.ms) closes a
+        connection whose session ran out. Authenticate again at 85-95% of the lifetime, as
+        the Java client does, spread so that connections do not all do it at once."""
+        if conn.session_lifetime_ms > 0:
+            delay = conn.session_lifetime_ms / 1000 * random.uniform(0.85, 0.95)
+            self._loop.call_later(delay, self._reauthenticate_soon, conn)
+
+    def _reauthenticate_soon(self, conn: BrokerConnection) -> None:
+        if not conn.closed and not self.closed:
+            self._tasks.spawn(self._reauthenticate(conn),
+                              f"aioproducer-reauthenticate-{conn.node_id}")
+
+    async def _reauthenticate(self, conn: BrokerConnection) -> None:
+        """Hold the sender's writes, wait for what is in flight, authenticate again on the
+        same connection; on failure, close it (its records are retried on a new one)."""
+        conn.reauthenticating = True
+        try:
+            await conn.quiet()
+            if conn.closed:
+                return
+            mechanism = await self._sasl_mechanism()
+            assert mechanism is not None
+            await conn.authenticate(mechanism)
+        except KafkaError as exc:
+            log.warning("re-authenticating with %s failed: %s", conn.address, exc)
+            conn.close(exc if exc.fatal else None)
+            return
+        finally:
+            conn.reauthenticating = False
+            self.on_change()
+        self.reauthentications += 1
+        self._schedule_reauthentication(conn)
 
     def _setup_timeout(self, node_id: int) -> float:
         """Seconds to connect to a broker (KIP-601): a dead address, whose packets are dropped,

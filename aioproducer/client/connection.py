@@ -58,6 +58,10 @@ class BrokerConnection(asyncio.Protocol):
         self.broker_ranges: dict[int, tuple[int, int]] = {}
         self.in_flight_produce = 0
         self.throttled_until = 0.0  # loop time: the broker asked us to hold back (KIP-219)
+        # Set by the owner while it re-authenticates: write no produce request meanwhile.
+        self.reauthenticating = False
+        self.session_lifetime_ms = 0  # the broker's limit on the SASL session (KIP-368)
+        self._idle: asyncio.Future[None] | None = None  # quiet(): no request pending
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
         self._framing = Framing(client_id, self.address)
@@ -108,14 +112,16 @@ class BrokerConnection(asyncio.Protocol):
         try:
             await conn._negotiate_versions()
             if sasl is not None:
-                await conn._authenticate(sasl)
+                await conn.authenticate(sasl)
         except BaseException:
             conn.close()
             raise
         return conn
 
-    async def _authenticate(self, mechanism: SaslMechanism) -> None:
-        """SaslHandshake names the mechanism, then SaslAuthenticate carries each step (KIP-152)."""
+    async def authenticate(self, mechanism: SaslMechanism) -> None:
+        """SaslHandshake names the mechanism, then SaslAuthenticate carries each step (KIP-152).
+        Again later on the same connection to re-authenticate (KIP-368), once nothing is in
+        flight; `session_lifetime_ms` is then the broker's limit (0: none)."""
         response = await self.request(ApiKey.SASL_HANDSHAKE, {"mechanism": mechanism.name})
         if response["error_code"]:
             raise AuthenticationError(
@@ -129,6 +135,7 @@ class BrokerConnection(asyncio.Protocol):
                     f"SASL {mechanism.name} authentication with {self.address} failed: "
                     f"{response['error_message'] or error_for_code(response['error_code'])}")
             token = mechanism.step(response["auth_bytes"])
+        self.session_lifetime_ms = response.get("session_lifetime_ms", 0)
 
     async def _negotiate_versions(self) -> None:
         body = {"client_software_name": "aioproducer", "client_software_version": __version__}
@@ -185,6 +192,17 @@ class BrokerConnection(asyncio.Protocol):
         self.send(api_key, body, partial(_settle, future), version=version)
         return await future
 
+    async def quiet(self) -> None:
+        """Wait until no request is pending (or the connection closed)."""
+        while self._pending and self._close_exc is None:
+            self._idle = self._loop.create_future()
+            await self._idle
+
+    def _wake_idle(self) -> None:
+        idle, self._idle = self._idle, None
+        if idle is not None and not idle.done():
+            idle.set_result(None)
+
     @property
     def closed(self) -> bool:
         return self._close_exc is not None
@@ -199,6 +217,7 @@ class BrokerConnection(asyncio.Protocol):
             self._timer = None
         pending, self._pending = self._pending, {}
         self.in_flight_produce = 0
+        self._wake_idle()
         for entry in pending.values():
             # In a loop turn of their own: close() may be called from code the callbacks
             # would re-enter.
@@ -243,6 +262,8 @@ class BrokerConnection(asyncio.Protocol):
                 self.close(error if isinstance(error, CorruptMessageError) else None)
             if self._close_exc is not None:  # by a callback or the error: close() failed the rest
                 return
+        if not pending and self._idle is not None:
+            self._wake_idle()
 
     def _deliver(self, entry: _Pending, body: dict[str, Any] | None,
                  exc: BaseException | None) -> None:

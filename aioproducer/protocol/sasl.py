@@ -3,7 +3,9 @@
 The connection carries each step in a SaslAuthenticate request (after SaslHandshake names the
 mechanism, KIP-152). PLAIN sends the credentials in one message, so use it only over TLS.
 SCRAM (RFC 5802, RFC 7677) never sends the password and checks the server's signature, so a
-server that does not know the password cannot pose as the broker.
+server that does not know the password cannot pose as the broker. OAUTHBEARER (RFC 7628,
+KIP-255) sends a bearer token the caller obtained (Confluent Cloud, MSK IAM, Event Hubs...):
+like PLAIN, it belongs on TLS.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import secrets
 
 from ..errors import AuthenticationError
 
-MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
 
 
 class SaslMechanism:
@@ -101,12 +103,42 @@ class Scram(SaslMechanism):
         return f"{without_proof},p={base64.b64encode(proof).decode()}".encode()
 
 
+class OAuthBearer(SaslMechanism):
+    """The client's one message: the token and any SASL extensions (KIP-342). A server that
+    refuses answers with an error document (RFC 7628 3.2.2), which we acknowledge with
+    a single 0x01, so that it ends the exchange with its error code."""
+
+    name = "OAUTHBEARER"
+
+    def __init__(self, token: str, extensions: dict[str, str] | None = None) -> None:
+        if not token or any(c in token for c in "\x01 "):
+            raise AuthenticationError("the OAUTHBEARER token provider returned an empty token "
+                                      "or one with spaces or control characters")
+        extra = "".join(f"{key}={value}\x01" for key, value in (extensions or {}).items())
+        self._message = f"n,,\x01auth=Bearer {token}\x01{extra}\x01".encode()
+        self._state = "start"
+
+    def __repr__(self) -> str:
+        return "<SASL OAUTHBEARER>"  # never the token
+
+    def step(self, challenge: bytes | None) -> bytes | None:
+        if self._state == "start":
+            self._state = "sent"
+            return self._message
+        if challenge:  # the server's error document: acknowledge, it answers with the error
+            self._state = "refused"
+            return b"\x01"
+        self.done = True
+        return None
+
+
 def _parse(message: str) -> dict[str, str]:
     return dict(part.split("=", 1) for part in message.split(",") if "=" in part)
 
 
 def mechanism(name: str, username: str, password: str) -> SaslMechanism:
-    """The mechanism named by the `sasl_mechanism` setting."""
+    """The mechanism named by the `sasl_mechanism` setting (not OAUTHBEARER, whose token
+    comes from the caller's provider)."""
     if name == "PLAIN":
         return Plain(username, password)
     return Scram(name, username, password)
