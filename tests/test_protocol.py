@@ -8,6 +8,12 @@ import struct
 
 import pytest
 from kafka.protocol.admin import CreateTopicsRequest
+from kafka.protocol.consumer import (
+    FetchRequest,
+    FetchResponse,
+    ListOffsetsRequest,
+    ListOffsetsResponse,
+)
 from kafka.protocol.metadata import ApiVersionsRequest, FindCoordinatorRequest, MetadataRequest
 from kafka.protocol.metadata import ApiVersionsResponse
 from kafka.protocol.metadata import FindCoordinatorResponse, MetadataResponse
@@ -65,6 +71,12 @@ BODIES = {
                                                  "committed_metadata": None}]}]}),
     ApiKey.SASL_HANDSHAKE: (SaslHandshakeRequest, {"mechanism": "PLAIN"}),
     ApiKey.SASL_AUTHENTICATE: (SaslAuthenticateRequest, {"auth_bytes": b"\0u\0p"}),
+    ApiKey.FETCH: (FetchRequest, {"max_wait_ms": 500, "min_bytes": 1, "isolation_level": 1,
+                                  "topics": [{"topic": "t", "partitions": [
+                                      {"partition": 2, "fetch_offset": 1 << 40,
+                                       "partition_max_bytes": 1 << 20}]}]}),
+    ApiKey.LIST_OFFSETS: (ListOffsetsRequest, {"isolation_level": 1, "topics": [
+        {"name": "t", "partitions": [{"partition_index": 1, "timestamp": -2}]}]}),
 }
 CASES = [(api, version) for api, (low, high) in CLIENT_VERSIONS.items()
          for version in range(low, high + 1)]
