@@ -1,5 +1,6 @@
 """RecordBatch v2 (magic 2): the writer the producer appends to, and the reader that
-`aioproducer consume` (and the tests) decode Fetch responses with. Layout: https://kafka.apache.org/documentation/#recordbatch
+`aioproducer consume` (and the tests) decode Fetch responses with.
+Layout: https://kafka.apache.org/documentation/#recordbatch
 
 The writer encodes each record into the batch's buffer when it is appended, so a buffered
 record costs bytes, not Python objects (the garbage collector's cost of holding objects per
