@@ -396,7 +396,11 @@ async def _consume(args: argparse.Namespace, config: ProducerConfig) -> int:
                 wait = 0.5 if quiet_until is None else min(0.5, quiet_until - loop.time())
                 if wait <= 0:
                     break
-                records = await reader.fetch(wait)
+                try:  # (a broker gone silent must not hold us past --timeout)
+                    async with asyncio.timeout_at(quiet_until):
+                        records = await reader.fetch(wait)
+                except TimeoutError:
+                    break
                 if records and quiet_until is not None:
                     quiet_until = loop.time() + args.timeout
                 for record in records[:None if args.max is None else args.max - printed]:

@@ -280,3 +280,52 @@ def test_bad_arguments_are_refused_before_connecting(args, says):
     done = cli(*args, *connect)
     assert done.returncode == 2 and says in done.stderr, done.stderr
     assert done.stdout == "" and "Traceback" not in done.stderr
+
+
+async def test_the_reader_goes_on_after_its_connection_is_cut(proxied_broker, caplog):
+    """Each record once and in order, across a lost connection (retried after a backoff,
+    with a warning)."""
+    topic = f"t-{uuid.uuid4().hex[:12]}"
+    proxied_broker.create_topic(topic, 1)
+    librdkafka_produce(proxied_broker.bootstrap, topic, [(None, b"before %d" % i, [])
+                                                         for i in range(3)])
+    config = ProducerConfig.from_properties({"bootstrap.servers": proxied_broker.bootstrap})
+    got = []
+    async with TopicReader(config, topic, from_beginning=True) as reader:
+        for _ in range(20):
+            got += await reader.fetch(max_wait=0.2)
+            if len(got) >= 3:
+                break
+        proxied_broker.proxy.cut_all()
+        librdkafka_produce(proxied_broker.bootstrap, topic, [(None, b"after %d" % i, [])
+                                                             for i in range(3)])
+        for _ in range(40):
+            got += await reader.fetch(max_wait=0.2)
+            if len(got) >= 6:
+                break
+    assert [(r.offset, r.value) for r in got] == \
+        [(i, b"before %d" % i) for i in range(3)] + [(3 + i, b"after %d" % i) for i in range(3)]
+    assert f"reading {topic}: " in caplog.text and "(retrying)" in caplog.text
+
+
+def test_consume_timeout_holds_when_the_broker_goes_silent(proxied_broker):
+    """--timeout ends the command even while a Fetch waits for a broker that stopped
+    answering (whose request timeout, 30 s, is far longer)."""
+    topic = f"t-{uuid.uuid4().hex[:12]}"
+    proxied_broker.create_topic(topic, 1)
+    consume = subprocess.Popen(
+        [sys.executable, "-m", "aioproducer", "consume", topic, "--bootstrap-servers",
+         proxied_broker.bootstrap, "--timeout", "2"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert b"reading" in consume.stderr.readline()
+        proxied_broker.proxy.stall(True)
+        assert consume.wait(20) == 0  # (less than the request timeout)
+        assert b"0 records consumed" in consume.stderr.read()
+    finally:
+        proxied_broker.proxy.stall(False)
+        if consume.poll() is None:
+            consume.kill()
+            consume.wait(10)
+        consume.stdout.close()
+        consume.stderr.close()

@@ -244,7 +244,11 @@ class TopicReader:
         self._failing("reading %s: %s (retrying)", self.topic, error)
         self.cluster.request_update()
         await asyncio.sleep(self._backoff.failed())
-        await self.cluster.refresh()
+        try:
+            await self.cluster.refresh()
+        except KafkaError as failed:  # (the next fetch tries again)
+            if not failed.retriable:
+                raise
 
     def _take(self, partition: int, answer: dict[str, Any], out: list[ConsumedRecord]) -> None:
         self._backoff.reset()
