@@ -242,7 +242,9 @@ class TopicReader:
         if not isinstance(error, KafkaError) or not (error.retriable or error.refresh_metadata):
             raise error
         self._failing("reading %s: %s (retrying)", self.topic, error)
-        self.cluster.request_update()
+        # (want(), not just a refresh: a cluster forgets topics idle for metadata_max_idle_ms,
+        # and a reader's fetches do not count as use)
+        self.cluster.want([self.topic])
         await asyncio.sleep(self._backoff.failed())
         try:
             await self.cluster.refresh()
