@@ -2,10 +2,15 @@
 
 - `aioproducer broker`: the embedded dev broker in the foreground.
 - `aioproducer produce TOPIC`: records from stdin or a file, like `kcat -P`.
+- `aioproducer consume TOPIC`: records to stdout, in the formats `produce` reads, like
+  kafka-console-consumer (no consumer group: every partition, from its earliest or latest
+  offset), so a user can check what landed without another client.
+- `aioproducer topic create NAME`: a topic, with its partitions and settings.
 - `aioproducer perf`: a load test in the spirit of Kafka's kafka-producer-perf-test.
 
 Producer settings come from `--producer-props KEY=VALUE ...` and/or `--producer.config FILE`
-(a Java properties file), with Kafka's dotted names or ours.
+(a Java properties file), with Kafka's dotted names or ours; `consume` and `topic` take the
+connection's (TLS, SASL, client.id) from `--command-config FILE`.
 """
 
 from __future__ import annotations
@@ -23,10 +28,19 @@ from typing import Any, AsyncGenerator, AsyncIterator, BinaryIO, Iterable, Seque
 
 from ._version import __version__
 from .config import ProducerConfig
-from .errors import InvalidRecordError, KafkaError, RecordTooLargeError
+from .errors import (
+    InvalidRecordError,
+    InvalidTopicError,
+    KafkaError,
+    RecordTooLargeError,
+    TopicAlreadyExistsError,
+)
+from ._internal.arguments import check_topic_name
 from ._internal.batch import RecordFuture
 from .producer import Producer
 from .testing.broker import EmbeddedBrokerError
+from .tools.admin import create_topic
+from .tools.reader import ConsumedRecord, IsolationLevel, TopicReader
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -48,6 +62,46 @@ def main(argv: Sequence[str] | None = None) -> int:
                          help="with lines: split each line into KEY<sep>VALUE at the first sep")
     _add_connection_options(produce, help="default: bootstrap.servers of the producer settings")
 
+    consume = commands.add_parser(
+        "consume", help="print a topic's records (no consumer group: all its partitions)")
+    consume.add_argument("topic")
+    consume.add_argument("--from-beginning", action="store_true",
+                         help="start at each partition's earliest offset (default: its latest, "
+                              "i.e. only records that arrive from now on)")
+    consume.add_argument("--max", type=int, metavar="N", help="exit after N records")
+    consume.add_argument("--timeout", type=float, metavar="SECONDS",
+                         help="exit after SECONDS with no new record (default: wait for more "
+                              "until Ctrl-C)")
+    consume.add_argument("--partition", type=int, metavar="P",
+                         help="only this partition (default: all)")
+    consume.add_argument("--isolation", choices=("read_uncommitted", "read_committed"),
+                         default="read_uncommitted",
+                         help="read_committed: only committed transactions' records "
+                              "(default: %(default)s)")
+    consume.add_argument("--format", choices=("lines", "json"), default="lines",
+                         help="lines: one value per line; json: one object per line with "
+                              "key, value and headers (as `produce --format json` reads)")
+    consume.add_argument("--key-separator",
+                         help="with lines: print KEY<sep>VALUE (as `produce --key-separator` "
+                              "reads)")
+    consume.add_argument("--metadata", action="store_true",
+                         help="also print each record's partition, offset and timestamp "
+                              "(lines: tab-separated before the record; json: as fields)")
+    _add_client_options(consume)
+
+    topic = commands.add_parser("topic", help="manage topics")
+    topic_commands = topic.add_subparsers(dest="topic_command", required=True)
+    create = topic_commands.add_parser("create", help="create a topic")
+    create.add_argument("name")
+    create.add_argument("--partitions", type=int, required=True)
+    create.add_argument("--replication-factor", type=int, default=-1,
+                        help="copies of each partition (default: the broker's default)")
+    create.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
+                        help="a topic setting (retention.ms=86400000, ...); may be repeated")
+    create.add_argument("--if-not-exists", action="store_true",
+                        help="succeed if the topic exists already")
+    _add_client_options(create)
+
     perf = commands.add_parser("perf", help="produce records as fast as asked; report speed")
     perf.add_argument("--topic", default="perf-test", help="default: %(default)s")
     perf.add_argument("--partitions", type=int, default=6,
@@ -64,6 +118,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                                        "else start an embedded broker")
 
     args = parser.parse_args(argv)
+    if args.command == "consume":
+        _check_consume_arguments(consume, args)
+    if args.command == "topic":
+        _check_create_arguments(create, args)
     if args.command == "perf":
         for option, value, least in (("--num-records", args.num_records, 1),
                                      ("--record-size", args.record_size, 0),
@@ -83,6 +141,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         properties = _properties(args)
         if args.command == "perf":
             return asyncio.run(_perf(args, properties))
+        if args.command in ("consume", "topic"):
+            if "bootstrap.servers" not in properties:
+                (consume if args.command == "consume" else create).error(
+                    "no broker to connect to: give --bootstrap-servers HOST:PORT, or "
+                    "bootstrap.servers in --command-config")
+            config = ProducerConfig.from_properties(properties)
+            if args.command == "consume":
+                return asyncio.run(_consume(args, config))
+            return asyncio.run(_create_topic(args, config))
         if "bootstrap.servers" not in properties:
             produce.error("no broker to produce to: give --bootstrap-servers HOST:PORT, or "
                           "bootstrap.servers in --producer.config or --producer-props")
@@ -102,13 +169,21 @@ def _add_connection_options(parser: argparse.ArgumentParser, help: str) -> None:
                         help="a properties file of producer settings")
 
 
+def _add_client_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--bootstrap-servers",
+                        help="default: bootstrap.servers of --command-config")
+    parser.add_argument("--command-config", dest="producer_config", metavar="FILE",
+                        help="a properties file of client settings (bootstrap.servers, "
+                             "security.protocol, ssl.*, sasl.*, client.id, ...)")
+
+
 def _properties(args: argparse.Namespace) -> dict[str, str]:
     """The producer settings, dotted; --bootstrap-servers wins over a bootstrap.servers in them."""
     raw: dict[str, str] = {}
     if args.producer_config:
         with open(args.producer_config) as f:
             raw.update(_read_properties(f))
-    for prop in args.producer_props:
+    for prop in getattr(args, "producer_props", ()):
         name, sep, value = prop.partition("=")
         if not sep:
             raise ValueError(f"--producer-props takes KEY=VALUE, not {prop!r}")
@@ -188,9 +263,13 @@ def _record(line: bytes, fmt: str, separator: bytes | None) -> dict[str, Any] | 
 
 
 def _encode(value: Any) -> bytes | None:
+    """A JSON value as bytes: text as UTF-8 (with the escapes `consume --format json` writes
+    for other bytes turned back into them), anything else as its JSON."""
     if value is None:
         return None
-    return value.encode() if isinstance(value, str) else json.dumps(value).encode()
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogateescape")
+    return json.dumps(value).encode()
 
 
 async def _produce(args: argparse.Namespace, properties: dict[str, str]) -> int:
@@ -277,6 +356,120 @@ def _report(topic: str, sent: list[tuple[int, RecordFuture]], seconds: float,
         print(f"aioproducer produce: stopped before line {stopped_at}, which was not "
               f"produced, nor any after it: resume from line {stopped_at} (e.g. "
               f"tail -n +{stopped_at} FILE | aioproducer produce ...)", file=sys.stderr)
+
+
+# -- consume ------------------------------------------------------------------------------------
+
+
+def _check_consume_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.max is not None and args.max < 1:
+        parser.error("--max must be at least 1")
+    if args.timeout is not None and not args.timeout > 0:
+        parser.error("--timeout must be more than 0 seconds")
+    if args.partition is not None and args.partition < 0:
+        parser.error("--partition must be at least 0")
+    if args.key_separator is not None:
+        if args.format != "lines":
+            parser.error("--key-separator applies to --format lines (json lines have \"key\")")
+        if not args.key_separator:
+            parser.error("--key-separator must not be empty")
+
+
+async def _consume(args: argparse.Namespace, config: ProducerConfig) -> int:
+    """Prints records as they come until --max of them, or --timeout seconds without one;
+    then (or on Ctrl-C) says on stderr how many it printed."""
+    separator = None if args.key_separator is None else os.fsencode(args.key_separator)
+    out = sys.stdout.buffer
+    printed = 0
+    loop = asyncio.get_running_loop()
+    async with TopicReader(
+            config, args.topic, from_beginning=args.from_beginning,
+            partitions=None if args.partition is None else [args.partition],
+            isolation=IsolationLevel[args.isolation.upper()]) as reader:
+        start = "earliest" if args.from_beginning else "latest"
+        print(f"reading {args.topic} from the {start} offsets: " + ", ".join(
+            f"partition {p} at {offset}" for p, offset in sorted(reader.positions.items())),
+            file=sys.stderr, flush=True)
+        try:
+            quiet_until = None if args.timeout is None else loop.time() + args.timeout
+            while args.max is None or printed < args.max:
+                wait = 0.5 if quiet_until is None else min(0.5, quiet_until - loop.time())
+                if wait <= 0:
+                    break
+                try:  # (a broker gone silent must not hold us past --timeout)
+                    async with asyncio.timeout_at(quiet_until):
+                        records = await reader.fetch(wait)
+                except TimeoutError:
+                    break
+                if records and quiet_until is not None:
+                    quiet_until = loop.time() + args.timeout
+                for record in records[:None if args.max is None else args.max - printed]:
+                    out.write(_printed(record, args.format, separator, args.metadata))
+                    printed += 1
+                out.flush()
+        except BrokenPipeError:  # `consume | head`: the reader has what it wanted
+            os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())  # (no error at exit)
+        finally:
+            print(f"{printed} record{'' if printed == 1 else 's'} consumed from {args.topic}",
+                  file=sys.stderr)
+    return 0
+
+
+def _printed(record: ConsumedRecord, fmt: str, separator: bytes | None, metadata: bool) -> bytes:
+    """A record as one line of `produce`'s input (with `metadata`, plus where it is)."""
+    if fmt == "json":
+        item: dict[str, Any] = {
+            "key": _text(record.key), "value": _text(record.value),
+            "headers": [[name, _text(value)] for name, value in record.headers]}
+        if metadata:
+            item.update(partition=record.partition, offset=record.offset,
+                        timestamp=record.timestamp)
+        return json.dumps(item).encode() + b"\n"
+    line = record.value or b""
+    if separator is not None:
+        line = (record.key or b"") + separator + line
+    if metadata:
+        line = f"{record.partition}\t{record.offset}\t{record.timestamp}\t".encode() + line
+    return line + b"\n"
+
+
+def _text(data: bytes | None) -> str | None:
+    """Bytes as JSON text: UTF-8, with any other byte kept as an escape (\\udcXX) that
+    `produce --format json` turns back into that byte."""
+    return None if data is None else data.decode("utf-8", "surrogateescape")
+
+
+# -- topic --------------------------------------------------------------------------------------
+
+
+def _check_create_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    try:
+        check_topic_name(args.name)
+    except InvalidTopicError as exc:
+        parser.error(str(exc))
+    if args.partitions < 1:
+        parser.error("--partitions must be at least 1")
+    if args.replication_factor < 1 and args.replication_factor != -1:
+        parser.error("--replication-factor must be at least 1 (or -1: the broker's default)")
+    for setting in args.config:
+        name, sep, _ = setting.partition("=")
+        if not sep or not name.strip():
+            parser.error(f"--config takes KEY=VALUE, not {setting!r}")
+
+
+async def _create_topic(args: argparse.Namespace, config: ProducerConfig) -> int:
+    configs = dict(setting.partition("=")[::2] for setting in args.config)
+    try:
+        await create_topic(config, args.name, args.partitions,
+                           replication_factor=args.replication_factor,
+                           configs={name.strip(): value for name, value in configs.items()})
+    except TopicAlreadyExistsError:
+        if not args.if_not_exists:
+            raise
+        print(f"topic {args.name} exists already", file=sys.stderr)
+        return 0
+    print(f"created topic {args.name} with {args.partitions} partitions", file=sys.stderr)
+    return 0
 
 
 # -- perf ---------------------------------------------------------------------------------------

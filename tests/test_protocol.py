@@ -8,6 +8,12 @@ import struct
 
 import pytest
 from kafka.protocol.admin import CreateTopicsRequest
+from kafka.protocol.consumer import (
+    FetchRequest,
+    FetchResponse,
+    ListOffsetsRequest,
+    ListOffsetsResponse,
+)
 from kafka.protocol.metadata import ApiVersionsRequest, FindCoordinatorRequest, MetadataRequest
 from kafka.protocol.metadata import ApiVersionsResponse
 from kafka.protocol.metadata import FindCoordinatorResponse, MetadataResponse
@@ -65,6 +71,12 @@ BODIES = {
                                                  "committed_metadata": None}]}]}),
     ApiKey.SASL_HANDSHAKE: (SaslHandshakeRequest, {"mechanism": "PLAIN"}),
     ApiKey.SASL_AUTHENTICATE: (SaslAuthenticateRequest, {"auth_bytes": b"\0u\0p"}),
+    ApiKey.FETCH: (FetchRequest, {"max_wait_ms": 500, "min_bytes": 1, "isolation_level": 1,
+                                  "topics": [{"topic": "t", "partitions": [
+                                      {"partition": 2, "fetch_offset": 1 << 40,
+                                       "partition_max_bytes": 1 << 20}]}]}),
+    ApiKey.LIST_OFFSETS: (ListOffsetsRequest, {"isolation_level": 1, "topics": [
+        {"name": "t", "partitions": [{"partition_index": 1, "timestamp": -2}]}]}),
 }
 CASES = [(api, version) for api, (low, high) in CLIENT_VERSIONS.items()
          for version in range(low, high + 1)]
@@ -332,3 +344,41 @@ def test_batch_limit_and_corruption():
     with pytest.raises(CorruptMessageError, match="CRC"):
         read_batches(bytes(data))
     assert read_batches(bytes(data[:-5])) == []  # a trailing partial batch is not an error
+
+
+@pytest.mark.parametrize("version", range(4, 13))
+def test_fetch_response_from_kafka_python(version):
+    """Each version's fields where Kafka puts them, v12's tagged fields (the current leader)
+    skipped, and the records handed on as the bytes they are."""
+    partition_cls = FetchResponse.FetchableTopicResponse.PartitionData
+    extra = {"current_leader": partition_cls.LeaderIdAndEpoch(
+        version=version, leader_id=3, leader_epoch=9)} if version >= 12 else {}
+    aborted = [partition_cls.AbortedTransaction(version=version, producer_id=77,
+                                                first_offset=40)]
+    response = FetchResponse(
+        version=version, throttle_time_ms=0, error_code=0, session_id=0,
+        responses=[FetchResponse.FetchableTopicResponse(
+            version=version, topic="t", partitions=[partition_cls(
+                version=version, partition_index=2, error_code=0, high_watermark=50,
+                last_stable_offset=45, log_start_offset=0, aborted_transactions=aborted,
+                preferred_read_replica=-1, records=b"\x00batches", **extra)])])
+    response.with_header(correlation_id=1)
+    body = decode_response(ApiKey.FETCH, version, response.encode(header=True))
+    [partition] = body["responses"][0]["partitions"]
+    assert (partition["partition_index"], partition["high_watermark"],
+            partition["last_stable_offset"], partition["records"]) == (2, 50, 45, b"\x00batches")
+    assert partition["aborted_transactions"] == [{"producer_id": 77, "first_offset": 40}]
+
+
+@pytest.mark.parametrize("version", range(1, 8))
+def test_list_offsets_response_from_kafka_python(version):
+    topic_cls = ListOffsetsResponse.ListOffsetsTopicResponse
+    partition_cls = topic_cls.ListOffsetsPartitionResponse
+    response = ListOffsetsResponse(version=version, throttle_time_ms=0, topics=[topic_cls(
+        version=version, name="t", partitions=[partition_cls(
+            version=version, partition_index=1, error_code=0, timestamp=-1, offset=1 << 40,
+            leader_epoch=0)])])
+    response.with_header(correlation_id=1)
+    body = decode_response(ApiKey.LIST_OFFSETS, version, response.encode(header=True))
+    [partition] = body["topics"][0]["partitions"]
+    assert (partition["partition_index"], partition["offset"]) == (1, 1 << 40)

@@ -84,6 +84,7 @@ class Cluster:
         self._used_at: dict[str, float] = {}
         self._loop = asyncio.get_running_loop()
         self.brokers: dict[int, Broker] = {}
+        self.controller_id = -1  # where CreateTopics goes (aioproducer topic create)
         self.topics: dict[str, TopicInfo] = {}
         self._wanted: set[str] = set()
         self._connections: dict[int, BrokerConnection] = {}
@@ -259,6 +260,7 @@ class Cluster:
         })
         self.brokers = {b["node_id"]: Broker(b["node_id"], b["host"], b["port"])
                         for b in response["brokers"]}
+        self.controller_id = response["controller_id"]
         topics_info: dict[str, TopicInfo] = {}
         for t in response["topics"]:
             name = t["name"]

@@ -21,6 +21,8 @@ from .primitives import compile_reader, compile_writer, skip_tags
 
 class ApiKey(enum.IntEnum):
     PRODUCE = 0
+    FETCH = 1  # the read path of the CLI's consume (aioproducer/tools/reader.py)
+    LIST_OFFSETS = 2
     METADATA = 3
     FIND_COORDINATOR = 10
     SASL_HANDSHAKE = 17
@@ -48,12 +50,15 @@ CLIENT_VERSIONS: dict[ApiKey, tuple[int, int]] = {
     ApiKey.END_TXN: (0, 3),
     ApiKey.TXN_OFFSET_COMMIT: (0, 3),
     ApiKey.SASL_AUTHENTICATE: (0, 2),
+    ApiKey.FETCH: (4, 12),  # 4: RecordBatch v2 and isolation; 13+ name topics by id only
+    ApiKey.LIST_OFFSETS: (1, 7),  # 1: one offset per partition
 }
 FLEXIBLE_FROM: dict[ApiKey, int] = {
     ApiKey.PRODUCE: 9, ApiKey.METADATA: 9, ApiKey.FIND_COORDINATOR: 3,
     ApiKey.SASL_HANDSHAKE: 99, ApiKey.API_VERSIONS: 3, ApiKey.CREATE_TOPICS: 5,
     ApiKey.INIT_PRODUCER_ID: 2, ApiKey.ADD_PARTITIONS_TO_TXN: 3, ApiKey.ADD_OFFSETS_TO_TXN: 3,
     ApiKey.END_TXN: 3, ApiKey.TXN_OFFSET_COMMIT: 3, ApiKey.SASL_AUTHENTICATE: 2,
+    ApiKey.FETCH: 12, ApiKey.LIST_OFFSETS: 6,
 }
 
 _REQUESTS: dict[ApiKey, tuple[F, ...]] = {
@@ -142,6 +147,41 @@ _REQUESTS: dict[ApiKey, tuple[F, ...]] = {
     ),
     ApiKey.SASL_HANDSHAKE: (F("mechanism", "string"),),
     ApiKey.SASL_AUTHENTICATE: (F("auth_bytes", "bytes"),),
+    ApiKey.FETCH: (
+        F("replica_id", "int32", default=-1),
+        F("max_wait_ms", "int32"),
+        F("min_bytes", "int32"),
+        F("max_bytes", "int32", (3, 99), default=0x7FFFFFFF),
+        F("isolation_level", "int8", (4, 99)),
+        F("session_id", "int32", (7, 99)),
+        F("session_epoch", "int32", (7, 99), default=-1),
+        F("topics", (
+            F("topic", "string"),
+            F("partitions", (
+                F("partition", "int32"),
+                F("current_leader_epoch", "int32", (9, 99), default=-1),
+                F("fetch_offset", "int64"),
+                F("last_fetched_epoch", "int32", (12, 99), default=-1),
+                F("log_start_offset", "int64", (5, 99), default=-1),
+                F("partition_max_bytes", "int32"),
+            )),
+        )),
+        F("forgotten_topics_data", (F("topic", "string"), F("partitions", "[int32]")),
+          (7, 99)),
+        F("rack_id", "string", (11, 99)),
+    ),
+    ApiKey.LIST_OFFSETS: (
+        F("replica_id", "int32", default=-1),
+        F("isolation_level", "int8", (2, 99)),
+        F("topics", (
+            F("name", "string"),
+            F("partitions", (
+                F("partition_index", "int32"),
+                F("current_leader_epoch", "int32", (4, 99), default=-1),
+                F("timestamp", "int64"),
+            )),
+        )),
+    ),
 }
 
 _RESPONSES: dict[ApiKey, tuple[F, ...]] = {
@@ -257,6 +297,39 @@ _RESPONSES: dict[ApiKey, tuple[F, ...]] = {
         F("error_message", "string", nullable_from=0),
         F("auth_bytes", "bytes"),
         F("session_lifetime_ms", "int64", (1, 99)),
+    ),
+    ApiKey.FETCH: (
+        F("throttle_time_ms", "int32", (1, 99)),
+        F("error_code", "int16", (7, 99)),
+        F("session_id", "int32", (7, 99)),
+        F("responses", (
+            F("topic", "string"),
+            F("partitions", (
+                F("partition_index", "int32"),
+                F("error_code", "int16"),
+                F("high_watermark", "int64"),
+                F("last_stable_offset", "int64", (4, 99)),
+                F("log_start_offset", "int64", (5, 99)),
+                F("aborted_transactions", (F("producer_id", "int64"),
+                                           F("first_offset", "int64")),
+                  (4, 99), nullable_from=4),
+                F("preferred_read_replica", "int32", (11, 99)),
+                F("records", "records", nullable_from=0),
+            )),
+        )),
+    ),
+    ApiKey.LIST_OFFSETS: (
+        F("throttle_time_ms", "int32", (2, 99)),
+        F("topics", (
+            F("name", "string"),
+            F("partitions", (
+                F("partition_index", "int32"),
+                F("error_code", "int16"),
+                F("timestamp", "int64"),
+                F("offset", "int64"),
+                F("leader_epoch", "int32", (4, 99)),
+            )),
+        )),
     ),
 }
 

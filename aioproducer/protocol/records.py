@@ -1,5 +1,6 @@
-"""RecordBatch v2 (magic 2): the writer the producer appends to, and a reader for tests and
-tools. Layout: https://kafka.apache.org/documentation/#recordbatch
+"""RecordBatch v2 (magic 2): the writer the producer appends to, and the reader that
+`aioproducer consume` (and the tests) decode Fetch responses with.
+Layout: https://kafka.apache.org/documentation/#recordbatch
 
 The writer encodes each record into the batch's buffer when it is appended, so a buffered
 record costs bytes, not Python objects (the garbage collector's cost of holding objects per
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterable, Iterator, Sequence
 
 import crc32c
 
@@ -185,7 +186,9 @@ def read_batches(data: bytes | memoryview) -> list[RecordBatch]:
         if end > len(data):
             break
         if magic != 2:
-            raise CorruptMessageError(f"batch at offset {base_offset} has magic {magic}, not 2")
+            raise CorruptMessageError(
+                f"batch at offset {base_offset} has magic {magic}, not 2: a message set "
+                "written before Kafka 0.11, which this reader does not read")
         if crc32c.crc32c(data[position + CRC_FROM:end]) != crc:
             raise CorruptMessageError(f"batch at offset {base_offset} fails its CRC-32C")
         payload = data[position + HEADER_SIZE:end]
@@ -204,7 +207,10 @@ def read_batches(data: bytes | memoryview) -> list[RecordBatch]:
             headers = []
             for _ in range(cursor.varint()):
                 name = cursor.take(cursor.varint())
-                headers.append(((name or b"").decode(), cursor.take(cursor.varint())))
+                # (As the Java client takes names: text. A name that is not UTF-8 keeps its
+                # bytes, escaped, rather than failing the whole batch.)
+                headers.append(((name or b"").decode("utf-8", "surrogateescape"),
+                                cursor.take(cursor.varint())))
             if cursor.position != record_end:
                 raise CorruptMessageError(f"record at offset {offset} has a wrong length")
             records.append(Record(offset, timestamp, key, value, tuple(headers)))
@@ -213,3 +219,23 @@ def read_batches(data: bytes | memoryview) -> list[RecordBatch]:
                                    tuple(records)))
         position = end
     return batches
+
+
+def visible_records(batches: Iterable[RecordBatch],
+                    aborted_transactions: Iterable[tuple[int, int]] = ()) -> Iterator[Record]:
+    """The records a consumer hands on, in offset order: without the control batches
+    (transaction markers), nor the records of aborted transactions, given the
+    (producer_id, first_offset) pairs a read_committed Fetch lists. As the Java consumer
+    does: a producer's transactional batches are dropped from the first offset of its
+    aborted transaction up to that transaction's ABORT marker."""
+    pending = sorted(aborted_transactions, key=lambda aborted: aborted[1])
+    aborting: set[int] = set()
+    for batch in batches:
+        last_offset = batch.base_offset + batch.last_offset_delta
+        while pending and pending[0][1] <= last_offset:
+            aborting.add(pending.pop(0)[0])
+        if batch.is_control:
+            if batch.control_type == "ABORT":
+                aborting.discard(batch.producer_id)
+        elif not (batch.is_transactional and batch.producer_id in aborting):
+            yield from batch.records

@@ -1,0 +1,1 @@
+"""Tools around the producer (the CLI's read path and topic creation): not on its path."""

@@ -1,0 +1,331 @@
+"""`aioproducer consume` and `aioproducer topic create`, run as a user runs them, and the read
+path under them (RecordBatch decoding, Fetch), held to what librdkafka wrote."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import uuid
+
+import pytest
+from confluent_kafka import Producer as LibrdkafkaProducer
+from confluent_kafka.admin import AdminClient
+
+from aioproducer.config import ProducerConfig
+from aioproducer.protocol.compression import Codec
+from aioproducer.protocol.records import read_batches, visible_records
+from aioproducer.tools.reader import TopicReader
+from tests.support.ports import free_port
+from tests.support.readback import _fetch_v4, consume_all
+
+# What librdkafka writes: headers (duplicate names, a null value, bytes), null and empty keys
+# and values.
+RECORDS = [
+    (b"k0", b"v0", [("h", b"1"), ("h", b"2")]),
+    (None, b"no key", []),
+    (b"k2", None, [("nothing", None)]),
+    (b"", b"", [("bytes", b"\x00\xff")]),
+    (b"\xff\xfe", b"\x00\x80 not utf-8", []),
+]
+
+
+def cli(*args: str, stdin: str | bytes = "", timeout: float = 45) -> subprocess.CompletedProcess:
+    """`python -m aioproducer ...`; text in and out, or bytes when stdin is bytes."""
+    return subprocess.run([sys.executable, "-m", "aioproducer", *args], input=stdin,
+                          capture_output=True, text=isinstance(stdin, str), timeout=timeout)
+
+
+def librdkafka_produce(bootstrap: str, topic: str, records, partition: int = 0,
+                       **settings: object) -> None:
+    producer = LibrdkafkaProducer({"bootstrap.servers": bootstrap, "linger.ms": 20, **settings})
+    for key, value, headers in records:
+        producer.produce(topic, value=value, key=key, headers=headers, partition=partition)
+    assert producer.flush(20) == 0
+
+
+def _headers(headers) -> list:
+    return [(name, value) for name, value in headers]
+
+
+@pytest.mark.parametrize("codec", ["none", "gzip", "snappy", "lz4", "zstd"])
+async def test_the_reader_decodes_what_librdkafka_wrote(broker, topic, codec):
+    librdkafka_produce(broker.bootstrap, topic, RECORDS * 3, **{"compression.type": codec})
+    _, raw = _fetch_v4(broker.bootstrap, topic, 0, 0)
+    assert {batch.codec for batch in read_batches(raw)} == {Codec[codec.upper()]}
+
+    config = ProducerConfig.from_properties({"bootstrap.servers": broker.bootstrap})
+    got = []
+    async with TopicReader(config, topic, from_beginning=True) as reader:
+        for _ in range(20):
+            got += await reader.fetch(max_wait=0.5)
+            if len(got) >= len(RECORDS) * 3:
+                break
+    assert [(r.offset, r.key, r.value, _headers(r.headers)) for r in got] == \
+        [(offset, key, value, headers)
+         for offset, (key, value, headers) in enumerate(RECORDS * 3)]
+    assert reader.positions == {0: len(RECORDS) * 3}
+
+
+def test_consume_prints_what_librdkafka_wrote_as_json_lines(broker, topic):
+    librdkafka_produce(broker.bootstrap, topic, RECORDS, **{"compression.type": "zstd"})
+    done = cli("consume", topic, "--bootstrap-servers", broker.bootstrap, "--from-beginning",
+               "--max", str(len(RECORDS)), "--format", "json", "--metadata")
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+
+    def text(data: bytes | None) -> str | None:
+        return None if data is None else data.decode("utf-8", "surrogateescape")
+
+    assert [(line["partition"], line["offset"]) for line in lines] == \
+        [(0, offset) for offset in range(len(RECORDS))]
+    assert [(line["key"], line["value"], line["headers"]) for line in lines] == \
+        [(text(key), text(value), [[name, text(v)] for name, v in headers])
+         for key, value, headers in RECORDS]
+    assert f"{len(RECORDS)} records consumed from {topic}" in done.stderr
+
+
+def test_produce_then_consume_round_trips(broker, topic_factory):
+    """What consume prints, produce takes back: lines with keys, and json lines with
+    headers, null keys and values, and bytes that are not UTF-8."""
+    lines_topic, copy = topic_factory(1), topic_factory(1)
+    text = "k1:one\nk2:two\n:no key\nk4:a:b\n"
+    assert cli("produce", lines_topic, "--bootstrap-servers", broker.bootstrap,
+               "--key-separator", ":", stdin=text).returncode == 0
+    done = cli("consume", lines_topic, "--bootstrap-servers", broker.bootstrap,
+               "--from-beginning", "--max", "4", "--key-separator", ":")
+    assert (done.returncode, done.stdout) == (0, text), done.stderr
+
+    source = topic_factory(1)
+    librdkafka_produce(broker.bootstrap, source, RECORDS)
+    printed = cli("consume", source, "--bootstrap-servers", broker.bootstrap,
+                  "--from-beginning", "--max", str(len(RECORDS)), "--format", "json")
+    assert printed.returncode == 0, printed.stderr
+    done = cli("produce", copy, "--bootstrap-servers", broker.bootstrap, "--format", "json",
+               stdin=printed.stdout)
+    assert done.returncode == 0, done.stderr
+    got = consume_all(broker.bootstrap, copy, expected=len(RECORDS))
+    assert [(r.key, r.value, r.headers) for r in got] == [
+        (key, value, headers) for key, value, headers in RECORDS]
+
+
+def test_consume_without_from_beginning_prints_only_new_records(broker, topic):
+    librdkafka_produce(broker.bootstrap, topic, [(None, b"old", [])] * 3)
+    consume = subprocess.Popen(
+        [sys.executable, "-m", "aioproducer", "consume", topic, "--bootstrap-servers",
+         broker.bootstrap, "--max", "2", "--timeout", "20"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        started = consume.stderr.readline().decode()
+        assert f"reading {topic} from the latest offsets: partition 0 at 3" in started, started
+        librdkafka_produce(broker.bootstrap, topic, [(None, b"new 1", []), (None, b"new 2", [])])
+        out, err = consume.communicate(timeout=30)
+    finally:
+        if consume.poll() is None:
+            consume.kill()
+            consume.wait(10)
+    assert (consume.returncode, out) == (0, b"new 1\nnew 2\n"), err
+
+
+def test_consume_stops_after_max_or_timeout_and_reads_one_partition(broker, topic_factory):
+    topic = topic_factory(3)
+    for partition in range(3):
+        librdkafka_produce(broker.bootstrap, topic,
+                           [(None, f"p{partition}-{i}".encode(), []) for i in range(3)],
+                           partition=partition)
+    done = cli("consume", topic, "--bootstrap-servers", broker.bootstrap, "--from-beginning",
+               "--partition", "1", "--timeout", "1", "--metadata")
+    assert done.returncode == 0, done.stderr
+    rows = [line.split("\t") for line in done.stdout.splitlines()]  # partition offset time value
+    assert [(p, o, v) for p, o, _, v in rows] == [("1", str(i), f"p1-{i}") for i in range(3)]
+    done = cli("consume", topic, "--bootstrap-servers", broker.bootstrap, "--from-beginning",
+               "--max", "4")
+    assert done.returncode == 0, done.stderr
+    assert len(done.stdout.splitlines()) == 4 and "4 records consumed" in done.stderr
+
+
+def test_consume_skips_transaction_markers_and_read_committed_hides_open_transactions(
+        broker, topic):
+    producer = LibrdkafkaProducer({"bootstrap.servers": broker.bootstrap,
+                                   "transactional.id": f"cli-{uuid.uuid4().hex[:8]}"})
+    producer.init_transactions(20)
+    producer.begin_transaction()
+    for value in (b"committed 1", b"committed 2"):
+        producer.produce(topic, value, partition=0)
+    producer.commit_transaction(20)
+    producer.begin_transaction()
+    producer.produce(topic, b"still open", partition=0)
+    assert producer.flush(20) == 0
+    try:
+        uncommitted = cli("consume", topic, "--bootstrap-servers", broker.bootstrap,
+                          "--from-beginning", "--timeout", "1")
+        committed = cli("consume", topic, "--bootstrap-servers", broker.bootstrap,
+                        "--from-beginning", "--timeout", "1", "--isolation", "read_committed")
+    finally:
+        producer.abort_transaction(20)
+    # The COMMIT marker at offset 2 is no record: it is not printed.
+    assert uncommitted.stdout == "committed 1\ncommitted 2\nstill open\n", uncommitted.stderr
+    assert committed.stdout == "committed 1\ncommitted 2\n", committed.stderr
+
+
+def test_read_committed_drops_aborted_transactions_as_a_fetch_lists_them(broker, topic):
+    """Tansu's Fetch never lists aborted transactions (tansu.md), so this feeds the decoder
+    the list Kafka would send, over the batches librdkafka wrote: one producer commits a
+    transaction, aborts the next, then commits a third."""
+    producer = LibrdkafkaProducer({"bootstrap.servers": broker.bootstrap,
+                                   "transactional.id": f"cli-{uuid.uuid4().hex[:8]}"})
+    producer.init_transactions(20)
+    for values, commit in (((b"a1", b"a2"), True), ((b"b1", b"b2"), False), ((b"c1",), True)):
+        producer.begin_transaction()
+        for value in values:
+            producer.produce(topic, value, partition=0)
+        producer.flush(20)
+        (producer.commit_transaction if commit else producer.abort_transaction)(20)
+    _, raw = _fetch_v4(broker.bootstrap, topic, 0, 0)
+    batches = read_batches(raw)
+    assert [b.control_type for b in batches if b.is_control] == ["COMMIT", "ABORT", "COMMIT"]
+    [aborted_first] = [r.offset for b in batches for r in b.records if r.value == b"b1"]
+    producer_id = batches[0].producer_id
+
+    assert [r.value for r in visible_records(batches, [(producer_id, aborted_first)])] == \
+        [b"a1", b"a2", b"c1"]
+    assert [r.value for r in visible_records(batches)] == [b"a1", b"a2", b"b1", b"b2", b"c1"]
+
+
+def test_consume_of_a_topic_that_does_not_exist_says_so_and_creates_nothing(broker):
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    for _ in range(2):  # the second run finds no topic either: the first created none
+        done = cli("consume", name, "--bootstrap-servers", broker.bootstrap, "--timeout", "1")
+        assert done.returncode == 1
+        assert f"topic {name!r} does not exist" in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
+
+
+def test_consume_of_a_partition_that_does_not_exist_says_which_there_are(broker, topic):
+    done = cli("consume", topic, "--bootstrap-servers", broker.bootstrap, "--partition", "3")
+    assert done.returncode == 1
+    assert f"topic {topic!r} has partitions 0 to 0: there is no partition 3" in done.stderr
+
+
+def test_consume_from_an_unreachable_broker_fails_with_the_reason():
+    port = free_port()
+    done = cli("consume", "t", "--bootstrap-servers", f"127.0.0.1:{port}")
+    assert done.returncode == 1
+    assert f"cannot connect to 127.0.0.1:{port}" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_consume_stops_on_ctrl_c_and_says_how_many(broker, topic):
+    librdkafka_produce(broker.bootstrap, topic, [(None, b"one", [])])
+    consume = subprocess.Popen(
+        [sys.executable, "-m", "aioproducer", "consume", topic, "--bootstrap-servers",
+         broker.bootstrap, "--from-beginning"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert b"reading" in consume.stderr.readline()
+        assert consume.stdout.readline() == b"one\n"
+        consume.send_signal(signal.SIGINT)
+        assert consume.wait(20) == 130
+        assert b"1 record consumed" in consume.stderr.read()
+    finally:
+        if consume.poll() is None:
+            consume.kill()
+            consume.wait(10)
+        consume.stdout.close()
+        consume.stderr.close()
+
+
+def test_topic_create_makes_the_partitions_asked_for(broker):
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    done = cli("topic", "create", name, "--partitions", "3", "--bootstrap-servers",
+               broker.bootstrap, "--config", "retention.ms=86400000")
+    assert done.returncode == 0, done.stderr
+    metadata = AdminClient({"bootstrap.servers": broker.bootstrap}).list_topics(name, timeout=10)
+    assert sorted(metadata.topics[name].partitions) == [0, 1, 2]
+    librdkafka_produce(broker.bootstrap, name, [(None, b"to the last", [])], partition=2)
+    done = cli("consume", name, "--bootstrap-servers", broker.bootstrap, "--from-beginning",
+               "--max", "1", "--metadata")
+    assert done.stdout.split("\t")[0] == "2" and done.stdout.endswith("\tto the last\n")
+
+
+def test_topic_create_of_a_topic_that_exists_fails_unless_asked_not_to(broker, topic):
+    done = cli("topic", "create", topic, "--partitions", "1", "--bootstrap-servers",
+               broker.bootstrap)
+    assert done.returncode == 1 and f"topic {topic!r} already exists" in done.stderr
+    done = cli("topic", "create", topic, "--partitions", "1", "--if-not-exists",
+               "--bootstrap-servers", broker.bootstrap)
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("args, says", [
+    (("consume", "t", "--max", "0"), "--max must be at least 1"),
+    (("consume", "t", "--timeout", "0"), "--timeout must be more than 0 seconds"),
+    (("consume", "t", "--partition", "-1"), "--partition must be at least 0"),
+    (("consume", "t", "--format", "json", "--key-separator", ":"),
+     "--key-separator applies to --format lines"),
+    (("consume", "t", "--isolation", "committed"), "invalid choice: 'committed'"),
+    (("consume", "t"), "no broker to connect to"),
+    (("topic", "create", "t", "--partitions", "0"), "--partitions must be at least 1"),
+    (("topic", "create", "t"), "the following arguments are required: --partitions"),
+    (("topic", "create", "a b", "--partitions", "1"), "invalid topic name 'a b'"),
+    (("topic", "create", "t", "--partitions", "1", "--replication-factor", "0"),
+     "--replication-factor must be at least 1"),
+    (("topic", "create", "t", "--partitions", "1", "--config", "retention.ms"),
+     "--config takes KEY=VALUE, not 'retention.ms'"),
+    (("topic",), "the following arguments are required: topic_command"),
+])
+def test_bad_arguments_are_refused_before_connecting(args, says):
+    connect = () if args in (("consume", "t"), ("topic",)) else \
+        ("--bootstrap-servers", "127.0.0.1:1")
+    done = cli(*args, *connect)
+    assert done.returncode == 2 and says in done.stderr, done.stderr
+    assert done.stdout == "" and "Traceback" not in done.stderr
+
+
+async def test_the_reader_goes_on_after_its_connection_is_cut(proxied_broker, caplog):
+    """Each record once and in order, across a lost connection (retried after a backoff,
+    with a warning)."""
+    topic = f"t-{uuid.uuid4().hex[:12]}"
+    proxied_broker.create_topic(topic, 1)
+    librdkafka_produce(proxied_broker.bootstrap, topic, [(None, b"before %d" % i, [])
+                                                         for i in range(3)])
+    config = ProducerConfig.from_properties({"bootstrap.servers": proxied_broker.bootstrap})
+    got = []
+    async with TopicReader(config, topic, from_beginning=True) as reader:
+        for _ in range(20):
+            got += await reader.fetch(max_wait=0.2)
+            if len(got) >= 3:
+                break
+        proxied_broker.proxy.cut_all()
+        librdkafka_produce(proxied_broker.bootstrap, topic, [(None, b"after %d" % i, [])
+                                                             for i in range(3)])
+        for _ in range(40):
+            got += await reader.fetch(max_wait=0.2)
+            if len(got) >= 6:
+                break
+    assert [(r.offset, r.value) for r in got] == \
+        [(i, b"before %d" % i) for i in range(3)] + [(3 + i, b"after %d" % i) for i in range(3)]
+    assert f"reading {topic}: " in caplog.text and "(retrying)" in caplog.text
+
+
+def test_consume_timeout_holds_when_the_broker_goes_silent(proxied_broker):
+    """--timeout ends the command even while a Fetch waits for a broker that stopped
+    answering (whose request timeout, 30 s, is far longer)."""
+    topic = f"t-{uuid.uuid4().hex[:12]}"
+    proxied_broker.create_topic(topic, 1)
+    consume = subprocess.Popen(
+        [sys.executable, "-m", "aioproducer", "consume", topic, "--bootstrap-servers",
+         proxied_broker.bootstrap, "--timeout", "2"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert b"reading" in consume.stderr.readline()
+        proxied_broker.proxy.stall(True)
+        assert consume.wait(20) == 0  # (less than the request timeout)
+        assert b"0 records consumed" in consume.stderr.read()
+    finally:
+        proxied_broker.proxy.stall(False)
+        if consume.poll() is None:
+            consume.kill()
+            consume.wait(10)
+        consume.stdout.close()
+        consume.stderr.close()
