@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from kafka.protocol.metadata import MetadataResponse
 from kafka.protocol.producer import ProduceResponse
 
 from aioproducer import Producer
+from aioproducer.errors import InconsistentClusterIdError
 from tests.support.ports import free_port
 from tests.support.proxy import FaultProxy
 from tests.support.readback import consume_all
@@ -146,3 +148,28 @@ async def test_a_throttled_broker_gets_nothing_until_the_throttle_ends(proxied_b
     assert metrics.produce_throttle_time_max_ms == 700
     got = consume_all(cluster.broker.bootstrap, "throttled", expected=5)
     assert [r.value for r in got] == [b"warm-up", b"throttled", b"held-0", b"held-1", b"held-2"]
+
+
+async def test_metadata_from_another_cluster_is_refused(proxied_broker):
+    """The bootstrap address now leads to a different Kafka cluster (a DNS name moved): its
+    metadata is refused with InconsistentClusterIdError naming both cluster ids, instead of
+    records going to partitions of a cluster they were not meant for."""
+    cluster = proxied_broker
+    cluster.create_topic("ours", 1)
+    impostor = []
+
+    def other_cluster(response):
+        if not impostor:
+            return None
+        response.cluster_id = "impostor-cluster"
+        return response
+
+    cluster.proxy.rewrite_responses(MetadataResponse, other_cluster)
+    async with Producer(cluster.bootstrap, linger_ms=0, max_block_ms=5_000) as producer:
+        await producer.send("ours", b"before")
+        impostor.append(True)
+        cluster.proxy.cut_all()
+        cluster.create_topic("theirs", 1)
+        with pytest.raises(InconsistentClusterIdError,
+                           match="'impostor-cluster', not 'tansu_cluster'"):
+            await asyncio.wait_for(producer.send("theirs", b"v"), 10)

@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterable, Mapping
 from ..config import ProducerConfig, ssl_context_for
 from ..errors import (
     AuthenticationError,
+    InconsistentClusterIdError,
     InvalidTopicError,
     KafkaConnectionError,
     KafkaError,
@@ -85,6 +86,7 @@ class Cluster:
         self._loop = asyncio.get_running_loop()
         self.brokers: dict[int, Broker] = {}
         self.controller_id = -1  # where CreateTopics goes (aioproducer topic create)
+        self.cluster_id: str | None = None  # the first metadata's; later answers must agree
         self.topics: dict[str, TopicInfo] = {}
         self._wanted: set[str] = set()
         self._connections: dict[int, BrokerConnection] = {}
@@ -223,7 +225,8 @@ class Cluster:
                 continue
             exc = refresh.exception()
             if exc is not None:
-                if not isinstance(exc, KafkaError) or exc.fatal:  # (a failed TLS handshake)
+                if not isinstance(exc, KafkaError) or exc.fatal or \
+                        isinstance(exc, InconsistentClusterIdError):  # (a failed TLS handshake)
                     raise exc
                 last_error = exc
             else:
@@ -258,6 +261,16 @@ class Cluster:
             "topics": [{"name": t} for t in topics],
             "allow_auto_topic_creation": self._config.allow_auto_create_topics,
         })
+        cluster_id = response.get("cluster_id")
+        if cluster_id and self.cluster_id and cluster_id != self.cluster_id:
+            # After every known broker failed, the bootstrap servers led somewhere else
+            # (a DNS name moved to another cluster): its partitions are not ours to write.
+            conn.close()
+            raise InconsistentClusterIdError(
+                f"{conn.address} belongs to Kafka cluster {cluster_id!r}, not {self.cluster_id!r} "
+                "that this producer started with: its metadata is refused (check "
+                "bootstrap_servers)")
+        self.cluster_id = self.cluster_id or cluster_id
         self.brokers = {b["node_id"]: Broker(b["node_id"], b["host"], b["port"])
                         for b in response["brokers"]}
         self.controller_id = response["controller_id"]
