@@ -1,0 +1,252 @@
+"""The simulated cluster (aioproducer.testing.SimulatedCluster) checked against clients we did
+not write: librdkafka (confluent-kafka) produces and consumes through it, and kafka-python's
+protocol classes (generated from Apache Kafka's JSON schemas) decode its rewritten answers.
+Then the current aioproducer Producer against it: what a user's test of their own code sees."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+import uuid
+
+import pytest
+from confluent_kafka import Producer as KafkaProducer
+from confluent_kafka.admin import AdminClient
+from kafka.protocol.metadata import FindCoordinatorRequest, MetadataRequest
+from kafka.protocol.producer import ProduceRequest
+
+from aioproducer import Producer
+from aioproducer.errors import KafkaError
+from aioproducer.testing import SimulatedCluster
+from tests.support.raw import call, record_batch
+from tests.support.readback import consume_all
+
+NOT_LEADER_OR_FOLLOWER = 6
+LEADER_NOT_AVAILABLE = 5
+
+
+def new_topic(cluster: SimulatedCluster, partitions: int) -> str:
+    name = f"c-{uuid.uuid4().hex[:10]}"
+    cluster.create_topic(name, partitions)
+    return name
+
+
+def librdkafka_produce(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]],
+                       settings: dict | None = None, during=None) -> list:
+    """Produce keyed records with librdkafka (idempotent, acks=all); `during(i)` runs after
+    the i-th record is handed over. Returns the delivery errors (None: delivered)."""
+    producer = KafkaProducer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
+                              "linger.ms": 5, "message.timeout.ms": 30000, **(settings or {})})
+    outcomes: list = []
+    for i, (key, value) in enumerate(records):
+        producer.produce(topic, value, key, on_delivery=lambda err, _: outcomes.append(err))
+        producer.poll(0)
+        if during is not None:
+            during(i)
+    assert producer.flush(40) == 0, "librdkafka could not deliver everything in 40 s"
+    return outcomes
+
+
+def by_key(records) -> dict[bytes, list[bytes]]:
+    out: dict[bytes, list[bytes]] = {}
+    for record in sorted(records, key=lambda r: (r.partition, r.offset)):
+        out.setdefault(record.key, []).append(record.value)
+    return out
+
+
+def keyed(n: int, keys: int = 12, start: int = 0) -> list[tuple[bytes, bytes]]:
+    return [(b"key-%d" % (i % keys), b"value-%d" % i) for i in range(start, start + n)]
+
+
+# -- what clients are told -----------------------------------------------------------------
+
+def test_librdkafka_sees_three_nodes_leading_the_partitions_between_them(cluster):
+    topic = new_topic(cluster, 6)
+    metadata = AdminClient({"bootstrap.servers": cluster.bootstrap_servers}).list_topics(
+        topic, timeout=10)
+    addresses = {f"{b.host}:{b.port}" for b in metadata.brokers.values()}
+    assert sorted(metadata.brokers) == [1, 2, 3]
+    assert addresses == set(cluster.bootstrap_servers.split(","))
+    partitions = metadata.topics[topic].partitions
+    assert {p.leader for p in partitions.values()} == {1, 2, 3}
+    for index, p in partitions.items():
+        assert p.leader == cluster.leader(topic, index)
+        assert sorted(p.replicas) == [1, 2, 3] and sorted(p.isrs) == [1, 2, 3]
+
+
+def test_metadata_and_coordinators_decode_with_kafka_python(cluster):
+    topic = new_topic(cluster, 3)
+    request = MetadataRequest(topics=[MetadataRequest.MetadataRequestTopic(name=topic)],
+                              allow_auto_topic_creation=False)
+    for version in (1, 7, 9, 12):
+        response = call(cluster.address(2), request, version)
+        assert [b.node_id for b in response.brokers] == [1, 2, 3]
+        assert response.controller_id == 1
+        [entry] = response.topics
+        assert [(p.partition_index, p.leader_id) for p in entry.partitions] == \
+            [(i, cluster.leader(topic, i)) for i in range(3)]
+    # Coordinators are spread by key, each on a node of the cluster.
+    keys = [f"group-{i}" for i in range(12)]
+    response = call(cluster.address(1), FindCoordinatorRequest(key_type=0, coordinator_keys=keys), 4)
+    nodes = {c.key: (c.node_id, f"{c.host}:{c.port}") for c in response.coordinators}
+    assert {node for node, _ in nodes.values()} == {1, 2, 3}
+    assert all(address == cluster.address(node) for node, address in nodes.values())
+    old = call(cluster.address(3), FindCoordinatorRequest(key="group-0", key_type=0), 2)
+    assert (old.error_code, old.node_id) == (0, nodes["group-0"][0])
+
+
+def test_a_node_answers_for_partitions_it_does_not_lead_as_kip_951_says(cluster):
+    """One Produce v11 to node N for a partition N leads and one it does not: the first is
+    written, the second answered NOT_LEADER_OR_FOLLOWER with the leader's id, epoch and
+    address (decoded by kafka-python)."""
+    topic = new_topic(cluster, 3)
+    node = cluster.leader(topic, 0)
+    other = next(i for i in range(3) if cluster.leader(topic, i) != node)
+    led_by = cluster.leader(topic, other)
+    data = ProduceRequest.TopicProduceData
+    request = ProduceRequest(transactional_id=None, acks=-1, timeout_ms=5000, topic_data=[
+        data(name=topic, partition_data=[
+            data.PartitionProduceData(index=other, records=record_batch(b"refused")),
+            data.PartitionProduceData(index=0, records=record_batch(b"kept", b"too"))])])
+    response = call(cluster.address(node), request, 11)
+    [entry] = response.responses
+    refused, kept = entry.partition_responses
+    assert (refused.index, refused.error_code) == (other, NOT_LEADER_OR_FOLLOWER)
+    assert (refused.current_leader.leader_id, refused.current_leader.leader_epoch) == (led_by, 0)
+    assert [(e.node_id, f"{e.host}:{e.port}") for e in response.node_endpoints] == \
+        [(led_by, cluster.address(led_by))]
+    assert (kept.index, kept.error_code, kept.base_offset) == (0, 0, 0)
+    records = consume_all(cluster.bootstrap_servers, topic, 2)
+    assert [(r.partition, r.value) for r in records] == [(0, b"kept"), (0, b"too")]
+    assert cluster.stats.not_leader == 1
+
+
+# -- producing through it ------------------------------------------------------------------
+
+def test_librdkafka_produces_through_the_cluster_intact_and_in_order(cluster):
+    topic = new_topic(cluster, 6)
+    records = keyed(600)
+    assert librdkafka_produce(cluster.bootstrap_servers, topic, records) == [None] * 600
+    stored = consume_all(cluster.bootstrap_servers, topic, 600)
+    assert len(stored) == 600
+    assert by_key(stored) == by_key_expected(records)
+    assert cluster.stats.not_leader == 0  # it sent each batch to its partition's leader
+
+
+def by_key_expected(records: list[tuple[bytes, bytes]]) -> dict[bytes, list[bytes]]:
+    out: dict[bytes, list[bytes]] = {}
+    for key, value in records:
+        out.setdefault(key, []).append(value)
+    return out
+
+
+async def test_aioproducer_produces_through_the_cluster(cluster):
+    topic = new_topic(cluster, 6)
+    async with Producer(cluster.bootstrap_servers, linger_ms=2) as producer:
+        sent = await asyncio.gather(*(producer.send(topic, value, key=key, partition=i % 6)
+                                      for i, (key, value) in enumerate(keyed(300, keys=6))))
+    assert [md.partition for md in sent] == [i % 6 for i in range(300)]
+    stored = await asyncio.to_thread(consume_all, cluster.bootstrap_servers, topic, 300)
+    assert by_key(stored) == by_key_expected(keyed(300, keys=6))
+    assert cluster.stats.not_leader == 0
+
+
+# -- leaders that move ---------------------------------------------------------------------
+
+def test_a_moved_leader_sends_librdkafka_to_the_new_one_and_nothing_is_lost(cluster):
+    topic = new_topic(cluster, 3)
+    records = keyed(900, keys=9)
+    moved: list[tuple[int, int]] = []
+
+    def move(i: int) -> None:
+        if i in (150, 450, 750):
+            for partition in range(3):
+                before = cluster.leader(topic, partition)
+                after = cluster.move_leader(topic, partition)
+                assert after != before
+                moved.append((partition, cluster.leader_epoch(topic, partition)))
+            time.sleep(0.05)
+
+    errors = librdkafka_produce(cluster.bootstrap_servers, topic, records, during=move)
+    assert errors == [None] * 900
+    assert cluster.stats.not_leader > 0, "librdkafka never met a moved leader"
+    assert cluster.stats.leader_moves == 9
+    assert [epoch for _, epoch in moved[-3:]] == [3, 3, 3]
+    stored = consume_all(cluster.bootstrap_servers, topic, 900)
+    assert len(stored) == 900  # once each
+    assert by_key(stored) == by_key_expected(records)
+
+
+async def test_aioproducer_follows_a_moved_leader(cluster):
+    topic = new_topic(cluster, 2)
+    async with Producer(cluster.bootstrap_servers, linger_ms=1) as producer:
+        first = [await producer.send(topic, b"before-%d" % i, partition=i % 2)
+                 for i in range(10)]
+        for partition in range(2):
+            cluster.move_leader(topic, partition)
+        second = [await producer.send(topic, b"after-%d" % i, partition=i % 2)
+                  for i in range(10)]
+    assert [md.partition for md in first + second] == [i % 2 for i in range(20)]
+    assert cluster.stats.not_leader >= 1  # it went to the old leader first
+    stored = await asyncio.to_thread(consume_all, cluster.bootstrap_servers, topic, 20)
+    for partition in range(2):
+        assert [r.value for r in stored if r.partition == partition] == \
+            [b"before-%d" % i for i in range(partition, 10, 2)] + \
+            [b"after-%d" % i for i in range(partition, 10, 2)]
+
+
+# -- nodes that go down --------------------------------------------------------------------
+
+def refuses(address: str) -> bool:
+    host, port = address.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), 2).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+def test_a_stopped_node_refuses_and_its_partitions_get_new_leaders(cluster):
+    topic = new_topic(cluster, 6)
+    led_by_2 = [p for p in range(6) if cluster.leader(topic, p) == 2]
+    assert led_by_2
+    cluster.stop_node(2)
+    assert refuses(cluster.address(2))
+    assert all(cluster.leader(topic, p) in (1, 3) for p in range(6))
+    metadata = AdminClient({"bootstrap.servers": cluster.address(1)}).list_topics(topic, timeout=10)
+    assert sorted(metadata.brokers) == [1, 3]
+    for p in led_by_2:
+        assert 2 not in metadata.topics[topic].partitions[p].isrs
+    records = keyed(120)
+    assert librdkafka_produce(cluster.address(1), topic, records) == [None] * 120
+    cluster.start_node(2)
+    assert not refuses(cluster.address(2))
+    metadata = AdminClient({"bootstrap.servers": cluster.address(2)}).list_topics(topic, timeout=10)
+    assert sorted(metadata.brokers) == [1, 2, 3]
+    assert by_key(consume_all(cluster.bootstrap_servers, topic, 120)) == by_key_expected(records)
+
+
+async def test_a_partition_without_leader_waits_for_its_node_to_come_back(cluster):
+    """stop_node(reelect=False): Metadata says LEADER_NOT_AVAILABLE; the send waits, and
+    lands once the node is back."""
+    topic = new_topic(cluster, 1)
+    leader = cluster.leader(topic, 0)
+    cluster.stop_node(leader, reelect=False)
+    assert cluster.leader(topic, 0) == -1
+    other = next(n for n in cluster.node_ids if n != leader)
+    request = MetadataRequest(topics=[MetadataRequest.MetadataRequestTopic(name=topic)],
+                              allow_auto_topic_creation=False)
+    [entry] = call(cluster.address(other), request, 9).topics
+    assert [(p.error_code, p.leader_id) for p in entry.partitions] == [(LEADER_NOT_AVAILABLE, -1)]
+    async with Producer(cluster.address(other), delivery_timeout_ms=20000,
+                        request_timeout_ms=5000) as producer:
+        sending = asyncio.ensure_future(producer.send(topic, b"patient"))
+        await asyncio.sleep(0.5)
+        assert not sending.done()
+        await asyncio.to_thread(cluster.start_node, leader)
+        md = await asyncio.wait_for(sending, 20)
+    assert (md.partition, cluster.leader(topic, 0)) == (0, leader)
+    stored = await asyncio.to_thread(consume_all, cluster.bootstrap_servers, topic, 1)
+    assert [r.value for r in stored] == [b"patient"]
