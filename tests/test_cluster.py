@@ -15,7 +15,7 @@ import pytest
 from confluent_kafka import Producer as KafkaProducer
 from confluent_kafka.admin import AdminClient
 from kafka.protocol.metadata import FindCoordinatorRequest, MetadataRequest
-from kafka.protocol.producer import ProduceRequest
+from kafka.protocol.producer import ProduceRequest, ProduceResponse
 
 from aioproducer import Producer
 from aioproducer.errors import KafkaError
@@ -250,3 +250,121 @@ async def test_a_partition_without_leader_waits_for_its_node_to_come_back(cluste
     assert (md.partition, cluster.leader(topic, 0)) == (0, leader)
     stored = await asyncio.to_thread(consume_all, cluster.bootstrap_servers, topic, 1)
     assert [r.value for r in stored] == [b"patient"]
+
+
+# -- throttling, slowness, errors, cuts ----------------------------------------------------
+
+def test_a_throttled_node_says_so_and_mutes_the_connection(cluster):
+    """KIP-219: the response carries throttle_time_ms (decoded by kafka-python), and a request
+    the client sends before the throttle ends is not read until then, and counted."""
+    topic = new_topic(cluster, 1)
+    leader = cluster.leader(topic, 0)
+    cluster.throttle(leader, 1500)
+    data = ProduceRequest.TopicProduceData
+
+    def produce(value: bytes):
+        return ProduceRequest(transactional_id=None, acks=-1, timeout_ms=5000, topic_data=[
+            data(name=topic, partition_data=[
+                data.PartitionProduceData(index=0, records=record_batch(value))])])
+
+    host, port = cluster.address(leader).rsplit(":", 1)
+    with socket.create_connection((host, int(port)), 10) as sock:
+        for i, value in enumerate((b"first", b"second")):
+            request = produce(value)
+            request.with_header(correlation_id=i, client_id="raw")
+            sock.sendall(request.encode(version=9, header=True, framed=True))
+            size = int.from_bytes(sock.recv(4, socket.MSG_WAITALL), "big")
+            decoded = ProduceResponse.decode(sock.recv(size, socket.MSG_WAITALL), version=9,
+                                             header=True)
+            assert decoded.throttle_time_ms == 1500
+            assert decoded.responses[0].partition_responses[0].error_code == 0
+    assert cluster.stats.throttled_responses == 2
+    assert cluster.stats.requests_while_throttled == 1  # the second came while muted
+
+
+def test_librdkafka_reports_the_throttle(cluster):
+    topic = new_topic(cluster, 3)
+    for node in cluster.node_ids:
+        cluster.throttle(node, 250)
+    throttles: list[int] = []
+
+    def on_stats(text: str) -> None:
+        for broker in json.loads(text)["brokers"].values():
+            throttles.append(broker.get("throttle", {}).get("max", 0))
+
+    records = keyed(60)
+    pace = {"statistics.interval.ms": 100, "stats_cb": on_stats, "linger.ms": 0}
+    assert librdkafka_produce(cluster.bootstrap_servers, topic, records, pace,
+                              during=lambda i: time.sleep(0.01)) == [None] * 60
+    assert max(throttles, default=0) == 250
+    print(f"\nthrottled responses {cluster.stats.throttled_responses}, requests librdkafka "
+          f"sent while throttled {cluster.stats.requests_while_throttled}")
+    assert by_key(consume_all(cluster.bootstrap_servers, topic, 60)) == by_key_expected(records)
+
+
+async def test_injected_errors_retriable_then_fatal(cluster):
+    topic = new_topic(cluster, 1)
+    cluster.fail((topic, 0), 19, times=2)  # NOT_ENOUGH_REPLICAS: retriable
+    async with Producer(cluster.bootstrap_servers, retry_backoff_ms=10) as producer:
+        md = await producer.send(topic, b"third time lucky")
+        assert cluster.stats.injected_errors == 2
+        cluster.fail(cluster.leader(topic, 0), 29)  # TOPIC_AUTHORIZATION_FAILED: fatal
+        with pytest.raises(KafkaError) as failure:
+            await producer.send(topic, b"refused")
+    assert type(failure.value).__name__ == "TopicAuthorizationFailedError"
+    assert md.offset == 0
+    stored = await asyncio.to_thread(consume_all, cluster.bootstrap_servers, topic, 1)
+    assert [r.value for r in stored] == [b"third time lucky"]
+
+
+async def test_a_slow_node_times_requests_out(cluster):
+    topic = new_topic(cluster, 1)
+    leader = cluster.leader(topic, 0)
+    async with Producer(cluster.bootstrap_servers, request_timeout_ms=300, linger_ms=0,
+                        delivery_timeout_ms=700, retry_backoff_ms=20) as producer:
+        await producer.send(topic, b"warm-up")
+        cluster.slow(leader, 3.0)
+        with pytest.raises(TimeoutError):
+            await producer.send(topic, b"too slow")
+        cluster.slow(leader, 0)
+        md = await producer.send(topic, b"fast again")
+    assert md.partition == 0
+
+
+def test_cut_connections_lose_nothing_with_librdkafka(cluster):
+    topic = new_topic(cluster, 3)
+    records = keyed(1500)
+
+    def cut(i: int) -> None:
+        time.sleep(0.001)  # librdkafka sends as it goes, over open connections
+        if i % 300 == 299:
+            for node in cluster.node_ids:
+                cluster.cut(node)
+
+    assert librdkafka_produce(cluster.bootstrap_servers, topic, records, during=cut) == \
+        [None] * 1500
+    assert cluster.stats.cuts >= 3
+    stored = consume_all(cluster.bootstrap_servers, topic, 1500)
+    assert len(stored) == 1500
+    assert by_key(stored) == by_key_expected(records)
+
+
+def test_chaos_schedule_with_librdkafka_loses_and_doubles_nothing(cluster):
+    topic = new_topic(cluster, 6)
+    records = keyed(2000, keys=24)
+    chaos = cluster.chaos(seed=26, duration=3.0, move_every=0.15, down_every=1.0, down_for=0.4,
+                          throttle_chance=0.2, throttle_ms=(20, 100), cut_chance=0.1)
+    try:
+        errors = librdkafka_produce(cluster.bootstrap_servers, topic, records,
+                                    during=lambda i: time.sleep(0.0015))
+    finally:
+        chaos.stop()
+    assert not chaos.running
+    stats = cluster.stats
+    print(f"\nchaos: {stats}")
+    assert errors == [None] * 2000
+    assert stats.leader_moves >= 5 and stats.node_stops >= 1
+    assert stats.node_starts == stats.node_stops  # every node it stopped is back
+    stored = consume_all(cluster.bootstrap_servers, topic, 2000)
+    assert len(stored) == 2000
+    assert by_key(stored) == by_key_expected(records)
