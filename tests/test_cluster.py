@@ -8,18 +8,22 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import ssl
 import time
 import uuid
 
 import pytest
+import trustme
+from confluent_kafka import KafkaError as KafkaErrorCode
 from confluent_kafka import Producer as KafkaProducer
 from confluent_kafka.admin import AdminClient
 from kafka.protocol.metadata import FindCoordinatorRequest, MetadataRequest
 from kafka.protocol.producer import ProduceRequest, ProduceResponse
 
 from aioproducer import Producer
-from aioproducer.errors import KafkaError
-from aioproducer.testing import SimulatedCluster
+from aioproducer.errors import AuthenticationError, KafkaError
+from aioproducer.testing import Listener, SimulatedCluster
+from aioproducer.testing.cluster import SASL_MECHANISMS
 from tests.support.raw import call, record_batch
 from tests.support.readback import consume_all
 
@@ -368,3 +372,117 @@ def test_chaos_schedule_with_librdkafka_loses_and_doubles_nothing(cluster):
     stored = consume_all(cluster.bootstrap_servers, topic, 2000)
     assert len(stored) == 2000
     assert by_key(stored) == by_key_expected(records)
+
+
+# -- TLS and SASL --------------------------------------------------------------------------
+
+USERS = {"alice": "wonderland", "bob": "builder"}
+
+
+@pytest.fixture(scope="module")
+def ca():
+    return trustme.CA()
+
+
+@pytest.fixture
+def tls(ca, tmp_path):
+    """The server's SSLContext (a certificate for 127.0.0.1 from `ca`) and the CA file."""
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server)
+    cafile = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(cafile))
+    return server, str(cafile)
+
+
+@pytest.fixture
+def secured(broker, tls):
+    """A cluster with two listeners: PLAINTEXT, and SASL_SSL offering every mechanism."""
+    if not broker.is_embedded:
+        pytest.skip("the simulated cluster forwards to one embedded broker")
+    server, cafile = tls
+    listeners = {"INTERNAL": Listener(),
+                 "SECURE": Listener(tls=server, sasl_mechanisms=SASL_MECHANISMS, users=USERS)}
+    with SimulatedCluster(nodes=3, upstream=broker, listeners=listeners, lifetime=120) as c:
+        yield c, cafile
+
+
+async def test_aioproducer_over_tls(broker, tls):
+    server, cafile = tls
+    if not broker.is_embedded:
+        pytest.skip("the simulated cluster forwards to one embedded broker")
+    with SimulatedCluster(upstream=broker, listeners={"SSL": Listener(tls=server)}) as cluster:
+        topic = new_topic(cluster, 3)
+        async with Producer(cluster.bootstrap_servers, security_protocol="SSL",
+                            ssl_cafile=cafile) as producer:
+            sent = [await producer.send(topic, b"tls-%d" % p, partition=p) for p in range(3)]
+        stored = await asyncio.to_thread(consume_all, broker.bootstrap, topic, 3)
+    assert [md.partition for md in sent] == [0, 1, 2]
+    assert sorted(r.value for r in stored) == [b"tls-0", b"tls-1", b"tls-2"]
+
+
+@pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"])
+async def test_aioproducer_sasl_good_and_bad_passwords(secured, mechanism):
+    cluster, cafile = secured
+    topic = new_topic(cluster, 3)
+    secure = cluster.bootstrap("SECURE")
+    settings = {"security_protocol": "SASL_SSL", "ssl_cafile": cafile,
+                "sasl_mechanism": mechanism, "sasl_username": "alice"}
+    async with Producer(secure, sasl_password="wonderland", **settings) as producer:
+        sent = [await producer.send(topic, mechanism.encode(), partition=p) for p in range(3)]
+    assert [md.partition for md in sent] == [0, 1, 2]
+    assert cluster.stats.authentications >= 2  # bootstrap, then the leaders
+    producer = Producer(secure, sasl_password="looking-glass", **settings)
+    with pytest.raises(AuthenticationError, match=f"SASL {mechanism} authentication .* failed"):
+        await asyncio.wait_for(producer.start(), 10)
+    assert cluster.stats.authentication_failures >= 1
+    stored = await asyncio.to_thread(consume_all, cluster.bootstrap("INTERNAL"), topic, 3)
+    assert sorted(r.value for r in stored) == [mechanism.encode()] * 3
+
+
+def test_metadata_advertises_the_listener_the_client_came_in_on(secured):
+    cluster, _ = secured
+    plain = AdminClient({"bootstrap.servers": cluster.bootstrap("INTERNAL")}).list_topics(
+        timeout=10)
+    assert {f"{b.host}:{b.port}" for b in plain.brokers.values()} == \
+        set(cluster.bootstrap("INTERNAL").split(","))
+    assert cluster.address(1, "SECURE") not in cluster.bootstrap("INTERNAL")
+
+
+@pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-512"])
+def test_librdkafka_authenticates_by_sasl(secured, mechanism):
+    cluster, cafile = secured
+    topic = new_topic(cluster, 3)
+    settings = {"security.protocol": "SASL_SSL", "ssl.ca.location": cafile,
+                "sasl.mechanism": mechanism, "sasl.username": "bob",
+                "sasl.password": "builder"}
+    metadata = AdminClient({"bootstrap.servers": cluster.bootstrap("SECURE"), **settings}) \
+        .list_topics(topic, timeout=10)
+    assert {f"{b.host}:{b.port}" for b in metadata.brokers.values()} == \
+        set(cluster.bootstrap("SECURE").split(","))
+    records = keyed(90)
+    assert librdkafka_produce(cluster.bootstrap("SECURE"), topic, records, settings) == \
+        [None] * 90
+    assert by_key(consume_all(cluster.bootstrap("INTERNAL"), topic, 90)) == \
+        by_key_expected(records)
+
+
+def test_librdkafka_with_a_wrong_password_is_told_authentication_failed(secured):
+    cluster, cafile = secured
+    errors: list = []
+    producer = KafkaProducer({
+        "bootstrap.servers": cluster.address(1, "SECURE"), "security.protocol": "SASL_SSL",
+        "ssl.ca.location": cafile, "sasl.mechanism": "SCRAM-SHA-256", "sasl.username": "bob",
+        "sasl.password": "wrong", "error_cb": errors.append})
+    deadline = time.monotonic() + 10
+    while not errors and time.monotonic() < deadline:
+        producer.poll(0.1)
+    assert errors and errors[0].code() == KafkaErrorCode._AUTHENTICATION
+    assert "invalid credentials" in errors[0].str()
+    assert cluster.stats.authentications == 0
+
+
+def test_secrets_stay_out_of_reprs(secured):
+    cluster, _ = secured
+    listener = Listener(sasl_mechanisms=["PLAIN"], users={"alice": "wonderland"})
+    for text in (repr(listener), repr(cluster), repr(cluster.stats)):
+        assert "wonderland" not in text and "builder" not in text
