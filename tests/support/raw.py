@@ -1,9 +1,10 @@
-"""One request at a time on a plain socket, encoded and decoded by kafka-python's protocol
-classes (generated from Apache Kafka's JSON schemas, tagged fields included): a reading of the
-wire that is neither ours nor librdkafka's."""
+"""Requests on a plain socket, encoded and decoded by kafka-python's protocol classes
+(generated from Apache Kafka's JSON schemas, tagged fields included): a reading of the wire
+that is neither ours nor librdkafka's."""
 
 from __future__ import annotations
 
+import importlib
 import socket
 import struct
 from typing import Any
@@ -11,35 +12,51 @@ from typing import Any
 from kafka.record import MemoryRecordsBuilder
 
 
-def call(address: str, request: Any, version: int, timeout: float = 10) -> Any:
-    """Send `request` at `version` to `address` ("host:port") and return kafka-python's
-    decoded response."""
-    host, port = address.rsplit(":", 1)
-    request.with_header(correlation_id=1, client_id="raw")
-    frame = request.encode(version=version, header=True, framed=True)
-    response_class = _response_class(type(request))
-    with socket.create_connection((host, int(port)), timeout) as sock:
-        sock.sendall(frame)
-        (size,) = struct.unpack(">i", _read(sock, 4))
-        data = _read(sock, size)
-    return response_class.decode(data, version=version, header=True)
+class RawConnection:
+    """One connection, one request at a time."""
+
+    def __init__(self, address: str, timeout: float = 10) -> None:
+        host, port = address.rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)), timeout)
+        self._correlation_id = 0
+
+    def __enter__(self) -> "RawConnection":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.sock.close()
+
+    def request(self, request: Any, version: int) -> Any:
+        """Send `request` at `version`; return kafka-python's decoding of the response."""
+        self._correlation_id += 1
+        request.with_header(correlation_id=self._correlation_id, client_id="raw")
+        self.sock.sendall(request.encode(version=version, header=True, framed=True))
+        module = importlib.import_module(type(request).__module__)
+        response_class = getattr(module, type(request).__name__.replace("Request", "Response"))
+        return response_class.decode(self.frame(), version=version, header=True)
+
+    def frame(self) -> bytes:
+        (size,) = struct.unpack(">i", self._read(4))
+        return self._read(size)
+
+    def send_frame(self, payload: bytes) -> None:
+        self.sock.sendall(struct.pack(">i", len(payload)) + payload)
+
+    def _read(self, n: int) -> bytes:
+        chunks = []
+        while n:
+            chunk = self.sock.recv(n)
+            if not chunk:
+                raise ConnectionError("the peer closed the connection")
+            chunks.append(chunk)
+            n -= len(chunk)
+        return b"".join(chunks)
 
 
-def _response_class(request_class: Any) -> Any:
-    import importlib
-    module = importlib.import_module(request_class.__module__)
-    return getattr(module, request_class.__name__.replace("Request", "Response"))
-
-
-def _read(sock: socket.socket, n: int) -> bytes:
-    chunks = []
-    while n:
-        chunk = sock.recv(n)
-        if not chunk:
-            raise ConnectionError("the peer closed the connection")
-        chunks.append(chunk)
-        n -= len(chunk)
-    return b"".join(chunks)
+def call(address: str, request: Any, version: int) -> Any:
+    """One request on a connection of its own."""
+    with RawConnection(address) as connection:
+        return connection.request(request, version)
 
 
 def record_batch(*values: bytes) -> bytes:
