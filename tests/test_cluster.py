@@ -23,7 +23,7 @@ from kafka.protocol.producer import ProduceRequest, ProduceResponse
 from kafka.protocol.sasl import SaslAuthenticateRequest, SaslHandshakeRequest
 
 from aioproducer import Producer
-from aioproducer.errors import AuthenticationError, KafkaError
+from aioproducer.errors import AuthenticationError, ConfigError, KafkaError
 from aioproducer.testing import (EmbeddedBrokerError, Listener, Principal, SaslFailure,
                                  SimulatedCluster, unsecured_jwt)
 from aioproducer.testing.cluster import SASL_MECHANISMS
@@ -157,6 +157,20 @@ async def test_aioproducer_produces_through_the_cluster(cluster):
     assert [md.partition for md in sent] == [i % 6 for i in range(300)]
     stored = await asyncio.to_thread(consume_all, cluster.bootstrap_servers, topic, 300)
     assert by_key(stored) == by_key_expected(keyed(300, keys=6))
+    assert cluster.stats.not_leader == 0
+
+
+async def test_aioproducer_transaction_through_its_coordinator_node(cluster):
+    """FindCoordinator sends the transactional producer to one node (by a hash of its id);
+    the transaction's records, spread over three leaders, commit."""
+    topic = new_topic(cluster, 3)
+    async with Producer(cluster.bootstrap_servers, transactional_id=f"tx-{topic}") as producer:
+        async with producer.transaction():
+            for i in range(9):
+                await producer.enqueue(topic, b"tx-%d" % i, partition=i % 3)
+    stored = await asyncio.to_thread(consume_all, cluster.bootstrap_servers, topic, 9,
+                                     isolation_level="read_committed")
+    assert sorted(r.value for r in stored) == sorted(b"tx-%d" % i for i in range(9))
     assert cluster.stats.not_leader == 0
 
 
@@ -629,3 +643,19 @@ def test_the_cluster_stops_itself_when_its_lifetime_ends(broker):
         assert broker.running  # not its to stop: it was given the broker
     finally:
         cluster.stop()
+
+
+def test_bad_arguments_are_refused_clearly(cluster):
+    with pytest.raises(ConfigError, match="at least one node"):
+        SimulatedCluster(nodes=0)
+    with pytest.raises(ConfigError, match="unknown SASL mechanisms.*GSSAPI"):
+        Listener(sasl_mechanisms=["GSSAPI"])
+    with pytest.raises(ConfigError, match="no node 9: the nodes are"):
+        cluster.move_leader("any", 0, to=9)
+    with pytest.raises(ConfigError, match="no listener 'SECURE'"):
+        cluster.bootstrap("SECURE")
+    with pytest.raises(ConfigError, match="times must be at least 1"):
+        cluster.fail(1, 19, times=0)
+    cluster.stop_node(3)
+    with pytest.raises(EmbeddedBrokerError, match="node 3 is down"):
+        cluster.move_leader("any", 0, to=3)

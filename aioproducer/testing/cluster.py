@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import functools
 import logging
 import random
 import ssl
@@ -36,6 +37,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Coroutine, Mapping, NamedTuple, Sequence, TypeVar
 
+from ..errors import ConfigError, CorruptMessageError
 from . import _wire as wire
 from ._sasl_server import (OAuthBearerExchange, PlainExchange, Principal, SaslExchange,
                            SaslFailure, ScramCredentials, ScramExchange, TokenValidator,
@@ -76,7 +78,7 @@ class Listener:
     def __post_init__(self) -> None:
         unknown = set(self.sasl_mechanisms) - set(SASL_MECHANISMS)
         if unknown:
-            raise ValueError(f"unknown SASL mechanisms {sorted(unknown)}: the cluster offers "
+            raise ConfigError(f"unknown SASL mechanisms {sorted(unknown)}: the cluster offers "
                              f"{', '.join(SASL_MECHANISMS)}")
         object.__setattr__(self, "sasl_mechanisms", tuple(self.sasl_mechanisms))
 
@@ -149,12 +151,12 @@ class SimulatedCluster:
                  racks: Sequence[str | None] | None = None,
                  lifetime: float = 900.0) -> None:
         if nodes < 1:
-            raise ValueError(f"a cluster needs at least one node, not {nodes}")
+            raise ConfigError(f"a cluster needs at least one node, not {nodes}")
         if racks is not None and len(racks) != nodes:
-            raise ValueError(f"racks names {len(racks)} racks for {nodes} nodes")
+            raise ConfigError(f"racks names {len(racks)} racks for {nodes} nodes")
         self._listeners = dict(listeners or {"PLAINTEXT": Listener()})
         if not self._listeners:
-            raise ValueError("a cluster needs at least one listener")
+            raise ConfigError("a cluster needs at least one listener")
         self._upstream_spec = upstream
         self._broker: EmbeddedBroker | None = upstream if isinstance(upstream, EmbeddedBroker) \
             else None
@@ -242,9 +244,8 @@ class SimulatedCluster:
 
     async def _listen(self, node: _Node) -> None:
         for name, listener in self._listeners.items():
-            server = await asyncio.start_server(
-                lambda r, w, name=name: self._accept(node, name, r, w),  # type: ignore[misc]
-                HOST, node.ports.get(name, 0), ssl=listener.tls)
+            server = await asyncio.start_server(functools.partial(self._accept, node, name),
+                                                HOST, node.ports.get(name, 0), ssl=listener.tls)
             node.ports[name] = server.sockets[0].getsockname()[1]
             node.servers.append(server)
         node.up = True
@@ -289,11 +290,20 @@ class SimulatedCluster:
         return self.bootstrap(next(iter(self._listeners)))
 
     def bootstrap(self, listener: str) -> str:
+        """The nodes' addresses on one listener, comma-separated."""
+        self._listener(listener)
         return ",".join(f"{HOST}:{node.ports[listener]}" for node in self._nodes.values()
                         if listener in node.ports)
 
     def address(self, node_id: int, listener: str | None = None) -> str:
-        return f"{HOST}:{self._node(node_id).ports[listener or next(iter(self._listeners))]}"
+        """One node's address (on the first listener unless named)."""
+        name = self._listener(listener or next(iter(self._listeners)))
+        return f"{HOST}:{self._node(node_id).ports[name]}"
+
+    def _listener(self, name: str) -> str:
+        if name not in self._listeners:
+            raise ConfigError(f"no listener {name!r}: the listeners are {list(self._listeners)}")
+        return name
 
     @property
     def node_ids(self) -> list[int]:
@@ -363,7 +373,7 @@ class SimulatedCluster:
         if isinstance(target, int):
             self._node(target)
         if times < 1:
-            raise ValueError(f"times must be at least 1, not {times}")
+            raise ConfigError(f"times must be at least 1, not {times}")
         self._run_in_loop(lambda: self._faults.__setitem__(target, _Fault(error_code, times)))
 
     def cut(self, node_id: int) -> None:
@@ -395,7 +405,7 @@ class SimulatedCluster:
         try:
             return self._nodes[node_id]
         except KeyError:
-            raise ValueError(f"no node {node_id}: the nodes are {list(self._nodes)}") from None
+            raise ConfigError(f"no node {node_id}: the nodes are {list(self._nodes)}") from None
 
     # -- state (in the loop's thread only) ---------------------------------------------------
 
@@ -558,7 +568,7 @@ class _Connection:
                     await asyncio.sleep(self.muted_until - self.loop.time())
                 self._handle(frame)
         except (_Close, OSError, EOFError, asyncio.IncompleteReadError, asyncio.TimeoutError,
-                struct.error, ValueError, ssl.SSLError):
+                struct.error, ValueError, CorruptMessageError):
             pass  # the client went, or broke the protocol: end as a broker would
         finally:
             self.abort()
@@ -658,14 +668,13 @@ class _Connection:
         return waiter
 
     async def _forward(self, header: wire.RequestHeader, frame: bytes,
-                       schema: tuple[wire.Field, ...] | None = None,
+                       schema: tuple[wire.Field, ...] = (),
                        rewrite: Callable[[dict[str, Any]], None] | None = None) -> _Reply:
         """Forward a request; the response gets the client's correlation id back and, with a
-        schema, is decoded, changed by `rewrite` and encoded again."""
-        waiter = self._send_upstream(frame)
-        response = await waiter
+        `rewrite`, is decoded by `schema`, changed and encoded again."""
+        response = await self._send_upstream(frame)
         api, version = header.api_key, header.api_version
-        if schema is None or rewrite is None:
+        if rewrite is None:
             return _Reply(struct.pack(">ii", len(response), header.correlation_id)
                           + response[4:])
         offset = wire.response_body_offset(api, version, response)
