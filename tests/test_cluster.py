@@ -104,6 +104,15 @@ def test_metadata_and_coordinators_decode_with_kafka_python(cluster):
     assert (old.error_code, old.node_id) == (0, nodes["group-0"][0])
 
 
+def test_racks_show_in_metadata(broker):
+    if not broker.is_embedded:
+        pytest.skip("the simulated cluster forwards to one embedded broker")
+    with SimulatedCluster(nodes=2, upstream=broker, racks=["az-a", "az-b"]) as cluster:
+        request = MetadataRequest(topics=[], allow_auto_topic_creation=False)
+        brokers = call(cluster.address(1), request, 12).brokers
+    assert [(b.node_id, b.rack) for b in brokers] == [(1, "az-a"), (2, "az-b")]
+
+
 def test_a_node_answers_for_partitions_it_does_not_lead_as_kip_951_says(cluster):
     """One Produce v11 to node N for a partition N leads and one it does not: the first is
     written, the second answered NOT_LEADER_OR_FOLLOWER with the leader's id, epoch and

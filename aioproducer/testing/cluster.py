@@ -102,7 +102,8 @@ class ClusterStats:
     node_starts: int = 0
     cuts: int = 0  # client connections cut
     throttled_responses: int = 0
-    requests_while_throttled: int = 0  # sent by a client told to hold back (KIP-219)
+    # arrived after a throttled response went out, before its throttle ended (KIP-219)
+    requests_while_throttled: int = 0
     injected_errors: int = 0
     authentications: int = 0
     authentication_failures: int = 0
@@ -179,6 +180,9 @@ class SimulatedCluster:
     def start(self, timeout: float = 15.0) -> "SimulatedCluster":
         if self._thread.is_alive():
             return self
+        if self._loop.is_closed() or self._expired:
+            raise EmbeddedBrokerError("a stopped SimulatedCluster cannot start again: make a "
+                                      "new one")
         if self._owns_broker:
             self._broker = EmbeddedBroker().start(timeout)
         if self._broker is not None:
@@ -593,8 +597,11 @@ class _Connection:
                     self.muted_until = self.loop.time() + reply.throttle_ms / 1000
                 if reply.then_close:
                     break
-        except (OSError, asyncio.CancelledError, _Close, ValueError):
-            pass
+        except (OSError, asyncio.CancelledError, ValueError):
+            pass  # the connection ended
+        except Exception:  # a reply the cluster could not make: say so, and hang up
+            log.exception("SimulatedCluster node %d could not answer a request",
+                          self.node.node_id)
         finally:
             self.abort()
 
