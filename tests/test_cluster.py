@@ -113,10 +113,11 @@ def test_racks_show_in_metadata(broker):
     assert [(b.node_id, b.rack) for b in brokers] == [(1, "az-a"), (2, "az-b")]
 
 
-def test_a_node_answers_for_partitions_it_does_not_lead_as_kip_951_says(cluster):
-    """One Produce v11 to node N for a partition N leads and one it does not: the first is
-    written, the second answered NOT_LEADER_OR_FOLLOWER with the leader's id, epoch and
-    address (decoded by kafka-python)."""
+@pytest.mark.parametrize("version", [3, 8, 9, 11])
+def test_a_node_answers_for_partitions_it_does_not_lead_as_kip_951_says(cluster, version):
+    """One Produce to node N for a partition N leads and one it does not: the first is
+    written, the second answered NOT_LEADER_OR_FOLLOWER, from v10 on with the leader's id,
+    epoch and address (decoded by kafka-python)."""
     topic = new_topic(cluster, 3)
     node = cluster.leader(topic, 0)
     other = next(i for i in range(3) if cluster.leader(topic, i) != node)
@@ -126,14 +127,16 @@ def test_a_node_answers_for_partitions_it_does_not_lead_as_kip_951_says(cluster)
         data(name=topic, partition_data=[
             data.PartitionProduceData(index=other, records=record_batch(b"refused")),
             data.PartitionProduceData(index=0, records=record_batch(b"kept", b"too"))])])
-    response = call(cluster.address(node), request, 11)
+    response = call(cluster.address(node), request, version)
     [entry] = response.responses
     refused, kept = entry.partition_responses
     assert (refused.index, refused.error_code) == (other, NOT_LEADER_OR_FOLLOWER)
-    assert (refused.current_leader.leader_id, refused.current_leader.leader_epoch) == (led_by, 0)
-    assert [(e.node_id, f"{e.host}:{e.port}") for e in response.node_endpoints] == \
-        [(led_by, cluster.address(led_by))]
     assert (kept.index, kept.error_code, kept.base_offset) == (0, 0, 0)
+    if version >= 10:
+        assert (refused.current_leader.leader_id, refused.current_leader.leader_epoch) == \
+            (led_by, 0)
+        assert [(e.node_id, f"{e.host}:{e.port}") for e in response.node_endpoints] == \
+            [(led_by, cluster.address(led_by))]
     records = consume_all(cluster.bootstrap_servers, topic, 2)
     assert [(r.partition, r.value) for r in records] == [(0, b"kept"), (0, b"too")]
     assert cluster.stats.not_leader == 1
