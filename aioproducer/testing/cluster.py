@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import copy
 import functools
+import importlib.util
 import logging
 import random
 import ssl
@@ -81,6 +82,10 @@ class Listener:
             raise ConfigError(f"unknown SASL mechanisms {sorted(unknown)}: the cluster offers "
                              f"{', '.join(SASL_MECHANISMS)}")
         object.__setattr__(self, "sasl_mechanisms", tuple(self.sasl_mechanisms))
+        if any(m.startswith("SCRAM") for m in self.sasl_mechanisms) and \
+                importlib.util.find_spec("scramp") is None:
+            raise ConfigError("the cluster's SCRAM is scramp's: pip install "
+                              "'aioproducer[testing]' (or scramp)")
 
     @property
     def security_protocol(self) -> str:
