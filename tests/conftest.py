@@ -1,5 +1,5 @@
 """Fixtures: a real broker (embedded Tansu, or AIOPRODUCER_BOOTSTRAP), topics, a fault proxy,
-and the ways a block is cut short (asyncio and anyio, on asyncio's loop and uvloop)."""
+a simulated three-node cluster in front of the broker, and the ways a block is cut short (asyncio and anyio, on asyncio's loop and uvloop)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import pytest
 from pytest_asyncio.plugin import PytestAsyncioFunction
 
-from aioproducer.testing import EmbeddedBroker
+from aioproducer.testing import EmbeddedBroker, SimulatedCluster
 from tests.support.cancel import WAYS, cut_short
 from tests.support.ports import free_port
 from tests.support.proxy import FaultProxy
@@ -86,6 +86,17 @@ def proxied_broker():
     with EmbeddedBroker(advertised_port=proxy_port) as embedded:
         with FaultProxy(embedded.port, proxy_port) as proxy:
             yield ProxiedBroker(embedded, proxy)
+
+
+@pytest.fixture
+def cluster(broker):
+    """Three simulated nodes (ids 1-3) in front of the session's broker: leaders spread over
+    them, faults on command (aioproducer.testing.SimulatedCluster). Embedded only: an
+    external cluster's own brokers would answer for partitions the nodes say they lead."""
+    if not broker.is_embedded:
+        pytest.skip("the simulated cluster forwards to one embedded broker")
+    with SimulatedCluster(nodes=3, upstream=broker, lifetime=120) as simulated:
+        yield simulated
 
 
 # -- cancellation under asyncio and anyio --------------------------------------------------
