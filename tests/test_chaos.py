@@ -15,20 +15,11 @@ import uuid
 import pytest
 
 from aioproducer import Producer
-from aioproducer.testing import SimulatedCluster
 from tests.support.readback import consume_all
 
 KEYS = 12
 SETTINGS = dict(linger_ms=5, request_timeout_ms=2_000, delivery_timeout_ms=30_000,
                 retry_backoff_ms=20, retry_backoff_max_ms=200, reconnect_backoff_max_ms=200)
-
-
-@pytest.fixture
-def cluster(broker):
-    if not getattr(broker, "is_embedded", False):
-        pytest.skip("the simulated cluster fronts the embedded broker")
-    with SimulatedCluster(nodes=3, upstream=broker, lifetime=120) as simulated:
-        yield simulated
 
 
 def _value(key: int, seq: int) -> bytes:

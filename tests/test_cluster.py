@@ -622,21 +622,64 @@ def test_librdkafka_reauthenticates_before_its_session_ends(broker):
         assert by_key(consume_all(broker.bootstrap, topic, 120)) == by_key_expected(records)
 
 
-async def test_aioproducer_session_expiry_is_survived(broker):
-    """aioproducer does not re-authenticate (KIP-368) yet: the node hangs up on its first
-    request after the session ends; the producer reconnects and the record still arrives,
-    once."""
+async def test_aioproducer_reauthenticates_before_its_session_ends(broker):
+    """KIP-368: the node limits sessions to 500 ms and hangs up on a request sent after the
+    session ended. The producer authenticates again on its open connections before then,
+    so no session expires, and every record arrives once, in order."""
     with oauth_cluster(broker, session_lifetime_ms=500) as cluster:
         topic = new_topic(cluster, 1)
         async with Producer(cluster.bootstrap_servers, security_protocol="SASL_PLAINTEXT",
                             sasl_mechanism="PLAIN", sasl_username="alice",
-                            sasl_password="wonderland", retry_backoff_ms=20) as producer:
-            await producer.send(topic, b"early")
-            await asyncio.sleep(0.7)
-            await producer.send(topic, b"late")
-        assert cluster.stats.expired_sessions >= 1
-        stored = await asyncio.to_thread(consume_all, broker.bootstrap, topic, 2)
-    assert [r.value for r in stored] == [b"early", b"late"]
+                            sasl_password="wonderland", linger_ms=0) as producer:
+            for i in range(40):  # 2 s: four sessions' worth
+                await producer.send(topic, b"%02d" % i)
+                await asyncio.sleep(0.05)
+            metrics = producer.metrics()
+        stats = cluster.stats
+        stored = await asyncio.to_thread(consume_all, broker.bootstrap, topic, 40)
+    assert stats.expired_sessions == 0
+    assert metrics.reauthentications >= 3 and stats.authentications > stats.connections
+    assert [r.value for r in stored] == [b"%02d" % i for i in range(40)]
+
+
+def _jwt(subject: str, lifetime_s: float) -> str:
+    """An unsecured JWT (alg none), as Kafka's default OAUTHBEARER validator takes."""
+    def part(value: dict) -> str:
+        return base64.urlsafe_b64encode(json.dumps(value).encode()).rstrip(b"=").decode()
+    return f"{part({'alg': 'none'})}.{part({'sub': subject, 'exp': time.time() + lifetime_s})}."
+
+
+async def test_aioproducer_oauthbearer_asks_its_provider_for_each_session(broker):
+    """OAUTHBEARER with an async token provider: each connection and each re-authentication
+    asks it again (the node's sessions last 400 ms), so tokens of one second do not run
+    out; a provider whose token the node refuses makes start() fail with
+    AuthenticationError carrying the node's reason, and no token appears in it."""
+    tokens: list[str] = []
+
+    class Provider:
+        async def token(self) -> str:
+            tokens.append(_jwt("carol", 1.0))
+            return tokens[-1]
+
+    with oauth_cluster(broker, session_lifetime_ms=400) as cluster:
+        topic = new_topic(cluster, 3)
+        async with Producer(cluster.bootstrap_servers, security_protocol="SASL_PLAINTEXT",
+                            sasl_mechanism="OAUTHBEARER", sasl_oauth_token_provider=Provider(),
+                            linger_ms=0) as producer:
+            for i in range(30):  # 1.5 s
+                await producer.send(topic, b"%02d" % i, key=b"k")
+                await asyncio.sleep(0.05)
+        assert cluster.stats.expired_sessions == 0
+        assert len(tokens) >= 4
+        stored = await asyncio.to_thread(consume_all, broker.bootstrap, topic, 30)
+        assert [r.value for r in stored] == [b"%02d" % i for i in range(30)]
+
+        expired = _jwt("carol", -5)
+        with pytest.raises(AuthenticationError) as refused:
+            await Producer(cluster.bootstrap_servers, security_protocol="SASL_PLAINTEXT",
+                           sasl_mechanism="OAUTHBEARER", max_block_ms=3000,
+                           sasl_oauth_token_provider=lambda: expired).start()
+        assert "expired" in str(refused.value) and expired not in str(refused.value)
 
 
 def test_the_cluster_stops_itself_when_its_lifetime_ends(broker):
