@@ -15,6 +15,7 @@ ratios of aioproducer to each peer.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -28,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from aioproducer.testing import EmbeddedBroker  # noqa: E402
+from aioproducer.testing import EmbeddedBroker, SimulatedCluster  # noqa: E402
 
 # The shapes users write, aioproducer beside each peer's nearest equivalent (aiokafka's
 # `send()` returns a future like our `enqueue()`; its `send_and_wait()` is our `send()`;
@@ -82,6 +83,14 @@ PLAN = USER_SHAPES + [
     ("sync", "aioproducer", 300_000, []),
     ("sync", "confluent-sync", 500_000, []),
     ("sync", "kafka-python", 50_000, []),
+    # Through a 3-node SimulatedCluster whose partition leaders move every 300 ms (KIP-951:
+    # the refusal names the new leader): per-record throughput, and latency at 10k msg/s.
+    ("leader-moves", "aioproducer", 500_000, []),
+    ("leader-moves", "aiokafka", 200_000, []),
+    ("leader-moves", "confluent-aio", 200_000, []),
+    ("leader-moves-latency", "aioproducer", 50_000, ["--rate", "10000"]),
+    ("leader-moves-latency", "confluent-sync", 50_000, ["--rate", "10000"]),
+    ("leader-moves-latency", "aiokafka", 50_000, ["--rate", "10000"]),
     ("idempotence-on", "aioproducer", 500_000, ["--idempotence"]),
     ("lz4", "aioproducer", 500_000, ["--codec", "lz4"]),
 ]
@@ -90,7 +99,9 @@ PLAN = USER_SHAPES + [
 PINNED = {"latency", "load-latency"}
 BROKER_CORE, CLIENT_CORE = "0", "1"
 SHAPE = {"bulk-keyless": "bulk", "1KiB": "bulk", "idempotence-on": "per-record",
-         "lz4": "per-record"}
+         "lz4": "per-record", "leader-moves": "per-record",
+         "leader-moves-latency": "load-latency"}
+MOVING = {"leader-moves", "leader-moves-latency"}
 
 
 def count_back(bootstrap: str, topic: str, expected: int) -> int:
@@ -112,16 +123,25 @@ def count_back(bootstrap: str, topic: str, expected: int) -> int:
 def run_one(scenario: str, client: str, records: int, extra: list[str], uvloop: bool) -> dict:
     shape = SHAPE.get(scenario, scenario.split("/")[0])
     uvloop = uvloop and not scenario.endswith("/asyncio")
-    with EmbeddedBroker() as broker:
+    with EmbeddedBroker() as broker, contextlib.ExitStack() as moving:
         topic = f"bench-{scenario}-{client}"
         broker.create_topic(topic, 6)
+        bootstrap = broker.bootstrap
+        cluster = None
+        if scenario in MOVING:
+            cluster = moving.enter_context(SimulatedCluster(nodes=3, upstream=broker,
+                                                            lifetime=600))
+            moving.enter_context(cluster.chaos(seed=951, duration=400, move_every=0.3,
+                                               down_every=None, throttle_chance=0,
+                                               cut_chance=0))
+            bootstrap = cluster.bootstrap_servers
         pin: list[str] = []
         if scenario in PINNED:
             subprocess.run(["taskset", "-a", "-p", "-c", BROKER_CORE, str(broker.pid)],
                            check=True, capture_output=True)
             pin = ["taskset", "-c", CLIENT_CORE]
         cmd = [*pin, sys.executable, str(ROOT / "benchmarks" / "clients.py"), client, shape,
-               "--bootstrap", broker.bootstrap, "--topic", topic, "--records", str(records),
+               "--bootstrap", bootstrap, "--topic", topic, "--records", str(records),
                *extra, *(["--uvloop"] if uvloop else [])]
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
@@ -133,6 +153,8 @@ def run_one(scenario: str, client: str, records: int, extra: list[str], uvloop: 
             result = json.loads(done.stdout.strip().splitlines()[-1])
         except (IndexError, ValueError):  # a cut-off line (clients.py says why it should not be)
             return {"error": f"unreadable result ({len(done.stdout)} characters on stdout)"}
+        if cluster is not None:
+            result["leader_moves"] = cluster.stats.leader_moves
         counted = count_back(broker.bootstrap, topic, records)
     if counted != records:
         return {"error": f"counted {counted} of {records} records back"}
@@ -204,7 +226,8 @@ def main() -> None:
         for (scenario, client, n, extra), client_runs in zip(plan, runs):
             result = run_one(scenario, client, n, extra, uvloop)
             client_runs.append(result)
-            outcome = result.get("error") or f"{result['msgs_per_s']:,.0f} msgs/s"
+            outcome = result.get("error") or f"{result['msgs_per_s']:,.0f} msgs/s" + (
+                f", {result['leader_moves']} leader moves" if "leader_moves" in result else "")
             print(f"round {round_ + 1}/{repeat}  {scenario:15} {client:15} {outcome}", flush=True)
     rows = []
     for (scenario, client, n, _), client_runs in zip(plan, runs):
