@@ -510,6 +510,28 @@ class TransactionManager:
                 "topics": [{"name": t, "partitions": ps} for t, ps in topics.items()],
             }, "TxnOffsetCommit", deciding_error, key=group_id)
 
+    async def committed_offsets(self, group_id: str, partitions: Iterable[TopicPartition]
+                                ) -> dict[TopicPartition, int]:
+        """A group's committed offsets (-1: none), from its coordinator (OffsetFetch). Asks
+        for stable offsets: one that an open transaction is committing is retried
+        (UNSTABLE_OFFSET_COMMIT) until that transaction ends, within max_block_ms."""
+        topics: dict[str, list[int]] = {}
+        for topic, partition in sorted(set(partitions)):
+            topics.setdefault(topic, []).append(partition)
+
+        def deciding_error(response: Mapping[str, Any]) -> int:
+            return response.get("error_code") or _deciding_error(
+                p["error_code"] for topic in response["topics"] for p in topic["partitions"])
+
+        response = await self._coordinator_request(
+            _GROUP, ApiKey.OFFSET_FETCH, lambda: {
+                "group_id": group_id,
+                "topics": [{"name": t, "partition_indexes": ps} for t, ps in topics.items()],
+                "require_stable": True,
+            }, "OffsetFetch", deciding_error, key=group_id)
+        return {(topic["name"], p["partition_index"]): p["committed_offset"]
+                for topic in response["topics"] for p in topic["partitions"]}
+
     # -- coordinator requests --------------------------------------------------------------
 
     async def _coordinator_request(
