@@ -110,12 +110,64 @@ class TaskReport:
 
 # -- on the driver: options and columns ----------------------------------------------------
 
-def register(spark: SparkSession) -> None:
+def register(spark: SparkSession, *, check_executors: bool = True) -> None:
     """Make `format("aioproducer")` known to this SparkSession (Spark has no entry point
-    discovery for Python data sources: each session registers them)."""
+    discovery for Python data sources: each session registers them).
+
+    `check_executors`: first run one small job that imports, on the executors, what the
+    writing tasks import. An executor whose Python lacks aioproducer or a dependency then
+    fails here with one SparkExecutorSetupError naming the fix, not with a
+    ModuleNotFoundError in every task of the first write."""
     from .spark_source import KafkaSink
 
+    if check_executors:
+        check_executor_imports(spark)
     spark.dataSource.register(KafkaSink)
+
+
+_SHIPPING_HELP = (
+    "The aioproducer data source's tasks run there: give the executors a Python that has "
+    "aioproducer[spark] installed (the same path on every node, set with "
+    "spark.pyspark.python or PYSPARK_PYTHON), or ship a packed virtualenv: "
+    "`venv-pack -o env.tar.gz`, then spark.archives=env.tar.gz#environment and "
+    "spark.pyspark.python=./environment/bin/python (docs/spark.md)")
+
+# Run on the executors, so defined from source here: a function of this module would be
+# pickled by reference, and unpickling it needs the very import being checked.
+_PROBE_SOURCE = """
+def probe(_):
+    import importlib, socket, sys
+    missing = []
+    for name in NAMES:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            missing.append(f"{name} ({exc})")
+    yield socket.gethostname(), sys.executable, missing
+"""
+
+
+def check_executor_imports(spark: SparkSession) -> None:
+    """Import the writing tasks' modules in a task on each executor slot; raise
+    SparkExecutorSetupError naming what is missing where, and how to ship it."""
+    namespace: dict[str, Any] = {"__name__": "aioproducer_executor_probe",
+                                 "NAMES": ("pyarrow", "aioproducer.integrations.spark_source")}
+    exec(_PROBE_SOURCE, namespace)
+    context = spark.sparkContext
+    slots = max(context.defaultParallelism, 1)
+    try:
+        found = context.parallelize(range(slots), slots).mapPartitions(namespace["probe"]).collect()
+    except Exception as exc:
+        cause = next((line for line in str(exc).splitlines() if line.strip()), repr(exc))
+        raise SparkExecutorSetupError(
+            f"the executors could not run a Python task: {cause[:500]}. {_SHIPPING_HELP}") from exc
+    broken = sorted({(host, executable, tuple(missing))
+                     for host, executable, missing in found if missing})
+    if broken:
+        where = "; ".join(f"{executable} on {host} cannot import {', '.join(missing)}"
+                          for host, executable, missing in broken)
+        raise SparkExecutorSetupError(f"the executors' Python is missing packages: {where}. "
+                                      f"{_SHIPPING_HELP}")
 
 
 def plan_from_options(options: Mapping[str, str], schema: StructType, *,
