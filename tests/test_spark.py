@@ -25,16 +25,22 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="module")
 def spark():
     pyspark = pytest.importorskip("pyspark", reason="install the spark extra: aioproducer[spark]")
-    from aioproducer.integrations.spark import register
 
     os.environ["PYSPARK_PYTHON"] = sys.executable  # the workers import this checkout
     session = (pyspark.sql.SparkSession.builder.master("local[2]")
                .appName("aioproducer-data-source")
                .config("spark.ui.enabled", "false")
                .getOrCreate())
-    register(session)
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def progress(spark):
+    """format("aioproducer") registered; the counters its tasks add to."""
+    from aioproducer.integrations.spark import register
+
+    return register(spark)
 
 
 def _jobs_run(spark) -> int:
@@ -48,13 +54,14 @@ def _write(df, bootstrap: str, **options: str):
     writer.mode("append").save()
 
 
-def test_columns_as_for_sparks_kafka_sink(spark, broker, topic_factory):
+def test_columns_as_for_sparks_kafka_sink(spark, progress, broker, topic_factory):
     """key, value, headers and partition columns, kafka.-prefixed settings: each row arrives
-    as the row said, read back by librdkafka."""
+    as the row said, read back by librdkafka; the counters add up what was written."""
     from pyspark.sql import functions as F
 
     topic = topic_factory(3)
     rows = 3000
+    records_before, bytes_before = progress.records.value, progress.bytes.value
     df = spark.range(rows, numPartitions=3).select(
         F.concat(F.lit("k"), F.col("id").cast("string")).alias("key"),
         F.col("id").cast("string").cast("binary").alias("value"),
@@ -69,6 +76,8 @@ def test_columns_as_for_sparks_kafka_sink(spark, broker, topic_factory):
     for r in got:
         n = int(r.value)
         assert (r.key, r.headers, r.partition) == (b"k%d" % n, [("n", r.value)], n % 3)
+    assert progress.records.value - records_before == rows
+    assert progress.bytes.value - bytes_before == sum(len(r.key) + len(r.value) for r in got)
 
 
 def test_topic_column_routes_rows_and_the_topic_option_wins(spark, broker, topic_factory):
@@ -222,6 +231,8 @@ def test_stream_is_exactly_once_across_a_killed_driver(broker, topic_factory, tm
             os.killpg(driver.pid, signal.SIGKILL)
             driver.wait(30)
 
+    assert '"rows_already_committed": 800' in log.read_text(), \
+        "the restart found the replayed micro-batch's two files committed, and skipped them"
     committed, aborted, open_ = _transaction_outcomes(broker.bootstrap, topic, 2)
     assert open_ == [], "the restart fenced and aborted the killed driver's transactions"
     counts = Counter(committed)

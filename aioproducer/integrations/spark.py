@@ -36,6 +36,7 @@ from ..producer import Producer
 
 if TYPE_CHECKING:
     import pyarrow as pa  # type: ignore[import-untyped]  # (no type hints)
+    from pyspark.accumulators import Accumulator
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import DataType, StructType
 
@@ -110,9 +111,28 @@ class TaskReport:
 
 # -- on the driver: options and columns ----------------------------------------------------
 
-def register(spark: SparkSession, *, check_executors: bool = True) -> None:
+@dataclass(frozen=True)
+class SinkProgress:
+    """Counters that the data source's tasks add to (Spark accumulators, read on the driver
+    with `.value`, also while a streaming query runs): records and key/value bytes Kafka
+    confirmed, and rows of replayed micro-batches found already committed (not written
+    again). A task that fails raises instead (its message has the counts)."""
+
+    records: Accumulator[int]
+    bytes: Accumulator[int]
+    rows_already_committed: Accumulator[int]
+
+    def add(self, report: TaskReport) -> None:
+        self.records.add(report.records)
+        self.bytes.add(report.bytes)
+        if report.already_committed:
+            self.rows_already_committed.add(report.rows)
+
+
+def register(spark: SparkSession, *, check_executors: bool = True) -> SinkProgress:
     """Make `format("aioproducer")` known to this SparkSession (Spark has no entry point
-    discovery for Python data sources: each session registers them).
+    discovery for Python data sources: each session registers them); return the counters
+    its writes add to.
 
     `check_executors`: first run one small job that imports, on the executors, what the
     writing tasks import. An executor whose Python lacks aioproducer or a dependency then
@@ -122,7 +142,12 @@ def register(spark: SparkSession, *, check_executors: bool = True) -> None:
 
     if check_executors:
         check_executor_imports(spark)
-    spark.dataSource.register(KafkaSink)
+    context = spark.sparkContext
+    progress = SinkProgress(context.accumulator(0), context.accumulator(0),
+                            context.accumulator(0))
+    # A subclass per registration carries the counters to the tasks (pickled by value).
+    spark.dataSource.register(type("KafkaSink", (KafkaSink,), {"progress": progress}))
+    return progress
 
 
 _SHIPPING_HELP = (

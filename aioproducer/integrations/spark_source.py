@@ -18,7 +18,15 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
-from .spark import FORMAT, TaskReport, WritePlan, failure, plan_from_options, write_partition
+from .spark import (
+    FORMAT,
+    SinkProgress,
+    TaskReport,
+    WritePlan,
+    failure,
+    plan_from_options,
+    write_partition,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa  # type: ignore[import-untyped]  # (no type hints)
@@ -33,17 +41,22 @@ class TaskCommit(WriterCommitMessage):
 
 
 class KafkaSink(DataSource):
-    """Writes to Kafka with Spark's Kafka sink's columns and options (see spark.py)."""
+    """Writes to Kafka with Spark's Kafka sink's columns and options (see spark.py).
+    register() registers a subclass whose `progress` its tasks add to."""
+
+    progress: SinkProgress | None = None
 
     @classmethod
     def name(cls) -> str:
         return FORMAT
 
     def writer(self, schema: StructType, overwrite: bool) -> BatchWriter:
-        return BatchWriter(plan_from_options(self.options, schema, streaming=False))
+        return BatchWriter(plan_from_options(self.options, schema, streaming=False),
+                           self.progress)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> StreamWriter:
-        return StreamWriter(plan_from_options(self.options, schema, streaming=True))
+        return StreamWriter(plan_from_options(self.options, schema, streaming=True),
+                            self.progress)
 
 
 def _task_context_property(name: str) -> str | None:
@@ -54,8 +67,8 @@ def _task_context_property(name: str) -> str | None:
     return context.getLocalProperty(name)
 
 
-def _write(batches: Iterator[pa.RecordBatch], plan: WritePlan,
-           batch_id: int | None) -> TaskCommit:
+def _write(batches: Iterator[pa.RecordBatch], plan: WritePlan, batch_id: int | None,
+           progress: SinkProgress | None) -> TaskCommit:
     """One task: a delivery failure fails the task (Spark retries it, then fails the job,
     with the SparkWriteError's message)."""
     from pyspark import TaskContext
@@ -66,6 +79,8 @@ def _write(batches: Iterator[pa.RecordBatch], plan: WritePlan,
     error = failure([report], _topic(plan))
     if error is not None:
         raise error
+    if progress is not None:
+        progress.add(report)
     return TaskCommit(report)
 
 
@@ -74,11 +89,12 @@ def _topic(plan: WritePlan) -> str:
 
 
 class BatchWriter(DataSourceArrowWriter):
-    def __init__(self, plan: WritePlan) -> None:
+    def __init__(self, plan: WritePlan, progress: SinkProgress | None) -> None:
         self.plan = plan
+        self.progress = progress
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> TaskCommit:
-        return _write(iterator, self.plan, None)
+        return _write(iterator, self.plan, None, self.progress)
 
 
 class StreamWriter(DataSourceStreamArrowWriter):
@@ -86,8 +102,9 @@ class StreamWriter(DataSourceStreamArrowWriter):
     come from the query id (stable across restarts from the same checkpoint) unless
     transactionalIdPrefix is set; see spark.py's _write_partition."""
 
-    def __init__(self, plan: WritePlan) -> None:
+    def __init__(self, plan: WritePlan, progress: SinkProgress | None) -> None:
         self.plan = plan
+        self.progress = progress
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> TaskCommit:
         plan = self.plan
@@ -96,7 +113,8 @@ class StreamWriter(DataSourceStreamArrowWriter):
             query_id = _task_context_property("sql.streaming.queryId")
             plan = WritePlan(plan.config, plan.topic, plan.columns, True,
                              f"{FORMAT}-{query_id}", plan.headers_name)
-        return _write(iterator, plan, None if batch_id is None else int(batch_id))
+        return _write(iterator, plan, None if batch_id is None else int(batch_id),
+                      self.progress)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Nothing to do: each task committed its own transaction."""

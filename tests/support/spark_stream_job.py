@@ -1,11 +1,12 @@
 """A Structured Streaming driver for the exactly-once test, run as its own process so that
 the test can kill it: every text file under SOURCE becomes records of TOPIC, two files per
 micro-batch, through the aioproducer data source, until the files are all written
-(availableNow).
+(availableNow); then prints the sink's counters as JSON.
 
     python -m tests.support.spark_stream_job BOOTSTRAP TOPIC SOURCE CHECKPOINT
 """
 
+import json
 import os
 import sys
 
@@ -18,7 +19,7 @@ def main(bootstrap: str, topic: str, source: str, checkpoint: str) -> None:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spark = (SparkSession.builder.master("local[2]").appName("aioproducer-exactly-once")
              .config("spark.ui.enabled", "false").getOrCreate())
-    register(spark)
+    progress = register(spark)
     lines = spark.readStream.option("maxFilesPerTrigger", 2).text(source)
     query = (lines.selectExpr("value AS key", "value")
              .writeStream.format("aioproducer")
@@ -28,6 +29,8 @@ def main(bootstrap: str, topic: str, source: str, checkpoint: str) -> None:
              .trigger(availableNow=True)
              .start())
     query.awaitTermination()
+    print(json.dumps({"records": progress.records.value,
+                      "rows_already_committed": progress.rows_already_committed.value}))
     spark.stop()
 
 
