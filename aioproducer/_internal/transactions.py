@@ -10,9 +10,9 @@ Transactions (KIP-98): the transaction coordinator, found with FindCoordinator, 
 producer id and epoch for a `transactional_id` (fencing older producers with the same id),
 learns each partition before its first batch (AddPartitionsToTxn) and each consumer group whose
 offsets join the transaction (AddOffsetsToTxn, then TxnOffsetCommit to the group coordinator),
-and writes the COMMIT or ABORT markers on EndTxn; a group's committed offsets are read back with
-OffsetFetch (what a restarted exactly-once writer committed). Every request here is an awaitable handler on
-the same per-broker connections the produce requests use.
+and writes the COMMIT or ABORT markers on EndTxn; a group's committed offsets are read back
+with OffsetFetch (what a restarted exactly-once writer committed). Every request here is an
+awaitable handler on the same per-broker connections the produce requests use.
 """
 
 from __future__ import annotations
