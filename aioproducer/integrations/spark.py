@@ -172,9 +172,16 @@ def probe(_):
 """
 
 
+_checked_applications: set[str] = set()  # Spark applications whose executors passed
+
+
 def check_executor_imports(spark: SparkSession) -> None:
     """Import the writing tasks' modules in a task on each executor slot; raise
-    SparkExecutorSetupError naming what is missing where, and how to ship it."""
+    SparkExecutorSetupError naming what is missing where, and how to ship it. Once per
+    Spark application that passes."""
+    application = spark.sparkContext.applicationId
+    if application in _checked_applications:
+        return
     namespace: dict[str, Any] = {"__name__": "aioproducer_executor_probe",
                                  "NAMES": ("pyarrow", "aioproducer.integrations.spark_source")}
     exec(_PROBE_SOURCE, namespace)
@@ -193,6 +200,7 @@ def check_executor_imports(spark: SparkSession) -> None:
                           for host, executable, missing in broken)
         raise SparkExecutorSetupError(f"the executors' Python is missing packages: {where}. "
                                       f"{_SHIPPING_HELP}")
+    _checked_applications.add(application)
 
 
 def plan_from_options(options: Mapping[str, str], schema: StructType, *,
@@ -473,7 +481,8 @@ def write_dataframe(
     default `value` is the column named "value". Other keyword arguments are producer
     settings. `exactly_once=True`: each Spark partition in one transaction, its id
     `f"{transactional_id_prefix}-{partition_index}"` (stable across re-runs, unique among
-    jobs running at once); a task that fails aborts its transaction.
+    jobs running at once); a task that fails aborts its transaction. The first call in a
+    Spark application checks the executors' imports, as register() does.
     """
     from pyspark.sql import functions as F
 
@@ -504,6 +513,7 @@ def write_dataframe(
     plan = WritePlan(config, topic, check_columns(selected.schema, topic, names), exactly_once,
                      transactional_id_prefix, names.get("headers", "'headers'"))
     plan.task_config(0)  # what every task builds, checked once here
+    check_executor_imports(selected.sparkSession)
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa

@@ -18,6 +18,7 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
+from ..errors import ConfigError
 from .spark import (
     FORMAT,
     SinkProgress,
@@ -111,6 +112,9 @@ class StreamWriter(DataSourceStreamArrowWriter):
         batch_id = _task_context_property("streaming.sql.batchId")
         if plan.exactly_once and plan.transactional_id_prefix is None:
             query_id = _task_context_property("sql.streaming.queryId")
+            if query_id is None:  # (Spark sets it on every streaming query's jobs)
+                raise ConfigError('no streaming query id in the task: set .option('
+                                  '"transactionalIdPrefix", ...), unique to this query')
             plan = WritePlan(plan.config, plan.topic, plan.columns, True,
                              f"{FORMAT}-{query_id}", plan.headers_name)
         return _write(iterator, plan, None if batch_id is None else int(batch_id),
