@@ -243,10 +243,23 @@ def test_stream_is_exactly_once_across_a_killed_driver(broker, topic_factory, tm
     counts = Counter(committed)
     assert set(counts) == expected and set(counts.values()) == {1}, \
         f"{len(counts)} distinct of {len(expected)}; duplicated: {sum(counts.values()) - len(counts)}"
-    read = Counter(r.value for r in consume_all(broker.bootstrap, topic, expected=len(committed)
-                                                + len(aborted), timeout=60,
-                                                isolation_level="read_committed"))
-    if broker.is_embedded:  # Tansu's read_committed consumers also see aborted records
-        assert read == counts + Counter(aborted)
-    else:
-        assert read == counts
+    consumed = consume_all(broker.bootstrap, topic, expected=len(committed) + len(aborted),
+                           timeout=60, isolation_level="read_committed")
+    read = Counter(r.value for r in consumed)
+    # Tansu's read_committed consumers also see aborted records.
+    wanted = counts + Counter(aborted) if broker.is_embedded else counts
+    assert read == wanted, _where_reading_stopped(broker.bootstrap, topic, consumed)
+
+
+def _where_reading_stopped(bootstrap: str, topic: str, consumed: list) -> str:
+    """For a failed read-back: per partition, the last offset read and the raw batches after
+    it (producer id, epoch, control type), to tell a stuck last stable offset from a lost
+    read."""
+    lines = []
+    for partition in (0, 1):
+        last = max((r.offset for r in consumed if r.partition == partition), default=-1)
+        after = [(b.base_offset, b.producer_id, b.producer_epoch, b.control_type or len(b.records))
+                 for b in fetch_raw_batches(bootstrap, topic, partition)
+                 if b.base_offset + len(b.records) > last][:12]
+        lines.append(f"partition {partition}: read up to offset {last}; then {after}")
+    return "\n".join(lines)
