@@ -493,6 +493,17 @@ class Producer:
         self._lifecycle.check_loop()
         await transactions.send_offsets(checked_offsets(offsets), group_fields(group_metadata))
 
+    async def committed_offsets(self, group_id: str, partitions: Iterable[tuple[str, int]]
+                                ) -> dict[tuple[str, int], int]:
+        """The offsets `group_id` has committed for `partitions`, {(topic, partition):
+        offset} with -1 where none is. What send_offsets_to_transaction() committed, read
+        back after a restart, says which of our transactions committed (the Spark sink
+        skips those); a transaction still open on them is waited out."""
+        self._transaction_flow()
+        self._lifecycle.check_loop()
+        assert self._txn is not None
+        return await self._txn.committed_offsets(group_id, list(partitions))
+
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator["Producer"]:
         """`async with producer.transaction():` commits when the block ends, aborts if it

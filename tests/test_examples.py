@@ -44,9 +44,12 @@ def test_transactions_example():
 @pytest.mark.skipif(shutil.which("java") is None, reason="PySpark needs a Java runtime (17)")
 def test_spark_streaming_example():
     pytest.importorskip("pyspark", reason="install the spark extra: aioproducer[spark]")
-    out = _run("spark_streaming.py", timeout=240, EXAMPLE_SECONDS="8")
+    # Long enough for the first micro-batch with rows: the first starts its Python workers.
+    out = _run("spark_streaming.py", timeout=240, EXAMPLE_SECONDS="20")
     written = [int(n) for n in re.findall(r"^micro-batch \d+: (\d+) records$", out, re.M)]
     assert sum(written) > 0, out  # (a stop that cut the first batch short printed only 0)
+    confirmed = re.search(r"^(\d+) records confirmed by Kafka$", out, re.M)
+    assert confirmed and int(confirmed[1]) > 0, out
 
 
 async def test_readme_python_snippets(broker, topic_factory):

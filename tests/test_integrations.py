@@ -226,13 +226,17 @@ def test_spark_exactly_once_aborts_a_failed_partition(spark, broker, topic_facto
     from aioproducer.integrations.spark import SparkWriteError, write_dataframe
 
     topic = topic_factory(1)
-    df = _rows_with_a_bad_header(spark, bad_row=1900)
+    # Small batches and 9,000 good rows before the bad one, so the failing task has sent
+    # some before it reaches it: its transaction's partition must be added (a round trip)
+    # before any batch may go, and a task reading Arrow batches gets through 900 rows in a
+    # few milliseconds (on the last try of 1,000 rows, one run in three sent none).
+    df = _rows_with_a_bad_header(spark, bad_row=19_000, rows=20_000)
+    first, second = df.rdd.glom().map(len).collect()  # (parallelize splits 10,240 + 9,760)
     with pytest.raises(SparkWriteError, match="header names must be str") as raised:
-        # Small batches, so the failing task has sent some before it reaches the bad row.
         write_dataframe(df, topic, broker.bootstrap, value="value", headers="headers",
                         exactly_once=True, transactional_id_prefix=f"{topic}-job", batch_size=1024)
     assert raised.value.failed_partitions == [1]
-    assert (raised.value.not_confirmed, raised.value.rows) == (1000, 2000)
+    assert (raised.value.not_confirmed, raised.value.rows) == (second, 20_000)
     records: Counter[int] = Counter()
     outcome: dict[int, str | None] = {}  # producer id -> its last marker (None: still open)
     for batch in fetch_raw_batches(broker.bootstrap, topic, 0):
@@ -243,7 +247,7 @@ def test_spark_exactly_once_aborts_a_failed_partition(spark, broker, topic_facto
             records[batch.producer_id] += len(batch.records)
             outcome[batch.producer_id] = None
     assert len(records) == 2
-    assert sorted((outcome[pid], n == 1000) for pid, n in records.items()) == [
+    assert sorted((outcome[pid], n == first) for pid, n in records.items()) == [
         ("ABORT", False), ("COMMIT", True)]
 
 

@@ -13,6 +13,8 @@ from kafka.protocol.consumer import (
     FetchResponse,
     ListOffsetsRequest,
     ListOffsetsResponse,
+    OffsetFetchRequest,
+    OffsetFetchResponse,
 )
 from kafka.protocol.metadata import ApiVersionsRequest, FindCoordinatorRequest, MetadataRequest
 from kafka.protocol.metadata import ApiVersionsResponse
@@ -69,6 +71,9 @@ BODIES = {
         "transactional_id": "tx", "group_id": "g", "producer_id": 7, "producer_epoch": 1,
         "topics": [{"name": "t", "partitions": [{"partition_index": 0, "committed_offset": 42,
                                                  "committed_metadata": None}]}]}),
+    ApiKey.OFFSET_FETCH: (OffsetFetchRequest, {
+        "group_id": "g", "topics": [{"name": "t", "partition_indexes": [0, 3]}],
+        "require_stable": True}),
     ApiKey.SASL_HANDSHAKE: (SaslHandshakeRequest, {"mechanism": "PLAIN"}),
     ApiKey.SASL_AUTHENTICATE: (SaslAuthenticateRequest, {"auth_bytes": b"\0u\0p"}),
     ApiKey.FETCH: (FetchRequest, {"max_wait_ms": 500, "min_bytes": 1, "isolation_level": 1,
@@ -207,6 +212,23 @@ def test_init_producer_id_response_from_kafka_python(version):
     response.with_header(correlation_id=1)
     body = decode_response(ApiKey.INIT_PRODUCER_ID, version, response.encode(header=True))
     assert (body["producer_id"], body["producer_epoch"]) == (1234567890123, 7)
+
+
+@pytest.mark.parametrize("version", range(1, 8))
+def test_offset_fetch_response_from_kafka_python(version):
+    topic_cls = OffsetFetchResponse.OffsetFetchResponseTopic
+    partition_cls = topic_cls.OffsetFetchResponsePartition
+    response = OffsetFetchResponse(version=version, throttle_time_ms=0, error_code=0, topics=[
+        topic_cls(version=version, name="t", partitions=[
+            partition_cls(version=version, partition_index=3, committed_offset=42,
+                          committed_leader_epoch=-1, metadata=None, error_code=0),
+            partition_cls(version=version, partition_index=0, committed_offset=-1,
+                          committed_leader_epoch=-1, metadata="", error_code=0)])])
+    response.with_header(correlation_id=1)
+    body = decode_response(ApiKey.OFFSET_FETCH, version, response.encode(header=True))
+    [topic] = body["topics"]
+    assert [(p["partition_index"], p["committed_offset"], p["metadata"])
+            for p in topic["partitions"]] == [(3, 42, None), (0, -1, "")]
 
 
 @pytest.mark.parametrize("version", range(0, 5))

@@ -435,6 +435,47 @@ async def test_send_offsets_to_transaction(broker, topic_factory):
     assert _markers(broker.bootstrap, sink, 0) == ["data", "COMMIT"]
 
 
+async def test_committed_offsets_are_what_committed_transactions_sent(broker, topic_factory):
+    """committed_offsets() reads back what send_offsets_to_transaction() committed, as
+    librdkafka's consumer does: a committed transaction's offset, not an aborted one's, nor
+    that of a transaction left open by a producer that a new one with its id fenced."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    source = topic_factory(2)
+    group, tid = f"group-{uuid.uuid4().hex[:8]}", _tid()
+    partitions = [(source, 0), (source, 1)]
+    # max_block_ms: fenced at the end, its close gives up aborting (Tansu drops the connection
+    # on a fenced EndTxn, which the producer retries) in 2 s rather than the default 60.
+    async with Producer(broker.bootstrap, transactional_id=tid, max_block_ms=2000) as producer:
+        assert await producer.committed_offsets(group, partitions) == {(source, 0): -1,
+                                                                       (source, 1): -1}
+        async with producer.transaction():
+            await producer.send_offsets_to_transaction({(source, 0): 7}, group)
+        producer.begin_transaction()
+        await producer.send_offsets_to_transaction({(source, 0): 9, (source, 1): 3}, group)
+        await producer.abort_transaction()
+        assert await producer.committed_offsets(group, partitions) == {(source, 0): 7,
+                                                                       (source, 1): -1}
+        producer.begin_transaction()
+        await producer.send_offsets_to_transaction({(source, 0): 11}, group)
+        async with Producer(broker.bootstrap, transactional_id=tid) as successor:
+            assert await successor.committed_offsets(group, partitions[:1]) == {(source, 0): 7}
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group,
+                         "enable.auto.commit": False})
+    try:
+        committed = await asyncio.to_thread(
+            consumer.committed, [TopicPartition(source, 0), TopicPartition(source, 1)], 10)
+    finally:
+        consumer.close()
+    assert [c.offset for c in committed] == [7, -1001]  # librdkafka: -1001, none committed
+
+
+async def test_committed_offsets_need_a_transactional_producer(broker, topic):
+    async with Producer(broker.bootstrap) as producer:
+        with pytest.raises(TransactionStateError, match="transactional_id"):
+            await producer.committed_offsets("group", [(topic, 0)])
+
+
 @pytest.mark.parametrize("offsets", [{("t", "0"): 1}, {("t", 0): "1"}, {"t": 1}, {(None, 0): 1},
                                      {("t", 0): -1}, [object()], 5])
 async def test_send_offsets_checks_its_input_first(broker, topic, offsets):

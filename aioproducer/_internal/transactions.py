@@ -10,8 +10,9 @@ Transactions (KIP-98): the transaction coordinator, found with FindCoordinator, 
 producer id and epoch for a `transactional_id` (fencing older producers with the same id),
 learns each partition before its first batch (AddPartitionsToTxn) and each consumer group whose
 offsets join the transaction (AddOffsetsToTxn, then TxnOffsetCommit to the group coordinator),
-and writes the COMMIT or ABORT markers on EndTxn. Every request here is an awaitable handler on
-the same per-broker connections the produce requests use.
+and writes the COMMIT or ABORT markers on EndTxn; a group's committed offsets are read back
+with OffsetFetch (what a restarted exactly-once writer committed). Every request here is an
+awaitable handler on the same per-broker connections the produce requests use.
 """
 
 from __future__ import annotations
@@ -509,6 +510,28 @@ class TransactionManager:
                 "group_instance_id": group_instance_id,
                 "topics": [{"name": t, "partitions": ps} for t, ps in topics.items()],
             }, "TxnOffsetCommit", deciding_error, key=group_id)
+
+    async def committed_offsets(self, group_id: str, partitions: Iterable[TopicPartition]
+                                ) -> dict[TopicPartition, int]:
+        """A group's committed offsets (-1: none), from its coordinator (OffsetFetch). Asks
+        for stable offsets: one that an open transaction is committing is retried
+        (UNSTABLE_OFFSET_COMMIT) until that transaction ends, within max_block_ms."""
+        topics: dict[str, list[int]] = {}
+        for topic, partition in sorted(set(partitions)):
+            topics.setdefault(topic, []).append(partition)
+
+        def deciding_error(response: Mapping[str, Any]) -> int:
+            return response.get("error_code") or _deciding_error(
+                p["error_code"] for topic in response["topics"] for p in topic["partitions"])
+
+        response = await self._coordinator_request(
+            _GROUP, ApiKey.OFFSET_FETCH, lambda: {
+                "group_id": group_id,
+                "topics": [{"name": t, "partition_indexes": ps} for t, ps in topics.items()],
+                "require_stable": True,
+            }, "OffsetFetch", deciding_error, key=group_id)
+        return {(topic["name"], p["partition_index"]): p["committed_offset"]
+                for topic in response["topics"] for p in topic["partitions"]}
 
     # -- coordinator requests --------------------------------------------------------------
 

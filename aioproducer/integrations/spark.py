@@ -1,48 +1,52 @@
-"""Write a PySpark DataFrame to Kafka: one producer per Spark partition, in the executors.
+"""PySpark to Kafka: the `aioproducer` data source (batch and Structured Streaming, exactly
+once for streams), and `write_dataframe()`, a call that returns totals.
 
 ::
 
-    from aioproducer.integrations.spark import write_dataframe
+    from aioproducer.integrations.spark import register
 
-    totals = write_dataframe(df, "orders", "broker:9092", key="user_id", value="payload")
-    print(totals.records, totals.bytes)
+    register(spark)   # once per SparkSession
+    (df.write.format("aioproducer")
+       .option("kafka.bootstrap.servers", "broker:9092").option("topic", "orders")
+       .mode("append").save())
 
-Each Spark task runs its partition through its own Producer on its own event loop (uvloop
-when installed) and returns its counts; the driver adds them up and raises
-`SparkWriteError` if any row was not confirmed, saying how many and which Spark partitions
-failed. Column types and producer settings are checked on the driver, before the job runs.
+Columns and options are Spark's own Kafka sink's: `value` (string or binary, required),
+`key`, `headers` (array<struct<key:string,value:binary>>), `topic` (unless the `topic`
+option is set: it wins), `partition` (int); `kafka.`-prefixed options are producer settings
+in Kafka's dotted names. They are checked on the driver before any task runs
+(`InvalidRecordError` for a column, `ConfigError` for an option).
 
-Exactly once (`exactly_once=True`): each Spark partition writes inside one Kafka transaction
-whose transactional id is `f"{transactional_id_prefix}-{partition_index}"`; a task that
-fails aborts its transaction (none of its rows count as confirmed). A retried or
-speculative attempt of the same task uses the same id, so starting it fences the earlier
-attempt (whose open transaction is aborted by the coordinator) and only one attempt's
-records become visible to `read_committed` consumers. The limits: Spark has no two-phase
-commit for tasks, so a task that fails *after* its commit succeeded (say, its executor dies
-while reporting) is re-run and commits its records again; and the prefix must be stable
-across re-runs of the job but unique among jobs running at the same time. Consumers that do
-not read with `isolation_level=read_committed` also see aborted attempts' records.
+Every Spark task writes its partition through its own Producer on its own event loop (uvloop
+when installed). How a streaming query writes each micro-batch exactly once is explained on
+`plan_write`'s `exactly_once` and in docs/spark.md.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from itertools import repeat
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
 
 from ..config import ProducerConfig
 from ..errors import ConfigError, InvalidRecordError, KafkaError
-from ..producer import Producer
+from ..producer import Producer, accepted
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame
-    from pyspark.sql.types import DataType
+    import pyarrow as pa  # type: ignore[import-untyped]  # (no type hints)
+    from pyspark.accumulators import Accumulator
+    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql.types import DataType, StructType
+
+FORMAT = "aioproducer"
+_HEADERS_TYPE = "array<struct<key:string,value:binary>>"
 
 
 class SparkWriteError(KafkaError):
     """Some Spark partitions did not deliver all their rows. `rows`: rows in the DataFrame;
-    `not_confirmed`: how many of them Kafka did not confirm (with exactly_once, a failed
+    `not_confirmed`: how many of them Kafka did not confirm (in a transaction, a failed
     partition's rows count in full: its transaction was aborted); `failed_partitions`: the
     indexes of the Spark partitions that failed."""
 
@@ -54,6 +58,11 @@ class SparkWriteError(KafkaError):
         self.failed_partitions = failed_partitions
 
 
+class SparkExecutorSetupError(KafkaError):
+    """An executor's Python cannot import aioproducer or one of its dependencies: the
+    package was not shipped to the executors (see docs/spark.md)."""
+
+
 @dataclass(frozen=True)
 class WriteTotals:
     """What a write delivered: records and key/value bytes acknowledged, Spark partitions
@@ -63,6 +72,390 @@ class WriteTotals:
     bytes: int
     partitions: int
 
+
+@dataclass(frozen=True)
+class WritePlan:
+    """What every task of one write needs, checked on the driver (pickled to the tasks).
+    `topic`: the topic option, which overrides a topic column; `columns`: which of the
+    optional columns (key, headers, topic, partition) the rows carry."""
+
+    config: ProducerConfig
+    topic: str | None
+    columns: frozenset[str]
+    exactly_once: bool = False
+    transactional_id_prefix: str | None = None
+    headers_name: str = "'headers'"  # as the user knows the column, for errors
+
+    def task_config(self, partition_index: int) -> ProducerConfig:
+        """In a transaction, each Spark partition has its own transactional id: a retried
+        or speculative attempt of the same task fences the earlier one."""
+        if not self.exactly_once:
+            return self.config
+        return dataclasses.replace(
+            self.config, transactional_id=f"{self.transactional_id_prefix}-{partition_index}")
+
+
+@dataclass(frozen=True)
+class TaskReport:
+    """One task's outcome: rows in its partition, records and key/value bytes Kafka
+    confirmed, the first error (empty if none), and whether a replayed micro-batch found
+    this partition already committed (nothing was written again)."""
+
+    partition: int
+    rows: int
+    records: int
+    bytes: int
+    error: str = ""
+    already_committed: bool = False
+
+
+# -- on the driver: options and columns ----------------------------------------------------
+
+@dataclass(frozen=True)
+class SinkProgress:
+    """Counters that the data source's tasks add to (Spark accumulators, read on the driver
+    with `.value`, also while a streaming query runs): records and key/value bytes Kafka
+    confirmed, and rows of replayed micro-batches found already committed (not written
+    again). A task that fails raises instead (its message has the counts)."""
+
+    records: Accumulator[int]
+    bytes: Accumulator[int]
+    rows_already_committed: Accumulator[int]
+
+    def add(self, report: TaskReport) -> None:
+        self.records.add(report.records)
+        self.bytes.add(report.bytes)
+        if report.already_committed:
+            self.rows_already_committed.add(report.rows)
+
+
+def register(spark: SparkSession, *, check_executors: bool = True) -> SinkProgress:
+    """Make `format("aioproducer")` known to this SparkSession (Spark has no entry point
+    discovery for Python data sources: each session registers them); return the counters
+    its writes add to.
+
+    `check_executors`: first run one small job that imports, on the executors, what the
+    writing tasks import. An executor whose Python lacks aioproducer or a dependency then
+    fails here with one SparkExecutorSetupError naming the fix, not with a
+    ModuleNotFoundError in every task of the first write."""
+    from .spark_source import KafkaSink
+
+    if check_executors:
+        check_executor_imports(spark)
+    context = spark.sparkContext
+    progress = SinkProgress(context.accumulator(0), context.accumulator(0),
+                            context.accumulator(0))
+    # A subclass per registration carries the counters to the tasks (pickled by value).
+    spark.dataSource.register(type("KafkaSink", (KafkaSink,), {"progress": progress}))
+    return progress
+
+
+_SHIPPING_HELP = (
+    "The aioproducer data source's tasks run there: give the executors a Python that has "
+    "aioproducer[spark] installed (the same path on every node, set with "
+    "spark.pyspark.python or PYSPARK_PYTHON), or ship a packed virtualenv: "
+    "`venv-pack -o env.tar.gz`, then spark.archives=env.tar.gz#environment and "
+    "spark.pyspark.python=./environment/bin/python (docs/spark.md)")
+
+# Run on the executors, so defined from source here: a function of this module would be
+# pickled by reference, and unpickling it needs the very import being checked.
+_PROBE_SOURCE = """
+def probe(_):
+    import importlib, socket, sys
+    missing = []
+    for name in NAMES:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            missing.append(f"{name} ({exc})")
+    yield socket.gethostname(), sys.executable, missing
+"""
+
+
+_checked_applications: set[str] = set()  # Spark applications whose executors passed
+
+
+def check_executor_imports(spark: SparkSession) -> None:
+    """Import the writing tasks' modules in a task on each executor slot; raise
+    SparkExecutorSetupError naming what is missing where, and how to ship it. Once per
+    Spark application that passes."""
+    application = spark.sparkContext.applicationId
+    if application in _checked_applications:
+        return
+    namespace: dict[str, Any] = {"__name__": "aioproducer_executor_probe",
+                                 "NAMES": ("pyarrow", "aioproducer.integrations.spark_source")}
+    exec(_PROBE_SOURCE, namespace)
+    context = spark.sparkContext
+    slots = max(context.defaultParallelism, 1)
+    try:
+        found = context.parallelize(range(slots), slots).mapPartitions(namespace["probe"]).collect()
+    except Exception as exc:
+        cause = next((line for line in str(exc).splitlines() if line.strip()), repr(exc))
+        raise SparkExecutorSetupError(
+            f"the executors could not run a Python task: {cause[:500]}. {_SHIPPING_HELP}") from exc
+    broken = sorted({(host, executable, tuple(missing))
+                     for host, executable, missing in found if missing})
+    if broken:
+        where = "; ".join(f"{executable} on {host} cannot import {', '.join(missing)}"
+                          for host, executable, missing in broken)
+        raise SparkExecutorSetupError(f"the executors' Python is missing packages: {where}. "
+                                      f"{_SHIPPING_HELP}")
+    _checked_applications.add(application)
+
+
+def plan_from_options(options: Mapping[str, str], schema: StructType, *,
+                      streaming: bool) -> WritePlan:
+    """The data source's options, as Spark's Kafka sink takes them, checked with the
+    DataFrame's schema. Spark hands options over with lower-cased names."""
+    options = {name.lower(): value for name, value in options.items()}
+    properties = {name[len("kafka."):]: value for name, value in options.items()
+                  if name.startswith("kafka.")}
+    if "bootstrap.servers" not in properties:
+        raise ConfigError('the aioproducer data source needs .option("kafka.bootstrap.servers", '
+                          '"host:9092"), as Spark\'s Kafka sink does')
+    if "transactional.id" in properties:
+        raise ConfigError("each Spark partition gets its own transactional id: set "
+                          '.option("transactionalIdPrefix", ...) instead of kafka.transactional.id')
+    config = ProducerConfig.from_properties(properties)
+    exactly_once_option = options.get("exactlyonce", "true" if streaming else "false").lower()
+    if exactly_once_option not in ("true", "false"):
+        raise ConfigError(f'exactlyOnce must be "true" or "false", not {exactly_once_option!r}')
+    exactly_once = exactly_once_option == "true"
+    prefix = options.get("transactionalidprefix")
+    if exactly_once and not streaming and not prefix:
+        raise ConfigError('a batch write with exactlyOnce needs .option("transactionalIdPrefix", '
+                          "...), stable across re-runs of the job")
+    topic = options.get("topic")
+    return WritePlan(config, topic, check_columns(schema, topic), exactly_once, prefix)
+
+
+def check_columns(schema: StructType, topic: str | None,
+                  names: Mapping[str, str] | None = None) -> frozenset[str]:
+    """Spark's Kafka sink's columns: `value` string or binary (required), `key` the same,
+    `headers` array<struct<key:string,value:binary>> (string values too), `topic` string
+    (required without the topic option), `partition` int. Others are ignored, as there.
+    `names`: how to name a column in an error (write_dataframe's argument), by role."""
+    from pyspark.sql.types import BinaryType, IntegerType, StringType
+
+    names = names or {}
+    types = {field.name: field.dataType for field in schema.fields}
+
+    def describe(role: str) -> str:
+        return names.get(role, repr(role))
+
+    if "value" not in types:
+        raise InvalidRecordError(
+            f"no 'value' column: the columns are {', '.join(types) or 'none'}; select or alias "
+            "one as value (string or binary), as for Spark's Kafka sink")
+    for role in ("key", "value"):
+        if role in types and not isinstance(types[role], (StringType, BinaryType)):
+            json_hint = (", or for a struct, map or array send JSON (F.to_json, or "
+                         "write_dataframe's value_format='json')" if role == "value" else "")
+            raise InvalidRecordError(
+                f"{role} column {describe(role)} is {types[role].simpleString()}: it must be "
+                f"string or binary; cast it (F.col(...).cast('string')){json_hint}")
+    if "headers" in types and not _is_headers_type(types["headers"]):
+        raise InvalidRecordError(
+            f"headers column {describe('headers')} is {types['headers'].simpleString()}: it must "
+            f"be {_HEADERS_TYPE} as for Spark's Kafka sink (value may also be string), e.g. "
+            "F.array(F.struct(F.lit('trace').alias('key'), "
+            "F.col('id').cast('binary').alias('value')))")
+    if topic is None:
+        if "topic" not in types:
+            raise ConfigError('no topic: set .option("topic", ...) or give the rows a topic '
+                              "column (string), as for Spark's Kafka sink")
+        if not isinstance(types["topic"], StringType):
+            raise InvalidRecordError(
+                f"topic column is {types['topic'].simpleString()}: it must be string")
+    if "partition" in types and not isinstance(types["partition"], IntegerType):
+        raise InvalidRecordError(
+            f"partition column is {types['partition'].simpleString()}: it must be int; cast it "
+            "(F.col('partition').cast('int'))")
+    optional = {"key", "headers", "partition"} | ({"topic"} if topic is None else set())
+    return frozenset(optional & types.keys())
+
+
+def _is_headers_type(data_type: DataType) -> bool:
+    from pyspark.sql.types import ArrayType, BinaryType, StringType, StructType
+
+    if not isinstance(data_type, ArrayType) or not isinstance(data_type.elementType, StructType):
+        return False
+    fields = {f.name: f.dataType for f in data_type.elementType.fields}
+    return (fields.keys() == {"key", "value"} and isinstance(fields["key"], StringType)
+            and isinstance(fields["value"], (StringType, BinaryType)))
+
+
+# -- in the tasks ---------------------------------------------------------------------------
+
+def write_partition(batches: Iterable[pa.RecordBatch], plan: WritePlan, partition_index: int,
+                    batch_id: int | None = None) -> TaskReport:
+    """Produce one Spark partition (Arrow record batches) and report. `batch_id`: the
+    streaming micro-batch, for exactly once."""
+    report: TaskReport = _run(_write_partition(iter(batches), plan, partition_index, batch_id))
+    return report
+
+
+def _run(coroutine: Any) -> Any:
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coroutine)
+    return uvloop.run(coroutine)
+
+
+async def _write_partition(batches: Iterator[pa.RecordBatch], plan: WritePlan, index: int,
+                           batch_id: int | None) -> TaskReport:
+    """A failure aborts the partition's transaction: left open, it would hold back every
+    read_committed consumer of its Kafka partitions.
+
+    Exactly once for a micro-batch: the transaction that writes (batch, Spark partition)
+    also commits offset batch + 1 for the marker partition (the first row's topic,
+    partition 0) in the group named like the transactional id. A replay (after a restart
+    from the checkpoint, or a retried task) first starts the producer, which fences any
+    older attempt and aborts its open transaction, then reads that offset: past this batch
+    means its rows are in Kafka already, so nothing is written again."""
+    first = next((b for b in batches if b.num_rows), None)
+    if first is None:
+        return TaskReport(index, 0, 0, 0)
+    rows = first.num_rows
+    sent: list[tuple[Any, int, int]] = []  # (future of records, how many, key and value bytes)
+    error = ""
+    transactional = plan.exactly_once
+    try:
+        async with Producer(config=plan.task_config(index)) as producer:
+            marker = None
+            if transactional and batch_id is not None:
+                marker_topic = plan.topic or _cells(first, "topic")[0]
+                marker = (marker_topic, 0)
+                group = producer.config.transactional_id
+                assert group is not None
+                committed = await producer.committed_offsets(group, [marker])
+                if committed[marker] > batch_id:
+                    rows += sum(b.num_rows for b in batches)
+                    return TaskReport(index, rows, 0, 0, already_committed=True)
+            if transactional:
+                producer.begin_transaction()
+            try:
+                batch = first
+                while True:
+                    await _send(producer, batch, plan, sent)
+                    following = next(batches, None)
+                    if following is None:
+                        break
+                    batch = following
+                    rows += batch.num_rows
+                if marker is not None:
+                    assert producer.config.transactional_id is not None and batch_id is not None
+                    await producer.send_offsets_to_transaction(
+                        {marker: batch_id + 1}, producer.config.transactional_id)
+                if transactional:
+                    await producer.commit_transaction()
+                else:
+                    await producer.flush()
+            except BaseException:
+                if transactional:
+                    sent.clear()  # none of them will be visible to read_committed consumers
+                    with contextlib.suppress(KafkaError):  # e.g. fenced: the first error says more
+                        await producer.abort_transaction()
+                raise
+    except Exception as exc:  # reported to the driver
+        error = repr(exc)
+        rows += sum(b.num_rows for b in batches)  # the rest of the partition was not written
+    confirmed = [(count, size) for future, count, size in sent if future.exception() is None]
+    if not error:
+        error = next((repr(f.exception()) for f, _, _ in sent if f.exception() is not None), "")
+    return TaskReport(index, rows, sum(c for c, _ in confirmed), sum(s for _, s in confirmed),
+                      error)
+
+
+async def _send(producer: Producer, batch: pa.RecordBatch, plan: WritePlan,
+                sent: list[tuple[Any, int, int]]) -> None:
+    """Enqueue a record batch's rows. Rows with only a key and a value go in one
+    enqueue_many() call (the compiled loop: about twice the rows per second); then its one
+    future says whether all of them were confirmed, and a failure counts them all as not
+    confirmed. Rows with headers, a topic or a partition go one by one."""
+    if plan.columns <= {"key"}:
+        import pyarrow.compute as pc  # type: ignore[import-untyped]
+
+        assert plan.topic is not None
+        values = _cells(batch, "value")
+        keys = _cells(batch, "key") if "key" in plan.columns else repeat(None)
+        size = sum(pc.sum(pc.binary_length(batch.column(name))).as_py() or 0
+                   for name in ("key", "value") if name == "value" or name in plan.columns)
+        try:
+            bulk = await producer.enqueue_many(plan.topic, zip(keys, values))
+        except Exception as exc:
+            buffered = accepted(exc)
+            if buffered is not None:  # sent: their outcome counts (not their bytes: this fails)
+                sent.append((buffered, len(buffered), 0))
+            raise
+        sent.append((bulk, len(values), size))
+        return
+    for topic, key, value, headers, partition in _records(batch, plan):
+        handle = await producer.enqueue(topic, value, key, partition=partition, headers=headers)
+        sent.append((handle, 1, len(value or b"") + len(key or b"")))
+
+
+_Record = tuple[str, bytes | None, bytes | None, list[tuple[str, bytes | None]] | None, int | None]
+
+
+def _records(batch: pa.RecordBatch, plan: WritePlan) -> Iterator[_Record]:
+    """A record batch's rows as (topic, key, value, headers, partition)."""
+    n = batch.num_rows
+    columns = plan.columns
+    topics = _cells(batch, "topic") if "topic" in columns else repeat(plan.topic, n)
+    keys = _cells(batch, "key") if "key" in columns else repeat(None, n)
+    headers = ((_headers(cell, plan.headers_name) for cell in batch.column("headers").to_pylist())
+               if "headers" in columns else repeat(None, n))  # lazy: a bad one fails at its row
+    partitions = (batch.column("partition").to_pylist() if "partition" in columns
+                  else repeat(None, n))
+    return zip(topics, keys, _cells(batch, "value"), headers, partitions)
+
+
+def _cells(batch: pa.RecordBatch, name: str) -> list[Any]:
+    """A string or binary column's cells as bytes (strings as UTF-8, converted by Arrow);
+    the topic column's as str."""
+    import pyarrow as pa
+
+    column = batch.column(name)
+    if name != "topic" and pa.types.is_string(column.type):
+        column = column.cast(pa.binary())
+    elif name != "topic" and pa.types.is_large_string(column.type):
+        column = column.cast(pa.large_binary())
+    return column.to_pylist()  # type: ignore[no-any-return]
+
+
+def _headers(cells: list[dict[str, Any]] | None,
+             column: str) -> list[tuple[str, bytes | None]] | None:
+    """A headers cell's structs as (name, value) pairs; a null one (Spark's types allow it)
+    refused by name."""
+    if cells is None:
+        return None
+    headers = []
+    for header in cells:
+        if header is None:
+            raise InvalidRecordError(f"headers column {column} holds a null header: each "
+                                     "header must be a struct with a key")
+        value = header["value"]
+        headers.append((header["key"], value.encode() if isinstance(value, str) else value))
+    return headers
+
+
+def failure(reports: Sequence[TaskReport], topic: str) -> SparkWriteError | None:
+    """What the driver raises when a task did not deliver all its rows."""
+    failed = [r for r in reports if r.error or (r.records < r.rows and not r.already_committed)]
+    if not failed:
+        return None
+    rows = sum(r.rows for r in reports)
+    not_confirmed = sum(r.rows - r.records for r in failed)
+    first_error = next((r.error for r in failed if r.error), "unknown")
+    return SparkWriteError(
+        f"{not_confirmed} of {rows} row(s) not confirmed by Kafka for topic {topic}; "
+        f"failed Spark partition(s): {', '.join(str(r.partition) for r in failed)}; "
+        f"first error: {first_error}", rows, not_confirmed, [r.partition for r in failed])
+
+
+# -- write_dataframe: the same plan and tasks, with totals returned ------------------------
 
 def write_dataframe(
     df: DataFrame,
@@ -77,17 +470,19 @@ def write_dataframe(
     transactional_id_prefix: str | None = None,
     **settings: Any,
 ) -> WriteTotals:
-    """Write every row of `df` to `topic` and return the totals.
+    """Write every row of `df` to `topic` and return the totals; raise SparkWriteError
+    saying how many rows were not confirmed and which Spark partitions failed. The data
+    source's checks and tasks, run as one Spark job whose tasks report back (no task is
+    retried: a failure is the caller's to handle).
 
-    `key`, `value`, `headers`: a column name or a Spark expression. As for Spark's own Kafka
-    sink, keys and values must be string (sent as UTF-8) or binary columns, and `headers` an
-    array<struct<key: string, value: binary>> column (string values are sent as UTF-8). With
-    `value_format="json"`, `value` (a struct, map or array column) is sent as JSON, and with
-    `value=None` each row as a JSON object of all its columns; by default `value` is the
-    column named "value". Other keyword arguments are producer settings.
-
-    The column types and the settings are checked here, before any Spark job runs: a wrong
-    type raises InvalidRecordError, a wrong setting ConfigError.
+    `key`, `value`, `headers`: a column name or a Spark expression, typed as the data
+    source's columns. With `value_format="json"`, `value` (a struct, map or array column)
+    is sent as JSON, and with `value=None` each row as a JSON object of all its columns; by
+    default `value` is the column named "value". Other keyword arguments are producer
+    settings. `exactly_once=True`: each Spark partition in one transaction, its id
+    `f"{transactional_id_prefix}-{partition_index}"` (stable across re-runs, unique among
+    jobs running at once); a task that fails aborts its transaction. The first call in a
+    Spark application checks the executors' imports, as register() does.
     """
     from pyspark.sql import functions as F
 
@@ -98,10 +493,7 @@ def write_dataframe(
     if "transactional_id" in settings:
         raise ConfigError("write_dataframe gives each Spark partition its own transactional_id: "
                           "pass exactly_once=True and transactional_id_prefix=... instead")
-    options = dict(settings, bootstrap_servers=bootstrap_servers)
-    prefix = transactional_id_prefix if exactly_once else None
-    # What every task will build, checked once here rather than failing in each task.
-    ProducerConfig.from_kwargs(**_task_settings(options, prefix, 0))
+    config = ProducerConfig.from_kwargs(**settings, bootstrap_servers=bootstrap_servers)
 
     def column(spec: str | Column) -> Column:
         return F.col(spec) if isinstance(spec, str) else spec
@@ -111,139 +503,36 @@ def write_dataframe(
                         if value_format == "json" else F.col("value"))
     else:
         value_column = F.to_json(column(value)) if value_format == "json" else column(value)
-    selected = df.select(
-        (column(key) if key is not None else F.lit(None)).alias("k"),
-        value_column.alias("v"),
-        (column(headers) if headers is not None else F.lit(None)).alias("h"),
-    )
-    schema = selected.schema
-    if key is not None:
-        _check_bytes_column("key", key, schema["k"].dataType)
-    _check_bytes_column("value", "value" if value is None else value, schema["v"].dataType)
-    if headers is not None and not _is_headers_type(schema["h"].dataType):
-        raise InvalidRecordError(
-            f"headers column {_name(headers)} is {schema['h'].dataType.simpleString()}: it must "
-            "be array<struct<key:string,value:binary>> as for Spark's Kafka sink (value may also "
-            "be string), e.g. F.array(F.struct(F.lit('trace').alias('key'), "
-            "F.col('id').cast('binary').alias('value')))")
+    chosen = [value_column.alias("value")]
+    names = {"value": _name("value" if value is None else value)}
+    for role, spec in (("key", key), ("headers", headers)):
+        if spec is not None:
+            chosen.append(column(spec).alias(role))
+            names[role] = _name(spec)
+    selected = df.select(*chosen)
+    plan = WritePlan(config, topic, check_columns(selected.schema, topic, names), exactly_once,
+                     transactional_id_prefix, names.get("headers", "'headers'"))
+    plan.task_config(0)  # what every task builds, checked once here
+    check_executor_imports(selected.sparkSession)
 
-    def write_partition(index: int,
-                        rows: Iterable[Any]) -> Iterable[tuple[int, int, int, int, str]]:
-        yield _run(_write_partition(index, rows, topic, _task_settings(options, prefix, index),
-                                    _name(headers) if headers is not None else ""))
+    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import pyarrow as pa
+        from pyspark import TaskContext
 
-    results = selected.rdd.mapPartitionsWithIndex(write_partition).collect()
-    rows = sum(r[1] for r in results)
-    records = sum(r[2] for r in results)
-    size = sum(r[3] for r in results)
-    failed = [r for r in results if r[2] < r[1] or r[4]]
-    if failed:
-        first_error = next((r[4] for r in failed if r[4]), "unknown")
-        raise SparkWriteError(
-            f"{rows - records} of {rows} row(s) not confirmed by Kafka for topic {topic!r}; "
-            f"failed Spark partition(s): {', '.join(str(r[0]) for r in failed)}; "
-            f"first error: {first_error}",
-            rows, rows - records, [r[0] for r in failed])
-    return WriteTotals(records, size, len(results))
+        context = TaskContext.get()
+        assert context is not None
+        report = write_partition(batches, plan, context.partitionId())
+        yield pa.RecordBatch.from_pylist([dataclasses.asdict(report)])
+
+    reports = [TaskReport(**row.asDict()) for row in selected.mapInArrow(
+        write, "partition long, rows long, records long, bytes long, error string, "
+               "already_committed boolean").collect()]
+    error = failure(reports, repr(topic))
+    if error is not None:
+        raise error
+    return WriteTotals(sum(r.records for r in reports), sum(r.bytes for r in reports),
+                       len(reports))
 
 
 def _name(spec: str | Column) -> str:
     return repr(spec) if isinstance(spec, str) else str(spec)
-
-
-def _check_bytes_column(role: str, spec: str | Column, data_type: DataType) -> None:
-    """Key and value columns must be string or binary: anything else has no one obvious
-    encoding (Spark's Kafka sink refuses it too)."""
-    from pyspark.sql.types import BinaryType, StringType
-
-    if not isinstance(data_type, (StringType, BinaryType)):
-        json_hint = (", or for a struct, map or array pass value_format='json'"
-                     if role == "value" else "")
-        raise InvalidRecordError(
-            f"{role} column {_name(spec)} is {data_type.simpleString()}: it must be string or "
-            f"binary; cast it (F.col(...).cast('string')){json_hint}")
-
-
-def _is_headers_type(data_type: DataType) -> bool:
-    from pyspark.sql.types import ArrayType, BinaryType, StringType, StructType
-
-    if not isinstance(data_type, ArrayType) or not isinstance(data_type.elementType, StructType):
-        return False
-    fields = {f.name: f.dataType for f in data_type.elementType.fields}
-    return (fields.keys() == {"key", "value"} and isinstance(fields["key"], StringType)
-            and isinstance(fields["value"], (StringType, BinaryType)))
-
-
-def _run(coroutine: Any) -> Any:
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(coroutine)
-    return uvloop.run(coroutine)
-
-
-def _as_bytes(obj: str | bytes | bytearray | None) -> bytes | None:
-    """A string or binary cell (the driver checked the column types) as bytes."""
-    if obj is None:
-        return None
-    return obj.encode() if isinstance(obj, str) else bytes(obj)
-
-
-def _headers(cells: Iterable[Any], column: str) -> list[tuple[str, bytes | None]]:
-    """A headers cell's structs as (name, value) pairs; a null one (Spark's types allow it)
-    refused by name."""
-    headers = []
-    for header in cells:
-        if header is None:
-            raise InvalidRecordError(f"headers column {column} holds a null header: each "
-                                     "header must be a struct with a key")
-        headers.append((header["key"], _as_bytes(header["value"])))
-    return headers
-
-
-def _task_settings(options: dict[str, Any], transactional_id_prefix: str | None,
-                   index: int) -> dict[str, Any]:
-    """A task's producer settings: with exactly_once, its partition's own transactional id."""
-    if transactional_id_prefix is None:
-        return options
-    return dict(options, transactional_id=f"{transactional_id_prefix}-{index}")
-
-
-async def _write_partition(index: int, rows: Iterable[Any], topic: str, settings: dict[str, Any],
-                           headers_column: str) -> tuple[int, int, int, int, str]:
-    """Produce one Spark partition; return (index, rows, rows confirmed, bytes confirmed,
-    first error). A failure aborts the partition's transaction: left open, it would hold
-    back every read_committed consumer of its Kafka partitions."""
-    exactly_once = "transactional_id" in settings
-    rows = iter(rows)
-    read = 0
-    sent: list[tuple[Any, int]] = []  # (record future, key and value bytes)
-    error = ""
-    try:
-        async with Producer(**settings) as producer:
-            if exactly_once:
-                producer.begin_transaction()
-            try:
-                for row in rows:
-                    read += 1
-                    key, value = _as_bytes(row["k"]), _as_bytes(row["v"])
-                    headers = None if row["h"] is None else _headers(row["h"], headers_column)
-                    handle = await producer.enqueue(topic, value, key, headers=headers)
-                    sent.append((handle, len(value or b"") + len(key or b"")))
-                if exactly_once:
-                    await producer.commit_transaction()
-                else:
-                    await producer.flush()
-            except BaseException:
-                if exactly_once:
-                    sent.clear()  # none of them will be visible to read_committed consumers
-                    with contextlib.suppress(KafkaError):  # e.g. fenced: the first error says more
-                        await producer.abort_transaction()
-                raise
-    except Exception as exc:  # reported to the driver, which raises SparkWriteError
-        error = repr(exc)
-        read += sum(1 for _ in rows)  # the rest of the partition was not written either
-    confirmed = [size for handle, size in sent if handle.exception() is None]
-    if not error:
-        error = next((repr(h.exception()) for h, _ in sent if h.exception() is not None), "")
-    return index, read, len(confirmed), sum(confirmed), error

@@ -34,6 +34,7 @@ class ApiKey(enum.IntEnum):
     END_TXN = 26
     TXN_OFFSET_COMMIT = 28
     SASL_AUTHENTICATE = 36
+    OFFSET_FETCH = 9  # a group's committed offsets (the Spark sink's committed batch ids)
 
 
 # (lowest, highest) version we implement, and the first flexible version (99: none).
@@ -52,13 +53,14 @@ CLIENT_VERSIONS: dict[ApiKey, tuple[int, int]] = {
     ApiKey.SASL_AUTHENTICATE: (0, 2),
     ApiKey.FETCH: (4, 12),  # 4: RecordBatch v2 and isolation; 13+ name topics by id only
     ApiKey.LIST_OFFSETS: (1, 7),  # 1: one offset per partition
+    ApiKey.OFFSET_FETCH: (1, 7),  # 8+ ask for several groups at once
 }
 FLEXIBLE_FROM: dict[ApiKey, int] = {
     ApiKey.PRODUCE: 9, ApiKey.METADATA: 9, ApiKey.FIND_COORDINATOR: 3,
     ApiKey.SASL_HANDSHAKE: 99, ApiKey.API_VERSIONS: 3, ApiKey.CREATE_TOPICS: 5,
     ApiKey.INIT_PRODUCER_ID: 2, ApiKey.ADD_PARTITIONS_TO_TXN: 3, ApiKey.ADD_OFFSETS_TO_TXN: 3,
     ApiKey.END_TXN: 3, ApiKey.TXN_OFFSET_COMMIT: 3, ApiKey.SASL_AUTHENTICATE: 2,
-    ApiKey.FETCH: 12, ApiKey.LIST_OFFSETS: 6,
+    ApiKey.FETCH: 12, ApiKey.LIST_OFFSETS: 6, ApiKey.OFFSET_FETCH: 6,
 }
 
 _REQUESTS: dict[ApiKey, tuple[F, ...]] = {
@@ -181,6 +183,11 @@ _REQUESTS: dict[ApiKey, tuple[F, ...]] = {
                 F("timestamp", "int64"),
             )),
         )),
+    ),
+    ApiKey.OFFSET_FETCH: (
+        F("group_id", "string"),
+        F("topics", (F("name", "string"), F("partition_indexes", "[int32]")), nullable_from=2),
+        F("require_stable", "bool", (7, 99)),
     ),
 }
 
@@ -330,6 +337,20 @@ _RESPONSES: dict[ApiKey, tuple[F, ...]] = {
                 F("leader_epoch", "int32", (4, 99)),
             )),
         )),
+    ),
+    ApiKey.OFFSET_FETCH: (
+        F("throttle_time_ms", "int32", (3, 99)),
+        F("topics", (
+            F("name", "string"),
+            F("partitions", (
+                F("partition_index", "int32"),
+                F("committed_offset", "int64"),
+                F("committed_leader_epoch", "int32", (5, 99), default=-1),
+                F("metadata", "string", nullable_from=0),
+                F("error_code", "int16"),
+            )),
+        )),
+        F("error_code", "int16", (2, 99)),
     ),
 }
 

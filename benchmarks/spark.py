@@ -1,0 +1,153 @@
+"""Spark to Kafka, side by side in one run: the aioproducer data source against the same job
+written with foreachPartition and confluent-kafka's Producer, and with aiokafka.
+
+    python benchmarks/spark.py                       # 1M rows of 100 B, 3 rounds
+    python benchmarks/spark.py --rows 200000 --repeat 2
+
+One SparkSession (local[CORES], CORES executor cores, 1 by default so the broker has the other
+core), one cached DataFrame of ROWS rows with a 100-byte string value in 2 x CORES Spark
+partitions, written to a fresh 6-partition topic per run of the embedded broker; only the
+write job is timed, after one untimed small write by each client (the session's first Python
+data source write starts the workers that plan it, once per session). Every client runs with acks=1, idempotence off (aiokafka's cannot start
+against Tansu), linger 5 ms, batch 16 KiB. A run's records are counted back with librdkafka's
+consumer; a wrong count fails the run. Prints rows/s per executor core (median and range over
+the rounds, each round runs every client once) and aioproducer's ratio to each peer, as the
+median of the per-round ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from aioproducer.testing import EmbeddedBroker  # noqa: E402
+from benchmarks.run import count_back  # noqa: E402
+
+SETTINGS = {"acks": "1", "enable.idempotence": "false", "linger.ms": "5",
+            "batch.size": "16384"}
+
+
+def with_data_source(df: Any, bootstrap: str, topic: str) -> None:
+    writer = (df.write.format("aioproducer").option("kafka.bootstrap.servers", bootstrap)
+              .option("topic", topic))
+    for name, value in SETTINGS.items():
+        writer = writer.option(f"kafka.{name}", value)
+    writer.mode("append").save()
+
+
+def with_confluent(df: Any, bootstrap: str, topic: str) -> None:
+    def write(rows: Iterable[Any]) -> None:
+        from confluent_kafka import Producer
+
+        producer = Producer({"bootstrap.servers": bootstrap, **SETTINGS})
+        for row in rows:
+            while True:
+                try:
+                    producer.produce(topic, row.value)
+                    break
+                except BufferError:  # its queue is full: serve callbacks, then again
+                    producer.poll(0.005)
+            producer.poll(0)
+        if producer.flush(120):
+            raise RuntimeError("confluent-kafka: records left unflushed")
+
+    df.foreachPartition(write)
+
+
+def with_aiokafka(df: Any, bootstrap: str, topic: str) -> None:
+    def write(rows: Iterable[Any]) -> None:
+        import asyncio
+
+        from aiokafka import AIOKafkaProducer
+
+        async def produce() -> None:
+            producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks=1, linger_ms=5,
+                                        max_batch_size=16384, enable_idempotence=False)
+            await producer.start()
+            try:
+                futures = [await producer.send(topic, row.value.encode()) for row in rows]
+                await asyncio.gather(*futures)
+            finally:
+                await producer.stop()
+
+        asyncio.run(produce())
+
+    df.foreachPartition(write)
+
+
+CLIENTS: dict[str, Callable[[Any, str, str], None]] = {
+    "aioproducer (format)": with_data_source,
+    "confluent-kafka (foreachPartition)": with_confluent,
+    "aiokafka (foreachPartition)": with_aiokafka,
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--cores", type=int, default=1)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
+
+    from aioproducer.integrations.spark import register
+
+    spark = (SparkSession.builder.master(f"local[{args.cores}]").appName("aioproducer-bench")
+             .config("spark.ui.enabled", "false").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    df = spark.range(args.rows, numPartitions=2 * args.cores).select(
+        F.lpad(F.col("id").cast("string"), 100, "x").alias("value")).cache()
+    df.count()
+    rates: dict[str, list[float]] = {name: [] for name in CLIENTS}
+    try:
+        with EmbeddedBroker() as broker:
+            # Untimed, each client once: a session's first Python data source write starts
+            # the Python workers that plan and commit it (~8 s here), paid once per session.
+            warm_up = spark.range(1000, numPartitions=2 * args.cores).select(
+                F.col("id").cast("string").alias("value"))
+            broker.create_topic("bench-spark-warm-up", 6)
+            for write in CLIENTS.values():
+                write(warm_up, broker.bootstrap, "bench-spark-warm-up")
+            for _ in range(args.repeat):
+                for name, write in CLIENTS.items():
+                    topic = f"bench-spark-{uuid.uuid4().hex[:8]}"
+                    broker.create_topic(topic, 6)
+                    started = time.perf_counter()
+                    write(df, broker.bootstrap, topic)
+                    seconds = time.perf_counter() - started
+                    counted = count_back(broker.bootstrap, topic, args.rows)
+                    if counted != args.rows:
+                        raise SystemExit(f"{name}: {counted} of {args.rows} records counted back")
+                    rates[name].append(args.rows / seconds / args.cores)
+                    print(f"  {name}: {rates[name][-1]:,.0f} rows/s per core", flush=True)
+    finally:
+        spark.stop()
+
+    print(f"\n{args.rows:,} rows of 100 B, local[{args.cores}], {args.repeat} round(s); "
+          "rows/s per executor core, median (range):")
+    for name, values in rates.items():
+        print(f"  {name:36} {statistics.median(values):>10,.0f}  "
+              f"({min(values):,.0f}-{max(values):,.0f})")
+    ours = rates["aioproducer (format)"]
+    for name, values in rates.items():
+        if name != "aioproducer (format)":
+            ratios = [a / b for a, b in zip(ours, values)]
+            print(f"  aioproducer / {name}: {statistics.median(ratios):.2f}x "
+                  f"({min(ratios):.2f}-{max(ratios):.2f})")
+
+
+if __name__ == "__main__":
+    main()

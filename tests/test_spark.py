@@ -1,0 +1,265 @@
+"""The `aioproducer` Spark data source: df.write / df.writeStream .format("aioproducer"),
+read back with librdkafka's consumer and kafka-python's batch reader; the streaming
+query's exactly-once writes across a killed driver."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests.support.readback import consume_all, fetch_raw_batches
+
+pytestmark = pytest.mark.skipif(shutil.which("java") is None,
+                                reason="PySpark needs a Java runtime (17) on PATH")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def spark():
+    pyspark = pytest.importorskip("pyspark", reason="install the spark extra: aioproducer[spark]")
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable  # the workers import this checkout
+    session = (pyspark.sql.SparkSession.builder.master("local[2]")
+               .appName("aioproducer-data-source")
+               .config("spark.ui.enabled", "false")
+               .getOrCreate())
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def progress(spark):
+    """format("aioproducer") registered; the counters its tasks add to."""
+    from aioproducer.integrations.spark import register
+
+    return register(spark)
+
+
+def _jobs_run(spark) -> int:
+    return len(spark.sparkContext.statusTracker().getJobIdsForGroup())
+
+
+def _write(df, bootstrap: str, **options: str):
+    writer = df.write.format("aioproducer").option("kafka.bootstrap.servers", bootstrap)
+    for name, value in options.items():
+        writer = writer.option(name, value)
+    writer.mode("append").save()
+
+
+def test_columns_as_for_sparks_kafka_sink(spark, progress, broker, topic_factory):
+    """key, value, headers and partition columns, kafka.-prefixed settings: each row arrives
+    as the row said, read back by librdkafka; the counters add up what was written."""
+    from pyspark.sql import functions as F
+
+    topic = topic_factory(3)
+    rows = 3000
+    records_before, bytes_before = progress.records.value, progress.bytes.value
+    df = spark.range(rows, numPartitions=3).select(
+        F.concat(F.lit("k"), F.col("id").cast("string")).alias("key"),
+        F.col("id").cast("string").cast("binary").alias("value"),
+        F.array(F.struct(F.lit("n").alias("key"), F.col("id").cast("string").alias("value")))
+         .alias("headers"),
+        (F.col("id") % 3).cast("int").alias("partition"),
+        F.lit("ignored, as by Spark's Kafka sink").alias("other"))
+    _write(df, broker.bootstrap, topic=topic, **{"kafka.linger.ms": "20",
+                                                 "kafka.compression.type": "lz4"})
+    got = consume_all(broker.bootstrap, topic, expected=rows, timeout=60)
+    assert sorted(int(r.value) for r in got) == list(range(rows))
+    for r in got:
+        n = int(r.value)
+        assert (r.key, r.headers, r.partition) == (b"k%d" % n, [("n", r.value)], n % 3)
+    assert progress.records.value - records_before == rows
+    assert progress.bytes.value - bytes_before == sum(len(r.key) + len(r.value) for r in got)
+
+
+def test_topic_column_routes_rows_and_the_topic_option_wins(spark, broker, topic_factory):
+    from pyspark.sql import functions as F
+
+    first, second, override = topic_factory(1), topic_factory(1), topic_factory(1)
+    df = spark.range(10, numPartitions=2).select(
+        F.when(F.col("id") < 4, F.lit(first)).otherwise(F.lit(second)).alias("topic"),
+        F.col("id").cast("string").alias("value"))
+    _write(df, broker.bootstrap)
+    assert sorted(int(r.value) for r in consume_all(broker.bootstrap, first, 4)) == [0, 1, 2, 3]
+    assert sorted(int(r.value) for r in consume_all(broker.bootstrap, second, 6)) == \
+        list(range(4, 10))
+    _write(df, broker.bootstrap, topic=override)
+    assert len(consume_all(broker.bootstrap, override, 10)) == 10
+
+
+@pytest.mark.parametrize("columns, options, message", [
+    (["CAST(id AS STRING) AS v"], {}, r"InvalidRecordError: no 'value' column: the columns are v"),
+    (["id AS value"], {}, r"InvalidRecordError: value column 'value' is bigint: it must be "
+                          r"string or binary"),
+    (["id AS key", "'x' AS value"], {}, r"InvalidRecordError: key column 'key' is bigint"),
+    (["'x' AS value", "map('a', 'b') AS headers"], {},
+     r"InvalidRecordError: headers column 'headers' is map<string,string>: it must be "
+     r"array<struct<key:string,value:binary>>"),
+    (["'x' AS value", "id AS partition"], {}, r"partition column is bigint: it must be int"),
+    (["'x' AS value"], {"topic": None}, r"ConfigError: no topic: set .option\(\"topic\""),
+    (["'x' AS value"], {"kafka.lingr.ms": "5"},
+     r"ConfigError: unknown setting 'lingr.ms'; did you mean 'linger_ms'"),
+    (["'x' AS value"], {"kafka.bootstrap.servers": None},
+     r"ConfigError: the aioproducer data source needs .option\(\"kafka.bootstrap.servers\""),
+    (["'x' AS value"], {"exactlyOnce": "true"}, r"needs .option\(\"transactionalIdPrefix\""),
+])
+def test_bad_columns_and_options_fail_before_any_task(spark, broker, topic, columns, options,
+                                                      message):
+    """Raised while Spark plans the write, on the driver: no job runs, nothing is sent. (Spark
+    wraps the data source's exception in its own AnalysisException, whose message holds ours.)"""
+    from pyspark.errors import AnalysisException
+
+    settings = {"kafka.bootstrap.servers": broker.bootstrap, "topic": topic, **options}
+    writer = spark.range(3).selectExpr(*columns).write.format("aioproducer")
+    for name, value in settings.items():
+        if value is not None:
+            writer = writer.option(name, value)
+    jobs = _jobs_run(spark)
+    with pytest.raises(AnalysisException, match=message):
+        writer.mode("append").save()
+    assert _jobs_run(spark) == jobs
+
+
+def test_a_failed_delivery_fails_the_write_saying_why(spark, broker):
+    from pyspark.errors import PySparkException
+
+    df = spark.range(20, numPartitions=2).selectExpr("CAST(id AS STRING) AS value")
+    with pytest.raises(PySparkException, match=r"SparkWriteError: 10 of 10 row\(s\) not "
+                       r"confirmed by Kafka for topic 'bad topic!'.*InvalidTopicError"):
+        _write(df, broker.bootstrap, topic="bad topic!")
+
+
+def test_batch_write_in_transactions(spark, progress, broker, topic_factory):
+    """exactlyOnce with a transactionalIdPrefix: each Spark partition's records are followed
+    by its COMMIT marker. (Key and value only: the bulk path, whose counts are per call.)"""
+    topic = topic_factory(1)
+    records_before, bytes_before = progress.records.value, progress.bytes.value
+    df = spark.range(500, numPartitions=2).selectExpr("CAST(id AS STRING) AS key",
+                                                      "CAST(id AS STRING) AS value")
+    _write(df, broker.bootstrap, topic=topic, exactlyOnce="true",
+           transactionalIdPrefix=f"{topic}-batch")
+    committed, aborted, open_ = _transaction_outcomes(broker.bootstrap, topic, 1)
+    assert sorted(int(v) for v in committed) == list(range(500))
+    assert (aborted, open_) == ([], [])
+    assert progress.records.value - records_before == 500
+    assert progress.bytes.value - bytes_before == 2 * sum(len(str(i)) for i in range(500))
+
+
+def _transaction_outcomes(bootstrap: str, topic: str, partitions: int
+                          ) -> tuple[list[bytes], list[bytes], list[bytes]]:
+    """Values of the topic's transactional records, by what became of their transaction:
+    committed, aborted, still open (decoded from the raw batches and control markers, since
+    Tansu's read_committed consumers also see aborted records)."""
+    committed: list[bytes] = []
+    aborted: list[bytes] = []
+    pending: dict[int, list[bytes]] = {}
+    for partition in range(partitions):
+        for batch in fetch_raw_batches(bootstrap, topic, partition):
+            assert batch.is_transactional, "every record is written in a transaction"
+            if batch.is_control:
+                (committed if batch.control_type == "COMMIT" else aborted).extend(
+                    pending.pop(batch.producer_id, []))
+            else:
+                pending.setdefault(batch.producer_id, []).extend(r[2] for r in batch.records)
+    return committed, aborted, [v for values in pending.values() for v in values]
+
+
+# -- streaming: exactly once across a killed driver -------------------------------------------
+
+def _start_driver(bootstrap: str, topic: str, source: Path, checkpoint: Path,
+                  log: Path) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "tests.support.spark_stream_job", bootstrap, topic,
+             str(source), str(checkpoint)],
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _committed_batches(checkpoint: Path) -> list[int]:
+    commits = checkpoint / "commits"
+    return sorted(int(p.name) for p in commits.glob("[0-9]*")) if commits.exists() else []
+
+
+@pytest.mark.timeout(180)
+def test_stream_is_exactly_once_across_a_killed_driver(broker, topic_factory, tmp_path):
+    """A streaming query, two files per micro-batch, is killed (SIGKILL to the driver's
+    process group: Python, its JVM and its workers) once some micro-batches are done, then
+    restarted from its checkpoint and run to the end. Every line arrives exactly once in a
+    committed transaction; the killed attempt's open transactions are aborted (fenced) by
+    the restart, and read_committed consumers see each line once.
+
+    The kill is also made to land at the worst moment: after the sink committed a
+    micro-batch's transactions but before Spark recorded the batch as done. Spark writes
+    that record (commits/N in the checkpoint) after the sink's commit; removing the newest
+    one leaves the checkpoint as such a kill would, so the restart replays a batch whose
+    rows are already in Kafka, which the sink must skip."""
+    topic = topic_factory(2)
+    source, checkpoint, log = tmp_path / "in", tmp_path / "checkpoint", tmp_path / "driver.log"
+    source.mkdir()
+    files, per_file = 12, 400
+    expected = {f"f{f:02d}-{i:04d}".encode() for f in range(files) for i in range(per_file)}
+    for f in range(files):
+        (source / f"part-{f:02d}.txt").write_text(
+            "".join(f"f{f:02d}-{i:04d}\n" for i in range(per_file)))
+
+    driver = _start_driver(broker.bootstrap, topic, source, checkpoint, log)
+    try:
+        deadline = time.monotonic() + 90
+        while len(_committed_batches(checkpoint)) < 2 and driver.poll() is None:
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.05)
+        os.killpg(driver.pid, signal.SIGKILL)
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait(30)
+    done = _committed_batches(checkpoint)
+    assert 2 <= len(done) < files // 2, "killed mid-stream"
+    for name in (str(done[-1]), f".{done[-1]}.crc"):  # the record and its checksum file
+        (checkpoint / "commits" / name).unlink(missing_ok=True)
+
+    driver = _start_driver(broker.bootstrap, topic, source, checkpoint, log)
+    try:
+        assert driver.wait(120) == 0, log.read_text()[-3000:]
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait(30)
+
+    assert '"rows_already_committed": 800' in log.read_text(), \
+        "the restart found the replayed micro-batch's two files committed, and skipped them"
+    committed, aborted, open_ = _transaction_outcomes(broker.bootstrap, topic, 2)
+    assert open_ == [], "the restart fenced and aborted the killed driver's transactions"
+    counts = Counter(committed)
+    assert set(counts) == expected and set(counts.values()) == {1}, \
+        f"{len(counts)} distinct of {len(expected)}; duplicated: {sum(counts.values()) - len(counts)}"
+    consumed = consume_all(broker.bootstrap, topic, expected=len(committed) + len(aborted),
+                           timeout=60, isolation_level="read_committed")
+    read = Counter(r.value for r in consumed)
+    # Tansu's read_committed consumers also see aborted records.
+    wanted = counts + Counter(aborted) if broker.is_embedded else counts
+    assert read == wanted, _where_reading_stopped(broker.bootstrap, topic, consumed)
+
+
+def _where_reading_stopped(bootstrap: str, topic: str, consumed: list) -> str:
+    """For a failed read-back: per partition, the last offset read and the raw batches after
+    it (producer id, epoch, control type), to tell a stuck last stable offset from a lost
+    read."""
+    lines = []
+    for partition in (0, 1):
+        last = max((r.offset for r in consumed if r.partition == partition), default=-1)
+        after = [(b.base_offset, b.producer_id, b.producer_epoch, b.control_type or len(b.records))
+                 for b in fetch_raw_batches(bootstrap, topic, partition)
+                 if b.base_offset + len(b.records) > last][:12]
+        lines.append(f"partition {partition}: read up to offset {last}; then {after}")
+    return "\n".join(lines)
