@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import struct
+import uuid
 
 import pytest
 
@@ -206,6 +207,32 @@ async def test_schema_registry_avro_end_to_end(broker, topic_factory, schema_reg
                                            for t in (first, second) for f in ("key", "value"))
 
 
+async def test_schema_registry_schema_id_in_a_header(broker, topic, schema_registry):
+    """Confluent's header schema ids: the serializer appends the id to the record's headers,
+    and the payload is the bare Avro body."""
+    from confluent_kafka.schema_registry import AsyncSchemaRegistryClient, \
+        SchemaRegistryClient, dual_schema_id_deserializer, header_schema_id_serializer
+    from confluent_kafka.schema_registry.avro import AsyncAvroSerializer, AvroDeserializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    from aioproducer.schema_registry import SchemaRegistrySerializer
+
+    client = AsyncSchemaRegistryClient({"url": schema_registry.url})
+    values = SchemaRegistrySerializer(await AsyncAvroSerializer(
+        client, ORDER, conf={"schema.id.serializer": header_schema_id_serializer}))
+    order = {"id": 7, "item": "lamp"}
+    async with Producer(broker.bootstrap, value_serializer=values) as producer:
+        await producer.send(topic, order, headers=[("trace", b"t-7")])
+    [got] = consume_all(broker.bootstrap, topic, expected=1)
+    registry = SchemaRegistryClient({"url": schema_registry.url})
+    guid = registry.get_latest_version(f"{topic}-value").guid
+    assert [name for name, _ in got.headers] == ["trace", "__value_schema_id"]
+    assert got.headers[1][1] == b"\x01" + uuid.UUID(guid).bytes
+    assert got.value == b"\x0e\x08lamp"  # no wire-format prefix: the id is in the header
+    read = AvroDeserializer(registry, conf={"schema.id.deserializer": dual_schema_id_deserializer})
+    assert read(got.value, SerializationContext(topic, MessageField.VALUE, got.headers)) == order
+
+
 async def test_schema_registry_rejects_a_record_off_its_schema(broker, topic, schema_registry):
     from confluent_kafka.schema_registry import AsyncSchemaRegistryClient
     from confluent_kafka.schema_registry.avro import AsyncAvroSerializer
@@ -246,6 +273,49 @@ async def test_schema_registry_json_schema(broker, topic, schema_registry):
     read = JSONDeserializer(schema, schema_registry_client=registry)
     assert read(got[0].value, SerializationContext(topic, MessageField.VALUE)) == \
         {"celsius": 21.5}
+
+
+def _reading_message_class():
+    """A protobuf message class built at run time (no generated module to check in)."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    proto = descriptor_pb2.FileDescriptorProto(name="reading.proto", package="sensors",
+                                               syntax="proto3")
+    message = proto.message_type.add(name="Reading")
+    field = descriptor_pb2.FieldDescriptorProto
+    message.field.add(name="sensor", number=1, type=field.TYPE_STRING,
+                      label=field.LABEL_OPTIONAL)
+    message.field.add(name="celsius", number=2, type=field.TYPE_DOUBLE,
+                      label=field.LABEL_OPTIONAL)
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(proto)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("sensors.Reading"))
+
+
+async def test_schema_registry_protobuf(broker, topic, schema_registry):
+    from confluent_kafka.schema_registry import AsyncSchemaRegistryClient, SchemaRegistryClient
+    from confluent_kafka.schema_registry.protobuf import AsyncProtobufSerializer, \
+        ProtobufDeserializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    from aioproducer.schema_registry import SchemaRegistrySerializer
+
+    reading = _reading_message_class()
+    client = AsyncSchemaRegistryClient({"url": schema_registry.url})
+    values = SchemaRegistrySerializer(await AsyncProtobufSerializer(
+        reading, client, {"use.deprecated.format": False}))
+    sent = [reading(sensor=f"s{n}", celsius=n / 2) for n in range(3)]
+    async with Producer(broker.bootstrap, value_serializer=values) as producer:
+        for message in sent:
+            await producer.enqueue(topic, message)
+    got = consume_all(broker.bootstrap, topic, expected=3)
+    registry = SchemaRegistryClient({"url": schema_registry.url})
+    latest = registry.get_latest_version(f"{topic}-value")
+    assert latest.schema.schema_type == "PROTOBUF"
+    assert {_schema_id(r.value) for r in got} == {latest.schema_id}
+    read = ProtobufDeserializer(reading, {"use.deprecated.format": False},
+                                schema_registry_client=registry)
+    assert [read(r.value, SerializationContext(topic, MessageField.VALUE)) for r in got] == sent
 
 
 def test_schema_registry_serializer_needs_a_field_it_knows():

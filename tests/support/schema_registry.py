@@ -1,7 +1,7 @@
 """A small Confluent Schema Registry stand-in: the REST endpoints confluent-kafka's schema
 registry client calls to register a schema, look it up, and fetch it by id or by subject
-version. One id per distinct schema (as the real registry assigns them), versions per
-subject. In memory, on 127.0.0.1, in a thread of its own; `requests` records the calls made,
+version or by guid (for schema ids sent in headers). One id and one guid per
+distinct schema (as the real registry assigns them), versions per subject. In memory, on 127.0.0.1, in a thread of its own; `requests` records the calls made,
 so a test can say which ones a serializer needed.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import threading
 import urllib.parse
+import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -23,7 +24,8 @@ class StandInSchemaRegistry:
         self.requests: list[tuple[str, str]] = []  # (method, path) of every call
         self._lock = threading.Lock()
         self._ids: dict[tuple[str, str, str], int] = {}  # (type, schema, references) -> id
-        self._schemas: dict[int, dict[str, Any]] = {}  # id -> {"schema", "schemaType", ...}
+        self._schemas: dict[int, dict[str, Any]] = {}  # id -> {"schema", "guid", ...}
+        self._guids: dict[str, int] = {}  # guid -> id
         self._versions: dict[str, list[int]] = {}  # subject -> ids, version n at n - 1
         registry = self
 
@@ -84,6 +86,10 @@ class StandInSchemaRegistry:
                 if int(schema_id) not in self._schemas:
                     return _missing("schema", f"schema {schema_id} not found")
                 return 200, self._schemas[int(schema_id)]
+            case "GET", ["schemas", "guids", guid]:
+                if guid not in self._guids:
+                    return _missing("schema", f"schema {guid} not found")
+                return 200, self._schemas[self._guids[guid]]
             case "GET", ["subjects", subject, "versions", version]:
                 ids = self._versions.get(subject)
                 if not ids:
@@ -101,12 +107,14 @@ class StandInSchemaRegistry:
         schema_id = self._ids.get(identity)
         if schema_id is None:
             schema_id = self._ids[identity] = len(self._ids) + 1
-            self._schemas[schema_id] = {key: body[key] for key in
-                                        ("schema", "schemaType", "references") if key in body}
+            guid = str(uuid.uuid4())
+            self._guids[guid] = schema_id
+            self._schemas[schema_id] = {"guid": guid, **{
+                key: body[key] for key in ("schema", "schemaType", "references") if key in body}}
         versions = self._versions.setdefault(subject, [])
         if schema_id not in versions:
             versions.append(schema_id)
-        return {"id": schema_id}
+        return {"id": schema_id, "guid": self._schemas[schema_id]["guid"]}
 
     def _registered(self, subject: str, schema_id: int) -> dict[str, Any]:
         return {"subject": subject, "id": schema_id,
