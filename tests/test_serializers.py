@@ -323,3 +323,28 @@ def test_schema_registry_serializer_needs_a_field_it_knows():
 
     with pytest.raises(ValueError, match="'key' or 'value'"):
         SchemaRegistrySerializer(lambda value, context: b"", field="headers")  # type: ignore
+
+
+def test_blocking_producer_with_an_async_serializer(broker, topic):
+    """BlockingProducer hands records to the same path: an async serializer is awaited on
+    the producer's loop, and the thread's records keep their order."""
+    from aioproducer import BlockingProducer
+
+    with BlockingProducer(broker.bootstrap, value_serializer=SlowAsync(),
+                          key_serializer=Tagging("key")) as producer:
+        futures = [producer.produce(topic, n, key="k") for n in countdown(10)]
+        with pytest.raises(SerializationError, match=topic):
+            producer.send(topic, "boom")
+        producer.flush()
+    assert [f.result().offset for f in futures] == list(range(10))
+    got = consume_all(broker.bootstrap, topic, expected=10)
+    assert [r.value for r in got] == [b"%d" % n for n in countdown(10)]
+    assert {tuple(r.headers) for r in got} == {(("key-from", topic.encode()),)}
+
+
+def test_a_serializer_setting_that_is_neither_kind_is_a_config_error():
+    from aioproducer.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="value_serializer must be an .*Serializer or a "
+                                          "callable returning bytes, not int"):
+        Producer("127.0.0.1:9092", value_serializer=42)
