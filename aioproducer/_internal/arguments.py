@@ -26,12 +26,13 @@ _TOPIC_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ01
 SerializerCall = Callable[[str, MutableHeaders, Any], Any]
 
 
-def serializer_call(serializer: SerializerSetting | None
-                    ) -> SerializerCall | None:
+def serializer_call(serializer: SerializerSetting | None) -> SerializerCall | None:
     """One way to call either kind, decided once: a Serializer's own method, or a plain
     `(obj) -> bytes` callable that ignores the topic and headers."""
-    if serializer is None or isinstance(serializer, Serializer):
-        return None if serializer is None else serializer.serialize
+    if serializer is None:
+        return None
+    if isinstance(serializer, Serializer):
+        return serializer.serialize
     return lambda topic, headers, obj: serializer(obj)
 
 
@@ -43,7 +44,7 @@ def serialize(call: SerializerCall, obj: Any, what: str, topic: str,
         data = call(topic, headers, obj)
     except Exception as exc:
         raise _serializer_failed(what, topic, exc) from exc
-    if inspect.isawaitable(data):
+    if type(data) is not bytes and inspect.isawaitable(data):
         return data
     return serialized(data, what, topic)
 

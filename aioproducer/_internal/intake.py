@@ -19,6 +19,7 @@ from ..client.cluster import Cluster, TopicInfo
 from ..config import ProducerConfig
 from ..errors import InvalidRecordError, RecordTooLargeError
 from ..protocol.records import Headers, record_size_upper_bound
+from ..serializers import MutableHeaders
 from .._speedups import DONE, append_many
 from .accumulator import RecordAccumulator
 from .arguments import BYTES_TYPES, as_bytes, bad_partition, check_topic_name, \
@@ -236,7 +237,7 @@ class RecordIntake:
         return key, value, headers
 
     async def _key_value_awaited(self, topic: str, key: Any, value: Any,
-                                 headers: list[tuple[str, bytes | None]], key_pending: bool
+                                 headers: MutableHeaders, key_pending: bool
                                  ) -> KeyValue:
         """_key_value's end once a serializer returned an awaitable: the key's (then the
         value is still to serialize) or the value's."""
