@@ -7,13 +7,14 @@ from ._internal.metrics import ProducerMetrics
 from ._version import __version__
 from .config import ProducerConfig, ProducerSettings, TokenProvider
 from .producer import Producer, accepted
+from .serializers import Serializer
 
 if TYPE_CHECKING:
     from .blocking import BlockingProducer
 
 __all__ = ["BlockingProducer", "BulkFuture", "Producer", "ProducerConfig", "ProducerMetrics",
-           "ProducerSettings", "RecordFuture", "RecordMetadata", "TokenProvider", "__version__",
-           "accepted"]
+           "ProducerSettings", "RecordFuture", "RecordMetadata", "Serializer", "TokenProvider",
+           "__version__", "accepted"]
 
 
 def __getattr__(name: str) -> Any:

@@ -17,6 +17,7 @@ from typing import Any, Awaitable, Callable, Mapping, Protocol, Sequence, TypedD
 from .errors import ConfigError
 from .protocol.compression import Codec
 from .protocol.sasl import MECHANISMS as _SASL
+from .serializers import Serializer, SerializerSetting
 
 _CODECS = tuple(codec.name.lower() for codec in Codec)
 _PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
@@ -72,8 +73,8 @@ class ProducerSettings(TypedDict, total=False):
     allow_auto_create_topics: bool
     transactional_id: str | None
     transaction_timeout_ms: int
-    key_serializer: Callable[[Any], bytes] | None
-    value_serializer: Callable[[Any], bytes] | None
+    key_serializer: SerializerSetting | None
+    value_serializer: SerializerSetting | None
     on_delivery_error: Callable[[BaseException, str, int, int], object] | None
     partitioner: Callable[[str, bytes | None, int, Sequence[int]], int | None] | None
     partitioner_adaptive_partitioning_enable: bool
@@ -128,8 +129,9 @@ class ProducerConfig:
     allow_auto_create_topics: bool = True
     transactional_id: str | None = None
     transaction_timeout_ms: int = 60000
-    key_serializer: Callable[[Any], bytes] | None = None
-    value_serializer: Callable[[Any], bytes] | None = None
+    # A Serializer (given the topic and headers too) or a plain (obj) -> bytes callable.
+    key_serializer: SerializerSetting | None = None
+    value_serializer: SerializerSetting | None = None
     # Called as on_delivery_error(error, topic, partition, record_count) for each batch of
     # records that failed for good, whether or not anyone awaits them; errors it raises are
     # logged. Without it, such failures are logged (at most one line per 10 s).
@@ -247,8 +249,11 @@ class ProducerConfig:
             raise ConfigError(f"transactional_id must be a non-empty str, not "
                               f"{self.transactional_id!r}")
         for name in ("key_serializer", "value_serializer"):
-            if getattr(self, name) is not None and not callable(getattr(self, name)):
-                raise ConfigError(f"{name} must be a callable returning bytes")
+            serializer = getattr(self, name)
+            if serializer is not None and not isinstance(serializer, Serializer) and \
+                    not callable(serializer):
+                raise ConfigError(f"{name} must be an aioproducer.serializers.Serializer or a "
+                                  f"callable returning bytes, not {type(serializer).__name__}")
         if self.partitioner is not None and not callable(self.partitioner):
             raise ConfigError("partitioner must be a callable taking (topic, key, "
                               "partition_count, available_partitions)")

@@ -54,27 +54,37 @@ def test_spark_streaming_example():
 
 async def test_readme_python_snippets(broker, topic_factory):
     """README's Python blocks run as written, one after the other as a reader would, with only
-    the broker's address and (so that reruns start clean) the topic names changed."""
+    the broker's and the schema registry's (a stand-in's) addresses and (so that reruns start
+    clean) the topic names changed."""
     from tests.support.readback import consume_all
+    from tests.support.schema_registry import StandInSchemaRegistry
 
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
     assert len(blocks) >= 2
     topics = {name: topic_factory(1) for name in ("orders", "clicks", "enriched", "raw",
-                                                  "events")}
+                                                  "events", "payments")}
     namespace: dict = {}
-    for block in blocks:
-        block = block.replace('"localhost:9092"', repr(broker.bootstrap))
-        for name, topic in topics.items():
-            block = block.replace(f'"{name}"', repr(topic))
-        imports = [line for line in block.splitlines() if line.startswith(("from ", "import "))]
-        exec("\n".join(imports), namespace)
-        exec("async def snippet():\n" + "".join(f"    {line}\n" for line in block.splitlines()),
-             namespace)
-        await asyncio.wait_for(namespace["snippet"](), 30)
+    with StandInSchemaRegistry() as registry:
+        for block in blocks:
+            block = block.replace('"localhost:9092"', repr(broker.bootstrap))
+            block = block.replace('"http://localhost:8081"', repr(registry.url))
+            for name, topic in topics.items():
+                block = block.replace(f'"{name}"', repr(topic))
+            imports = [line for line in block.splitlines()
+                       if line.startswith(("from ", "import "))]
+            exec("\n".join(imports), namespace)
+            exec("async def snippet():\n" +
+                 "".join(f"    {line}\n" for line in block.splitlines()), namespace)
+            await asyncio.wait_for(namespace["snippet"](), 30)
     for name in ("orders", "clicks", "enriched"):
         assert len(consume_all(broker.bootstrap, topics[name], expected=1)) == 1, name
     events = consume_all(broker.bootstrap, topics["events"], expected=2)
     assert [(r.key, r.value) for r in events] == [(b"user-7", b"clicked"), (b"user-7", b"paid")]
+    json_payment, avro_payment = consume_all(broker.bootstrap, topics["payments"], expected=2)
+    assert (json_payment.key, json_payment.value, json_payment.headers) == (
+        b"user-7", b'{"amount": 12}', [("trace", b"t-1"), ("content-type", b"application/json")])
+    # Confluent's wire format: byte 0, the stand-in's first schema id (4 bytes), Avro's 12.
+    assert avro_payment.value == b"\x00\x00\x00\x00\x01\x18"
 
 
 def test_cli_perf_on_its_own_broker():

@@ -4,8 +4,9 @@ rules, so each verb reads as its steps."""
 
 from __future__ import annotations
 
+import inspect
 import time
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Awaitable, Callable, Iterator, Mapping
 
 from ..errors import (
     ConfigError,
@@ -15,21 +16,56 @@ from ..errors import (
     SerializationError,
 )
 from ..protocol.records import Headers, encode_headers
+from ..serializers import MutableHeaders, Serializer, SerializerSetting
 
 BYTES_TYPES = (bytes, bytearray, memoryview)
 _TOPIC_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 
 
-def serialize(serializer: Callable[[Any], bytes], obj: Any, what: str, topic: str) -> bytes:
+# A key or value serializer as intake calls it: (topic, headers, obj) -> bytes or an awaitable.
+SerializerCall = Callable[[str, MutableHeaders, Any], Any]
+
+
+def serializer_call(serializer: SerializerSetting | None) -> SerializerCall | None:
+    """One way to call either kind, decided once: a Serializer's own method, or a plain
+    `(obj) -> bytes` callable that ignores the topic and headers."""
+    if serializer is None:
+        return None
+    if isinstance(serializer, Serializer):
+        return serializer.serialize
+    return lambda topic, headers, obj: serializer(obj)
+
+
+def serialize(call: SerializerCall, obj: Any, what: str, topic: str,
+              headers: MutableHeaders) -> bytes | Awaitable[Any]:
+    """The serializer's bytes, or the awaitable an async one returned (to be awaited and
+    then given to `serialized`)."""
     try:
-        data = serializer(obj)
+        data = call(topic, headers, obj)
     except Exception as exc:
-        raise SerializationError(
-            f"{what}_serializer failed on a {what} for topic {topic!r}: {exc!r}") from exc
+        raise _serializer_failed(what, topic, exc) from exc
+    if type(data) is not bytes and inspect.isawaitable(data):
+        return data
+    return serialized(data, what, topic)
+
+
+async def serialize_async(awaitable: Awaitable[Any], what: str, topic: str) -> bytes:
+    try:
+        data = await awaitable
+    except Exception as exc:
+        raise _serializer_failed(what, topic, exc) from exc
+    return serialized(data, what, topic)
+
+
+def serialized(data: Any, what: str, topic: str) -> bytes:
     if not isinstance(data, BYTES_TYPES):
-        raise SerializationError(
-            f"{what}_serializer returned {type(data).__name__}; it must return bytes")
+        raise SerializationError(f"{what}_serializer returned {type(data).__name__} for topic "
+                                 f"{topic!r}; it must return bytes")
     return bytes(data)
+
+
+def _serializer_failed(what: str, topic: str, exc: Exception) -> SerializationError:
+    return SerializationError(f"{what}_serializer failed on a {what} for topic {topic!r}: {exc!r}")
 
 
 def as_bytes(obj: Any, what: str) -> bytes:
@@ -87,7 +123,7 @@ def checked_timestamp(timestamp_ms: Any) -> int:
     return timestamp_ms
 
 
-def _check_headers(headers: Headers) -> list[tuple[str, bytes | None]]:
+def checked_headers(headers: Headers) -> MutableHeaders:
     if isinstance(headers, (str, bytes, dict)) or not hasattr(headers, "__iter__"):
         raise InvalidRecordError(
             f"headers must be a sequence of (str, bytes | None) pairs, not {type(headers).__name__}")
@@ -107,7 +143,7 @@ def _check_headers(headers: Headers) -> list[tuple[str, bytes | None]]:
 
 def encode_checked_headers(headers: Headers) -> bytes:
     try:
-        return encode_headers(_check_headers(headers))
+        return encode_headers(checked_headers(headers))
     except UnicodeEncodeError as exc:
         raise InvalidRecordError(f"a header name is not valid text ({exc})") from None
 

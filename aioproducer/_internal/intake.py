@@ -19,10 +19,12 @@ from ..client.cluster import Cluster, TopicInfo
 from ..config import ProducerConfig
 from ..errors import InvalidRecordError, RecordTooLargeError
 from ..protocol.records import Headers, record_size_upper_bound
+from ..serializers import MutableHeaders
 from .._speedups import DONE, append_many
 from .accumulator import RecordAccumulator
 from .arguments import BYTES_TYPES, as_bytes, bad_partition, check_topic_name, \
-    checked_timestamp, encode_checked_headers, iterate_records, serialize, topic_str
+    checked_headers, checked_timestamp, encode_checked_headers, iterate_records, serialize, \
+    serialize_async, serializer_call, topic_str
 from .batch import BulkFuture, ProducerBatch, RecordFuture, RecordMetadata, Sending, \
     WaitingRecord
 from .lifecycle import STARTED, Lifecycle
@@ -31,6 +33,8 @@ from .transactions import TransactionManager
 
 # A record's batch (for send(), maybe its place in line for memory), offset delta, timestamp.
 Appended = tuple[ProducerBatch | WaitingRecord, int, int]
+# A record's key, value and headers, serialized and checked (the headers as serializers left them).
+KeyValue = tuple[bytes | None, bytes | None, Headers | None]
 _CHUNK = 10_000  # enqueue_many takes its records this many at a time
 _DELTA = struct.Struct("=i")  # an offset delta in a BulkFuture (as the speed-up writes them)
 
@@ -45,8 +49,8 @@ class RecordIntake:
         self._buffer_memory = config.buffer_memory
         self._max_request_size = config.max_request_size
         self._max_block = config.max_block_ms / 1000
-        self._key_serializer = config.key_serializer
-        self._value_serializer = config.value_serializer
+        self._key_serializer = serializer_call(config.key_serializer)
+        self._value_serializer = serializer_call(config.value_serializer)
         self._serializing = self._key_serializer is not None or self._value_serializer is not None
         self._config = config
         self._custom_partitioner = config.partitioner
@@ -99,11 +103,12 @@ class RecordIntake:
         return await record
 
     def append(self, topic: str, value: Any, key: Any, partition: int | None,
-               timestamp_ms: int | None, headers: Headers | None, eager: bool
-               ) -> Appended | Coroutine[Any, Any, Appended]:
+               timestamp_ms: int | None, headers: Headers | None, eager: bool,
+               serialized: bool = False) -> Appended | Coroutine[Any, Any, Appended]:
         """(batch, offset delta, timestamp) of the appended record, or, when the topic's
-        metadata or (unless `eager`, as for send()) a new batch is needed, a coroutine that
-        returns them."""
+        metadata, an async serializer or (unless `eager`, as for send()) a new batch is
+        needed, a coroutine that returns them. `serialized`: the key and value are already
+        the serializers' bytes."""
         lifecycle = self._lifecycle
         if lifecycle.state is not STARTED:
             lifecycle.raise_not_started()
@@ -116,11 +121,15 @@ class RecordIntake:
         info = self._cluster.topics.get(topic)
         if info is None or not info.leaders:
             return self._append_when_known(topic, value, key, partition, timestamp_ms, headers,
-                                           eager)
+                                           eager, serialized)
         # The common case, bytes and no serializers, costs one test: this is per record.
-        if self._serializing or (value is not None and type(value) is not bytes) or \
+        if self._serializing and not serialized or \
+                (value is not None and type(value) is not bytes) or \
                 (key is not None and type(key) is not bytes):
-            key, value = self._key_value(topic, key, value)
+            checked = self._key_value(topic, key, value, headers)
+            if not isinstance(checked, tuple):  # an async serializer: append once it is done
+                return self._append_serialized(checked, topic, partition, timestamp_ms, eager)
+            key, value, headers = checked
         encoded_headers = encode_checked_headers(headers) if headers else None
         if timestamp_ms is None:
             timestamp_ms = int(time.time() * 1000)
@@ -205,27 +214,67 @@ class RecordIntake:
 
     # -- the steps -------------------------------------------------------------------------
 
-    def _key_value(self, topic: str, key: Any, value: Any) -> tuple[bytes | None, bytes | None]:
-        """Serialize (if serializers are set) and check that key and value are bytes."""
-        if self._key_serializer is not None and key is not None:
-            key = serialize(self._key_serializer, key, "key", topic)
-        if self._value_serializer is not None and value is not None:
-            value = serialize(self._value_serializer, value, "value", topic)
+    def _key_value(self, topic: str, key: Any, value: Any, headers: Headers | None
+                   ) -> KeyValue | Coroutine[Any, Any, KeyValue]:
+        """Serialize (if serializers are set) and check that key and value are bytes; a
+        coroutine when a serializer is async. Serializers get the headers as a list they may
+        change, the key's first, as the Java client calls them."""
+        if self._serializing:
+            record_headers = checked_headers(headers) if headers else []
+            if self._key_serializer is not None and key is not None:
+                key = serialize(self._key_serializer, key, "key", topic, record_headers)
+                if type(key) is not bytes:
+                    return self._key_value_awaited(topic, key, value, record_headers, True)
+            if self._value_serializer is not None and value is not None:
+                value = serialize(self._value_serializer, value, "value", topic, record_headers)
+                if type(value) is not bytes:
+                    return self._key_value_awaited(topic, key, value, record_headers, False)
+            headers = record_headers
         if value is not None and type(value) is not bytes:
             value = as_bytes(value, "value")
         if key is not None and type(key) is not bytes:
             key = as_bytes(key, "key")
-        return key, value
+        return key, value, headers
+
+    async def _key_value_awaited(self, topic: str, key: Any, value: Any,
+                                 headers: MutableHeaders, key_pending: bool
+                                 ) -> KeyValue:
+        """_key_value's end once a serializer returned an awaitable: the key's (then the
+        value is still to serialize) or the value's."""
+        value_pending = not key_pending
+        if key_pending:
+            key = await serialize_async(key, "key", topic)
+            if self._value_serializer is not None and value is not None:
+                value = serialize(self._value_serializer, value, "value", topic, headers)
+                value_pending = type(value) is not bytes
+        if value_pending:
+            value = await serialize_async(value, "value", topic)
+        if value is not None and type(value) is not bytes:  # (no value_serializer)
+            value = as_bytes(value, "value")
+        if key is not None and type(key) is not bytes:  # (no key_serializer)
+            key = as_bytes(key, "key")
+        return key, value, headers
+
+    async def _append_serialized(self, serializing: Coroutine[Any, Any, KeyValue], topic: str,
+                                 partition: int | None, timestamp_ms: int | None,
+                                 eager: bool) -> Appended:
+        """append() for a record with an async serializer: serialize, then append (what
+        was checked before the await is checked again: the producer may be closing)."""
+        key, value, headers = await serializing
+        appended = self.append(topic, value, key, partition, timestamp_ms, headers, eager, True)
+        return appended if isinstance(appended, tuple) else await appended
 
     async def _append_when_known(self, topic: str, value: Any, key: Any,
                                  partition: int | None, timestamp_ms: int | None,
-                                 headers: Headers | None, eager: bool) -> Appended:
+                                 headers: Headers | None, eager: bool,
+                                 serialized: bool) -> Appended:
         """append() for a topic without metadata yet: fetch it first (as the Java client
         does, so the record is serialized once, with the topic known), then append."""
         self._lifecycle.check_loop()
         await self.partition_count(topic)
         # Nothing ran since the metadata arrived: this time append() finds the topic.
-        appended = self.append(topic, value, key, partition, timestamp_ms, headers, eager)
+        appended = self.append(topic, value, key, partition, timestamp_ms, headers, eager,
+                               serialized)
         return appended if isinstance(appended, tuple) else await appended
 
     def _append_new(self, topic: str, partition: int, sticky: bool, leaders: Sequence[int],
