@@ -261,7 +261,8 @@ class BlockingProducer:
     async def _hand_over_queued(self) -> None:
         """Everything queued, to the producer, appended as enqueue() appends (no coroutine
         per record); each batch's records' futures are resolved together when it is done."""
-        queue, append, room = self._queue, self._producer._intake.append, self._room
+        intake = self._producer._intake
+        queue, append, room = self._queue, intake.append, self._room
         by_batch = self._by_batch
         while queue:
             item = queue.popleft()
@@ -273,6 +274,11 @@ class BlockingProducer:
             if not future.take():
                 continue  # cancelled by its producer before it was taken: not sent
             try:
+                if intake.on_send_hooks:
+                    headers, told = intake.tell_send(topic, key, value, headers)
+                    if told is not None:
+                        on_delivery = told if on_delivery is None \
+                            else partial(_tell_both, on_delivery, told)
                 appended = append(topic, value, key, partition, timestamp_ms, headers, False)
                 if not isinstance(appended, tuple):  # (waits for metadata or memory)
                     appended = await appended
@@ -348,6 +354,13 @@ def _fail(future: ThreadFuture[RecordMetadata], on_delivery: DeliveryCallback | 
     future.resolve(None, exc)
     if on_delivery is not None:
         _call(on_delivery, None, exc)
+
+
+def _tell_both(first: DeliveryCallback, second: DeliveryCallback,
+               metadata: RecordMetadata | None, exc: BaseException | None) -> None:
+    """The caller's on_delivery, and an on_send hook's (each one's error logged apart)."""
+    _call(first, metadata, exc)
+    _call(second, metadata, exc)
 
 
 def _call(on_delivery: DeliveryCallback, metadata: RecordMetadata | None,

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable, Mapping, Protocol, Sequence, TypedDict, Union
 
 from .errors import ConfigError
+from .hooks import ProducerHooks
 from .protocol.compression import Codec
 from .protocol.sasl import MECHANISMS as _SASL
 from .serializers import Serializer, SerializerSetting
@@ -76,6 +77,7 @@ class ProducerSettings(TypedDict, total=False):
     key_serializer: SerializerSetting | None
     value_serializer: SerializerSetting | None
     on_delivery_error: Callable[[BaseException, str, int, int], object] | None
+    hooks: Sequence[ProducerHooks]
     partitioner: Callable[[str, bytes | None, int, Sequence[int]], int | None] | None
     partitioner_adaptive_partitioning_enable: bool
     partitioner_availability_timeout_ms: int
@@ -136,6 +138,9 @@ class ProducerConfig:
     # records that failed for good, whether or not anyone awaits them; errors it raises are
     # logged. Without it, such failures are logged (at most one line per 10 s).
     on_delivery_error: Callable[[BaseException, str, int, int], object] | None = None
+    # ProducerHooks told of records, batches and requests as they go (aioproducer.hooks;
+    # aioproducer.observability has OpenTelemetry's and Prometheus's).
+    hooks: Sequence[ProducerHooks] = ()
     # Called as partitioner(topic, key, partition_count, partitions_with_a_leader) for each
     # record sent without an explicit partition, after serialization; returns the partition,
     # or None for the built-in choice (murmur2 of the key; keyless: sticky, KIP-794).
@@ -257,6 +262,11 @@ class ProducerConfig:
         if self.partitioner is not None and not callable(self.partitioner):
             raise ConfigError("partitioner must be a callable taking (topic, key, "
                               "partition_count, available_partitions)")
+        if isinstance(self.hooks, ProducerHooks) or not isinstance(self.hooks, (list, tuple)) \
+                or not all(isinstance(hook, ProducerHooks) for hook in self.hooks):
+            raise ConfigError("hooks must be a list of aioproducer.hooks.ProducerHooks "
+                              f"instances, not {self.hooks!r:.100}")
+        changes["hooks"] = tuple(self.hooks)
         if self.on_delivery_error is not None and not callable(self.on_delivery_error):
             raise ConfigError("on_delivery_error must be a callable taken (error, topic, "
                               "partition, record_count)")

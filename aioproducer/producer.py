@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import warnings
+from threading import get_ident
 from typing import Any, AsyncIterator, Callable, Coroutine, Iterable, Sequence, Unpack
 
 from ._internal.accumulator import RecordAccumulator
@@ -16,6 +17,7 @@ from ._internal.intake import RecordIntake
 from ._internal.lifecycle import CLOSED, CLOSING, FAILED, NEW, STARTED, STARTING, \
     CloseDeadline, Lifecycle
 from ._internal.metrics import ProducerMetrics
+from ._internal.observer import Observer
 from ._internal.sender import Sender
 from ._internal.transaction_flow import TransactionFlow
 from ._internal.transactions import TransactionManager
@@ -28,6 +30,7 @@ from .protocol.compression import codec_from_name
 from .protocol.records import Headers
 
 log = logging.getLogger(__name__)
+METRICS_WAIT_S = 5.0  # metrics() from another thread waits this long for the loop
 
 
 class Producer:
@@ -74,6 +77,7 @@ class Producer:
         self._sender: Sender | None = None
         self._sender_task: asyncio.Task[None] | None = None
         self._txn: TransactionManager | None = None
+        self._observer: Observer | None = None
         self._transactions: TransactionFlow | None = None  # with a transactional_id
         self._tasks = TaskSet()  # every task of this producer's, whoever spawns it
         self._closing: asyncio.Task[None] | None = None
@@ -128,8 +132,9 @@ class Producer:
         txn = None
         if config.enable_idempotence:
             txn = self._txn = TransactionManager(config, cluster, self._tasks)
-        accumulator = self._accumulator = RecordAccumulator(config, self._codec, txn)
-        sender = self._sender = Sender(config, cluster, accumulator, txn)
+        observer = self._observer = Observer(config.hooks)
+        accumulator = self._accumulator = RecordAccumulator(config, self._codec, txn, observer)
+        sender = self._sender = Sender(config, cluster, accumulator, txn, observer)
         # What wakes the sender, and who may let a topic's metadata go: wired part to part,
         # so no call goes up through the producer and down again.
         cluster.on_change = accumulator.wake_sender = sender.wake
@@ -166,6 +171,7 @@ class Producer:
             sender.run(), f"aioproducer-sender-{config.client_id}")
         self._sender_task.add_done_callback(self._sender_done)
         lifecycle.become(STARTED)
+        observer.started(self)
         if self._transactions is not None:
             try:
                 await self.init_transactions()
@@ -254,6 +260,8 @@ class Producer:
             "the producer closed before these records could be sent"))
         await self._stop_tasks()
         lifecycle.become(CLOSED)
+        if self._observer is not None:
+            self._observer.closed(self)
 
     async def _end_transaction_at_close(self, transactions: TransactionFlow,
                                         deadline: CloseDeadline) -> None:
@@ -351,8 +359,10 @@ class Producer:
         when `buffer_memory` is full (both at most `max_block_ms`). Errors in the arguments
         raise here; delivery errors are raised by the returned future.
         """
-        appended = self._intake.append(topic, value, key, partition, timestamp_ms, headers,
-                                       False)
+        intake = self._intake
+        if intake.on_send_hooks:
+            return await intake.enqueue_told(topic, value, key, partition, timestamp_ms, headers)
+        appended = intake.append(topic, value, key, partition, timestamp_ms, headers, False)
         return RecordFuture(*(appended if isinstance(appended, tuple) else await appended))
 
     async def enqueue_many(self, topic: str,
@@ -394,10 +404,25 @@ class Producer:
     def metrics(self) -> ProducerMetrics:
         """Counters since start() and the state now (see ProducerMetrics); cheap enough to
         call every few seconds for a monitoring system. Before start(): all zero but
-        buffer_memory_available, the whole buffer_memory."""
-        accumulator, sender, cluster, txn = \
-            self._accumulator, self._sender, self._cluster, self._txn
-        if accumulator is None or sender is None or cluster is None:
+        buffer_memory_available, the whole buffer_memory.
+
+        Callable from any thread (a metrics exporter's): from outside the producer's loop
+        it asks the loop for the snapshot and waits up to `METRICS_WAIT_S` for it (then
+        TimeoutError: the loop is blocked)."""
+        lifecycle = self._lifecycle
+        loop = lifecycle.loop
+        if loop is not None and get_ident() != lifecycle.thread and loop.is_running():
+            return asyncio.run_coroutine_threadsafe(self._metrics_async(), loop).result(
+                METRICS_WAIT_S)
+        return self._metrics_now()
+
+    async def _metrics_async(self) -> ProducerMetrics:
+        return self._metrics_now()
+
+    def _metrics_now(self) -> ProducerMetrics:
+        accumulator, sender, cluster, txn, observer = \
+            self._accumulator, self._sender, self._cluster, self._txn, self._observer
+        if accumulator is None or sender is None or cluster is None or observer is None:
             return ProducerMetrics(buffer_memory_available=self.config.buffer_memory)
         connections = cluster.open_connections()
         return ProducerMetrics(
@@ -423,6 +448,9 @@ class Producer:
             producer_epoch=txn.producer_epoch if txn is not None else -1,
             transaction_state=txn.state.value if txn is not None and txn.is_transactional
             else "",
+            topics=observer.topics(),
+            produce_latency_histogram=observer.request_latency(),
+            record_latency_histogram=observer.record_latency(),
         )
 
     async def partitions_for(self, topic: str) -> set[int]:

@@ -1,6 +1,8 @@
-"""An HTTP endpoint that publishes an event to Kafka and answers where it landed.
+"""An HTTP endpoint that publishes an event to Kafka and answers where it landed, traced
+with OpenTelemetry: each send is a span, and each event carries its trace context
+(`traceparent` header) so the consumer's spans join the same trace.
 
-    pip install 'aioproducer[fastapi]' uvicorn   # the extra brings no server: pick one
+    pip install 'aioproducer[fastapi,otel]' opentelemetry-sdk uvicorn
     AIOPRODUCER_BOOTSTRAP=127.0.0.1:9092 uvicorn examples.fastapi_app:app
     curl -X POST localhost:8000/events -H 'content-type: application/json' \
          -d '{"user": "u-7", "action": "click"}'
@@ -10,12 +12,26 @@ import json
 import os
 
 from fastapi import FastAPI
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.trace import TracerProvider
 
 from aioproducer.integrations.fastapi import ProducerDep, producer_lifespan
+from aioproducer.observability.otel import OpenTelemetryHooks
+
+# OpenTelemetry's SDK, once per process. Give the providers your exporters (OTLP, say:
+# TracerProvider(...).add_span_processor(BatchSpanProcessor(OTLPSpanExporter())) and
+# MeterProvider(metric_readers=[PeriodicExportingMetricReader(OTLPMetricExporter())])), or
+# run under `opentelemetry-instrument`, which sets them up from OTEL_* variables; with
+# opentelemetry-instrumentation-fastapi each request's span becomes its sends' parent.
+if not isinstance(trace.get_tracer_provider(), TracerProvider):
+    trace.set_tracer_provider(TracerProvider())
+    metrics.set_meter_provider(MeterProvider())
 
 TOPIC = os.environ.get("EVENTS_TOPIC", "events")
 app = FastAPI(lifespan=producer_lifespan(
-    os.environ.get("AIOPRODUCER_BOOTSTRAP", "127.0.0.1:9092"), linger_ms=5))
+    os.environ.get("AIOPRODUCER_BOOTSTRAP", "127.0.0.1:9092"), linger_ms=5,
+    hooks=[OpenTelemetryHooks()]))  # spans per send, the Java client's metric names
 
 
 @app.post("/events")

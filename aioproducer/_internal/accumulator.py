@@ -34,6 +34,7 @@ from .batch import ProducerBatch, TopicPartition, WaitingRecord
 if TYPE_CHECKING:
     from ..client.cluster import Cluster
     from ..config import ProducerConfig
+    from .observer import Observer
     from .transactions import TransactionManager
 
 log = logging.getLogger(__name__)
@@ -50,8 +51,9 @@ class RecordAccumulator:
     """Per-partition queues of batches; the sender asks which are ready and drains them."""
 
     def __init__(self, config: ProducerConfig, codec: Codec,
-                 txn: TransactionManager | None) -> None:
+                 txn: TransactionManager | None, observer: Observer) -> None:
         self._loop = asyncio.get_running_loop()
+        self._observer = observer
         self._batch_size = config.batch_size
         self._linger = config.linger_ms / 1000
         self._delivery_timeout = config.delivery_timeout_ms / 1000
@@ -495,6 +497,9 @@ class RecordAccumulator:
             if failure is None:
                 self.records_sent += batch.record_count
                 self.batches_sent += 1
+                self._observer.acked(batch.topic, batch.partition, batch.future.result()[0],
+                                     batch.record_count, batch.writer.size,
+                                     self._loop.time() - batch.created)
                 if not self._said_linger_bound and batch.record_count == 1 and \
                         not self.incomplete:
                     now = self._loop.time()
@@ -502,6 +507,7 @@ class RecordAccumulator:
                         self._lone_acked_at = now
             else:
                 self.records_failed += batch.record_count
+                self._observer.failed(batch.topic, batch.partition, batch.record_count, failure)
                 self._report_failure(batch, failure)
 
     def _count_linger_bound(self, now: float) -> None:

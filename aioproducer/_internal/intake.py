@@ -12,6 +12,7 @@ import asyncio
 import itertools
 import struct
 import time
+from functools import partial
 from threading import get_ident
 from typing import Any, Callable, Coroutine, Iterable, Sequence
 
@@ -19,6 +20,7 @@ from ..client.cluster import Cluster, TopicInfo
 from ..config import ProducerConfig
 from ..errors import InvalidRecordError, RecordTooLargeError
 from ..protocol.records import Headers, record_size_upper_bound
+from ..hooks import DeliveryCallback
 from ..serializers import MutableHeaders
 from .._speedups import DONE, append_many
 from .accumulator import RecordAccumulator
@@ -28,6 +30,7 @@ from .arguments import BYTES_TYPES, as_bytes, bad_partition, check_topic_name, \
 from .batch import BulkFuture, ProducerBatch, RecordFuture, RecordMetadata, Sending, \
     WaitingRecord
 from .lifecycle import STARTED, Lifecycle
+from .observer import log as hook_log, overridden
 from .partitioner import StickyPartitioner, partition_for_key
 from .transactions import TransactionManager
 
@@ -62,6 +65,11 @@ class RecordIntake:
         self._cluster: Cluster
         self._accumulator: RecordAccumulator
         self._txn: TransactionManager | None = None
+        # Hooks that see every record (the rest see batches, through the Observer). Without
+        # them send() costs nothing more: the told variant replaces it only where needed.
+        self.on_send_hooks = overridden(config.hooks, "on_send")
+        if self.on_send_hooks:
+            self.send = self._send_told  # type: ignore[method-assign]
 
     def attach(self, cluster: Cluster, accumulator: RecordAccumulator,
                txn: TransactionManager | None, node_unavailable: Callable[[int], bool]) -> None:
@@ -90,6 +98,55 @@ class RecordIntake:
                 appended[0].record = sending
             return sending
         return _send_appended(appended)
+
+    def _send_told(self, topic: str, value: Any, key: Any, partition: int | None,
+                   timestamp_ms: int | None, headers: Headers | None
+                   ) -> Coroutine[Any, Any, RecordMetadata]:
+        """send() with on_send hooks: they see the record first, then are told its fate."""
+        headers, told = self.tell_send(topic, key, value, headers)
+        if told is None:
+            return RecordIntake.send(self, topic, value, key, partition, timestamp_ms, headers)
+        try:
+            sending = RecordIntake.send(self, topic, value, key, partition, timestamp_ms,
+                                        headers)
+        except BaseException as exc:  # refused at the call: told so at once
+            _tell(told, None, exc)
+            raise
+        if isinstance(sending, Sending):
+            sending.add_done_callback(partial(_tell_outcome, told))
+            return sending
+        return _told_when_awaited(sending, told)
+
+    async def enqueue_told(self, topic: str, value: Any, key: Any, partition: int | None,
+                           timestamp_ms: int | None, headers: Headers | None) -> RecordFuture:
+        """enqueue() with on_send hooks (Producer.enqueue appends inline without them)."""
+        headers, told = self.tell_send(topic, key, value, headers)
+        try:
+            appended = self.append(topic, value, key, partition, timestamp_ms, headers, False)
+            future = RecordFuture(*(appended if isinstance(appended, tuple)
+                                    else await appended))
+        except BaseException as exc:
+            if told is not None:
+                _tell(told, None, exc)
+            raise
+        if told is not None:
+            future.add_done_callback(partial(_tell_outcome, told))
+        return future
+
+    def tell_send(self, topic: str, key: Any, value: Any, headers: Headers | None
+                  ) -> tuple[Headers | None, DeliveryCallback | None]:
+        """Show a record to the on_send hooks: the headers they left, and what to tell of
+        its outcome (None if no hook asked). What a hook raises raises here: the record is
+        not buffered."""
+        record_headers: MutableHeaders = checked_headers(headers) if headers else []
+        told: list[DeliveryCallback] = []
+        for hook in self.on_send_hooks:
+            callback = hook(topic, key, value, record_headers)
+            if callback is not None:
+                told.append(callback)
+        outcome = None if not told else told[0] if len(told) == 1 \
+            else partial(_tell_each, told)
+        return record_headers or None, outcome
 
     async def _send_when_awaited(self, topic: str, value: Any, key: Any,
                                  partition: int | None, timestamp_ms: int | None,
@@ -411,3 +468,37 @@ class RecordIntake:
 
 async def _send_appended(appending: Coroutine[Any, Any, Appended]) -> RecordMetadata:
     return await RecordFuture(*await appending)
+
+
+async def _told_when_awaited(sending: Coroutine[Any, Any, RecordMetadata],
+                             told: DeliveryCallback) -> RecordMetadata:
+    try:
+        metadata = await sending
+    except BaseException as exc:
+        _tell(told, None, exc)
+        raise
+    _tell(told, metadata, None)
+    return metadata
+
+
+def _tell_outcome(told: DeliveryCallback, future: asyncio.Future[RecordMetadata]) -> None:
+    if future.cancelled():
+        _tell(told, None, asyncio.CancelledError())
+    else:
+        exc = future.exception()
+        _tell(told, None if exc is not None else future.result(), exc)
+
+
+def _tell_each(told: list[DeliveryCallback], metadata: RecordMetadata | None,
+               exc: BaseException | None) -> None:
+    for callback in told:
+        _tell(callback, metadata, exc)
+
+
+def _tell(told: DeliveryCallback, metadata: RecordMetadata | None,
+          exc: BaseException | None) -> None:
+    """A hook's delivery callback; what it raises is logged, as every hook's error is."""
+    try:
+        told(metadata, exc)
+    except Exception:
+        hook_log.exception("delivery callback %r raised", told)

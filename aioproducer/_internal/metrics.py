@@ -7,6 +7,48 @@ nothing; the state now is read when a snapshot is taken.
 from __future__ import annotations
 
 import dataclasses
+from typing import Mapping
+
+# The histograms' bucket upper bounds, in seconds: 1 ms to 2 min, about three per decade.
+LATENCY_BOUNDS_S = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
+                    10.0, 30.0, 120.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Histogram:
+    """A latency histogram, as Prometheus and OpenTelemetry keep them: `counts[i]` is how
+    many observations were at most `bounds[i]` seconds and above the bound before it; the
+    last count is of those above every bound."""
+
+    bounds: tuple[float, ...] = LATENCY_BOUNDS_S
+    counts: tuple[int, ...] = (0,) * (len(LATENCY_BOUNDS_S) + 1)
+    sum: float = 0.0  # of the observations, in seconds
+    count: int = 0
+
+    def quantile(self, q: float) -> float:
+        """An upper bound of the q-quantile (0 < q <= 1): the bound of the bucket it falls
+        in (inf above the last bound; 0.0 with no observation)."""
+        if not 0 < q <= 1:
+            raise ValueError(f"q must be in (0, 1], not {q!r}")
+        if not self.count:
+            return 0.0
+        rank, seen = q * self.count, 0
+        for bound, count in zip(self.bounds, self.counts):
+            seen += count
+            if seen >= rank:
+                return bound
+        return float("inf")
+
+
+@dataclasses.dataclass(frozen=True)
+class TopicMetrics:
+    """One topic's counters in a ProducerMetrics snapshot (final outcomes, as the totals)."""
+
+    records_sent: int = 0
+    records_failed: int = 0
+    batches_sent: int = 0
+    bytes_sent: int = 0  # of the acknowledged batches' records, uncompressed
+    records_retried: int = 0  # records sent again (a batch's, each time it is retried)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +78,11 @@ class ProducerMetrics:
     producer_id: int = -1  # idempotent or transactional: the broker's id for us (-1: none yet)
     producer_epoch: int = -1
     transaction_state: str = ""  # transactional: "ready", "in transaction", "aborting", ...
+    topics: Mapping[str, TopicMetrics] = dataclasses.field(default_factory=dict)  # by name
+    # Produce requests' round trips, and records' time from send() to acknowledgement (a
+    # batch's first record's, one observation per batch).
+    produce_latency_histogram: Histogram = Histogram()
+    record_latency_histogram: Histogram = Histogram()
 
     @property
     def produce_latency_avg_s(self) -> float:

@@ -42,6 +42,7 @@ from ..errors import (
 from ..protocol.messages import ApiKey
 from .accumulator import RecordAccumulator, delivery_timeout_error
 from .batch import ProducerBatch
+from .observer import Observer
 from .transactions import TransactionManager, TxnState
 
 if TYPE_CHECKING:
@@ -56,11 +57,13 @@ class Sender:
     """Runs `run()` as one task per producer; `wake()` makes it look again at once."""
 
     def __init__(self, config: ProducerConfig, cluster: Cluster,
-                 accumulator: RecordAccumulator, txn: TransactionManager | None) -> None:
+                 accumulator: RecordAccumulator, txn: TransactionManager | None,
+                 observer: Observer) -> None:
         self._config = config
         self._cluster = cluster
         self._accumulator = accumulator
         self._txn = txn
+        self._observer = observer
         self._loop = asyncio.get_running_loop()
         self._wakeup: asyncio.Future[None] | None = None
         # Kept from round to round and moved only to an earlier time: an early wake-up costs
@@ -271,13 +274,15 @@ class Sender:
     def _on_produce_response(self, conn: BrokerConnection, batches: list[ProducerBatch],
                              written: float, response: dict[str, Any] | None,
                              exc: BaseException | None) -> None:
+        latency = time.perf_counter() - written
+        self._observer.responded(conn.node_id, latency, exc)
         if exc is not None:
             self._cluster.request_update()
             self._on_request_failed(batches, exc)
         else:
             assert response is not None
             self.responses += 1
-            self.latency += time.perf_counter() - written
+            self.latency += latency
             throttle_ms = response.get("throttle_time_ms", 0)
             if throttle_ms > 0:
                 self._throttled(conn, throttle_ms)
@@ -306,6 +311,7 @@ class Sender:
         that broker until then. (Before v6 the broker itself delayed the answer.)"""
         self.throttle_time_ms += throttle_ms
         self.throttle_time_max_ms = max(self.throttle_time_max_ms, throttle_ms)
+        self._observer.throttled(conn.node_id, throttle_ms)
         if conn.versions.get(ApiKey.PRODUCE, 0) >= 6:
             conn.throttled_until = max(conn.throttled_until,
                                        self._loop.time() + throttle_ms / 1000)
@@ -351,13 +357,13 @@ class Sender:
                 if not txn.sequencer.is_expected_next(batch):
                     # An older batch of this partition failed or is being retried: this one
                     # was refused only because of the gap. Retry it in order.
-                    self._retry(batch)
+                    self._retry(batch, exc)
                     return
                 txn.sequence_state_lost(exc)
                 if txn.is_transactional:
                     self._fail(batch, exc)  # the transaction must abort
                 else:
-                    self._retry(batch)  # numbered afresh under a new producer id
+                    self._retry(batch, exc)  # numbered afresh under a new producer id
                 return
         self._retry_or_fail(batch, exc, at_once=moved)
 
@@ -385,11 +391,11 @@ class Sender:
                        at_once: bool = False) -> None:
         retriable = isinstance(exc, KafkaError) and exc.retriable
         if retriable and batch.attempts < self._config.retries:
-            self._retry(batch, at_once)
+            self._retry(batch, exc, at_once)
         else:
             self._fail(batch, exc)
 
-    def _retry(self, batch: ProducerBatch, at_once: bool = False) -> None:
+    def _retry(self, batch: ProducerBatch, exc: BaseException, at_once: bool = False) -> None:
         """Queue the batch again, after retry backoff unless `at_once` (its partition's new
         leader is known: nothing to wait for, KIP-951)."""
         self._in_flight.pop(batch, None)
@@ -406,6 +412,7 @@ class Sender:
         self._accumulator.reenqueue(batch, now if at_once else now + exponential_backoff(
             self._retry_backoff, batch.attempts, self._retry_backoff_max))
         self.retries += 1
+        self._observer.retried(batch.topic, batch.partition, batch.record_count, exc)
 
     def _complete(self, batch: ProducerBatch, base_offset: int, log_append_time: int) -> None:
         self._in_flight.pop(batch, None)

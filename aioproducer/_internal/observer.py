@@ -1,0 +1,135 @@
+"""The observer: what each batch and request came to, counted per topic and in histograms
+for `Producer.metrics()`, and told to the user's hooks (`aioproducer.hooks`).
+
+Called once per batch outcome, retry, throttle and produce response, never per record
+(a record's `on_send` is the intake's), so it costs the hot path nothing.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from typing import Any, Callable, Sequence
+
+from ..hooks import HOOK_METHODS, ProducerHooks
+from .metrics import LATENCY_BOUNDS_S, Histogram, TopicMetrics
+
+log = logging.getLogger("aioproducer.hooks")
+
+
+class _Counts:
+    """One topic's counters (TopicMetrics is their snapshot)."""
+
+    __slots__ = ("records_sent", "records_failed", "batches_sent", "bytes_sent",
+                 "records_retried")
+
+    def __init__(self) -> None:
+        self.records_sent = self.records_failed = self.batches_sent = 0
+        self.bytes_sent = self.records_retried = 0
+
+
+class _Histogram:
+    __slots__ = ("counts", "sum")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(LATENCY_BOUNDS_S) + 1)
+        self.sum = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect.bisect_left(LATENCY_BOUNDS_S, seconds)] += 1
+        self.sum += seconds
+
+    def snapshot(self) -> Histogram:
+        return Histogram(LATENCY_BOUNDS_S, tuple(self.counts), self.sum, sum(self.counts))
+
+
+def overridden(hooks: Sequence[ProducerHooks], name: str) -> list[Callable[..., Any]]:
+    """The bound `name` methods of the hooks that override it (and did not set it to None
+    on the instance: a hook's way to say it needs none of these calls after all)."""
+    base = getattr(ProducerHooks, name)
+    found = []
+    for hook in hooks:
+        method = getattr(hook, name)
+        if method is not None and getattr(method, "__func__", None) is not base:
+            found.append(method)
+    return found
+
+
+class Observer:
+    """Made by the producer at start(); the accumulator reports outcomes to it, the sender
+    retries, throttling and responses."""
+
+    def __init__(self, hooks: Sequence[ProducerHooks]) -> None:
+        self._topics: dict[str, _Counts] = {}
+        self._request_latency = _Histogram()
+        self._record_latency = _Histogram()
+        self._hooks = {name: overridden(hooks, name) for name in HOOK_METHODS}
+        self._on_ack = self._hooks["on_ack"]
+        self._on_error = self._hooks["on_error"]
+        self._on_retry = self._hooks["on_retry"]
+        self._on_throttle = self._hooks["on_throttle"]
+        self._on_request = self._hooks["on_request"]
+
+    def started(self, producer: Any) -> None:
+        for hook in self._hooks["on_start"]:
+            _call(hook, producer)
+
+    def closed(self, producer: Any) -> None:
+        for hook in self._hooks["on_close"]:
+            _call(hook, producer)
+
+    def _counts(self, topic: str) -> _Counts:
+        counts = self._topics.get(topic)
+        if counts is None:
+            counts = self._topics[topic] = _Counts()
+        return counts
+
+    def acked(self, topic: str, partition: int, base_offset: int, record_count: int,
+              size: int, latency_s: float) -> None:
+        counts = self._counts(topic)
+        counts.records_sent += record_count
+        counts.batches_sent += 1
+        counts.bytes_sent += size
+        self._record_latency.observe(latency_s)
+        for hook in self._on_ack:
+            _call(hook, topic, partition, base_offset, record_count, latency_s)
+
+    def failed(self, topic: str, partition: int, record_count: int,
+               error: BaseException) -> None:
+        self._counts(topic).records_failed += record_count
+        for hook in self._on_error:
+            _call(hook, topic, partition, record_count, error)
+
+    def retried(self, topic: str, partition: int, record_count: int,
+                error: BaseException) -> None:
+        self._counts(topic).records_retried += record_count
+        for hook in self._on_retry:
+            _call(hook, topic, partition, record_count, error)
+
+    def throttled(self, node_id: int, throttle_time_ms: int) -> None:
+        for hook in self._on_throttle:
+            _call(hook, node_id, throttle_time_ms)
+
+    def responded(self, node_id: int, latency_s: float, error: BaseException | None) -> None:
+        if error is None:
+            self._request_latency.observe(latency_s)
+        for hook in self._on_request:
+            _call(hook, node_id, latency_s, error)
+
+    def topics(self) -> dict[str, TopicMetrics]:
+        return {topic: TopicMetrics(c.records_sent, c.records_failed, c.batches_sent,
+                                    c.bytes_sent, c.records_retried)
+                for topic, c in self._topics.items()}
+
+    def request_latency(self) -> Histogram:
+        return self._request_latency.snapshot()
+
+    def record_latency(self) -> Histogram:
+        return self._record_latency.snapshot()
+
+
+def _call(hook: Callable[..., Any], *args: Any) -> None:
+    try:
+        hook(*args)
+    except Exception:
+        log.exception("hook %s raised", getattr(hook, "__qualname__", hook))

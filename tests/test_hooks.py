@@ -1,0 +1,187 @@
+"""Hooks (aioproducer.hooks): what they are told agrees with what the broker stored, as read
+back by librdkafka; a hook's own failure never costs a record; per-topic metrics and the
+latency histograms count what happened."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from aioproducer import BlockingProducer, Producer, RecordMetadata
+from aioproducer.errors import ConfigError, NotEnoughReplicasError, \
+    TopicAuthorizationFailedError
+from aioproducer.hooks import ProducerHooks
+from tests.support.readback import consume_all
+
+
+class Recorder(ProducerHooks):
+    """Every call, in order; on_send adds a header naming the record's place in the calls."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, object, object]] = []
+        self.outcomes: list[tuple[int, RecordMetadata | None, BaseException | None]] = []
+        self.acks: list[tuple[str, int, int, int, float]] = []
+        self.errors: list[tuple[str, int, int, BaseException]] = []
+        self.retries: list[tuple[str, int, int, BaseException]] = []
+        self.throttles: list[tuple[int, int]] = []
+        self.requests: list[tuple[int, float, BaseException | None]] = []
+
+    def on_send(self, topic, key, value, headers):
+        number = len(self.sent)
+        self.sent.append((topic, key, value))
+        headers.append(("hooked", b"%d" % number))
+        return lambda metadata, exc: self.outcomes.append((number, metadata, exc))
+
+    def on_ack(self, topic, partition, base_offset, record_count, latency_s):
+        self.acks.append((topic, partition, base_offset, record_count, latency_s))
+
+    def on_error(self, topic, partition, record_count, error):
+        self.errors.append((topic, partition, record_count, error))
+
+    def on_retry(self, topic, partition, record_count, error):
+        self.retries.append((topic, partition, record_count, error))
+
+    def on_throttle(self, node_id, throttle_time_ms):
+        self.throttles.append((node_id, throttle_time_ms))
+
+    def on_request(self, node_id, latency_s, error):
+        self.requests.append((node_id, latency_s, error))
+
+
+async def test_hooks_see_every_record_and_batch_as_the_broker_stored_them(broker, topic_factory):
+    """on_send sees each record of send(), enqueue() and gather; the header it adds arrives;
+    each record's outcome is its metadata; the acknowledged batches cover every record,
+    enqueue_many's too, at the offsets the broker gave; per-topic counts and histograms add
+    up."""
+    topic = topic_factory(2)
+    hooks = Recorder()
+    async with Producer(broker.bootstrap, hooks=[hooks], linger_ms=5) as producer:
+        first = await producer.send(topic, b"sent", key=b"a", headers=[("mine", b"1")])
+        futures = [await producer.enqueue(topic, b"enqueued-%d" % i, key=b"k%d" % i)
+                   for i in range(50)]
+        gathered = await asyncio.gather(*(producer.send(topic, b"gathered-%d" % i)
+                                          for i in range(50)))
+        enqueued = await asyncio.gather(*futures)
+        bulk = await producer.enqueue_many(topic, [(None, b"bulk-%d" % i) for i in range(100)])
+        await bulk
+        metrics = producer.metrics()
+    assert len(hooks.sent) == 101  # enqueue_many's records are not shown to on_send
+    assert hooks.sent[0] == (topic, b"a", b"sent")
+    told = {number: metadata for number, metadata, exc in hooks.outcomes if exc is None}
+    assert len(hooks.outcomes) == len(told) == 101
+    assert told[0] == first and [told[1 + i] for i in range(50)] == enqueued
+    assert sorted(told[51 + i] for i in range(50)) == sorted(gathered)
+
+    stored = await asyncio.to_thread(consume_all, broker.bootstrap, topic, 201)
+    assert len(stored) == 201
+    by_place = {(r.partition, r.offset): r for r in stored}
+    for number, metadata in told.items():
+        record = by_place[(metadata.partition, metadata.offset)]
+        assert dict(record.headers)["hooked"] == b"%d" % number
+    assert dict(by_place[(first.partition, first.offset)].headers) == \
+        {"mine": b"1", "hooked": b"0"}
+    # The acknowledged batches hold every record once, where the broker put them.
+    acked = {(partition, base + i) for t, partition, base, count, _ in hooks.acks
+             for i in range(count)}
+    assert sum(count for *_, count, _ in hooks.acks) == 201 and acked == set(by_place)
+    assert all(t == topic and latency > 0 for t, _, _, _, latency in hooks.acks)
+    assert hooks.errors == hooks.retries == hooks.throttles == []
+    assert len(hooks.requests) == metrics.produce_responses and \
+        all(exc is None and latency > 0 for _, latency, exc in hooks.requests)
+
+    per_topic = metrics.topics[topic]
+    assert (per_topic.records_sent, per_topic.records_failed, per_topic.records_retried) == (201, 0, 0)
+    assert per_topic.batches_sent == len(hooks.acks) == metrics.batches_sent
+    assert metrics.record_latency_histogram.count == len(hooks.acks)
+    assert metrics.produce_latency_histogram.count == metrics.produce_responses
+    assert sum(metrics.produce_latency_histogram.counts) == metrics.produce_responses
+    assert metrics.record_latency_histogram.quantile(0.5) >= 0.001  # lingered 5 ms
+
+
+async def test_a_failing_hook_costs_no_record(broker, topic, caplog):
+    """A hook that raises in on_ack or in its delivery callback is logged; the records are
+    delivered all the same. One that raises in on_send refuses that record (the send raises
+    its error and nothing is buffered), and the producer goes on."""
+
+    class Faulty(ProducerHooks):
+        def on_send(self, topic, key, value, headers):
+            if value == b"refused":
+                raise ValueError("no tracing context for this one")
+            return lambda metadata, exc: 1 / 0
+
+        def on_ack(self, topic, partition, base_offset, record_count, latency_s):
+            raise RuntimeError("the metrics backend is down")
+
+    caplog.set_level(logging.ERROR, "aioproducer")
+    async with Producer(broker.bootstrap, hooks=[Faulty()]) as producer:
+        with pytest.raises(ValueError, match="no tracing context"):
+            await producer.send(topic, b"refused")
+        with pytest.raises(ValueError, match="no tracing context"):
+            await producer.enqueue(topic, b"refused")
+        sent = await asyncio.gather(*(producer.send(topic, b"kept-%d" % i) for i in range(20)))
+    assert len(sent) == 20
+    stored = await asyncio.to_thread(consume_all, broker.bootstrap, topic, 20)
+    assert sorted(r.value for r in stored) == sorted(b"kept-%d" % i for i in range(20))
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("on_ack raised" in m for m in messages)
+    assert any("delivery callback" in m for m in messages)
+
+
+async def test_hooks_told_of_retries_errors_and_throttling(cluster):
+    """Through the simulated cluster: a retriable refusal reaches on_retry, then the batch's
+    ack; a fatal one reaches on_error and the record's callback; a throttle reaches
+    on_throttle with the broker's figure; the per-topic counts agree."""
+    cluster.create_topic("observed", 1)
+    leader = cluster.leader("observed", 0)
+    hooks = Recorder()
+    async with Producer(cluster.bootstrap_servers, hooks=[hooks], linger_ms=0,
+                        retry_backoff_ms=20) as producer:
+        await producer.send("observed", b"warm-up")
+        cluster.fail(("observed", 0), NotEnoughReplicasError.error_code)
+        retried = await asyncio.wait_for(producer.send("observed", b"retried"), 20)
+        cluster.fail(("observed", 0), TopicAuthorizationFailedError.error_code)
+        with pytest.raises(TopicAuthorizationFailedError):
+            await asyncio.wait_for(producer.send("observed", b"refused"), 20)
+        cluster.throttle(leader, 50)
+        await asyncio.wait_for(producer.send("observed", b"throttled"), 20)
+        cluster.throttle(leader, 0)
+        metrics = producer.metrics()
+    assert [(t, p, n, type(e)) for t, p, n, e in hooks.retries] == \
+        [("observed", 0, 1, NotEnoughReplicasError)]
+    assert [(t, p, n, type(e)) for t, p, n, e in hooks.errors] == \
+        [("observed", 0, 1, TopicAuthorizationFailedError)]
+    assert (leader, 50) in hooks.throttles
+    outcomes = {hooks.sent[number][2]: (metadata, exc) for number, metadata, exc in hooks.outcomes}
+    assert outcomes[b"retried"] == (retried, None)
+    assert outcomes[b"refused"][0] is None and \
+        isinstance(outcomes[b"refused"][1], TopicAuthorizationFailedError)
+    per_topic = metrics.topics["observed"]
+    assert (per_topic.records_sent, per_topic.records_failed, per_topic.records_retried) == (3, 1, 1)
+    stored = await asyncio.to_thread(consume_all, cluster.bootstrap_servers, "observed", 3)
+    assert [r.value for r in stored] == [b"warm-up", b"retried", b"throttled"]
+
+
+def test_blocking_producer_shows_records_to_the_hooks(broker, topic):
+    """BlockingProducer.produce(): on_send's header arrives, and both its delivery callback
+    and the caller's on_delivery are told."""
+    hooks = Recorder()
+    delivered: list[RecordMetadata] = []
+    with BlockingProducer(broker.bootstrap, hooks=[hooks]) as producer:
+        futures = [producer.produce(topic, b"v%d" % i,
+                                    on_delivery=lambda md, exc: delivered.append(md))
+                   for i in range(30)]
+        producer.flush(30)
+    assert [f.result() for f in futures] == sorted(delivered, key=lambda md: md.offset)
+    assert sorted((md.offset for _, md, _ in hooks.outcomes)) == \
+        sorted(md.offset for md in delivered)
+    stored = consume_all(broker.bootstrap, topic, 30)
+    assert sorted(dict(r.headers)["hooked"] for r in stored) == \
+        sorted(b"%d" % i for i in range(30))
+
+
+@pytest.mark.parametrize("hooks", [ProducerHooks(), [object()], "tracing"])
+def test_hooks_setting_is_checked(hooks):
+    with pytest.raises(ConfigError, match="hooks must be a list of"):
+        Producer("localhost:9092", hooks=hooks)
