@@ -72,6 +72,8 @@ class Producer:
         """The parts of a producer not started yet: a new one's, or one whose start failed."""
         self._lifecycle = Lifecycle()
         self._intake = RecordIntake(self.config, self._lifecycle)
+        if self._intake.on_send_hooks:  # hooks that see every record: enqueue() tells them
+            self.enqueue = self._intake.enqueue_told  # type: ignore[method-assign]
         self._cluster: Cluster | None = None
         self._accumulator: RecordAccumulator | None = None
         self._sender: Sender | None = None
@@ -359,10 +361,8 @@ class Producer:
         when `buffer_memory` is full (both at most `max_block_ms`). Errors in the arguments
         raise here; delivery errors are raised by the returned future.
         """
-        intake = self._intake
-        if intake.on_send_hooks:
-            return await intake.enqueue_told(topic, value, key, partition, timestamp_ms, headers)
-        appended = intake.append(topic, value, key, partition, timestamp_ms, headers, False)
+        appended = self._intake.append(topic, value, key, partition, timestamp_ms, headers,
+                                       False)
         return RecordFuture(*(appended if isinstance(appended, tuple) else await appended))
 
     async def enqueue_many(self, topic: str,

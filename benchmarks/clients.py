@@ -35,6 +35,8 @@ async def aioproducer_run(args, data):
         settings["acks"] = "all"  # idempotence needs it
     if args.scenario == "latency":
         settings["linger_ms"] = 0
+    if args.hooks != "none":
+        settings["hooks"] = [HOOKS[args.hooks]()]
     async with Producer(args.bootstrap, **settings) as producer:
         if args.scenario == "bulk":
             start = time.perf_counter()
@@ -46,6 +48,27 @@ async def aioproducer_run(args, data):
             return time.perf_counter() - start, []
         return await SHAPES[args.scenario](producer.enqueue, producer.send, producer.flush,
                                            args, data)
+
+
+def otel_hooks(trace_sends: bool):
+    """OpenTelemetry's SDK with no exporter: what the instrumentation itself costs."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from aioproducer.observability.otel import OpenTelemetryHooks
+    return OpenTelemetryHooks(tracer_provider=TracerProvider(), meter_provider=MeterProvider(),
+                              trace_sends=trace_sends)
+
+
+def prometheus_hooks():
+    from prometheus_client import CollectorRegistry
+
+    from aioproducer.observability.prometheus import PrometheusCollector
+    return PrometheusCollector(CollectorRegistry())
+
+
+HOOKS = {"otel-metrics": lambda: otel_hooks(False), "otel-traced": lambda: otel_hooks(True),
+         "prometheus": prometheus_hooks}
 
 
 def blocking_run(args, data):
@@ -328,6 +351,8 @@ def main() -> None:
     parser.add_argument("--idempotence", action="store_true")
     parser.add_argument("--keyless", action="store_true", help="records without keys")
     parser.add_argument("--rate", type=float, default=1000)
+    parser.add_argument("--hooks", choices=["none", *HOOKS], default="none",
+                        help="aioproducer: observe with these hooks (no exporter)")
     parser.add_argument("--uvloop", action="store_true")
     args = parser.parse_args()
     data = records(args.records, args.value_size, args.keyless)

@@ -93,13 +93,21 @@ PLAN = USER_SHAPES + [
     ("leader-moves-latency", "aiokafka", 50_000, ["--rate", "10000"]),
     ("idempotence-on", "aioproducer", 500_000, ["--idempotence"]),
     ("lz4", "aioproducer", 500_000, ["--codec", "lz4"]),
+    # Observed (issue 28): OpenTelemetry's SDK with no exporter (metrics only; and a span per
+    # send), and the Prometheus collector (no scrape), each compared with plain per-record.
+    ("hooks-otel-metrics", "aioproducer", 500_000, ["--hooks", "otel-metrics"]),
+    ("hooks-otel-traced", "aioproducer", 200_000, ["--hooks", "otel-traced"]),
+    ("hooks-prometheus", "aioproducer", 500_000, ["--hooks", "prometheus"]),
 ]
+VARIANTS = ("idempotence-on", "lz4", "hooks-otel-metrics", "hooks-otel-traced",
+            "hooks-prometheus")  # of per-record, aioproducer only
 # Latency rows pin the broker to one core and the client to the other, so that they do not
 # take turns on one CPU (the cores, as `taskset` numbers them).
 PINNED = {"latency", "load-latency"}
 BROKER_CORE, CLIENT_CORE = "0", "1"
 SHAPE = {"bulk-keyless": "bulk", "1KiB": "bulk", "idempotence-on": "per-record",
-         "lz4": "per-record", "leader-moves": "per-record",
+         "lz4": "per-record", "leader-moves": "per-record", "hooks-otel-metrics": "per-record",
+         "hooks-otel-traced": "per-record", "hooks-prometheus": "per-record",
          "leader-moves-latency": "load-latency"}
 MOVING = {"leader-moves", "leader-moves-latency"}
 
@@ -279,7 +287,7 @@ def main() -> None:
             parts.append(f"p99 {paired(ours, peer_runs, 'p99_ms')}")
         lines.append(f"- {scenario}, vs {client}: " + ", ".join(parts))
     plain = by_client.get(("per-record", "aioproducer"))
-    for variant in ("idempotence-on", "lz4"):
+    for variant in VARIANTS:
         if plain and (variant, "aioproducer") in by_client:
             lines.append(f"- aioproducer {variant} / plain per-record: throughput "
                          f"{paired(by_client[(variant, 'aioproducer')], plain, 'msgs_per_s')}")

@@ -62,7 +62,7 @@ async def test_readme_python_snippets(broker, topic_factory):
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
     assert len(blocks) >= 2
     topics = {name: topic_factory(1) for name in ("orders", "clicks", "enriched", "raw",
-                                                  "events", "payments")}
+                                                  "events", "payments", "audited")}
     namespace: dict = {}
     with StandInSchemaRegistry() as registry:
         for block in blocks:
@@ -78,6 +78,8 @@ async def test_readme_python_snippets(broker, topic_factory):
             await asyncio.wait_for(namespace["snippet"](), 30)
     for name in ("orders", "clicks", "enriched"):
         assert len(consume_all(broker.bootstrap, topics[name], expected=1)) == 1, name
+    [audited] = consume_all(broker.bootstrap, topics["audited"], expected=1)
+    assert audited.headers == [("origin", b"checkout-service")]  # added by the hook
     events = consume_all(broker.bootstrap, topics["events"], expected=2)
     assert [(r.key, r.value) for r in events] == [(b"user-7", b"clicked"), (b"user-7", b"paid")]
     json_payment, avro_payment = consume_all(broker.bootstrap, topics["payments"], expected=2)

@@ -117,9 +117,11 @@ class RecordIntake:
             return sending
         return _told_when_awaited(sending, told)
 
-    async def enqueue_told(self, topic: str, value: Any, key: Any, partition: int | None,
-                           timestamp_ms: int | None, headers: Headers | None) -> RecordFuture:
-        """enqueue() with on_send hooks (Producer.enqueue appends inline without them)."""
+    async def enqueue_told(self, topic: str, value: Any, key: Any = None, *,
+                           partition: int | None = None, timestamp_ms: int | None = None,
+                           headers: Headers | None = None) -> RecordFuture:
+        """Producer.enqueue() where on_send hooks see every record (it takes the place of
+        the producer's own, which appends inline)."""
         headers, told = self.tell_send(topic, key, value, headers)
         try:
             appended = self.append(topic, value, key, partition, timestamp_ms, headers, False)
