@@ -1,11 +1,12 @@
 """Python calls per record in the shapes users write, counted by cProfile: a figure that does
 not move with the machine's load, for a change to the hot path that timings cannot resolve.
 
-    python benchmarks/calls.py [RECORDS]
+    python benchmarks/calls.py [RECORDS] [--hooks otel-metrics|otel-traced|prometheus]
 
 Starts the embedded broker, then for each shape produces RECORDS keyed 100-byte records
 (after a warm-up that fetches the topic's metadata) under cProfile, and prints the calls per
-record: Python functions and the C functions they call, as cProfile counts them.
+record: Python functions and the C functions they call, as cProfile counts them. With
+`--hooks`, the producer is observed by those hooks (no exporter), as in clients.py.
 """
 
 from __future__ import annotations
@@ -56,8 +57,8 @@ SHAPES: dict[str, Callable[[Producer, str, int], Awaitable[None]]] = {
 
 
 async def count(bootstrap: str, topic: str, shape: Callable[..., Awaitable[None]],
-                n: int) -> float:
-    async with Producer(bootstrap, acks=1, linger_ms=5) as producer:
+                n: int, hooks: list[Any]) -> float:
+    async with Producer(bootstrap, acks=1, linger_ms=5, hooks=hooks) as producer:
         await producer.send(topic, b"warm-up")
         profile = cProfile.Profile()
         profile.enable()
@@ -68,13 +69,20 @@ async def count(bootstrap: str, topic: str, shape: Callable[..., Awaitable[None]
 
 
 def main() -> None:
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 20_000
+    args = sys.argv[1:]
+    hooks = []
+    if "--hooks" in args:
+        from clients import HOOKS
+        at = args.index("--hooks")
+        hooks = [HOOKS[args[at + 1]]()]
+        del args[at:at + 2]
+    n = int(args[0]) if args else 20_000
     with EmbeddedBroker() as broker:
         for name, shape in SHAPES.items():
             topic = "calls-" + name.replace(" ", "-").replace("(", "").replace(")", "")
             topic = topic.replace("+", "-")
             broker.create_topic(topic, 6)
-            per_record = asyncio.run(count(broker.bootstrap, topic, shape, n))
+            per_record = asyncio.run(count(broker.bootstrap, topic, shape, n, hooks))
             print(f"{name}: {per_record:.1f} calls per record ({n:,} records)")
 
 

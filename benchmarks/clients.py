@@ -35,8 +35,8 @@ async def aioproducer_run(args, data):
         settings["acks"] = "all"  # idempotence needs it
     if args.scenario == "latency":
         settings["linger_ms"] = 0
-    if args.hooks != "none":
-        settings["hooks"] = [HOOKS[args.hooks]()]
+    if args.observer is not None:
+        settings["hooks"] = [args.observer]
     async with Producer(args.bootstrap, **settings) as producer:
         if args.scenario == "bulk":
             start = time.perf_counter()
@@ -357,6 +357,10 @@ def main() -> None:
     args = parser.parse_args()
     data = records(args.records, args.value_size, args.keyless)
     run = SYNC[args.client] if args.scenario == "sync" else CLIENTS[args.client]
+    # Made before the run, so that cpu_run (the run's CPU: no interpreter start, no import
+    # of the hooks' SDK) shows what observing costs.
+    args.observer = HOOKS[args.hooks]() if args.hooks != "none" else None
+    cpu_start = time.process_time()
     if asyncio.iscoroutinefunction(run):
         if args.uvloop:
             import uvloop
@@ -367,6 +371,7 @@ def main() -> None:
         seconds, latencies = run(args, data)
     usage = resource.getrusage(resource.RUSAGE_SELF)
     result = json.dumps({"seconds": seconds, "cpu": usage.ru_utime + usage.ru_stime,
+                         "cpu_run": time.process_time() - cpu_start,
                          "rss_mb": peak_rss_mb(usage), "latencies": latencies})
     # Not print(): under PYTHONUNBUFFERED, sys.stdout writes straight to an unbuffered FileIO
     # and drops the rest of a partial write (a signal during a large write to the pipe;

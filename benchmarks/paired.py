@@ -1,8 +1,10 @@
 """A change's effect on aioproducer alone: the same scenario, before and after, in pairs.
 
-    python benchmarks/paired.py OLD_TREE SCENARIO RECORDS PAIRS
+    python benchmarks/paired.py OLD_TREE SCENARIO RECORDS PAIRS [CLIENT_ARGS_OF_NEW...]
     # e.g. git worktree add /tmp/old HEAD~1 && (cd /tmp/old && pip install -e . --no-deps)
     #      python benchmarks/paired.py /tmp/old enqueue-gather 500000 4
+    # a setting's cost on one tree: OLD_TREE is this tree, the new side gets the arguments
+    #      python benchmarks/paired.py . per-record 500000 8 --hooks otel-metrics
 
 One broker for every run; each pair runs old and new back to back, alternating which goes
 first, so the host's drift touches both alike. Prints, per measure, the median ratio new/old
@@ -29,6 +31,7 @@ from run import BROKER_CORE, CLIENT_CORE, PINNED  # noqa: E402
 
 def main() -> None:
     old_tree, scenario, records, pairs = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    new_args = sys.argv[5:]
     runs: dict[str, list[dict[str, float]]] = {"old": [], "new": []}
     with EmbeddedBroker() as broker:
         pin: list[str] = []
@@ -44,7 +47,7 @@ def main() -> None:
                 done = subprocess.run(
                     [*pin, sys.executable, str(ROOT / "benchmarks" / "clients.py"), "aioproducer",
                      scenario, "--bootstrap", broker.bootstrap, "--topic", topic,
-                     "--records", records, "--uvloop"],
+                     "--records", records, "--uvloop", *(new_args if side == "new" else [])],
                     capture_output=True, text=True, env=env, timeout=600, check=True)
                 result = json.loads(done.stdout.strip().splitlines()[-1])
                 latencies = sorted(result.pop("latencies") or [])
@@ -52,7 +55,7 @@ def main() -> None:
                     result["p50"] = latencies[len(latencies) // 2]
                     result["p99"] = latencies[int(len(latencies) * 0.99)]
                 runs[side].append(result)
-    for measure in ("seconds", "cpu", "p50", "p99"):
+    for measure in ("seconds", "cpu", "cpu_run", "p50", "p99"):
         if measure in runs["new"][0]:
             ratios = [new[measure] / old[measure] for new, old in zip(runs["new"], runs["old"])]
             print(f"{scenario} {measure}: new/old {statistics.median(ratios):.3f} "
