@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import contextvars
 import importlib.util
 import logging
 import os
@@ -72,6 +73,9 @@ class BlockingProducer:
         self._closed = False
         self._forked = False
         self._loop_thread: int | None = None
+        # on_send hooks run in the loop's thread, in a copy of the producing thread's context
+        # (so an OpenTelemetry span there is the child of the caller's span).
+        self._tells_send = bool(self._producer._intake.on_send_hooks)
         # Per batch in flight, its records' (offset delta, timestamp, future, on_delivery).
         self._by_batch: dict[ProducerBatch, list[tuple[int, int, ThreadFuture[
             RecordMetadata], DeliveryCallback | None]]] = {}
@@ -113,7 +117,8 @@ class BlockingProducer:
         queue = self._queue
         if len(queue) >= _QUEUE_LIMIT and threading.get_ident() != self._loop_thread:
             self._wait_for_room()
-        queue.append((topic, value, key, partition, timestamp_ms, headers, future, on_delivery))
+        queue.append((topic, value, key, partition, timestamp_ms, headers, future, on_delivery,
+                      contextvars.copy_context() if self._tells_send else None))
         if not self._woken:
             self._woken = True
             try:
@@ -270,12 +275,13 @@ class BlockingProducer:
                 if not item.done():  # (not a flush that timed out)
                     item.set_result(None)
                 continue
-            topic, value, key, partition, timestamp_ms, headers, future, on_delivery = item
+            topic, value, key, partition, timestamp_ms, headers, future, on_delivery, \
+                context = item
             if not future.take():
                 continue  # cancelled by its producer before it was taken: not sent
             try:
-                if intake.on_send_hooks:
-                    headers, told = intake.tell_send(topic, key, value, headers)
+                if context is not None:
+                    headers, told = context.run(intake.tell_send, topic, key, value, headers)
                     if told is not None:
                         on_delivery = told if on_delivery is None \
                             else partial(_tell_both, on_delivery, told)

@@ -232,8 +232,11 @@ class Producer:
         if lifecycle.state is CLOSED:
             return
         if lifecycle.state in (NEW, STARTING, FAILED):
+            failed = lifecycle.state is FAILED  # (started, so its hooks were told)
             lifecycle.become(CLOSED)
             await self._stop_tasks()
+            if failed and self._observer is not None:
+                self._observer.closed(self)
             return
         if self._transactions is not None:
             await self._end_transaction_at_close(self._transactions, deadline)

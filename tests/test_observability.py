@@ -147,3 +147,22 @@ async def test_prometheus_scrape_reads_each_running_producer(broker, topic_facto
         {"one": 33554432, "two": 33554432}
     after = generate_latest(registry).decode()
     assert 'client_id="one"' not in after and 'client_id="two"' not in after
+
+
+def test_blocking_producer_spans_are_children_of_the_callers(broker, topic, otel):
+    """BlockingProducer: the hooks run in the producer's thread, in the calling thread's
+    context, so each send's span is the child of the span produce() was called in."""
+    from aioproducer import BlockingProducer
+
+    tracer_provider, meter_provider, spans, _ = otel
+    hooks = OpenTelemetryHooks(tracer_provider=tracer_provider, meter_provider=meter_provider)
+    tracer = tracer_provider.get_tracer("a view")
+    with BlockingProducer(broker.bootstrap, hooks=[hooks]) as producer:
+        with tracer.start_as_current_span("handle request") as parent:
+            futures = [producer.produce(topic, b"v%d" % i) for i in range(10)]
+        producer.flush(30)
+    assert len([f.result() for f in futures]) == 10
+    sends = [s for s in spans.get_finished_spans() if s.name == f"send {topic}"]
+    assert len(sends) == 10
+    assert {s.parent.span_id for s in sends} == {parent.get_span_context().span_id}
+    assert {s.context.trace_id for s in sends} == {parent.get_span_context().trace_id}

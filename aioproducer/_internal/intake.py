@@ -19,8 +19,8 @@ from typing import Any, Callable, Coroutine, Iterable, Sequence
 from ..client.cluster import Cluster, TopicInfo
 from ..config import ProducerConfig
 from ..errors import InvalidRecordError, RecordTooLargeError
-from ..protocol.records import Headers, record_size_upper_bound
 from ..hooks import DeliveryCallback
+from ..protocol.records import Headers, record_size_upper_bound
 from ..serializers import MutableHeaders
 from .._speedups import DONE, append_many
 from .accumulator import RecordAccumulator
