@@ -360,6 +360,8 @@ def main() -> None:
     # Made before the run, so that cpu_run (the run's CPU: no interpreter start, no import
     # of the hooks' SDK) shows what observing costs.
     args.observer = HOOKS[args.hooks]() if args.hooks != "none" else None
+    if args.client == "aioproducer":
+        import aioproducer  # noqa: F401  (imported by the hooks too: out of cpu_run for both)
     cpu_start = time.process_time()
     if asyncio.iscoroutinefunction(run):
         if args.uvloop:
