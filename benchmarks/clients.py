@@ -353,12 +353,19 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=1000)
     parser.add_argument("--hooks", choices=["none", *HOOKS], default="none",
                         help="aioproducer: observe with these hooks (no exporter)")
+    parser.add_argument("--preload", action="store_true",
+                        help="import the hooks' SDKs first (as an instrumented application "
+                             "has): the hooks' cost apart from what the imports cost")
     parser.add_argument("--uvloop", action="store_true")
     args = parser.parse_args()
     data = records(args.records, args.value_size, args.keyless)
     run = SYNC[args.client] if args.scenario == "sync" else CLIENTS[args.client]
     # Made before the run, so that cpu_run (the run's CPU: no interpreter start, no import
     # of the hooks' SDK) shows what observing costs.
+    if args.preload:
+        import opentelemetry.sdk.metrics  # noqa: F401
+        import opentelemetry.sdk.trace  # noqa: F401
+        import prometheus_client  # noqa: F401
     args.observer = HOOKS[args.hooks]() if args.hooks != "none" else None
     if args.client == "aioproducer":
         import aioproducer  # noqa: F401  (imported by the hooks too: out of cpu_run for both)

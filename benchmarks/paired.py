@@ -4,7 +4,8 @@
     # e.g. git worktree add /tmp/old HEAD~1 && (cd /tmp/old && pip install -e . --no-deps)
     #      python benchmarks/paired.py /tmp/old enqueue-gather 500000 4
     # a setting's cost on one tree: OLD_TREE is this tree, the new side gets the arguments
-    #      python benchmarks/paired.py . per-record 500000 8 --hooks otel-metrics
+    # (those after a `--`, both sides)
+    #      python benchmarks/paired.py . per-record 500000 8 --hooks otel-metrics -- --preload
 
 One broker for every run; each pair runs old and new back to back, alternating which goes
 first, so the host's drift touches both alike. Prints, per measure, the median ratio new/old
@@ -31,7 +32,10 @@ from run import BROKER_CORE, CLIENT_CORE, PINNED  # noqa: E402
 
 def main() -> None:
     old_tree, scenario, records, pairs = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-    new_args = sys.argv[5:]
+    new_args, both_args = sys.argv[5:], []
+    if "--" in new_args:
+        at = new_args.index("--")
+        new_args, both_args = new_args[:at], new_args[at + 1:]
     runs: dict[str, list[dict[str, float]]] = {"old": [], "new": []}
     with EmbeddedBroker() as broker:
         pin: list[str] = []
@@ -47,7 +51,7 @@ def main() -> None:
                 done = subprocess.run(
                     [*pin, sys.executable, str(ROOT / "benchmarks" / "clients.py"), "aioproducer",
                      scenario, "--bootstrap", broker.bootstrap, "--topic", topic,
-                     "--records", records, "--uvloop", *(new_args if side == "new" else [])],
+                     "--records", records, "--uvloop", *both_args, *(new_args if side == "new" else [])],
                     capture_output=True, text=True, env=env, timeout=600, check=True)
                 result = json.loads(done.stdout.strip().splitlines()[-1])
                 latencies = sorted(result.pop("latencies") or [])
