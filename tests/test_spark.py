@@ -95,6 +95,12 @@ def test_topic_column_routes_rows_and_the_topic_option_wins(spark, broker, topic
     assert len(consume_all(broker.bootstrap, override, 10)) == 10
 
 
+# Settings that rule out the transactions of exactlyOnce: idempotence turned off.
+_CLASH = (r"ConfigError: exactlyOnce writes each Spark partition in a Kafka transaction, which "
+          r"needs an idempotent producer \(acks=all, retries > 0, at most 5 requests in "
+          r"flight\); ")
+
+
 @pytest.mark.parametrize("columns, options, message", [
     (["CAST(id AS STRING) AS v"], {}, r"InvalidRecordError: no 'value' column: the columns are v"),
     (["id AS value"], {}, r"InvalidRecordError: value column 'value' is bigint: it must be "
@@ -110,6 +116,15 @@ def test_topic_column_routes_rows_and_the_topic_option_wins(spark, broker, topic
     (["'x' AS value"], {"kafka.bootstrap.servers": None},
      r"ConfigError: the aioproducer data source needs .option\(\"kafka.bootstrap.servers\""),
     (["'x' AS value"], {"exactlyOnce": "true"}, r"needs .option\(\"transactionalIdPrefix\""),
+    (["'x' AS value"], {"kafka.transactional.id": "mine"},
+     r"ConfigError: each Spark partition gets its own transactional id: set "
+     r"\.option\(\"transactionalIdPrefix\", \.\.\.\) instead of kafka\.transactional\.id"),
+    (["'x' AS value"], {"exactlyOnce": "true", "transactionalIdPrefix": "p", "kafka.acks": "1"},
+     _CLASH + r"kafka\.acks=1 rules that out: drop it, or set \.option\(\"exactlyOnce\", "
+              r"\"false\"\) to write at least once"),
+    (["'x' AS value"], {"exactlyOnce": "true", "transactionalIdPrefix": "p",
+                        "kafka.enable.idempotence": "false"},
+     _CLASH + r"kafka\.enable\.idempotence=false rules that out"),
 ])
 def test_bad_columns_and_options_fail_before_any_task(spark, broker, topic, columns, options,
                                                       message):
@@ -126,6 +141,46 @@ def test_bad_columns_and_options_fail_before_any_task(spark, broker, topic, colu
     with pytest.raises(AnalysisException, match=message):
         writer.mode("append").save()
     assert _jobs_run(spark) == jobs
+
+
+@pytest.mark.parametrize("columns, options, message", [
+    (["id AS value"], {}, r"InvalidRecordError: value column 'value' is bigint"),
+    (["CAST(id AS STRING) AS value"], {"topic": None}, r"ConfigError: no topic"),
+    (["CAST(id AS STRING) AS value"], {"kafka.lingr.ms": "5"},
+     r"ConfigError: unknown setting 'lingr.ms'"),
+    (["CAST(id AS STRING) AS value"], {"exactlyOnce": "maybe"},
+     r"ConfigError: exactlyOnce must be \"true\" or \"false\", not 'maybe'"),
+    (["CAST(id AS STRING) AS value"], {"kafka.transactional.id": "mine"},
+     r"instead of kafka\.transactional\.id"),
+    # Streams are exactly once by default: these clash with their transactions.
+    (["CAST(id AS STRING) AS value"], {"kafka.acks": "1"}, _CLASH + r"kafka\.acks=1 rules"),
+    (["CAST(id AS STRING) AS value"], {"kafka.enable.idempotence": "false", "kafka.acks": "0"},
+     _CLASH + r"kafka\.enable\.idempotence=false and kafka\.acks=0 rule that out: drop them"),
+])
+def test_bad_columns_and_options_fail_a_stream_before_any_task(spark, broker, topic, tmp_path,
+                                                              columns, options, message):
+    """writeStream: start() returns (Spark plans a stream's write in the query's own thread,
+    when its first micro-batch is planned), then the query stops on the driver with the data
+    source's error before that micro-batch runs a task; awaitTermination() raises it."""
+    from pyspark.errors import StreamingQueryException
+
+    settings = {"kafka.bootstrap.servers": broker.bootstrap, "topic": topic, **options}
+    rows = (spark.readStream.format("rate").option("rowsPerSecond", 100).load()
+            .selectExpr("value AS id").selectExpr(*columns))
+    writer = rows.writeStream.format("aioproducer").option("checkpointLocation",
+                                                            str(tmp_path / "checkpoint"))
+    for name, value in settings.items():
+        if value is not None:
+            writer = writer.option(name, value)
+    query = writer.start()
+    try:
+        with pytest.raises(StreamingQueryException, match=message):
+            query.awaitTermination(60)
+        # A stream's jobs run in a job group named by its run id.
+        assert spark.sparkContext.statusTracker().getJobIdsForGroup(str(query.runId)) == []
+        assert query.recentProgress == []  # no micro-batch finished
+    finally:
+        query.stop()
 
 
 def test_a_failed_delivery_fails_the_write_saying_why(spark, broker):
