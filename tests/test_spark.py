@@ -229,59 +229,67 @@ def _transaction_outcomes(bootstrap: str, topic: str, partitions: int
 
 # -- streaming: exactly once across a killed driver -------------------------------------------
 
-def _start_driver(bootstrap: str, topic: str, source: Path, checkpoint: Path,
-                  log: Path) -> subprocess.Popen[bytes]:
+def _start_driver(bootstrap: str, topic: str, source: Path, checkpoint: Path, log: Path,
+                  *hold: str) -> subprocess.Popen[bytes]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
     with log.open("ab") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "tests.support.spark_stream_job", bootstrap, topic,
-             str(source), str(checkpoint)],
+             str(source), str(checkpoint), *hold],
             cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def _committed_batches(checkpoint: Path) -> list[int]:
-    commits = checkpoint / "commits"
-    return sorted(int(p.name) for p in commits.glob("[0-9]*")) if commits.exists() else []
+def _batch_ids(checkpoint: Path, log: str) -> list[int]:
+    """The micro-batches in a checkpoint's offsets (planned) or commits (done) log."""
+    entries = checkpoint / log
+    return sorted(int(p.name) for p in entries.glob("[0-9]*")) if entries.exists() else []
 
 
 @pytest.mark.timeout(180)
 def test_stream_is_exactly_once_across_a_killed_driver(broker, topic_factory, tmp_path):
-    """A streaming query, two files per micro-batch, is killed (SIGKILL to the driver's
-    process group: Python, its JVM and its workers) once some micro-batches are done, then
-    restarted from its checkpoint and run to the end. Every line arrives exactly once in a
-    committed transaction; the killed attempt's open transactions are aborted (fenced) by
-    the restart, and read_committed consumers see each line once.
-
-    The kill is also made to land at the worst moment: after the sink committed a
-    micro-batch's transactions but before Spark recorded the batch as done. Spark writes
-    that record (commits/N in the checkpoint) after the sink's commit; removing the newest
-    one leaves the checkpoint as such a kill would, so the restart replays a batch whose
-    rows are already in Kafka, which the sink must skip."""
+    """A streaming query, two files of 400 lines per micro-batch, is killed (SIGKILL to the
+    driver's process group: Python, its JVM and its workers) in the middle of micro-batch 2:
+    one of its Spark partitions has committed its transaction, the other's task is held
+    mid-partition (tests/support/spark_stream_job.py holds its rows at line 200 of f05) with
+    its transaction begun. The kill waits for that state, so what the restart finds does not
+    depend on when the kill lands. Restarted from its checkpoint, the query replays
+    micro-batch 2: the committed partition is skipped (its 400 rows counted in
+    rows_already_committed); the other's task, with the same transactional id, fences the
+    killed attempt (aborting what it had sent: nothing, as run here, since a task reads
+    Spark's next Arrow batch on its event loop's thread, so its producer sends nothing while
+    it waits) and writes all of f05. Every line arrives exactly once in a committed
+    transaction; read_committed consumers see each line once."""
     topic = topic_factory(2)
     source, checkpoint, log = tmp_path / "in", tmp_path / "checkpoint", tmp_path / "driver.log"
+    held = tmp_path / "held"
     source.mkdir()
     files, per_file = 12, 400
     expected = {f"f{f:02d}-{i:04d}".encode() for f in range(files) for i in range(per_file)}
-    for f in range(files):
-        (source / f"part-{f:02d}.txt").write_text(
-            "".join(f"f{f:02d}-{i:04d}\n" for i in range(per_file)))
+    start = time.time() - files
+    for f in range(files):  # oldest first: f00 and f01 make micro-batch 0, and so on
+        path = source / f"part-{f:02d}.txt"
+        path.write_text("".join(f"f{f:02d}-{i:04d}\n" for i in range(per_file)))
+        os.utime(path, (start + f, start + f))
 
-    driver = _start_driver(broker.bootstrap, topic, source, checkpoint, log)
+    driver = _start_driver(broker.bootstrap, topic, source, checkpoint, log, "f05-0200", str(held))
     try:
         deadline = time.monotonic() + 90
-        while len(_committed_batches(checkpoint)) < 2 and driver.poll() is None:
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.05)
+        committed: list[bytes] = []
+        while not (held.exists() and len(committed) == 5 * per_file):
+            assert driver.poll() is None and time.monotonic() < deadline, \
+                f"held: {held.exists()}; committed: {len(committed)}\n{log.read_text()[-3000:]}"
+            time.sleep(0.2)
+            committed = _transaction_outcomes(broker.bootstrap, topic, 2)[0]
         os.killpg(driver.pid, signal.SIGKILL)
     finally:
         if driver.poll() is None:
             os.killpg(driver.pid, signal.SIGKILL)
         driver.wait(30)
-    done = _committed_batches(checkpoint)
-    assert 2 <= len(done) < files // 2, "killed mid-stream"
-    for name in (str(done[-1]), f".{done[-1]}.crc"):  # the record and its checksum file
-        (checkpoint / "commits" / name).unlink(missing_ok=True)
+    # Killed mid-stream: micro-batch 2 planned, not done; files f06 to f11 not read yet.
+    assert (_batch_ids(checkpoint, "offsets"), _batch_ids(checkpoint, "commits")) == \
+        ([0, 1, 2], [0, 1])
+    assert {v[:3] for v in committed} == {b"f00", b"f01", b"f02", b"f03", b"f04"}
 
     driver = _start_driver(broker.bootstrap, topic, source, checkpoint, log)
     try:
@@ -291,18 +299,21 @@ def test_stream_is_exactly_once_across_a_killed_driver(broker, topic_factory, tm
             os.killpg(driver.pid, signal.SIGKILL)
             driver.wait(30)
 
-    assert '"rows_already_committed": 800' in log.read_text(), \
-        "the restart found the replayed micro-batch's two files committed, and skipped them"
+    assert '"rows_already_committed": 400' in log.read_text(), \
+        "the replayed micro-batch 2 found f04's partition committed, and skipped it"
+    assert _batch_ids(checkpoint, "commits") == list(range(files // 2))
     committed, aborted, open_ = _transaction_outcomes(broker.bootstrap, topic, 2)
     assert open_ == [], "the restart fenced and aborted the killed driver's transactions"
+    # What the held task had sent (if its producer sent any before the kill) was aborted.
+    assert {v[:3] for v in aborted} <= {b"f05"}
     counts = Counter(committed)
     assert set(counts) == expected and set(counts.values()) == {1}, \
         f"{len(counts)} distinct of {len(expected)}; duplicated: {sum(counts.values()) - len(counts)}"
-    consumed = consume_all(broker.bootstrap, topic, expected=len(committed) + len(aborted),
-                           timeout=60, isolation_level="read_committed")
-    read = Counter(r.value for r in consumed)
-    # Tansu's read_committed consumers also see aborted records.
+    # Tansu's read_committed consumers also see aborted records; Kafka's do not.
     wanted = counts + Counter(aborted) if broker.is_embedded else counts
+    consumed = consume_all(broker.bootstrap, topic, expected=sum(wanted.values()), timeout=60,
+                           isolation_level="read_committed")
+    read = Counter(r.value for r in consumed)
     assert read == wanted, _where_reading_stopped(broker.bootstrap, topic, consumed)
 
 
