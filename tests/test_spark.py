@@ -62,6 +62,7 @@ def test_columns_as_for_sparks_kafka_sink(spark, progress, broker, topic_factory
     topic = topic_factory(3)
     rows = 3000
     records_before, bytes_before = progress.records.value, progress.bytes.value
+    errors_before = progress.errors.value
     df = spark.range(rows, numPartitions=3).select(
         F.concat(F.lit("k"), F.col("id").cast("string")).alias("key"),
         F.col("id").cast("string").cast("binary").alias("value"),
@@ -78,6 +79,7 @@ def test_columns_as_for_sparks_kafka_sink(spark, progress, broker, topic_factory
         assert (r.key, r.headers, r.partition) == (b"k%d" % n, [("n", r.value)], n % 3)
     assert progress.records.value - records_before == rows
     assert progress.bytes.value - bytes_before == sum(len(r.key) + len(r.value) for r in got)
+    assert progress.errors.value == errors_before
 
 
 def test_topic_column_routes_rows_and_the_topic_option_wins(spark, broker, topic_factory):
@@ -183,13 +185,56 @@ def test_bad_columns_and_options_fail_a_stream_before_any_task(spark, broker, to
         query.stop()
 
 
-def test_a_failed_delivery_fails_the_write_saying_why(spark, broker):
+def test_a_failed_delivery_fails_the_write_saying_why(spark, progress, broker, topic):
+    """Rows Kafka did not confirm fail the write once every task has reported, with one
+    SparkWriteError for all of them, and count in the errors accumulator (a task that
+    failed could not add to it: Spark drops a failed task's accumulator updates)."""
     from pyspark.errors import PySparkException
+    from pyspark.sql import functions as F
 
+    before = progress.records.value, progress.errors.value
     df = spark.range(20, numPartitions=2).selectExpr("CAST(id AS STRING) AS value")
-    with pytest.raises(PySparkException, match=r"SparkWriteError: 10 of 10 row\(s\) not "
-                       r"confirmed by Kafka for topic 'bad topic!'.*InvalidTopicError"):
+    with pytest.raises(PySparkException, match=r"SparkWriteError: 20 of 20 row\(s\) not "
+                       r"confirmed by Kafka for topic 'bad topic!'; failed Spark partition\(s\): "
+                       r"0, 1; first error: InvalidTopicError"):
         _write(df, broker.bootstrap, topic="bad topic!")
+    assert (progress.records.value - before[0], progress.errors.value - before[1]) == (0, 20)
+
+    # Partition 0 (ids 0-4) goes to a topic, partition 1 (ids 5-9) to one that cannot be.
+    before = progress.records.value, progress.errors.value
+    df = spark.range(10, numPartitions=2).select(
+        F.when(F.col("id") < 5, F.lit(topic)).otherwise(F.lit("bad topic!")).alias("topic"),
+        F.col("id").cast("string").alias("value"))
+    with pytest.raises(PySparkException, match=r"SparkWriteError: 5 of 10 row\(s\) not "
+                       r"confirmed by Kafka for topic \(the topic column\); failed Spark "
+                       r"partition\(s\): 1; first error: InvalidTopicError"):
+        _write(df, broker.bootstrap)
+    assert (progress.records.value - before[0], progress.errors.value - before[1]) == (5, 5)
+    assert sorted(int(r.value) for r in consume_all(broker.bootstrap, topic, 5)) == [0, 1, 2, 3, 4]
+
+
+def test_a_failed_micro_batch_stops_the_query_before_it_is_recorded(spark, progress, broker,
+                                                                    tmp_path):
+    """A stream whose rows Kafka refuses: the query stops with the SparkWriteError, its
+    micro-batch is not recorded as done in the checkpoint (a restart replays it), and the
+    errors accumulator counts its rows."""
+    from pyspark.errors import StreamingQueryException
+
+    source, checkpoint = tmp_path / "in", tmp_path / "checkpoint"
+    source.mkdir()
+    (source / "lines.txt").write_text("".join(f"{i}\n" for i in range(50)))
+    before = progress.records.value, progress.errors.value
+    query = (spark.readStream.text(str(source)).writeStream.format("aioproducer")
+             .option("kafka.bootstrap.servers", broker.bootstrap).option("topic", "bad topic!")
+             .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
+    try:
+        with pytest.raises(StreamingQueryException, match=r"SparkWriteError: 50 of 50 row\(s\) "
+                           r"not confirmed by Kafka for topic 'bad topic!'"):
+            query.awaitTermination(90)
+    finally:
+        query.stop()
+    assert (_batch_ids(checkpoint, "offsets"), _batch_ids(checkpoint, "commits")) == ([0], [])
+    assert (progress.records.value - before[0], progress.errors.value - before[1]) == (0, 50)
 
 
 def test_batch_write_in_transactions(spark, progress, broker, topic_factory):
@@ -299,7 +344,7 @@ def test_stream_is_exactly_once_across_a_killed_driver(broker, topic_factory, tm
             os.killpg(driver.pid, signal.SIGKILL)
             driver.wait(30)
 
-    assert '"rows_already_committed": 400' in log.read_text(), \
+    assert '"errors": 0, "rows_already_committed": 400' in log.read_text(), \
         "the replayed micro-batch 2 found f04's partition committed, and skipped it"
     assert _batch_ids(checkpoint, "commits") == list(range(files // 2))
     committed, aborted, open_ = _transaction_outcomes(broker.bootstrap, topic, 2)

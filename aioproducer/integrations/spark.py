@@ -108,6 +108,16 @@ class TaskReport:
     error: str = ""
     already_committed: bool = False
 
+    @property
+    def failed(self) -> bool:
+        return bool(self.error) or self.not_confirmed > 0
+
+    @property
+    def not_confirmed(self) -> int:
+        """Rows Kafka did not confirm (in a transaction that failed, all of them: it was
+        aborted); none of a partition found already committed."""
+        return 0 if self.already_committed else self.rows - self.records
+
 
 # -- on the driver: options and columns ----------------------------------------------------
 
@@ -115,16 +125,20 @@ class TaskReport:
 class SinkProgress:
     """Counters that the data source's tasks add to (Spark accumulators, read on the driver
     with `.value`, also while a streaming query runs): records and key/value bytes Kafka
-    confirmed, and rows of replayed micro-batches found already committed (not written
-    again). A task that fails raises instead (its message has the counts)."""
+    confirmed; `errors`, rows Kafka did not confirm (all of a partition whose transaction
+    failed: it was aborted); rows of replayed micro-batches found already committed (not
+    written again)."""
 
     records: Accumulator[int]
     bytes: Accumulator[int]
+    errors: Accumulator[int]
     rows_already_committed: Accumulator[int]
 
     def add(self, report: TaskReport) -> None:
         self.records.add(report.records)
         self.bytes.add(report.bytes)
+        if report.failed:
+            self.errors.add(report.not_confirmed)
         if report.already_committed:
             self.rows_already_committed.add(report.rows)
 
@@ -143,8 +157,9 @@ def register(spark: SparkSession, *, check_executors: bool = True) -> SinkProgre
     if check_executors:
         check_executor_imports(spark)
     context = spark.sparkContext
-    progress = SinkProgress(context.accumulator(0), context.accumulator(0),
-                            context.accumulator(0))
+    progress = SinkProgress(records=context.accumulator(0), bytes=context.accumulator(0),
+                            errors=context.accumulator(0),
+                            rows_already_committed=context.accumulator(0))
     # A subclass per registration carries the counters to the tasks (pickled by value).
     spark.dataSource.register(type("KafkaSink", (KafkaSink,), {"progress": progress}))
     return progress
@@ -473,11 +488,11 @@ def _headers(cells: list[dict[str, Any]] | None,
 
 def failure(reports: Sequence[TaskReport], topic: str) -> SparkWriteError | None:
     """What the driver raises when a task did not deliver all its rows."""
-    failed = [r for r in reports if r.error or (r.records < r.rows and not r.already_committed)]
+    failed = [r for r in reports if r.failed]
     if not failed:
         return None
     rows = sum(r.rows for r in reports)
-    not_confirmed = sum(r.rows - r.records for r in failed)
+    not_confirmed = sum(r.not_confirmed for r in failed)
     first_error = next((r.error for r in failed if r.error), "unknown")
     return SparkWriteError(
         f"{not_confirmed} of {rows} row(s) not confirmed by Kafka for topic {topic}; "

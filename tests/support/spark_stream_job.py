@@ -55,7 +55,7 @@ def main(bootstrap: str, topic: str, source: str, checkpoint: str, hold: str | N
              .trigger(availableNow=True)
              .start())
     query.awaitTermination()
-    print(json.dumps({"records": progress.records.value,
+    print(json.dumps({"records": progress.records.value, "errors": progress.errors.value,
                       "rows_already_committed": progress.rows_already_committed.value}))
     spark.stop()
 
