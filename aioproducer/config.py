@@ -293,7 +293,10 @@ class ProducerConfig:
              f"max_in_flight_requests_per_connection="
              f"{self.max_in_flight_requests_per_connection} (needs <= 5)"),
         ) if bad]
-        if self.transactional_id is not None and explicit_idempotence is False:
+        # Idempotence off with a transactional id: as told, or as one of ProducerConfig(...)
+        # or dataclasses.replace() came (a Producer has no transactions without it).
+        if self.transactional_id is not None and self.enable_idempotence is False and (
+                explicit_idempotence is False or not conflicts):
             raise ConfigError("transactional_id needs enable_idempotence=True")
         if conflicts and (explicit_idempotence is True or self.transactional_id is not None):
             raise ConfigError("enable_idempotence conflicts with " + ", ".join(conflicts))

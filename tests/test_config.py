@@ -5,7 +5,7 @@ import pickle
 
 import pytest
 
-from aioproducer import ProducerConfig, ProducerSettings
+from aioproducer import Producer, ProducerConfig, ProducerSettings
 from aioproducer.errors import ConfigError, ERROR_CLASSES, ProducerFencedError, error_for_code
 
 
@@ -77,6 +77,23 @@ def test_defaulted_idempotence_turns_off_quietly_when_settings_conflict():
     with pytest.raises(ConfigError, match="transactional_id needs"):
         ProducerConfig.from_kwargs(bootstrap_servers="h:1", transactional_id="t",
                                    enable_idempotence=False)
+
+
+async def test_a_config_given_to_a_producer_with_a_transactional_id_needs_idempotence():
+    """A ProducerConfig with idempotence off (told so, or turned off by acks=1) and then a
+    transactional id (dataclasses.replace, as Spark tasks did): the Producer refuses it with
+    a ConfigError, not an AssertionError at the first transaction."""
+    no_idempotence = ProducerConfig.from_kwargs(bootstrap_servers="h:1", enable_idempotence=False)
+    with pytest.raises(ConfigError, match="transactional_id needs enable_idempotence=True"):
+        Producer(config=dataclasses.replace(no_idempotence, transactional_id="t"))
+    with pytest.raises(ConfigError, match="transactional_id needs enable_idempotence=True"):
+        Producer(config=ProducerConfig("h:1", enable_idempotence=False, transactional_id="t"))
+    acks_1 = ProducerConfig.from_kwargs(bootstrap_servers="h:1", acks=1)
+    with pytest.raises(ConfigError, match="enable_idempotence conflicts with acks=1"):
+        Producer(config=dataclasses.replace(acks_1, transactional_id="t"))
+    assert Producer(config=dataclasses.replace(
+        ProducerConfig.from_kwargs(bootstrap_servers="h:1"), transactional_id="t")
+    ).config.enable_idempotence
 
 
 def test_every_kafka_error_code_has_a_named_pickleable_exception():

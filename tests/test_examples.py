@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.ports import free_port
+from tests.support.processes import run_in_own_group
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 README = EXAMPLES.parent / "README.md"
@@ -25,8 +26,9 @@ def _run(name: str, timeout: float = 120, **env: str) -> str:
     # another checkout, say): the example's Spark workers inherit it too.
     environment["PYTHONPATH"] = os.pathsep.join(
         [str(EXAMPLES.parent), *filter(None, [os.environ.get("PYTHONPATH")])])
-    done = subprocess.run([sys.executable, str(EXAMPLES / name)], capture_output=True,
-                          text=True, timeout=timeout, env={**environment, **env})
+    # In a process group of its own: a timeout kills the Spark example's JVM and workers too.
+    done = run_in_own_group([sys.executable, str(EXAMPLES / name)], timeout=timeout,
+                            env={**environment, **env})
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout
 
@@ -41,7 +43,32 @@ def test_transactions_example():
     assert "committed 100 records" in out and "aborted" in out
 
 
+def test_a_timed_out_example_leaves_no_process_behind():
+    """_run's timeout kills what the script started too (as a Spark driver starts a JVM,
+    which starts Python workers), not only the script."""
+    script = ("import subprocess, sys, time\n"
+              "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+              "print(child.pid, flush=True)\n"
+              "time.sleep(60)\n")
+    with pytest.raises(subprocess.TimeoutExpired) as raised:
+        run_in_own_group([sys.executable, "-c", script], timeout=3)
+    child = int(raised.value.stdout)
+    deadline = time.monotonic() + 10
+    while _is_running(child):
+        assert time.monotonic() < deadline, f"the script's child {child} outlived the timeout"
+        time.sleep(0.05)
+
+
+def _is_running(pid: int) -> bool:
+    """Alive and not a zombie waiting for its (new) parent to reap it."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
 @pytest.mark.skipif(shutil.which("java") is None, reason="PySpark needs a Java runtime (17)")
+@pytest.mark.timeout(270)  # above the run's own 240 s, which kills the JVM too
 def test_spark_streaming_example():
     pytest.importorskip("pyspark", reason="install the spark extra: aioproducer[spark]")
     # Long enough for the first micro-batch with rows: the first starts its Python workers.

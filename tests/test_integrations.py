@@ -366,4 +366,14 @@ def test_spark_checks_settings_before_running(spark, broker, topic):
         write_dataframe(df, topic, broker.bootstrap, lingr_ms=5)
     with pytest.raises(ConfigError, match="transactional_id_prefix"):
         write_dataframe(df, topic, broker.bootstrap, transactional_id="mine")
+    # Settings that turn idempotence off rule out exactly_once's transactions: said here,
+    # not by every task's Producer.
+    with pytest.raises(ConfigError, match=r"^exactly_once=True writes each Spark partition in a "
+                       r"Kafka transaction, which needs an idempotent producer .*; acks=1 rules "
+                       r"that out: drop it, or pass exactly_once=False$"):
+        write_dataframe(df, topic, broker.bootstrap, exactly_once=True,
+                        transactional_id_prefix=f"{topic}-job", acks=1)
+    with pytest.raises(ConfigError, match="; enable_idempotence=False rules that out"):
+        write_dataframe(df, topic, broker.bootstrap, exactly_once=True,
+                        transactional_id_prefix=f"{topic}-job", enable_idempotence=False)
     assert _jobs_run(spark) == jobs

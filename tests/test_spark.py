@@ -62,6 +62,7 @@ def test_columns_as_for_sparks_kafka_sink(spark, progress, broker, topic_factory
     topic = topic_factory(3)
     rows = 3000
     records_before, bytes_before = progress.records.value, progress.bytes.value
+    errors_before = progress.errors.value
     df = spark.range(rows, numPartitions=3).select(
         F.concat(F.lit("k"), F.col("id").cast("string")).alias("key"),
         F.col("id").cast("string").cast("binary").alias("value"),
@@ -78,6 +79,7 @@ def test_columns_as_for_sparks_kafka_sink(spark, progress, broker, topic_factory
         assert (r.key, r.headers, r.partition) == (b"k%d" % n, [("n", r.value)], n % 3)
     assert progress.records.value - records_before == rows
     assert progress.bytes.value - bytes_before == sum(len(r.key) + len(r.value) for r in got)
+    assert progress.errors.value == errors_before
 
 
 def test_topic_column_routes_rows_and_the_topic_option_wins(spark, broker, topic_factory):
@@ -95,6 +97,12 @@ def test_topic_column_routes_rows_and_the_topic_option_wins(spark, broker, topic
     assert len(consume_all(broker.bootstrap, override, 10)) == 10
 
 
+# Settings that rule out the transactions of exactlyOnce: idempotence turned off.
+_CLASH = (r"ConfigError: exactlyOnce writes each Spark partition in a Kafka transaction, which "
+          r"needs an idempotent producer \(acks=all, retries > 0, at most 5 requests in "
+          r"flight\); ")
+
+
 @pytest.mark.parametrize("columns, options, message", [
     (["CAST(id AS STRING) AS v"], {}, r"InvalidRecordError: no 'value' column: the columns are v"),
     (["id AS value"], {}, r"InvalidRecordError: value column 'value' is bigint: it must be "
@@ -110,6 +118,15 @@ def test_topic_column_routes_rows_and_the_topic_option_wins(spark, broker, topic
     (["'x' AS value"], {"kafka.bootstrap.servers": None},
      r"ConfigError: the aioproducer data source needs .option\(\"kafka.bootstrap.servers\""),
     (["'x' AS value"], {"exactlyOnce": "true"}, r"needs .option\(\"transactionalIdPrefix\""),
+    (["'x' AS value"], {"kafka.transactional.id": "mine"},
+     r"ConfigError: each Spark partition gets its own transactional id: set "
+     r"\.option\(\"transactionalIdPrefix\", \.\.\.\) instead of kafka\.transactional\.id"),
+    (["'x' AS value"], {"exactlyOnce": "true", "transactionalIdPrefix": "p", "kafka.acks": "1"},
+     _CLASH + r"kafka\.acks=1 rules that out: drop it, or set \.option\(\"exactlyOnce\", "
+              r"\"false\"\) to write at least once"),
+    (["'x' AS value"], {"exactlyOnce": "true", "transactionalIdPrefix": "p",
+                        "kafka.enable.idempotence": "false"},
+     _CLASH + r"kafka\.enable\.idempotence=false rules that out"),
 ])
 def test_bad_columns_and_options_fail_before_any_task(spark, broker, topic, columns, options,
                                                       message):
@@ -128,13 +145,96 @@ def test_bad_columns_and_options_fail_before_any_task(spark, broker, topic, colu
     assert _jobs_run(spark) == jobs
 
 
-def test_a_failed_delivery_fails_the_write_saying_why(spark, broker):
-    from pyspark.errors import PySparkException
+@pytest.mark.parametrize("columns, options, message", [
+    (["id AS value"], {}, r"InvalidRecordError: value column 'value' is bigint"),
+    (["CAST(id AS STRING) AS value"], {"topic": None}, r"ConfigError: no topic"),
+    (["CAST(id AS STRING) AS value"], {"kafka.lingr.ms": "5"},
+     r"ConfigError: unknown setting 'lingr.ms'"),
+    (["CAST(id AS STRING) AS value"], {"exactlyOnce": "maybe"},
+     r"ConfigError: exactlyOnce must be \"true\" or \"false\", not 'maybe'"),
+    (["CAST(id AS STRING) AS value"], {"kafka.transactional.id": "mine"},
+     r"instead of kafka\.transactional\.id"),
+    # Streams are exactly once by default: these clash with their transactions.
+    (["CAST(id AS STRING) AS value"], {"kafka.acks": "1"}, _CLASH + r"kafka\.acks=1 rules"),
+    (["CAST(id AS STRING) AS value"], {"kafka.enable.idempotence": "false", "kafka.acks": "0"},
+     _CLASH + r"kafka\.enable\.idempotence=false and kafka\.acks=0 rule that out: drop them"),
+])
+def test_bad_columns_and_options_fail_a_stream_before_any_task(spark, broker, topic, tmp_path,
+                                                              columns, options, message):
+    """writeStream: start() returns (Spark plans a stream's write in the query's own thread,
+    when its first micro-batch is planned), then the query stops on the driver with the data
+    source's error before that micro-batch runs a task; awaitTermination() raises it."""
+    from pyspark.errors import StreamingQueryException
 
+    settings = {"kafka.bootstrap.servers": broker.bootstrap, "topic": topic, **options}
+    rows = (spark.readStream.format("rate").option("rowsPerSecond", 100).load()
+            .selectExpr("value AS id").selectExpr(*columns))
+    writer = rows.writeStream.format("aioproducer").option("checkpointLocation",
+                                                            str(tmp_path / "checkpoint"))
+    for name, value in settings.items():
+        if value is not None:
+            writer = writer.option(name, value)
+    query = writer.start()
+    try:
+        with pytest.raises(StreamingQueryException, match=message):
+            query.awaitTermination(60)
+        # A stream's jobs run in a job group named by its run id.
+        assert spark.sparkContext.statusTracker().getJobIdsForGroup(str(query.runId)) == []
+        assert query.recentProgress == []  # no micro-batch finished
+    finally:
+        query.stop()
+
+
+def test_a_failed_delivery_fails_the_write_saying_why(spark, progress, broker, topic):
+    """Rows Kafka did not confirm fail the write once every task has reported, with one
+    SparkWriteError for all of them, and count in the errors accumulator (a task that
+    failed could not add to it: Spark drops a failed task's accumulator updates)."""
+    from pyspark.errors import PySparkException
+    from pyspark.sql import functions as F
+
+    before = progress.records.value, progress.errors.value
     df = spark.range(20, numPartitions=2).selectExpr("CAST(id AS STRING) AS value")
-    with pytest.raises(PySparkException, match=r"SparkWriteError: 10 of 10 row\(s\) not "
-                       r"confirmed by Kafka for topic 'bad topic!'.*InvalidTopicError"):
+    with pytest.raises(PySparkException, match=r"SparkWriteError: 20 of 20 row\(s\) not "
+                       r"confirmed by Kafka for topic 'bad topic!'; failed Spark partition\(s\): "
+                       r"0, 1; first error: InvalidTopicError"):
         _write(df, broker.bootstrap, topic="bad topic!")
+    assert (progress.records.value - before[0], progress.errors.value - before[1]) == (0, 20)
+
+    # Partition 0 (ids 0-4) goes to a topic, partition 1 (ids 5-9) to one that cannot be.
+    before = progress.records.value, progress.errors.value
+    df = spark.range(10, numPartitions=2).select(
+        F.when(F.col("id") < 5, F.lit(topic)).otherwise(F.lit("bad topic!")).alias("topic"),
+        F.col("id").cast("string").alias("value"))
+    with pytest.raises(PySparkException, match=r"SparkWriteError: 5 of 10 row\(s\) not "
+                       r"confirmed by Kafka for topic \(the topic column\); failed Spark "
+                       r"partition\(s\): 1; first error: InvalidTopicError"):
+        _write(df, broker.bootstrap)
+    assert (progress.records.value - before[0], progress.errors.value - before[1]) == (5, 5)
+    assert sorted(int(r.value) for r in consume_all(broker.bootstrap, topic, 5)) == [0, 1, 2, 3, 4]
+
+
+def test_a_failed_micro_batch_stops_the_query_before_it_is_recorded(spark, progress, broker,
+                                                                    tmp_path):
+    """A stream whose rows Kafka refuses: the query stops with the SparkWriteError, its
+    micro-batch is not recorded as done in the checkpoint (a restart replays it), and the
+    errors accumulator counts its rows."""
+    from pyspark.errors import StreamingQueryException
+
+    source, checkpoint = tmp_path / "in", tmp_path / "checkpoint"
+    source.mkdir()
+    (source / "lines.txt").write_text("".join(f"{i}\n" for i in range(50)))
+    before = progress.records.value, progress.errors.value
+    query = (spark.readStream.text(str(source)).writeStream.format("aioproducer")
+             .option("kafka.bootstrap.servers", broker.bootstrap).option("topic", "bad topic!")
+             .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
+    try:
+        with pytest.raises(StreamingQueryException, match=r"SparkWriteError: 50 of 50 row\(s\) "
+                           r"not confirmed by Kafka for topic 'bad topic!'"):
+            query.awaitTermination(90)
+    finally:
+        query.stop()
+    assert (_batch_ids(checkpoint, "offsets"), _batch_ids(checkpoint, "commits")) == ([0], [])
+    assert (progress.records.value - before[0], progress.errors.value - before[1]) == (0, 50)
 
 
 def test_batch_write_in_transactions(spark, progress, broker, topic_factory):
@@ -174,59 +274,67 @@ def _transaction_outcomes(bootstrap: str, topic: str, partitions: int
 
 # -- streaming: exactly once across a killed driver -------------------------------------------
 
-def _start_driver(bootstrap: str, topic: str, source: Path, checkpoint: Path,
-                  log: Path) -> subprocess.Popen[bytes]:
+def _start_driver(bootstrap: str, topic: str, source: Path, checkpoint: Path, log: Path,
+                  *hold: str) -> subprocess.Popen[bytes]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
     with log.open("ab") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "tests.support.spark_stream_job", bootstrap, topic,
-             str(source), str(checkpoint)],
+             str(source), str(checkpoint), *hold],
             cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def _committed_batches(checkpoint: Path) -> list[int]:
-    commits = checkpoint / "commits"
-    return sorted(int(p.name) for p in commits.glob("[0-9]*")) if commits.exists() else []
+def _batch_ids(checkpoint: Path, log: str) -> list[int]:
+    """The micro-batches in a checkpoint's offsets (planned) or commits (done) log."""
+    entries = checkpoint / log
+    return sorted(int(p.name) for p in entries.glob("[0-9]*")) if entries.exists() else []
 
 
 @pytest.mark.timeout(180)
 def test_stream_is_exactly_once_across_a_killed_driver(broker, topic_factory, tmp_path):
-    """A streaming query, two files per micro-batch, is killed (SIGKILL to the driver's
-    process group: Python, its JVM and its workers) once some micro-batches are done, then
-    restarted from its checkpoint and run to the end. Every line arrives exactly once in a
-    committed transaction; the killed attempt's open transactions are aborted (fenced) by
-    the restart, and read_committed consumers see each line once.
-
-    The kill is also made to land at the worst moment: after the sink committed a
-    micro-batch's transactions but before Spark recorded the batch as done. Spark writes
-    that record (commits/N in the checkpoint) after the sink's commit; removing the newest
-    one leaves the checkpoint as such a kill would, so the restart replays a batch whose
-    rows are already in Kafka, which the sink must skip."""
+    """A streaming query, two files of 400 lines per micro-batch, is killed (SIGKILL to the
+    driver's process group: Python, its JVM and its workers) in the middle of micro-batch 2:
+    one of its Spark partitions has committed its transaction, the other's task is held
+    mid-partition (tests/support/spark_stream_job.py holds its rows at line 200 of f05) with
+    its transaction begun. The kill waits for that state, so what the restart finds does not
+    depend on when the kill lands. Restarted from its checkpoint, the query replays
+    micro-batch 2: the committed partition is skipped (its 400 rows counted in
+    rows_already_committed); the other's task, with the same transactional id, fences the
+    killed attempt (aborting what it had sent: nothing, as run here, since a task reads
+    Spark's next Arrow batch on its event loop's thread, so its producer sends nothing while
+    it waits) and writes all of f05. Every line arrives exactly once in a committed
+    transaction; read_committed consumers see each line once."""
     topic = topic_factory(2)
     source, checkpoint, log = tmp_path / "in", tmp_path / "checkpoint", tmp_path / "driver.log"
+    held = tmp_path / "held"
     source.mkdir()
     files, per_file = 12, 400
     expected = {f"f{f:02d}-{i:04d}".encode() for f in range(files) for i in range(per_file)}
-    for f in range(files):
-        (source / f"part-{f:02d}.txt").write_text(
-            "".join(f"f{f:02d}-{i:04d}\n" for i in range(per_file)))
+    start = time.time() - files
+    for f in range(files):  # oldest first: f00 and f01 make micro-batch 0, and so on
+        path = source / f"part-{f:02d}.txt"
+        path.write_text("".join(f"f{f:02d}-{i:04d}\n" for i in range(per_file)))
+        os.utime(path, (start + f, start + f))
 
-    driver = _start_driver(broker.bootstrap, topic, source, checkpoint, log)
+    driver = _start_driver(broker.bootstrap, topic, source, checkpoint, log, "f05-0200", str(held))
     try:
         deadline = time.monotonic() + 90
-        while len(_committed_batches(checkpoint)) < 2 and driver.poll() is None:
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.05)
+        committed: list[bytes] = []
+        while not (held.exists() and len(committed) == 5 * per_file):
+            assert driver.poll() is None and time.monotonic() < deadline, \
+                f"held: {held.exists()}; committed: {len(committed)}\n{log.read_text()[-3000:]}"
+            time.sleep(0.2)
+            committed = _transaction_outcomes(broker.bootstrap, topic, 2)[0]
         os.killpg(driver.pid, signal.SIGKILL)
     finally:
         if driver.poll() is None:
             os.killpg(driver.pid, signal.SIGKILL)
         driver.wait(30)
-    done = _committed_batches(checkpoint)
-    assert 2 <= len(done) < files // 2, "killed mid-stream"
-    for name in (str(done[-1]), f".{done[-1]}.crc"):  # the record and its checksum file
-        (checkpoint / "commits" / name).unlink(missing_ok=True)
+    # Killed mid-stream: micro-batch 2 planned, not done; files f06 to f11 not read yet.
+    assert (_batch_ids(checkpoint, "offsets"), _batch_ids(checkpoint, "commits")) == \
+        ([0, 1, 2], [0, 1])
+    assert {v[:3] for v in committed} == {b"f00", b"f01", b"f02", b"f03", b"f04"}
 
     driver = _start_driver(broker.bootstrap, topic, source, checkpoint, log)
     try:
@@ -236,18 +344,21 @@ def test_stream_is_exactly_once_across_a_killed_driver(broker, topic_factory, tm
             os.killpg(driver.pid, signal.SIGKILL)
             driver.wait(30)
 
-    assert '"rows_already_committed": 800' in log.read_text(), \
-        "the restart found the replayed micro-batch's two files committed, and skipped them"
+    assert '"errors": 0, "rows_already_committed": 400' in log.read_text(), \
+        "the replayed micro-batch 2 found f04's partition committed, and skipped it"
+    assert _batch_ids(checkpoint, "commits") == list(range(files // 2))
     committed, aborted, open_ = _transaction_outcomes(broker.bootstrap, topic, 2)
     assert open_ == [], "the restart fenced and aborted the killed driver's transactions"
+    # What the held task had sent (if its producer sent any before the kill) was aborted.
+    assert {v[:3] for v in aborted} <= {b"f05"}
     counts = Counter(committed)
     assert set(counts) == expected and set(counts.values()) == {1}, \
         f"{len(counts)} distinct of {len(expected)}; duplicated: {sum(counts.values()) - len(counts)}"
-    consumed = consume_all(broker.bootstrap, topic, expected=len(committed) + len(aborted),
-                           timeout=60, isolation_level="read_committed")
-    read = Counter(r.value for r in consumed)
-    # Tansu's read_committed consumers also see aborted records.
+    # Tansu's read_committed consumers also see aborted records; Kafka's do not.
     wanted = counts + Counter(aborted) if broker.is_embedded else counts
+    consumed = consume_all(broker.bootstrap, topic, expected=sum(wanted.values()), timeout=60,
+                           isolation_level="read_committed")
+    read = Counter(r.value for r in consumed)
     assert read == wanted, _where_reading_stopped(broker.bootstrap, topic, consumed)
 
 

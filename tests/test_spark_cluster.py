@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.processes import run_in_own_group
 from tests.support.readback import consume_all
 
 pytestmark = pytest.mark.skipif(shutil.which("java") is None,
@@ -40,11 +41,12 @@ def _run_job(spark_home: Path, executor_python: str, *args: str) -> subprocess.C
     # executors would inherit: local-cluster's workers run in the driver's JVM.
     env = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
     env.update(SPARK_HOME=str(spark_home), PYSPARK_PYTHON=executor_python)
-    return subprocess.run([sys.executable, "-m", "tests.support.spark_cluster_job", *args],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=150)
+    # In a process group of its own: a timeout kills the driver's JVM and the executors too.
+    return run_in_own_group([sys.executable, "-m", "tests.support.spark_cluster_job", *args],
+                            cwd=ROOT, env=env, timeout=150)
 
 
-@pytest.mark.timeout(170)
+@pytest.mark.timeout(170)  # above the job's own 150 s
 def test_package_shipped_with_spark_archives(spark_home, broker, topic_factory, tmp_path):
     """The package goes to the executors in an archive (spark.archives), their Python is
     the driver's interpreter (PYSPARK_PYTHON; its site-packages give the dependencies). The
@@ -65,7 +67,7 @@ def test_package_shipped_with_spark_archives(spark_home, broker, topic_factory, 
     assert sorted(int(r.value) for r in got) == list(range(20000))
 
 
-@pytest.mark.timeout(170)
+@pytest.mark.timeout(170)  # above the job's own 150 s
 def test_executors_without_the_package_get_one_clear_error(spark_home, broker, topic, tmp_path):
     """The issue's case: the executors start a Python without aioproducer (here a bare venv
     of the same Python version). register() fails at once with one SparkExecutorSetupError

@@ -28,7 +28,7 @@ import contextlib
 import dataclasses
 from dataclasses import dataclass
 from itertools import repeat
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from ..config import ProducerConfig
 from ..errors import ConfigError, InvalidRecordError, KafkaError
@@ -108,6 +108,16 @@ class TaskReport:
     error: str = ""
     already_committed: bool = False
 
+    @property
+    def failed(self) -> bool:
+        return bool(self.error) or self.not_confirmed > 0
+
+    @property
+    def not_confirmed(self) -> int:
+        """Rows Kafka did not confirm (in a transaction that failed, all of them: it was
+        aborted); none of a partition found already committed."""
+        return 0 if self.already_committed else self.rows - self.records
+
 
 # -- on the driver: options and columns ----------------------------------------------------
 
@@ -115,16 +125,20 @@ class TaskReport:
 class SinkProgress:
     """Counters that the data source's tasks add to (Spark accumulators, read on the driver
     with `.value`, also while a streaming query runs): records and key/value bytes Kafka
-    confirmed, and rows of replayed micro-batches found already committed (not written
-    again). A task that fails raises instead (its message has the counts)."""
+    confirmed; `errors`, rows Kafka did not confirm (all of a partition whose transaction
+    failed: it was aborted); rows of replayed micro-batches found already committed (not
+    written again)."""
 
     records: Accumulator[int]
     bytes: Accumulator[int]
+    errors: Accumulator[int]
     rows_already_committed: Accumulator[int]
 
     def add(self, report: TaskReport) -> None:
         self.records.add(report.records)
         self.bytes.add(report.bytes)
+        if report.failed:
+            self.errors.add(report.not_confirmed)
         if report.already_committed:
             self.rows_already_committed.add(report.rows)
 
@@ -143,8 +157,9 @@ def register(spark: SparkSession, *, check_executors: bool = True) -> SinkProgre
     if check_executors:
         check_executor_imports(spark)
     context = spark.sparkContext
-    progress = SinkProgress(context.accumulator(0), context.accumulator(0),
-                            context.accumulator(0))
+    progress = SinkProgress(records=context.accumulator(0), bytes=context.accumulator(0),
+                            errors=context.accumulator(0),
+                            rows_already_committed=context.accumulator(0))
     # A subclass per registration carries the counters to the tasks (pickled by value).
     spark.dataSource.register(type("KafkaSink", (KafkaSink,), {"progress": progress}))
     return progress
@@ -213,10 +228,10 @@ def plan_from_options(options: Mapping[str, str], schema: StructType, *,
     if "bootstrap.servers" not in properties:
         raise ConfigError('the aioproducer data source needs .option("kafka.bootstrap.servers", '
                           '"host:9092"), as Spark\'s Kafka sink does')
-    if "transactional.id" in properties:
+    config = ProducerConfig.from_properties(properties)
+    if config.transactional_id is not None:  # (kafka.transactional.id, however spelt)
         raise ConfigError("each Spark partition gets its own transactional id: set "
                           '.option("transactionalIdPrefix", ...) instead of kafka.transactional.id')
-    config = ProducerConfig.from_properties(properties)
     exactly_once_option = options.get("exactlyonce", "true" if streaming else "false").lower()
     if exactly_once_option not in ("true", "false"):
         raise ConfigError(f'exactlyOnce must be "true" or "false", not {exactly_once_option!r}')
@@ -225,8 +240,38 @@ def plan_from_options(options: Mapping[str, str], schema: StructType, *,
     if exactly_once and not streaming and not prefix:
         raise ConfigError('a batch write with exactlyOnce needs .option("transactionalIdPrefix", '
                           "...), stable across re-runs of the job")
+    if exactly_once:
+        said_off = any(name.strip().replace(".", "_").replace("-", "_") == "enable_idempotence"
+                       and value.strip().lower() == "false" for name, value in properties.items())
+        _check_idempotent(config, said_off, "exactlyOnce", lambda name, value: (
+            f"kafka.{name.replace('_', '.')}={str(value).lower()}"),
+            'or set .option("exactlyOnce", "false") to write at least once')
     topic = options.get("topic")
     return WritePlan(config, topic, check_columns(schema, topic), exactly_once, prefix)
+
+
+def _check_idempotent(config: ProducerConfig, said_off: bool, asked: str,
+                      spell: Callable[[str, Any], str], instead: str) -> None:
+    """Exactly-once tasks write in transactions: each task's producer gets a transactional
+    id, which needs an idempotent producer. `config` (validated, without that id) has
+    idempotence off, as told (`said_off`) or turned off by a clashing setting: say which
+    settings did, as the user spelt them, here on the driver (each task's Producer would
+    refuse them)."""
+    if config.enable_idempotence:
+        return
+    clashes = [spell(name, value) for name, value, bad in (
+        ("enable_idempotence", False, said_off),
+        ("acks", config.acks, config.acks != -1),
+        ("retries", config.retries, config.retries == 0),
+        ("max_in_flight_requests_per_connection", config.max_in_flight_requests_per_connection,
+         config.max_in_flight_requests_per_connection > 5)) if bad] or [
+        spell("enable_idempotence", False)]
+    raise ConfigError(
+        f"{asked} writes each Spark partition in a Kafka transaction, which needs an idempotent "
+        f"producer (acks=all, retries > 0, at most 5 requests in flight); "
+        f"{' and '.join([', '.join(clashes[:-1]), clashes[-1]] if clashes[:-1] else clashes)} "
+        f"rule{'s' if len(clashes) == 1 else ''} that out: drop "
+        f"{'it' if len(clashes) == 1 else 'them'}, {instead}")
 
 
 def check_columns(schema: StructType, topic: str | None,
@@ -443,11 +488,11 @@ def _headers(cells: list[dict[str, Any]] | None,
 
 def failure(reports: Sequence[TaskReport], topic: str) -> SparkWriteError | None:
     """What the driver raises when a task did not deliver all its rows."""
-    failed = [r for r in reports if r.error or (r.records < r.rows and not r.already_committed)]
+    failed = [r for r in reports if r.failed]
     if not failed:
         return None
     rows = sum(r.rows for r in reports)
-    not_confirmed = sum(r.rows - r.records for r in failed)
+    not_confirmed = sum(r.not_confirmed for r in failed)
     first_error = next((r.error for r in failed if r.error), "unknown")
     return SparkWriteError(
         f"{not_confirmed} of {rows} row(s) not confirmed by Kafka for topic {topic}; "
@@ -494,6 +539,10 @@ def write_dataframe(
         raise ConfigError("write_dataframe gives each Spark partition its own transactional_id: "
                           "pass exactly_once=True and transactional_id_prefix=... instead")
     config = ProducerConfig.from_kwargs(**settings, bootstrap_servers=bootstrap_servers)
+    if exactly_once:
+        _check_idempotent(config, settings.get("enable_idempotence") is False,
+                          "exactly_once=True", lambda name, value: f"{name}={value!r}",
+                          "or pass exactly_once=False")
 
     def column(spec: str | Column) -> Column:
         return F.col(spec) if isinstance(spec, str) else spec
@@ -512,7 +561,6 @@ def write_dataframe(
     selected = df.select(*chosen)
     plan = WritePlan(config, topic, check_columns(selected.schema, topic, names), exactly_once,
                      transactional_id_prefix, names.get("headers", "'headers'"))
-    plan.task_config(0)  # what every task builds, checked once here
     check_executor_imports(selected.sparkSession)
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

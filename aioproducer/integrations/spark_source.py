@@ -70,23 +70,27 @@ def _task_context_property(name: str) -> str | None:
 
 def _write(batches: Iterator[pa.RecordBatch], plan: WritePlan, batch_id: int | None,
            progress: SinkProgress | None) -> TaskCommit:
-    """One task: a delivery failure fails the task (Spark retries it, then fails the job,
-    with the SparkWriteError's message)."""
+    """One task. A delivery failure does not fail it: its report goes to the driver, whose
+    commit() fails the write (Spark sends a task's accumulator updates only when it
+    succeeds, so a failing task could not count its errors)."""
     from pyspark import TaskContext
 
     context = TaskContext.get()
     assert context is not None
     report = write_partition(batches, plan, context.partitionId(), batch_id)
-    error = failure([report], _topic(plan))
-    if error is not None:
-        raise error
     if progress is not None:
         progress.add(report)
     return TaskCommit(report)
 
 
-def _topic(plan: WritePlan) -> str:
-    return repr(plan.topic) if plan.topic is not None else "(the topic column)"
+def _raise_failure(messages: list[WriterCommitMessage | None], plan: WritePlan) -> None:
+    """On the driver, once every task reported: one SparkWriteError for the write (or the
+    micro-batch), with the rows not confirmed and the failed partitions."""
+    reports = [m.report for m in messages if isinstance(m, TaskCommit)]
+    topic = repr(plan.topic) if plan.topic is not None else "(the topic column)"
+    error = failure(reports, topic)
+    if error is not None:
+        raise error
 
 
 class BatchWriter(DataSourceArrowWriter):
@@ -96,6 +100,11 @@ class BatchWriter(DataSourceArrowWriter):
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> TaskCommit:
         return _write(iterator, self.plan, None, self.progress)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        """Raise if a task did not deliver all its rows (each task committed or aborted its
+        own transaction, if any)."""
+        _raise_failure(messages, self.plan)
 
 
 class StreamWriter(DataSourceStreamArrowWriter):
@@ -121,7 +130,10 @@ class StreamWriter(DataSourceStreamArrowWriter):
                       self.progress)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        """Nothing to do: each task committed its own transaction."""
+        """Raise if a task did not deliver all its rows: the query stops before Spark records
+        the micro-batch as done, so a restart replays it (each task committed or aborted its
+        own transaction; the replay skips what was committed)."""
+        _raise_failure(messages, self.plan)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Nothing to do: a failed task aborted its transaction; a replay skips what the

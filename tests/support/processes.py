@@ -1,0 +1,38 @@
+"""Run a script the way a user would, in a session (process group) of its own, so that when it
+runs out of time, or the test does (pytest-timeout), everything it started goes with it: a
+Spark driver's JVM, its Python workers, local-cluster's executors. Killing only the script
+leaves those behind, still holding CPU and memory."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+from typing import Any, Sequence
+
+
+def run_in_own_group(cmd: Sequence[str], *, timeout: float,
+                     **popen: Any) -> subprocess.CompletedProcess[str]:
+    """subprocess.run(cmd, capture_output=True, text=True, timeout=timeout), but on a timeout
+    (or any exception while waiting) the whole process group is killed, then
+    TimeoutExpired is raised with the output so far."""
+    process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True, **popen)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(process)
+        stdout, stderr = process.communicate(timeout=30)
+        raise subprocess.TimeoutExpired(process.args, timeout, stdout, stderr) from None
+    except BaseException:  # pytest-timeout's failure, a KeyboardInterrupt
+        _kill_group(process)
+        process.communicate(timeout=30)
+        raise
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def _kill_group(process: subprocess.Popen[str]) -> None:
+    """SIGKILL to the group the process leads (its id is the group's: start_new_session)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
