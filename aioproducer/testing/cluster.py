@@ -107,7 +107,10 @@ class ClusterStats:
     node_starts: int = 0
     cuts: int = 0  # client connections cut
     throttled_responses: int = 0
-    # arrived after a throttled response went out, before its throttle ended (KIP-219)
+    # read after a throttled response went out, before its throttle ended (KIP-219). This
+    # counts requests a client pipelined before it could read that response too, which
+    # KIP-219 allows: a node cannot tell them from ones written after. Whether a client
+    # held back is for a check on the client's side (tests/test_chaos.py).
     requests_while_throttled: int = 0
     injected_errors: int = 0
     authentications: int = 0
@@ -371,7 +374,8 @@ class SimulatedCluster:
     def throttle(self, node_id: int, ms: int) -> None:
         """Tell the node's Produce clients to hold back `ms` (throttle_time_ms, 0: stop), and
         do not read from a connection until its throttle ends, as a broker over quota does
-        (KIP-219). Requests sent meanwhile count in `stats.requests_while_throttled`."""
+        (KIP-219). Requests read meanwhile count in `stats.requests_while_throttled`,
+        including those the client wrote before it could read the throttled response."""
         node = self._node(node_id)
         self._run_in_loop(lambda: setattr(node, "throttle_ms", max(0, ms)))
 
