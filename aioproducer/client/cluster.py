@@ -445,6 +445,7 @@ class Cluster:
                                   config.sasl_password or "")
         provider = config.sasl_oauth_token_provider
         get_token = getattr(provider, "token", provider)
+        failed: type[BaseException] | None = None
         try:
             token = get_token()
             if inspect.isawaitable(token):
@@ -452,8 +453,16 @@ class Cluster:
             extensions = getattr(provider, "extensions", None)
             extras = extensions() if callable(extensions) else None
         except Exception as exc:
+            failed = type(exc)
+        if failed is not None:
+            # Raised outside the except block: the provider's exception is neither the cause
+            # nor the context of ours, so no traceback or log shows its message, which may
+            # hold the credentials it used (a client secret, a signed URL). Its type and the
+            # provider's name say where to look.
             raise AuthenticationError(
-                f"the OAUTHBEARER token provider failed: {type(exc).__name__}") from exc
+                f"the OAUTHBEARER token provider {_provider_name(provider)} failed with "
+                f"{_qualified(failed)} (its message is not shown: it may hold credentials; "
+                "call the provider yourself to see it)")
         if not isinstance(token, str):
             raise AuthenticationError(f"the OAUTHBEARER token provider returned "
                                       f"{type(token).__name__}, not a str")
@@ -523,3 +532,16 @@ class Cluster:
             conn.close()
         self._connections.clear()
 
+
+
+def _provider_name(provider: Any) -> str:
+    """A token provider's class or function name, never its repr (which may show secrets)."""
+    if inspect.isfunction(provider) or inspect.ismethod(provider):
+        return _qualified(provider)
+    return _qualified(type(provider))
+
+
+def _qualified(thing: Any) -> str:
+    module = getattr(thing, "__module__", None)
+    name = getattr(thing, "__qualname__", type(thing).__qualname__)
+    return name if module in (None, "builtins") else f"{module}.{name}"
