@@ -294,7 +294,8 @@ class Sender:
                 elif p["error_code"] == 0:
                     self._complete(batch, p["base_offset"], p["log_append_time_ms"])
                 else:
-                    self._on_partition_error(batch, p, response.get("node_endpoints", ()))
+                    self._on_partition_error(conn, batch, p,
+                                             response.get("node_endpoints", ()))
         # Another round only if it has work: batches queued behind this request (or put back
         # for a retry), or closing. Otherwise it would run before the woken tasks resume.
         if not self.running or self._accumulator.has_queued():
@@ -311,8 +312,8 @@ class Sender:
                                        self._loop.time() + throttle_ms / 1000)
             self._wake_by(conn.throttled_until)
 
-    def _on_partition_error(self, batch: ProducerBatch, p: dict[str, Any],
-                            endpoints: list[dict[str, Any]]) -> None:
+    def _on_partition_error(self, conn: BrokerConnection, batch: ProducerBatch,
+                            p: dict[str, Any], endpoints: list[dict[str, Any]]) -> None:
         too_large = p["error_code"] == MessageTooLargeError.error_code
         if too_large and batch.record_count > 1:
             self._split(batch)
@@ -332,7 +333,7 @@ class Sender:
         if exc.refresh_metadata:
             leader = p.get("current_leader")
             moved = leader is not None and self._cluster.update_leader(
-                batch.topic, batch.partition, leader, endpoints)
+                batch.topic, batch.partition, leader, endpoints, conn.node_id)
             if moved:
                 self.redirects += 1
             else:

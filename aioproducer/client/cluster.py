@@ -116,18 +116,24 @@ class Cluster:
         return info.leaders[partition]
 
     def update_leader(self, topic: str, partition: int, leader: Mapping[str, int],
-                      endpoints: Iterable[Mapping[str, Any]]) -> bool:
-        """Take the new leader a produce response named (KIP-951: `leader` is its
-        CurrentLeader, `endpoints` its NodeEndpoints), unless what we know is as new (by
-        leader epoch); True if the partition moved, so its batch may go there at once
-        instead of after a metadata refresh."""
+                      endpoints: Iterable[Mapping[str, Any]], refused_by: int) -> bool:
+        """Take the new leader a produce response from broker `refused_by` named (KIP-951:
+        `leader` is its CurrentLeader, `endpoints` its NodeEndpoints), unless what we know is
+        newer (by leader epoch). True if the partition is led by that broker at that epoch
+        now, whether this answer moved it or an earlier one did (several batches in flight
+        to the old leader are refused for the same move, and each may go to the new one at
+        once), so the batch need not wait for a metadata refresh. False for a stale answer:
+        an older epoch, another leader at the same epoch, or the refusing broker itself."""
         info = self.topics.get(topic)
         node_id, epoch = leader["leader_id"], leader["leader_epoch"]
         if info is None or info.error is not None or not 0 <= partition < len(info.leaders) \
-                or node_id < 0 or epoch < 0:
+                or node_id < 0 or epoch < 0 or node_id == refused_by:
             return False
-        if partition < len(info.epochs) and info.epochs[partition] >= epoch:
+        known = info.epochs[partition] if partition < len(info.epochs) else -1
+        if known > epoch:
             return False
+        if known == epoch:  # this move is known already (or a conflicting answer)
+            return info.leaders[partition] == node_id
         if node_id not in self.brokers:
             endpoint = next((e for e in endpoints if e["node_id"] == node_id), None)
             if endpoint is None:
