@@ -642,6 +642,57 @@ async def test_aioproducer_reauthenticates_before_its_session_ends(broker):
     assert [r.value for r in stored] == [b"%02d" % i for i in range(40)]
 
 
+def test_a_request_during_a_sasl_exchange_closes_the_connection(broker):
+    """As Kafka's authenticator does: between SaslHandshake and the end of the exchange only
+    SaslAuthenticate is taken; a Metadata request there (here in a re-authentication, on an
+    authenticated connection) closes the connection, and is counted."""
+    with oauth_cluster(broker) as cluster:
+        request = MetadataRequest(topics=[], allow_auto_topic_creation=False)
+        with RawConnection(cluster.address(1)) as connection:
+            assert connection.request(SaslHandshakeRequest(mechanism="PLAIN"), 1).error_code == 0
+            assert connection.request(
+                SaslAuthenticateRequest(auth_bytes=b"\0alice\0wonderland"), 2).error_code == 0
+            assert len(connection.request(request, 9).brokers) == 3
+            assert connection.request(SaslHandshakeRequest(mechanism="PLAIN"), 1).error_code == 0
+            with pytest.raises(ConnectionError):
+                connection.request(request, 9)
+        assert cluster.stats.requests_during_authentication == 1
+
+
+async def test_nothing_but_sasl_is_written_while_a_connection_reauthenticates(broker):
+    """KIP-368: a transactional producer that fetches metadata every few milliseconds
+    (metadata_max_age_ms=0) and commits transaction after transaction, over connections
+    whose sessions last 300 ms, so they re-authenticate again and again. Every request the
+    producer makes meanwhile (metadata, transaction requests, produce) waits until the
+    exchange ends: the nodes, which hang up on anything but SaslAuthenticate in it, see
+    none, and every committed record arrives."""
+    with oauth_cluster(broker, session_lifetime_ms=300) as cluster:
+        topic = new_topic(cluster, 3)
+        committed = 0
+        async with Producer(cluster.bootstrap_servers, security_protocol="SASL_PLAINTEXT",
+                            sasl_mechanism="PLAIN", sasl_username="alice",
+                            sasl_password="wonderland", transactional_id=f"reauth-{topic}",
+                            metadata_max_age_ms=0, retry_backoff_ms=5,
+                            linger_ms=1) as producer:
+            loop = asyncio.get_running_loop()
+            end = loop.time() + 2.0
+            while loop.time() < end and committed < 5000:
+                async with producer.transaction():
+                    for i in range(6):
+                        await producer.enqueue(topic, b"%05d" % (committed + i), partition=i % 3)
+                committed += 6
+            metrics = producer.metrics()
+        stats = cluster.stats
+        stored = await asyncio.to_thread(consume_all, broker.bootstrap, topic, committed,
+                                         isolation_level="read_committed")
+    print(f"\n{committed} records, {metrics.reauthentications} re-authentications, "
+          f"{stats.requests} requests, {stats.connections} connections")
+    assert metrics.reauthentications >= 5
+    assert stats.requests_during_authentication == 0
+    assert stats.expired_sessions == 0
+    assert sorted(r.value for r in stored) == [b"%05d" % i for i in range(committed)]
+
+
 def _jwt(subject: str, lifetime_s: float) -> str:
     """An unsecured JWT (alg none), as Kafka's default OAUTHBEARER validator takes."""
     def part(value: dict) -> str:

@@ -488,23 +488,24 @@ class Cluster:
                               f"aioproducer-reauthenticate-{conn.node_id}")
 
     async def _reauthenticate(self, conn: BrokerConnection) -> None:
-        """Hold the sender's writes, wait for what is in flight, authenticate again on the
-        same connection; on failure, close it (its records are retried on a new one)."""
-        conn.reauthenticating = True
+        """Ask for a fresh exchange (a new token), then authenticate again on the same
+        connection, which holds every request sent meanwhile (the sender's produce requests
+        too: it drains nothing for it) until that ends; on failure, close it (its records are
+        retried on a new one)."""
         try:
-            await conn.quiet()
-            if conn.closed:
-                return
             mechanism = await self._sasl_mechanism()
             assert mechanism is not None
-            await conn.authenticate(mechanism)
+            if conn.closed:
+                return
+            await conn.reauthenticate(mechanism)
         except KafkaError as exc:
             log.warning("re-authenticating with %s failed: %s", conn.address, exc)
             conn.close(exc if exc.fatal else None)
             return
         finally:
-            conn.reauthenticating = False
             self.on_change()
+        if conn.closed:
+            return
         self.reauthentications += 1
         self._schedule_reauthentication(conn)
 

@@ -116,6 +116,9 @@ class ClusterStats:
     authentications: int = 0
     authentication_failures: int = 0
     expired_sessions: int = 0
+    # a request other than SaslAuthenticate between SaslHandshake and the exchange's end,
+    # first or re-authentication (KIP-368): the node closed the connection, as Kafka does
+    requests_during_authentication: int = 0
 
 
 @dataclass
@@ -637,6 +640,14 @@ class _Connection:
         self.stats.requests += 1
         api = header.api_key
         sasl_request = api in (wire.SASL_HANDSHAKE, wire.SASL_AUTHENTICATE)
+        if self.sasl is not None and api != wire.SASL_AUTHENTICATE:
+            # Kafka's authenticator takes only SaslAuthenticate until the exchange it began
+            # with SaslHandshake ends, and closes the connection on anything else ("Unexpected
+            # Kafka request of type ... during SASL authentication").
+            self.stats.requests_during_authentication += 1
+            log.warning("SimulatedCluster node %d: API key %d arrived during a SASL exchange: "
+                        "closing the connection", self.node.node_id, api)
+            raise _Close()
         if self.session_ends is not None and self.loop.time() > self.session_ends \
                 and not sasl_request:
             self.stats.expired_sessions += 1
