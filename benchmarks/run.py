@@ -102,8 +102,9 @@ PLAN = USER_SHAPES + [
 VARIANTS = ("idempotence-on", "lz4", "hooks-otel-metrics", "hooks-otel-traced",
             "hooks-prometheus")  # of per-record, aioproducer only
 # Latency rows pin the broker to one core and the client to the other, so that they do not
-# take turns on one CPU (the cores, as `taskset` numbers them).
-PINNED = {"latency", "load-latency"}
+# take turns on one CPU (the cores, as `taskset` numbers them). The SimulatedCluster of the
+# leader-moves rows runs in this process, which is not pinned.
+PINNED = {"latency", "load-latency", "leader-moves-latency"}
 BROKER_CORE, CLIENT_CORE = "0", "1"
 SHAPE = {"bulk-keyless": "bulk", "1KiB": "bulk", "idempotence-on": "per-record",
          "lz4": "per-record", "leader-moves": "per-record", "hooks-otel-metrics": "per-record",
@@ -251,7 +252,9 @@ def main() -> None:
         f"({cpu_model()}), "
         f"Python {platform.python_version()}, {versions}, uvloop {'on' if uvloop else 'off'} "
         f"for the asyncio clients; embedded Tansu broker on the same machine (latency rows: "
-        f"broker pinned to core {BROKER_CORE}, client to core {CLIENT_CORE}); "
+        f"broker pinned to core {BROKER_CORE}, client to core {CLIENT_CORE}"
+        + ("; leader-moves rows: the SimulatedCluster in run.py's process, not pinned"
+           if any(scenario in MOVING for scenario, *_ in plan) else "") + "); "
         f"median (min–max) of {repeat} run(s).", "",
         "| scenario | client | records | msgs/s | MB/s | CPU s / 1M msgs | p50 / p99 ms | peak RSS MB |",
         "|---|---|---:|---:|---:|---:|---:|---:|",

@@ -27,6 +27,8 @@ from aioproducer.errors import AuthenticationError, ConfigError, KafkaError
 from aioproducer.testing import (EmbeddedBrokerError, Listener, Principal, SaslFailure,
                                  SimulatedCluster, unsecured_jwt)
 from aioproducer.testing.cluster import SASL_MECHANISMS
+from tests.support.ports import free_port
+from tests.support.proxy import FaultProxy
 from tests.support.raw import RawConnection, call, record_batch
 from tests.support.readback import consume_all
 
@@ -230,7 +232,88 @@ async def test_aioproducer_follows_a_moved_leader(cluster):
             [b"after-%d" % i for i in range(partition, 10, 2)]
 
 
+async def test_one_connection_per_node_while_leaders_move(cluster):
+    """Keyed records to 6 partitions while a partition's leader moves every 150 ms: the
+    producer keeps one connection per node, never more (the nodes accepted 3 in all: the
+    bootstrap connection became its node's), each request drained for the node that leads
+    its partitions now (refusals sent on to the new leader); every record arrives once, in
+    order per key."""
+    topic = new_topic(cluster, 6)
+    keys, sent, futures, seen = 12, 0, [], set()
+    async with Producer(cluster.bootstrap_servers, linger_ms=5, retry_backoff_ms=20,
+                        retry_backoff_max_ms=200) as producer:
+        loop = asyncio.get_running_loop()
+        with cluster.chaos(seed=6, duration=2.5, move_every=0.15, down_every=None,
+                           throttle_chance=0, cut_chance=0) as chaos:
+            give_up = loop.time() + 20
+            while chaos.running and loop.time() < give_up:
+                for _ in range(120):
+                    futures.append(await producer.enqueue(
+                        topic, b"%06d" % sent, key=b"k%02d" % (sent % keys)))
+                    sent += 1
+                seen.add(producer.metrics().connections)
+                await asyncio.sleep(0.02)
+        await asyncio.wait_for(asyncio.gather(*futures), 30)
+        metrics = producer.metrics()
+    stats = cluster.stats
+    print(f"\n{sent} records through {stats.leader_moves} moves: {stats.not_leader} refused, "
+          f"{metrics.leader_redirects} redirected; connections seen {sorted(seen)}")
+    assert stats.leader_moves >= 10 and stats.not_leader >= 1
+    assert metrics.connections == 3 and max(seen) == 3
+    assert stats.connections == 3, f"the nodes accepted {stats.connections} connections"
+    assert 1 <= metrics.leader_redirects <= stats.not_leader
+    stored = await asyncio.to_thread(consume_all, cluster.bootstrap_servers, topic, sent)
+    assert len(stored) == sent
+    values_by_key: dict[bytes, list[bytes]] = {}
+    for record in sorted(stored, key=lambda r: (r.partition, r.offset)):
+        values_by_key.setdefault(record.key, []).append(record.value)
+    for key, values in values_by_key.items():
+        assert values == sorted(values), f"{key!r} out of order"
+    assert sum(map(len, values_by_key.values())) == sent
+
+
 # -- nodes that go down --------------------------------------------------------------------
+
+async def test_every_known_node_down_sends_the_producer_back_to_its_bootstrap_address(cluster):
+    """Rebootstrap: the producer's bootstrap address is a proxy to node 1, which metadata
+    never names. Every node goes down and the proxy refuses: once all the nodes it knows
+    fail, the producer forgets them and knocks at the bootstrap address again (the proxy
+    counts the refusals). Node 1 comes back and so does the bootstrap address: through it
+    the producer learns the cluster anew (the proxy's connection), and the records sent
+    before and during the outage all arrive, once, in order per key."""
+    topic = new_topic(cluster, 3)
+    node_1 = int(cluster.address(1).rsplit(":", 1)[1])
+    with FaultProxy(node_1, free_port()) as bootstrap:
+        async with Producer(f"127.0.0.1:{bootstrap.port}", linger_ms=0,
+                            reconnect_backoff_max_ms=200, retry_backoff_ms=20,
+                            retry_backoff_max_ms=200, delivery_timeout_ms=60_000) as producer:
+            before = [await asyncio.wait_for(producer.send(topic, b"before-%d" % i,
+                                                           key=b"k%d" % (i % 3)), 10)
+                      for i in range(6)]
+            accepted = bootstrap.connections_accepted
+            assert accepted == 1 and bootstrap.connections_refused == 0
+            bootstrap.refuse(True)
+            for node in cluster.node_ids:
+                cluster.stop_node(node)
+            during = [producer.send(topic, b"during-%d" % i, key=b"k%d" % (i % 3))
+                      for i in range(6)]
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 10
+            while bootstrap.connections_refused == 0 and loop.time() < deadline:
+                await asyncio.sleep(0.05)
+            assert bootstrap.connections_refused >= 1, \
+                "the producer never went back to its bootstrap address"
+            assert not any(f.done() for f in during)
+            cluster.start_node(1)
+            bootstrap.heal()
+            delivered = await asyncio.wait_for(asyncio.gather(*during), 20)
+            assert bootstrap.connections_accepted > accepted
+            assert {md.partition for md in before + delivered} <= {0, 1, 2}
+            assert producer.metrics().connections == 1  # node 1, the only one up
+    stored = await asyncio.to_thread(consume_all, cluster.bootstrap_servers, topic, 12)
+    assert by_key(stored) == {
+        b"k%d" % k: [b"before-%d" % i for i in range(k, 6, 3)] +
+        [b"during-%d" % i for i in range(k, 6, 3)] for k in range(3)}
 
 def refuses(address: str) -> bool:
     host, port = address.rsplit(":", 1)
@@ -640,6 +723,57 @@ async def test_aioproducer_reauthenticates_before_its_session_ends(broker):
     assert stats.expired_sessions == 0
     assert metrics.reauthentications >= 3 and stats.authentications > stats.connections
     assert [r.value for r in stored] == [b"%02d" % i for i in range(40)]
+
+
+def test_a_request_during_a_sasl_exchange_closes_the_connection(broker):
+    """As Kafka's authenticator does: between SaslHandshake and the end of the exchange only
+    SaslAuthenticate is taken; a Metadata request there (here in a re-authentication, on an
+    authenticated connection) closes the connection, and is counted."""
+    with oauth_cluster(broker) as cluster:
+        request = MetadataRequest(topics=[], allow_auto_topic_creation=False)
+        with RawConnection(cluster.address(1)) as connection:
+            assert connection.request(SaslHandshakeRequest(mechanism="PLAIN"), 1).error_code == 0
+            assert connection.request(
+                SaslAuthenticateRequest(auth_bytes=b"\0alice\0wonderland"), 2).error_code == 0
+            assert len(connection.request(request, 9).brokers) == 3
+            assert connection.request(SaslHandshakeRequest(mechanism="PLAIN"), 1).error_code == 0
+            with pytest.raises(ConnectionError):
+                connection.request(request, 9)
+        assert cluster.stats.requests_during_authentication == 1
+
+
+async def test_nothing_but_sasl_is_written_while_a_connection_reauthenticates(broker):
+    """KIP-368: a transactional producer that fetches metadata every few milliseconds
+    (metadata_max_age_ms=0) and commits transaction after transaction, over connections
+    whose sessions last 300 ms, so they re-authenticate again and again. Every request the
+    producer makes meanwhile (metadata, transaction requests, produce) waits until the
+    exchange ends: the nodes, which hang up on anything but SaslAuthenticate in it, see
+    none, and every committed record arrives."""
+    with oauth_cluster(broker, session_lifetime_ms=300) as cluster:
+        topic = new_topic(cluster, 3)
+        committed = 0
+        async with Producer(cluster.bootstrap_servers, security_protocol="SASL_PLAINTEXT",
+                            sasl_mechanism="PLAIN", sasl_username="alice",
+                            sasl_password="wonderland", transactional_id=f"reauth-{topic}",
+                            metadata_max_age_ms=0, retry_backoff_ms=5,
+                            linger_ms=1) as producer:
+            loop = asyncio.get_running_loop()
+            end = loop.time() + 2.0
+            while loop.time() < end and committed < 5000:
+                async with producer.transaction():
+                    for i in range(6):
+                        await producer.enqueue(topic, b"%05d" % (committed + i), partition=i % 3)
+                committed += 6
+            metrics = producer.metrics()
+        stats = cluster.stats
+        stored = await asyncio.to_thread(consume_all, broker.bootstrap, topic, committed,
+                                         isolation_level="read_committed")
+    print(f"\n{committed} records, {metrics.reauthentications} re-authentications, "
+          f"{stats.requests} requests, {stats.connections} connections")
+    assert metrics.reauthentications >= 5
+    assert stats.requests_during_authentication == 0
+    assert stats.expired_sessions == 0
+    assert sorted(r.value for r in stored) == [b"%05d" % i for i in range(committed)]
 
 
 def _jwt(subject: str, lifetime_s: float) -> str:

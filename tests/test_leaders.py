@@ -5,6 +5,7 @@ a produce response, KIP-219's throttle_time_ms."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 
 import pytest
 from kafka.protocol.metadata import MetadataResponse
@@ -88,6 +89,41 @@ async def test_a_new_leader_named_in_the_response_gets_the_batch_at_once(proxied
     assert [r.value for r in got] == [b"before", b"moved", b"after"]
 
 
+async def test_every_batch_refused_for_one_move_goes_to_the_new_leader_at_once(cluster):
+    """KIP-951 with several batches in flight: three partitions led by node 1, whose answers
+    come 0.4 s late, move to node 2; the batches written to node 1 meanwhile (several per
+    partition, in several requests) are all refused, each naming node 2 at the same new
+    epoch. Every one goes there at once, not only the first (the others used to wait for a
+    metadata refresh and the retry backoff, a minute here), and leader_redirects counts
+    them all. Each partition's records arrive once, in order."""
+    topic = f"moved-all-{uuid.uuid4().hex[:8]}"
+    cluster.create_topic(topic, 3)
+    for p in range(3):
+        if cluster.leader(topic, p) != 1:
+            cluster.move_leader(topic, p, to=1)
+    async with Producer(cluster.bootstrap_servers, linger_ms=0, retry_backoff_ms=60_000,
+                        retry_backoff_max_ms=60_000) as producer:
+        for p in range(3):
+            await asyncio.wait_for(producer.send(topic, b"warm-up", partition=p), 10)
+        cluster.slow(1, 0.4)
+        for p in range(3):
+            cluster.move_leader(topic, p, to=2)
+        futures = []
+        for i in range(4):
+            for p in range(3):
+                futures.append(await producer.enqueue(topic, b"%d" % i, partition=p))
+            await asyncio.sleep(0.03)
+        await asyncio.wait_for(asyncio.gather(*futures), 10)
+        metrics = producer.metrics()
+    refused = cluster.stats.not_leader
+    assert refused > 3, f"only {refused} batches were refused: not several per partition"
+    assert metrics.leader_redirects == refused and metrics.retries == refused
+    got = consume_all(cluster.bootstrap_servers, topic, expected=15)
+    for p in range(3):
+        assert [r.value for r in got if r.partition == p] == \
+            [b"warm-up", b"0", b"1", b"2", b"3"]
+
+
 async def test_an_older_leader_epoch_in_a_response_is_ignored(proxied_broker):
     """A refusal naming a leader at an epoch no newer than the one metadata gave (0 here) is
     stale: the producer asks metadata instead of following it."""
@@ -103,18 +139,17 @@ async def test_an_older_leader_epoch_in_a_response_is_ignored(proxied_broker):
 
     cluster.proxy.rewrite_responses(ProduceResponse, refuse_once)
     cluster.proxy.rewrite_responses(MetadataResponse, lambda response: lookups.append(1))
+    loop = asyncio.get_running_loop()
     async with Producer(cluster.bootstrap, linger_ms=0, retry_backoff_ms=50) as producer:
         await producer.send("stale-951", b"before")
         refusals.append("armed")
         lookups.clear()
         await asyncio.wait_for(producer.send("stale-951", b"v"), 10)
         metrics = producer.metrics()
-        # The lookup is asked for at the refusal but waits out the refresh backoff since
-        # start()'s own fetch (retry_backoff_ms): the retry may well be answered first.
-        for _ in range(50):
-            if lookups:
-                break
-            await asyncio.sleep(0.1)
+        # The lookup runs beside the retry (which may be acknowledged first): wait for it.
+        deadline = loop.time() + 5
+        while not lookups and loop.time() < deadline:
+            await asyncio.sleep(0.02)
     assert refusals == ["armed", "refused"]
     assert metrics.leader_redirects == 0 and metrics.retries == 1
     assert lookups, "no metadata lookup within 5 s of a refusal that named no newer leader"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import random
+import uuid
 
 import pytest
 from kafka.protocol.metadata import MetadataResponse
@@ -99,6 +100,117 @@ async def test_a_custom_partitioner_places_records(broker, topic_factory):
     got = consume_all(broker.bootstrap, topic, expected=5)
     assert sorted((r.key, r.partition) for r in got) == sorted(
         [(b"a", 1), (b"ab", 2), (b"default", default.partition), (b"abc", 0), (b"a", 1)])
+
+
+async def test_a_slow_node_gets_no_keyless_records_while_unavailable(cluster):
+    """partitioner_availability_timeout_ms through a Producer on a 3-node SimulatedCluster,
+    each keyless record in a batch of its own (so each is placed afresh, KIP-794).
+
+    First all nodes are healthy, at linger_ms=0 with one request in flight per connection:
+    records sent one at a time are written by send() itself (no sender round), then bursts
+    find a node busy for a round trip. No node is ever unavailable (a node served by send()
+    kept the time it last took data of an earlier round, so a burst made it unavailable at
+    once). Then one node answers 1 s late: once it has waited longer than the timeout with
+    batches ready, no keyless record goes to its partitions; back to speed, with its
+    batches delivered, it is available and gets keyless records again. (Whether a node is
+    unavailable is read from the producer's sender, the partitioner's source, before each
+    send: placing a record is part of the send() call.)"""
+    topic = f"avail-{uuid.uuid4().hex[:8]}"
+    cluster.create_topic(topic, 6)
+    led_by = {p: cluster.leader(topic, p) for p in range(6)}
+    assert set(led_by.values()) == {1, 2, 3}
+    value = b"v" * 60
+    marked: list[tuple[int, int]] = []  # (node, record number) seen unavailable
+
+    def unavailable(producer: Producer, i: int) -> set[int]:
+        nodes = {n for n in (1, 2, 3) if producer._sender.node_unavailable(n)}
+        marked.extend((n, i) for n in nodes)
+        return nodes
+
+    settings = dict(linger_ms=0, batch_size=16, partitioner_availability_timeout_ms=300)
+    async with Producer(cluster.bootstrap_servers, max_in_flight_requests_per_connection=1,
+                        **settings) as producer:
+        futures = []
+        for i in range(30):  # rounds see every node
+            unavailable(producer, i)
+            futures.append(producer.send(topic, value))
+            await asyncio.sleep(0)
+        await asyncio.wait_for(asyncio.gather(*futures), 10)
+        for i in range(40):  # 0.4 s of records written by send() itself
+            unavailable(producer, i)
+            await asyncio.wait_for(producer.send(topic, value), 10)
+            await asyncio.sleep(0.01)
+        futures = []
+        for i in range(60):  # a burst: nodes busy for a round trip
+            unavailable(producer, i)
+            futures.append(producer.send(topic, value))
+            await asyncio.sleep(0)
+            unavailable(producer, i)
+        await asyncio.wait_for(asyncio.gather(*futures), 10)
+    assert marked == [], f"healthy nodes marked unavailable: {marked[:5]}"
+
+    slow = led_by[0]
+    placed: list[tuple[set[int], asyncio.Future]] = []
+    async with Producer(cluster.bootstrap_servers, **settings) as producer:
+        await asyncio.wait_for(producer.send(topic, value), 10)
+        cluster.slow(slow, 1.0)
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 1.5
+        i = 0
+        while loop.time() < end and i < 1000:
+            placed.append((unavailable(producer, i), producer.send(topic, value)))
+            await asyncio.sleep(0.01)
+            i += 1
+        cluster.slow(slow, 0)
+        results = await asyncio.wait_for(asyncio.gather(*(f for _, f in placed)), 20)
+        deadline = loop.time() + 5
+        while producer._sender.node_unavailable(slow) and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        assert not producer._sender.node_unavailable(slow)
+        again = await asyncio.wait_for(asyncio.gather(
+            *[producer.send(topic, value) for _ in range(60)]), 10)
+    during = [md.partition for (nodes, _), md in zip(placed, results) if slow in nodes]
+    assert during, "the slow node was never unavailable"
+    assert all(led_by[p] != slow for p in during), \
+        f"keyless records went to the unavailable node {slow}: partitions {during}"
+    assert {n for n, _ in marked} == {slow}, f"healthy nodes marked: {marked[:5]}"
+    assert any(led_by[md.partition] == slow for md in again), \
+        "the node got no keyless records after it was back"
+
+
+async def test_a_node_whose_batches_expired_is_available_again(cluster):
+    """A node so slow that its records expire (delivery_timeout_ms) is unavailable while
+    they wait; once none is queued for it, it is not (the mark used to stay for good: it
+    got no keyless record again, and no batch to clear it with), and once it is back to
+    speed keyless records go to it again."""
+    topic = f"expired-{uuid.uuid4().hex[:8]}"
+    cluster.create_topic(topic, 6)
+    led_by = {p: cluster.leader(topic, p) for p in range(6)}
+    slow, value = led_by[0], b"v" * 60
+    async with Producer(cluster.bootstrap_servers, linger_ms=0, batch_size=16,
+                        partitioner_availability_timeout_ms=200, request_timeout_ms=800,
+                        delivery_timeout_ms=1200, retry_backoff_ms=50) as producer:
+        await asyncio.wait_for(producer.send(topic, value), 10)
+        cluster.slow(slow, 30)
+        loop = asyncio.get_running_loop()
+        sent, was_unavailable = [], False
+        end = loop.time() + 0.6
+        while loop.time() < end and len(sent) < 200:
+            sent.append(producer.send(topic, value))
+            await asyncio.sleep(0.01)
+            was_unavailable = was_unavailable or producer._sender.node_unavailable(slow)
+        results = await asyncio.wait_for(asyncio.gather(*sent, return_exceptions=True), 20)
+        cluster.slow(slow, 0)
+        assert was_unavailable
+        assert any(isinstance(r, TimeoutError) for r in results), "nothing expired"
+        deadline = loop.time() + 5  # (the round after the last expiry clears it)
+        while producer._sender.node_unavailable(slow) and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        assert not producer._sender.node_unavailable(slow)
+        again = await asyncio.wait_for(asyncio.gather(
+            *[producer.send(topic, value) for _ in range(60)]), 10)
+    assert any(led_by[md.partition] == slow for md in again), \
+        "the node got no keyless records after its batches expired"
 
 
 def _partitioner(queued=lambda topic, p: 0, unavailable=lambda node: False,

@@ -2,15 +2,22 @@
 
 Tansu 0.6 cannot serve TLS here (its CLI refuses --cert together with --key, and with a
 combined PEM the handshake never completes), so TLS is terminated by a proxy built on
-Python's ssl module in front of the broker, which advertises the proxy. SASL cannot be
-exercised: the memory-storage Tansu has no users; the mechanisms are tested with the RFC
-vectors in test_sasl.py.
+Python's ssl module in front of the broker, which advertises the proxy. The memory-storage
+Tansu has no users, so SASL is served by a SimulatedCluster (aioproducer.testing) in front of
+it; the mechanisms themselves are tested with the RFC vectors in test_sasl.py. Secrets
+(passwords, keys, tokens, what a token provider raised) stay out of reprs, errors and logs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
+import logging
 import ssl
+import time
+import traceback
+import uuid
 
 import pytest
 import trustme
@@ -18,7 +25,7 @@ from cryptography.hazmat.primitives import serialization
 
 from aioproducer import Producer, ProducerConfig
 from aioproducer.errors import AuthenticationError, ConfigError, KafkaConnectionError
-from aioproducer.testing import EmbeddedBroker
+from aioproducer.testing import EmbeddedBroker, Listener, SimulatedCluster
 from tests.support.ports import free_port
 from tests.support.proxy import FaultProxy
 from tests.support.readback import fetch_raw_batches
@@ -156,3 +163,148 @@ async def test_client_certificate_from_pem_text_with_a_key_password(ca):
                                     ssl_ca_pem=settings["ssl_ca_pem"], max_block_ms=3000,
                                     request_timeout_ms=3000, delivery_timeout_ms=6000) as bare:
                     await bare.send("mtls", b"w")
+
+
+# -- secrets in errors and logs, through SASL on a SimulatedCluster ------------------------
+
+def _jwt(subject: str, lifetime_s: float) -> str:
+    """An unsecured JWT (alg none), as Kafka's default OAUTHBEARER validator takes."""
+    def part(value: dict) -> str:
+        return base64.urlsafe_b64encode(json.dumps(value).encode()).rstrip(b"=").decode()
+    return f"{part({'alg': 'none'})}.{part({'sub': subject, 'exp': time.time() + lifetime_s})}."
+
+
+def _all_text(exc: BaseException) -> str:
+    """What a user or a log handler may print of an exception: str, repr and the traceback
+    with its chain (cause and context)."""
+    return "\n".join([str(exc), repr(exc), "".join(traceback.format_exception(exc))])
+
+
+def _sasl_cluster(broker, **listener):
+    if not broker.is_embedded:
+        pytest.skip("the simulated cluster forwards to one embedded broker")
+    return SimulatedCluster(upstream=broker, lifetime=60, listeners={
+        "SASL": Listener(sasl_mechanisms=["OAUTHBEARER", "PLAIN"], users={"alice": "x"},
+                         **listener)})
+
+
+async def test_a_failing_token_provider_leaks_nothing_it_raised(broker, caplog):
+    """A token provider whose exception text holds a secret (a client secret in a refused
+    token request, say), both when the producer starts and when it re-authenticates: the
+    AuthenticationError names the provider and the exception's type, and neither it (str,
+    repr, traceback with its cause and context) nor the log shows the secret."""
+    secret = f"client_secret=SECRET-{uuid.uuid4().hex}"
+    caplog.set_level(logging.DEBUG)
+
+    class LeakyProvider:
+        def __init__(self, good_tokens: int) -> None:
+            self.good_tokens = good_tokens
+            self.calls = 0
+
+        def __repr__(self) -> str:
+            return f"<LeakyProvider {secret}>"  # a provider's repr is no safer
+
+        async def token(self) -> str:
+            self.calls += 1
+            if self.calls > self.good_tokens:
+                raise RuntimeError(f"the identity provider refused {secret}")
+            return _jwt("carol", 60)
+
+    with _sasl_cluster(broker, session_lifetime_ms=300) as cluster:
+        settings = dict(security_protocol="SASL_PLAINTEXT", sasl_mechanism="OAUTHBEARER",
+                        max_block_ms=3000)
+        with pytest.raises(AuthenticationError) as refused:
+            await asyncio.wait_for(Producer(cluster.bootstrap_servers,
+                                            sasl_oauth_token_provider=LeakyProvider(0),
+                                            **settings).start(), 10)
+        error = refused.value
+        assert secret not in _all_text(error)
+        assert error.__cause__ is None and error.__context__ is None
+        assert "LeakyProvider" in str(error) and "RuntimeError" in str(error)
+
+        # Good tokens for the first connections, then the provider fails: at the
+        # re-authentication (sessions of 300 ms), which closes the connection.
+        topic = f"leaky-{uuid.uuid4().hex[:8]}"
+        cluster.create_topic(topic, 1)
+        provider = LeakyProvider(2)
+        async with Producer(cluster.bootstrap_servers, sasl_oauth_token_provider=provider,
+                            delivery_timeout_ms=2000, request_timeout_ms=1000,
+                            **settings) as producer:
+            await asyncio.wait_for(producer.send(topic, b"v"), 10)
+            deadline = time.monotonic() + 5
+            while provider.calls <= 2 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.2)
+        assert provider.calls > 2, "no re-authentication asked the provider again"
+    warnings = [r.getMessage() for r in caplog.records if "re-authenticating" in r.getMessage()]
+    assert warnings and "LeakyProvider" in warnings[0], warnings
+    assert secret not in caplog.text
+    for record in caplog.records:
+        if record.exc_info and record.exc_info[1] is not None:
+            assert secret not in _all_text(record.exc_info[1])
+
+
+async def test_no_secret_in_debug_logs_during_sasl_connects(broker, ca, caplog):
+    """Every SASL mechanism over mutual TLS with an encrypted client key, with sessions of
+    300 ms (so connections re-authenticate), a wrong password and an expired token: at
+    DEBUG, no log record (message, arguments or traceback) holds the SASL password, the
+    key's password, the key or an OAUTHBEARER token, and neither do the errors raised."""
+    if not broker.is_embedded:
+        pytest.skip("the simulated cluster forwards to one embedded broker")
+    caplog.set_level(logging.DEBUG)
+    sasl_password, key_password = f"sasl-{uuid.uuid4().hex}", f"key-{uuid.uuid4().hex}"
+    tokens: list[str] = []
+
+    async def provider() -> str:
+        tokens.append(_jwt("carol", 60))
+        return tokens[-1]
+
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server)
+    server.verify_mode = ssl.CERT_REQUIRED
+    ca.configure_trust(server)
+    client_leaf = ca.issue_cert("client@example.com")
+    key_pem = _encrypted_key_pem(client_leaf, key_password.encode())
+    tls = dict(ssl_ca_pem=ca.cert_pem.bytes().decode(), ssl_key_pem=key_pem,
+               ssl_cert_pem="".join(p.bytes().decode() for p in client_leaf.cert_chain_pems),
+               ssl_password=key_password)
+    mechanisms = ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"]
+    listener = Listener(tls=server, sasl_mechanisms=mechanisms, users={"alice": sasl_password},
+                        session_lifetime_ms=300)
+    errors: list[BaseException] = []
+    with SimulatedCluster(upstream=broker, lifetime=60, listeners={"SECURE": listener}) as cluster:
+        topic = f"secret-{uuid.uuid4().hex[:8]}"
+        cluster.create_topic(topic, 3)
+        for mechanism in mechanisms:
+            sasl = dict(sasl_oauth_token_provider=provider) if mechanism == "OAUTHBEARER" \
+                else dict(sasl_username="alice", sasl_password=sasl_password)
+            async with Producer(cluster.bootstrap_servers, security_protocol="SASL_SSL",
+                                sasl_mechanism=mechanism, linger_ms=0, **sasl, **tls) as producer:
+                for i in range(6):  # 0.6 s: each connection re-authenticates
+                    await asyncio.wait_for(producer.send(topic, b"v", partition=i % 3), 10)
+                    await asyncio.sleep(0.1)
+                assert producer.metrics().reauthentications >= 1
+        for wrong in (dict(sasl_mechanism="SCRAM-SHA-512", sasl_username="alice",
+                           sasl_password=sasl_password + "-wrong"),
+                      dict(sasl_mechanism="OAUTHBEARER",
+                           sasl_oauth_token_provider=lambda: _expired_token(tokens))):
+            with pytest.raises(AuthenticationError) as refused:
+                await asyncio.wait_for(Producer(cluster.bootstrap_servers,
+                                                security_protocol="SASL_SSL", max_block_ms=3000,
+                                                **wrong, **tls).start(), 10)
+            errors.append(refused.value)
+        assert cluster.stats.authentication_failures >= 2
+    secrets = [sasl_password, key_password, "PRIVATE KEY", key_pem.splitlines()[1], *tokens]
+    assert len(tokens) >= 3
+    assert any(r.name.startswith("aioproducer") for r in caplog.records), \
+        "aioproducer logged nothing at DEBUG: the check would be empty"
+    texts = [caplog.text] + [_all_text(e) for e in errors] + [
+        _all_text(r.exc_info[1]) for r in caplog.records if r.exc_info and r.exc_info[1]]
+    for secret in secrets:
+        for text in texts:
+            assert secret not in text
+
+
+def _expired_token(tokens: list[str]) -> str:
+    tokens.append(_jwt("carol", -5))
+    return tokens[-1]

@@ -370,6 +370,11 @@ class RecordAccumulator:
         """Whether some batch waits to be drained."""
         return bool(self._batches)
 
+    def has_queued_for(self, cluster: Cluster, node: int) -> bool:
+        """Whether some batch waits to be drained to broker `node` (a scan: for the rare
+        broker the sender watches as unavailable, KIP-794)."""
+        return any(cluster.leader_for(*tp) == node for tp in self._batches)
+
     def drain(self, cluster: Cluster, nodes: Iterable[int], max_request_size: int,
               now: float) -> dict[int, list[ProducerBatch]]:
         """Take at most one batch per partition for each broker, up to `max_request_size`,

@@ -81,11 +81,11 @@ class Sender:
         self._retry_backoff = config.retry_backoff_ms / 1000
         self._retry_backoff_max = config.retry_backoff_max_ms / 1000
         self.running = True
-        # Per broker, when it last had a batch to send and when it last took one: one that
-        # had data but took none for partitioner_availability_timeout_ms gets no new keyless
-        # records (KIP-794).
-        self._ready_at: dict[int, float] = {}
-        self._drained_at: dict[int, float] = {}
+        # Per broker, since when it has had a batch ready to send and taken none: one that
+        # waited so for partitioner_availability_timeout_ms gets no new keyless records
+        # (KIP-794). A broker leaves it when it takes a batch (in a round or by `_send_now`)
+        # or has none queued any more (they expired or failed).
+        self._waiting_since: dict[int, float] = {}
         self._availability_timeout = config.partitioner_availability_timeout_ms / 1000
         # For Producer.metrics():
         self.bytes_sent = self.requests = self.responses = self.retries = self.splits = 0
@@ -151,6 +151,8 @@ class Sender:
         if conn is None or conn.in_flight_produce or conn.throttled_until > self._loop.time() \
                 or conn.reauthenticating or not self._accumulator.drain_lone(batch):
             return False
+        if self._waiting_since:
+            self._waiting_since.pop(conn.node_id, None)  # it takes data
         self._prepare_produce(conn, [batch])
         self._wake_by(self._next_in_flight_expiry())  # also drops acknowledged batches' entries
         self._write_requests()
@@ -178,9 +180,10 @@ class Sender:
             next_wake = min(next_wake, cluster.maybe_refresh(now))
 
         sendable: dict[int, BrokerConnection] = {}
+        waiting = self._waiting_since if self._availability_timeout else None
         for node in ready:
-            self._ready_at[node] = now
-            self._drained_at.setdefault(node, now)
+            if waiting is not None and node not in waiting:
+                waiting[node] = now
             conn = cluster.ready_connection(node)
             if conn is None:
                 backoff = cluster.backoff_remaining(node)
@@ -195,18 +198,26 @@ class Sender:
         if sendable:
             drained = accumulator.drain(cluster, sendable, self._config.max_request_size, now)
             for node, batches in drained.items():
-                self._drained_at[node] = now
+                if waiting:
+                    waiting.pop(node, None)
                 self._prepare_produce(sendable[node], batches)
 
         self._expire(now)
+        if waiting:
+            # Not ready this round: still waiting while it has batches queued (lingering, or
+            # in retry backoff); with none, it waits for nothing.
+            for node in [n for n in waiting if n not in ready]:
+                if not accumulator.has_queued_for(cluster, node):
+                    del waiting[node]
         next_wake = min(next_wake, accumulator.next_expiry() - now, self._next_in_flight_expiry() - now)
         return max(next_wake, 0.0)
 
     def node_unavailable(self, node: int) -> bool:
-        """Whether `node` had batches to send but took none for longer than
+        """Whether `node` has had batches ready to send, and taken none, for longer than
         partitioner_availability_timeout_ms (never, with the timeout 0)."""
-        return bool(self._availability_timeout) and node in self._ready_at and \
-            self._ready_at[node] - self._drained_at[node] > self._availability_timeout
+        since = self._waiting_since.get(node)
+        return since is not None and \
+            self._loop.time() - since > self._availability_timeout
 
     def _fail_unsendable(self, txn: TransactionManager) -> None:
         """After a fatal error nothing queued will be sent, after an abortable one nothing not
@@ -299,7 +310,8 @@ class Sender:
                 elif p["error_code"] == 0:
                     self._complete(batch, p["base_offset"], p["log_append_time_ms"])
                 else:
-                    self._on_partition_error(batch, p, response.get("node_endpoints", ()))
+                    self._on_partition_error(conn, batch, p,
+                                             response.get("node_endpoints", ()))
         # Another round only if it has work: batches queued behind this request (or put back
         # for a retry), or closing. Otherwise it would run before the woken tasks resume.
         if not self.running or self._accumulator.has_queued():
@@ -317,8 +329,8 @@ class Sender:
                                        self._loop.time() + throttle_ms / 1000)
             self._wake_by(conn.throttled_until)
 
-    def _on_partition_error(self, batch: ProducerBatch, p: dict[str, Any],
-                            endpoints: list[dict[str, Any]]) -> None:
+    def _on_partition_error(self, conn: BrokerConnection, batch: ProducerBatch,
+                            p: dict[str, Any], endpoints: list[dict[str, Any]]) -> None:
         too_large = p["error_code"] == MessageTooLargeError.error_code
         if too_large and batch.record_count > 1:
             self._split(batch)
@@ -338,7 +350,7 @@ class Sender:
         if exc.refresh_metadata:
             leader = p.get("current_leader")
             moved = leader is not None and self._cluster.update_leader(
-                batch.topic, batch.partition, leader, endpoints)
+                batch.topic, batch.partition, leader, endpoints, conn.node_id)
             if moved:
                 self.redirects += 1
             else:

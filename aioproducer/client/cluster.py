@@ -116,18 +116,24 @@ class Cluster:
         return info.leaders[partition]
 
     def update_leader(self, topic: str, partition: int, leader: Mapping[str, int],
-                      endpoints: Iterable[Mapping[str, Any]]) -> bool:
-        """Take the new leader a produce response named (KIP-951: `leader` is its
-        CurrentLeader, `endpoints` its NodeEndpoints), unless what we know is as new (by
-        leader epoch); True if the partition moved, so its batch may go there at once
-        instead of after a metadata refresh."""
+                      endpoints: Iterable[Mapping[str, Any]], refused_by: int) -> bool:
+        """Take the new leader a produce response from broker `refused_by` named (KIP-951:
+        `leader` is its CurrentLeader, `endpoints` its NodeEndpoints), unless what we know is
+        newer (by leader epoch). True if the partition is led by that broker at that epoch
+        now, whether this answer moved it or an earlier one did (several batches in flight
+        to the old leader are refused for the same move, and each may go to the new one at
+        once), so the batch need not wait for a metadata refresh. False for a stale answer:
+        an older epoch, another leader at the same epoch, or the refusing broker itself."""
         info = self.topics.get(topic)
         node_id, epoch = leader["leader_id"], leader["leader_epoch"]
         if info is None or info.error is not None or not 0 <= partition < len(info.leaders) \
-                or node_id < 0 or epoch < 0:
+                or node_id < 0 or epoch < 0 or node_id == refused_by:
             return False
-        if partition < len(info.epochs) and info.epochs[partition] >= epoch:
+        known = info.epochs[partition] if partition < len(info.epochs) else -1
+        if known > epoch:
             return False
+        if known == epoch:  # this move is known already (or a conflicting answer)
+            return info.leaders[partition] == node_id
         if node_id not in self.brokers:
             endpoint = next((e for e in endpoints if e["node_id"] == node_id), None)
             if endpoint is None:
@@ -445,6 +451,7 @@ class Cluster:
                                   config.sasl_password or "")
         provider = config.sasl_oauth_token_provider
         get_token = getattr(provider, "token", provider)
+        failed: type[BaseException] | None = None
         try:
             token = get_token()
             if inspect.isawaitable(token):
@@ -452,8 +459,16 @@ class Cluster:
             extensions = getattr(provider, "extensions", None)
             extras = extensions() if callable(extensions) else None
         except Exception as exc:
+            failed = type(exc)
+        if failed is not None:
+            # Raised outside the except block: the provider's exception is neither the cause
+            # nor the context of ours, so no traceback or log shows its message, which may
+            # hold the credentials it used (a client secret, a signed URL). Its type and the
+            # provider's name say where to look.
             raise AuthenticationError(
-                f"the OAUTHBEARER token provider failed: {type(exc).__name__}") from exc
+                f"the OAUTHBEARER token provider {_provider_name(provider)} failed with "
+                f"{_qualified(failed)} (its message is not shown: it may hold credentials; "
+                "call the provider yourself to see it)")
         if not isinstance(token, str):
             raise AuthenticationError(f"the OAUTHBEARER token provider returned "
                                       f"{type(token).__name__}, not a str")
@@ -473,23 +488,24 @@ class Cluster:
                               f"aioproducer-reauthenticate-{conn.node_id}")
 
     async def _reauthenticate(self, conn: BrokerConnection) -> None:
-        """Hold the sender's writes, wait for what is in flight, authenticate again on the
-        same connection; on failure, close it (its records are retried on a new one)."""
-        conn.reauthenticating = True
+        """Ask for a fresh exchange (a new token), then authenticate again on the same
+        connection, which holds every request sent meanwhile (the sender's produce requests
+        too: it drains nothing for it) until that ends; on failure, close it (its records are
+        retried on a new one)."""
         try:
-            await conn.quiet()
-            if conn.closed:
-                return
             mechanism = await self._sasl_mechanism()
             assert mechanism is not None
-            await conn.authenticate(mechanism)
+            if conn.closed:
+                return
+            await conn.reauthenticate(mechanism)
         except KafkaError as exc:
             log.warning("re-authenticating with %s failed: %s", conn.address, exc)
             conn.close(exc if exc.fatal else None)
             return
         finally:
-            conn.reauthenticating = False
             self.on_change()
+        if conn.closed:
+            return
         self.reauthentications += 1
         self._schedule_reauthentication(conn)
 
@@ -523,3 +539,16 @@ class Cluster:
             conn.close()
         self._connections.clear()
 
+
+
+def _provider_name(provider: Any) -> str:
+    """A token provider's class or function name, never its repr (which may show secrets)."""
+    if inspect.isfunction(provider) or inspect.ismethod(provider):
+        return _qualified(provider)
+    return _qualified(type(provider))
+
+
+def _qualified(thing: Any) -> str:
+    module = getattr(thing, "__module__", None)
+    name = getattr(thing, "__qualname__", type(thing).__qualname__)
+    return name if module in (None, "builtins") else f"{module}.{name}"

@@ -31,6 +31,9 @@ from ..protocol.messages import CLIENT_VERSIONS, ApiKey, pick_version
 from ..protocol.sasl import SaslMechanism
 
 
+# What a connection writes while it re-authenticates; anything else waits (KIP-368).
+_SASL_EXCHANGE = frozenset((ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE))
+
 # Called with (response body, None) or (None, exception).
 ResponseCallback = Callable[["dict[str, Any] | None", "BaseException | None"], None]
 
@@ -58,9 +61,10 @@ class BrokerConnection(asyncio.Protocol):
         self.broker_ranges: dict[int, tuple[int, int]] = {}
         self.in_flight_produce = 0
         self.throttled_until = 0.0  # loop time: the broker asked us to hold back (KIP-219)
-        # Set by the owner while it re-authenticates: write no produce request meanwhile.
-        self.reauthenticating = False
         self.session_lifetime_ms = 0  # the broker's limit on the SASL session (KIP-368)
+        # While re-authenticating (KIP-368): the requests sent meanwhile, written once it ends.
+        self._held: list[tuple[ApiKey, Mapping[str, Any], ResponseCallback | None,
+                               int | None]] | None = None
         self._idle: asyncio.Future[None] | None = None  # quiet(): no request pending
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
@@ -137,6 +141,34 @@ class BrokerConnection(asyncio.Protocol):
             token = mechanism.step(response["auth_bytes"])
         self.session_lifetime_ms = response.get("session_lifetime_ms", 0)
 
+    @property
+    def reauthenticating(self) -> bool:
+        """Whether a re-authentication is under way: requests sent now are held until it
+        ends (the sender drains no batch for this connection meanwhile)."""
+        return self._held is not None
+
+    async def reauthenticate(self, mechanism: SaslMechanism) -> None:
+        """Authenticate again on this open connection (KIP-368), once nothing is in flight.
+        Every request sent meanwhile is held and written after it, in order: between
+        SaslHandshake and the exchange's end a broker closes a connection that sends anything
+        but SaslAuthenticate. If it fails (or is cancelled) the connection closes, failing
+        what it held, and the error is raised; closed while it waits, it just ends."""
+        self._held = []
+        try:
+            await self.quiet()
+            if self._close_exc is not None:
+                return
+            await self.authenticate(mechanism)
+        except BaseException as exc:
+            self.close(exc if isinstance(exc, KafkaError) and exc.fatal else None)
+            raise
+        finally:
+            held, self._held = self._held, None
+        if self._close_exc is not None:
+            return  # close() failed them
+        for api_key, body, on_response, version in held:
+            self.send(api_key, body, on_response, version=version)
+
     async def _negotiate_versions(self) -> None:
         body = {"client_software_name": "aioproducer", "client_software_version": __version__}
         version = CLIENT_VERSIONS[ApiKey.API_VERSIONS][1]
@@ -171,6 +203,9 @@ class BrokerConnection(asyncio.Protocol):
         """
         if self._close_exc is not None:
             raise self._close_exc
+        if self._held is not None and api_key not in _SASL_EXCHANGE:
+            self._held.append((api_key, body, on_response, version))
+            return
         if version is None:
             version = self.version_for(api_key)
         frame, correlation_id = self._framing.send_request(
@@ -216,12 +251,15 @@ class BrokerConnection(asyncio.Protocol):
             self._timer.cancel()
             self._timer = None
         pending, self._pending = self._pending, {}
+        held, self._held = self._held or [], None
         self.in_flight_produce = 0
         self._wake_idle()
-        for entry in pending.values():
+        callbacks = [entry.on_response for entry in pending.values()] + \
+            [on_response for _, _, on_response, _ in held if on_response is not None]
+        for on_response in callbacks:
             # In a loop turn of their own: close() may be called from code the callbacks
             # would re-enter.
-            self._loop.call_soon(entry.on_response, None, self._close_exc)
+            self._loop.call_soon(on_response, None, self._close_exc)
         if self._transport is not None:
             self._transport.abort()
         if self.on_close is not None:

@@ -107,12 +107,18 @@ class ClusterStats:
     node_starts: int = 0
     cuts: int = 0  # client connections cut
     throttled_responses: int = 0
-    # arrived after a throttled response went out, before its throttle ended (KIP-219)
+    # read after a throttled response went out, before its throttle ended (KIP-219). This
+    # counts requests a client pipelined before it could read that response too, which
+    # KIP-219 allows: a node cannot tell them from ones written after. Whether a client
+    # held back is for a check on the client's side (tests/test_chaos.py).
     requests_while_throttled: int = 0
     injected_errors: int = 0
     authentications: int = 0
     authentication_failures: int = 0
     expired_sessions: int = 0
+    # a request other than SaslAuthenticate between SaslHandshake and the exchange's end,
+    # first or re-authentication (KIP-368): the node closed the connection, as Kafka does
+    requests_during_authentication: int = 0
 
 
 @dataclass
@@ -371,7 +377,8 @@ class SimulatedCluster:
     def throttle(self, node_id: int, ms: int) -> None:
         """Tell the node's Produce clients to hold back `ms` (throttle_time_ms, 0: stop), and
         do not read from a connection until its throttle ends, as a broker over quota does
-        (KIP-219). Requests sent meanwhile count in `stats.requests_while_throttled`."""
+        (KIP-219). Requests read meanwhile count in `stats.requests_while_throttled`,
+        including those the client wrote before it could read the throttled response."""
         node = self._node(node_id)
         self._run_in_loop(lambda: setattr(node, "throttle_ms", max(0, ms)))
 
@@ -633,6 +640,14 @@ class _Connection:
         self.stats.requests += 1
         api = header.api_key
         sasl_request = api in (wire.SASL_HANDSHAKE, wire.SASL_AUTHENTICATE)
+        if self.sasl is not None and api != wire.SASL_AUTHENTICATE:
+            # Kafka's authenticator takes only SaslAuthenticate until the exchange it began
+            # with SaslHandshake ends, and closes the connection on anything else ("Unexpected
+            # Kafka request of type ... during SASL authentication").
+            self.stats.requests_during_authentication += 1
+            log.warning("SimulatedCluster node %d: API key %d arrived during a SASL exchange: "
+                        "closing the connection", self.node.node_id, api)
+            raise _Close()
         if self.session_ends is not None and self.loop.time() > self.session_ends \
                 and not sasl_request:
             self.stats.expired_sessions += 1
