@@ -10,6 +10,7 @@ from aioproducer._internal.batch import BulkFuture
 from aioproducer.config import ProducerConfig
 from aioproducer.protocol.compression import Codec
 from aioproducer._internal.accumulator import RecordAccumulator
+from aioproducer._internal.observer import Observer
 from aioproducer.protocol.records import record_size_upper_bound
 
 
@@ -23,7 +24,7 @@ class OneBroker:
 async def test_partitions_are_drained_in_turn_and_none_starves():
     config = ProducerConfig.from_kwargs(bootstrap_servers="127.0.0.1:9092", batch_size=100,
                                         linger_ms=0, enable_idempotence=False)
-    accumulator = RecordAccumulator(config, Codec.NONE, None)
+    accumulator = RecordAccumulator(config, Codec.NONE, None, Observer(()))
     partitions = 4
     size = record_size_upper_bound(None, b"v" * 90, None)
     for partition in range(partitions):  # three full batches queued for each partition
@@ -50,7 +51,7 @@ async def test_partitions_are_drained_in_turn_and_none_starves():
 async def test_a_bulk_future_raises_the_first_failure_in_input_order():
     config = ProducerConfig.from_kwargs(bootstrap_servers="127.0.0.1:9092", linger_ms=0,
                                         enable_idempotence=False)
-    accumulator = RecordAccumulator(config, Codec.NONE, None)
+    accumulator = RecordAccumulator(config, Codec.NONE, None, Observer(()))
     partitions = 20
     size = record_size_upper_bound(None, b"v", None)
     batches = [accumulator.open_batch("t", p, 0, None, b"v", None, size, partitions)
@@ -69,7 +70,7 @@ async def test_a_batch_is_ready_when_its_linger_ends_on_a_whole_millisecond_cloc
     not at the next tick (which cost every lingered batch a millisecond, spinning)."""
     config = ProducerConfig.from_kwargs(bootstrap_servers="127.0.0.1:9092", linger_ms=5,
                                         enable_idempotence=False)
-    accumulator = RecordAccumulator(config, Codec.NONE, None)
+    accumulator = RecordAccumulator(config, Codec.NONE, None, Observer(()))
     size = record_size_upper_bound(None, b"v", None)
     batch = accumulator.open_batch("t", 0, 0, None, b"v", None, size, 1)
     late = []

@@ -185,3 +185,38 @@ def test_blocking_producer_shows_records_to_the_hooks(broker, topic):
 def test_hooks_setting_is_checked(hooks):
     with pytest.raises(ConfigError, match="hooks must be a list of"):
         Producer("localhost:9092", hooks=hooks)
+
+
+def test_histogram_quantiles_name_the_bucket_they_fall_in():
+    """ProducerMetrics' histograms: counts per bucket, quantile = the bound of its bucket."""
+    from aioproducer._internal.metrics import Histogram
+
+    bounds = (0.001, 0.01, 0.1)
+    histogram = Histogram(bounds, (50, 40, 9, 1), 1.5, 100)
+    assert histogram.quantile(0.5) == 0.001
+    assert histogram.quantile(0.9) == 0.01
+    assert histogram.quantile(0.99) == 0.1
+    assert histogram.quantile(1.0) == float("inf")  # one above every bound
+    assert Histogram().quantile(0.99) == 0.0  # nothing observed
+    with pytest.raises(ValueError):
+        histogram.quantile(0)
+
+
+def test_only_overridden_hooks_are_called():
+    """A hook's methods are called only where its class overrides them, and not where the
+    instance set one to None."""
+    from aioproducer._internal.observer import overridden
+
+    class AcksOnly(ProducerHooks):
+        def on_ack(self, *args):
+            pass
+
+    class Untraced(Recorder):
+        def __init__(self):
+            super().__init__()
+            self.on_send = None
+
+    hooks = [AcksOnly(), Untraced(), ProducerHooks()]
+    assert len(overridden(hooks, "on_ack")) == 2
+    assert len(overridden(hooks, "on_send")) == 0
+    assert len(overridden(hooks, "on_error")) == 1
