@@ -253,6 +253,68 @@ def test_batch_write_in_transactions(spark, progress, broker, topic_factory):
     assert progress.bytes.value - bytes_before == 2 * sum(len(str(i)) for i in range(500))
 
 
+def test_rows_appended_one_by_one_count_by_their_own_batch():
+    """The per-row path keeps no future per row: a row counts as confirmed if its batch (or
+    the piece of a split batch that holds it) was, with its own key and value bytes; the
+    first failure in row order is the one reported."""
+    import asyncio
+
+    from aioproducer.integrations.spark import _Appended
+
+    loop = asyncio.new_event_loop()
+    try:
+        class Batch:
+            def __init__(self, failure=None, failed_from=None):
+                self.future = loop.create_future()
+                self.failure, self.failed_from = failure, failed_from
+                if failure is None:
+                    self.future.set_result((0, -1))
+                else:
+                    self.future.set_exception(failure)
+
+            def exception_for(self, delta):
+                if self.failed_from is None or delta >= self.failed_from:
+                    return self.future.exception()
+                return None
+
+        ok, refused = Batch(), Batch(RuntimeError("refused"))
+        split = Batch(RuntimeError("a piece"), failed_from=2)  # deltas 0 and 1 acknowledged
+        rows = _Appended([1, 2, 3, 4, 5, 6, 7])  # the last row was not appended
+        for batch, delta in [(ok, 0), (refused, 0), (ok, 1), (split, 0), (split, 1), (split, 2)]:
+            rows.batches.append(batch)
+            rows.deltas.append(delta)
+        records, size, first = rows.outcome()
+        assert (records, size, first) == (4, 1 + 3 + 4 + 5, refused.failure)
+        rows.batches[1] = ok
+        rows.batches[5] = ok
+        assert rows.outcome() == (6, 21, None)
+    finally:
+        loop.close()
+
+
+def test_header_cells_are_converted_per_column():
+    """A headers column's cells as (name, value) lists, read by Arrow for the whole column:
+    null cells as None, string values as UTF-8, a slice's own rows; the first row holding a
+    null header is told apart (the rows before it are sent, then it fails)."""
+    import pyarrow as pa
+
+    from aioproducer.integrations.spark import _header_cells
+
+    binary = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+    column = pa.array([[{"key": "a", "value": b"x"}], None, [],
+                       [{"key": "b", "value": None}, {"key": "c", "value": b""}]], binary)
+    assert _header_cells(column) == ([[("a", b"x")], None, [], [("b", None), ("c", b"")]],
+                                     None)
+    assert _header_cells(column.slice(1, 3)) == ([None, [], [("b", None), ("c", b"")]], None)
+    text = pa.list_(pa.struct([("key", pa.string()), ("value", pa.string())]))
+    assert _header_cells(pa.array([[{"key": "t", "value": "é"}]], text)) == \
+        ([[("t", "é".encode())]], None)
+    with_null = pa.array([[{"key": "a", "value": b"x"}], None, [{"key": "b", "value": b"y"}, None],
+                          [None]], binary)
+    cells, bad = _header_cells(with_null)
+    assert (cells[:2], bad) == ([[("a", b"x")], None], 2)
+
+
 def _transaction_outcomes(bootstrap: str, topic: str, partitions: int
                           ) -> tuple[list[bytes], list[bytes], list[bytes]]:
     """Values of the topic's transactional records, by what became of their transaction:
