@@ -253,6 +253,42 @@ def test_batch_write_in_transactions(spark, progress, broker, topic_factory):
     assert progress.bytes.value - bytes_before == 2 * sum(len(str(i)) for i in range(500))
 
 
+@pytest.mark.parametrize("columns, exactly_once", [((), False), (("partition",), True)],
+                         ids=["key and value", "per row, in a transaction"])
+def test_records_are_sent_while_spark_computes_the_next_batch(broker, topic, columns,
+                                                             exactly_once):
+    """A task reads Spark's next Arrow batch in a worker thread: while Spark computes it
+    (here, the iterator waits until the broker holds the first batch's records), the task's
+    event loop sends what is buffered. Read on the loop's thread, as before, the wait would
+    hold up the sending it waits for (nothing would arrive in its 10 s)."""
+    import pyarrow as pa
+
+    from aioproducer.config import ProducerConfig
+    from aioproducer.integrations.spark import WritePlan, write_partition
+
+    stored: list[bytes] = []
+
+    def spark_batches():
+        values = [b"a", b"b", b"c"]
+        yield pa.RecordBatch.from_pydict({"value": values, "partition": [0] * 3})
+        deadline = time.monotonic() + 10
+        while len(stored) < len(values) and time.monotonic() < deadline:
+            time.sleep(0.05)
+            stored[:] = [r[2] for b in fetch_raw_batches(broker.bootstrap, topic, 0)
+                         if not b.is_control for r in b.records]
+        yield pa.RecordBatch.from_pydict({"value": [b"d"], "partition": [0]})
+
+    config = ProducerConfig.from_properties({"bootstrap.servers": broker.bootstrap})
+    plan = WritePlan(config, topic, frozenset(columns), exactly_once,
+                     f"{topic}-task" if exactly_once else None)
+    report = write_partition(spark_batches(), plan, 0)
+    assert (report.rows, report.records, report.error) == (4, 4, "")
+    assert stored == [b"a", b"b", b"c"], "sent while the next batch was being read"
+    if exactly_once:  # sent in the transaction, committed after the last batch
+        assert _transaction_outcomes(broker.bootstrap, topic, 1) == \
+            ([b"a", b"b", b"c", b"d"], [], [])
+
+
 def test_rows_appended_one_by_one_count_by_their_own_batch():
     """The per-row path keeps no future per row: a row counts as confirmed if its batch (or
     the piece of a split batch that holds it) was, with its own key and value bytes; the

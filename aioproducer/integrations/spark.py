@@ -361,11 +361,15 @@ async def _write_partition(batches: Iterator[pa.RecordBatch], plan: WritePlan, i
     partition 0) in the group named like the transactional id. A replay (after a restart
     from the checkpoint, or a retried task) first starts the producer, which fences any
     older attempt and aborts its open transaction, then reads that offset: past this batch
-    means its rows are in Kafka already, so nothing is written again."""
+    means its rows are in Kafka already, so nothing is written again.
+
+    Spark's next Arrow batch is read in a worker thread while the event loop sends the
+    records of this one (see _ReadAhead)."""
     first = next((b for b in batches if b.num_rows), None)
     if first is None:
         return TaskReport(index, 0, 0, 0)
     rows = first.num_rows
+    ahead = _ReadAhead(batches)
     sent: list[_Sent] = []
     error = ""
     transactional = plan.exactly_once
@@ -379,19 +383,17 @@ async def _write_partition(batches: Iterator[pa.RecordBatch], plan: WritePlan, i
                 assert group is not None
                 committed = await producer.committed_offsets(group, [marker])
                 if committed[marker] > batch_id:
-                    rows += sum(b.num_rows for b in batches)
+                    rows += await ahead.rows_left()
                     return TaskReport(index, rows, 0, 0, already_committed=True)
             if transactional:
                 producer.begin_transaction()
             try:
                 batch = first
-                while True:
+                while batch is not None:
+                    ahead.read_next()
                     await _send(producer, batch, plan, sent)
-                    following = next(batches, None)
-                    if following is None:
-                        break
-                    batch = following
-                    rows += batch.num_rows
+                    batch = await ahead.next()
+                    rows += batch.num_rows if batch is not None else 0
                 if marker is not None:
                     assert producer.config.transactional_id is not None and batch_id is not None
                     await producer.send_offsets_to_transaction(
@@ -408,7 +410,7 @@ async def _write_partition(batches: Iterator[pa.RecordBatch], plan: WritePlan, i
                 raise
     except Exception as exc:  # reported to the driver
         error = repr(exc)
-        rows += sum(b.num_rows for b in batches)  # the rest of the partition was not written
+        rows += await ahead.rows_left()  # the rest of the partition was not written
     records = size = 0
     for part in sent:
         confirmed, confirmed_size, failed = part.outcome()
@@ -417,6 +419,39 @@ async def _write_partition(batches: Iterator[pa.RecordBatch], plan: WritePlan, i
         if failed is not None and not error:
             error = repr(failed)
     return TaskReport(index, rows, records, size, error)
+
+
+class _ReadAhead:
+    """A partition's Arrow batches, each read in a worker thread (at most one at a time,
+    one batch ahead of the one being sent): reading one makes Spark compute it, upstream of
+    the sink, and on the event loop's thread that wait would hold up the sending of the
+    records already buffered."""
+
+    def __init__(self, batches: Iterator[pa.RecordBatch]) -> None:
+        self._batches = batches
+        self._reading: asyncio.Future[pa.RecordBatch | None] | None = None
+
+    def read_next(self) -> None:
+        assert self._reading is None, "one batch at a time: Spark's iterator is not shared"
+        self._reading = asyncio.get_running_loop().run_in_executor(
+            None, next, self._batches, None)
+
+    async def next(self) -> pa.RecordBatch | None:
+        """The batch read_next() started to read (None after the last)."""
+        reading, self._reading = self._reading, None
+        assert reading is not None
+        return await reading
+
+    async def rows_left(self) -> int:
+        """Rows of the batches not read yet, the one being read included (once it is: the
+        iterator is read by one thread at a time)."""
+        rows = 0
+        if self._reading is not None:
+            with contextlib.suppress(Exception):  # the failure reported is the first one
+                batch = await self.next()
+                rows += batch.num_rows if batch is not None else 0
+        left: int = sum(b.num_rows for b in self._batches)
+        return rows + left
 
 
 class _Sent:
