@@ -394,15 +394,18 @@ def test_stream_is_exactly_once_across_a_killed_driver(broker, topic_factory, tm
     """A streaming query, two files of 400 lines per micro-batch, is killed (SIGKILL to the
     driver's process group: Python, its JVM and its workers) in the middle of micro-batch 2:
     one of its Spark partitions has committed its transaction, the other's task is held
-    mid-partition (tests/support/spark_stream_job.py holds its rows at line 200 of f05) with
-    its transaction begun. The kill waits for that state, so what the restart finds does not
-    depend on when the kill lands. Restarted from its checkpoint, the query replays
+    mid-partition (tests/support/spark_stream_job.py holds its rows at line 200 of f05, in a
+    step upstream of the sink). The kill waits for that state, so what the restart finds does
+    not depend on when the kill lands. Restarted from its checkpoint, the query replays
     micro-batch 2: the committed partition is skipped (its 400 rows counted in
     rows_already_committed); the other's task, with the same transactional id, fences the
-    killed attempt (aborting what it had sent: nothing, as run here, since a task reads
-    Spark's next Arrow batch on its event loop's thread, so its producer sends nothing while
-    it waits) and writes all of f05. Every line arrives exactly once in a committed
-    transaction; read_committed consumers see each line once."""
+    killed attempt, if it got as far as starting its producer, and writes all of f05. (As
+    run here it did not: the rows before the held one wait in the buffers between the hold's
+    Python worker and the sink's, so the sink's task is still waiting for its first Arrow
+    batch when the driver is killed; a task that has rows sends them while it waits for the
+    next batch, see test_records_are_sent_while_spark_computes_the_next_batch.) Every line
+    arrives exactly once in a committed transaction; read_committed consumers see each line
+    once."""
     topic = topic_factory(2)
     source, checkpoint, log = tmp_path / "in", tmp_path / "checkpoint", tmp_path / "driver.log"
     held = tmp_path / "held"
