@@ -479,10 +479,10 @@ class _Handed(_Sent):
 
 
 class _Appended(_Sent):
-    """Rows appended one by one with no future each (the producer's future per record,
-    and the coroutine of enqueue(), were half a row's cost): each row's batch and offset
-    delta, and its key and value bytes. A row is confirmed if its batch (or the piece of a
-    split batch that holds it) was."""
+    """Rows appended one by one with no future each (the producer's future per record and
+    the coroutine of enqueue() were about a third of a row's cost): each row's batch and
+    offset delta, and its key and value bytes. A row is confirmed if its batch (or the piece
+    of a split batch that holds it) was."""
 
     __slots__ = ("batches", "deltas", "sizes")
 
