@@ -590,7 +590,8 @@ def _cells(batch: pa.RecordBatch, name: str) -> list[Any]:
     """A string or binary column's cells as bytes (strings as UTF-8, converted by Arrow);
     the topic column's as str."""
     column = batch.column(name)
-    return (column if name == "topic" else _as_binary(column)).to_pylist()  # type: ignore[no-any-return]
+    cells: list[Any] = (column if name == "topic" else _as_binary(column)).to_pylist()
+    return cells
 
 
 def _as_binary(column: pa.Array) -> pa.Array:
