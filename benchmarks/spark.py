@@ -3,6 +3,7 @@ written with foreachPartition and confluent-kafka's Producer, and with aiokafka.
 
     python benchmarks/spark.py                       # 1M rows of 100 B, 3 rounds
     python benchmarks/spark.py --rows 200000 --repeat 2
+    python benchmarks/spark.py --headers             # each row with a header: the per-row path
 
 One SparkSession (local[CORES], CORES executor cores, 1 by default so the broker has the other
 core), one cached DataFrame of ROWS rows with a 100-byte string value in 2 x CORES Spark
@@ -13,6 +14,10 @@ against Tansu), linger 5 ms, batch 16 KiB. A run's records are counted back with
 consumer; a wrong count fails the run. Prints rows/s per executor core (median and range over
 the rounds, each round runs every client once) and aioproducer's ratio to each peer, as the
 median of the per-round ratios.
+
+With --headers every row also has a headers column, one header ("id": the row's id, as
+bytes), which every client sends; the data source then appends rows one by one (its path for
+rows with headers, a topic or a partition column) instead of enqueue_many() per Arrow batch.
 """
 
 from __future__ import annotations
@@ -45,6 +50,8 @@ def with_data_source(df: Any, bootstrap: str, topic: str) -> None:
 
 
 def with_confluent(df: Any, bootstrap: str, topic: str) -> None:
+    with_headers = "headers" in df.columns
+
     def write(rows: Iterable[Any]) -> None:
         from confluent_kafka import Producer
 
@@ -52,7 +59,11 @@ def with_confluent(df: Any, bootstrap: str, topic: str) -> None:
         for row in rows:
             while True:
                 try:
-                    producer.produce(topic, row.value)
+                    if with_headers:  # (Spark gives binary values as bytearray)
+                        producer.produce(topic, row.value, headers=[
+                            (h.key, bytes(h.value)) for h in row.headers])
+                    else:
+                        producer.produce(topic, row.value)
                     break
                 except BufferError:  # its queue is full: serve callbacks, then again
                     producer.poll(0.005)
@@ -64,6 +75,8 @@ def with_confluent(df: Any, bootstrap: str, topic: str) -> None:
 
 
 def with_aiokafka(df: Any, bootstrap: str, topic: str) -> None:
+    with_headers = "headers" in df.columns
+
     def write(rows: Iterable[Any]) -> None:
         import asyncio
 
@@ -74,7 +87,11 @@ def with_aiokafka(df: Any, bootstrap: str, topic: str) -> None:
                                         max_batch_size=16384, enable_idempotence=False)
             await producer.start()
             try:
-                futures = [await producer.send(topic, row.value.encode()) for row in rows]
+                if with_headers:
+                    futures = [await producer.send(topic, row.value.encode(), headers=[
+                        (h.key, bytes(h.value)) for h in row.headers]) for row in rows]
+                else:
+                    futures = [await producer.send(topic, row.value.encode()) for row in rows]
                 await asyncio.gather(*futures)
             finally:
                 await producer.stop()
@@ -96,6 +113,8 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--cores", type=int, default=1)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--headers", action="store_true",
+                        help="one header per row (the data source's per-row path)")
     args = parser.parse_args()
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -108,8 +127,12 @@ def main() -> None:
              .config("spark.ui.enabled", "false").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
-    df = spark.range(args.rows, numPartitions=2 * args.cores).select(
-        F.lpad(F.col("id").cast("string"), 100, "x").alias("value")).cache()
+    header = F.array(F.struct(F.lit("id").alias("key"),
+                              F.col("id").cast("string").cast("binary").alias("value")))
+    columns = [F.lpad(F.col("id").cast("string"), 100, "x").alias("value")]
+    if args.headers:
+        columns.append(header.alias("headers"))
+    df = spark.range(args.rows, numPartitions=2 * args.cores).select(*columns).cache()
     df.count()
     rates: dict[str, list[float]] = {name: [] for name in CLIENTS}
     try:
@@ -117,7 +140,8 @@ def main() -> None:
             # Untimed, each client once: a session's first Python data source write starts
             # the Python workers that plan and commit it (~8 s here), paid once per session.
             warm_up = spark.range(1000, numPartitions=2 * args.cores).select(
-                F.col("id").cast("string").alias("value"))
+                F.col("id").cast("string").alias("value"),
+                *([header.alias("headers")] if args.headers else []))
             broker.create_topic("bench-spark-warm-up", 6)
             for write in CLIENTS.values():
                 write(warm_up, broker.bootstrap, "bench-spark-warm-up")
@@ -136,8 +160,9 @@ def main() -> None:
     finally:
         spark.stop()
 
-    print(f"\n{args.rows:,} rows of 100 B, local[{args.cores}], {args.repeat} round(s); "
-          "rows/s per executor core, median (range):")
+    print(f"\n{args.rows:,} rows of 100 B{' with one header' if args.headers else ''}, "
+          f"local[{args.cores}], {args.repeat} round(s); rows/s per executor core, "
+          "median (range):")
     for name, values in rates.items():
         print(f"  {name:36} {statistics.median(values):>10,.0f}  "
               f"({min(values):,.0f}-{max(values):,.0f})")

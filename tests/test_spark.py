@@ -253,6 +253,104 @@ def test_batch_write_in_transactions(spark, progress, broker, topic_factory):
     assert progress.bytes.value - bytes_before == 2 * sum(len(str(i)) for i in range(500))
 
 
+@pytest.mark.parametrize("columns, exactly_once", [((), False), (("partition",), True)],
+                         ids=["key and value", "per row, in a transaction"])
+def test_records_are_sent_while_spark_computes_the_next_batch(broker, topic, columns,
+                                                             exactly_once):
+    """A task reads Spark's next Arrow batch in a worker thread: while Spark computes it
+    (here, the iterator waits until the broker holds the first batch's records), the task's
+    event loop sends what is buffered. Read on the loop's thread, as before, the wait would
+    hold up the sending it waits for (nothing would arrive in its 10 s)."""
+    import pyarrow as pa
+
+    from aioproducer.config import ProducerConfig
+    from aioproducer.integrations.spark import WritePlan, write_partition
+
+    stored: list[bytes] = []
+
+    def spark_batches():
+        values = [b"a", b"b", b"c"]
+        yield pa.RecordBatch.from_pydict({"value": values, "partition": [0] * 3})
+        deadline = time.monotonic() + 10
+        while len(stored) < len(values) and time.monotonic() < deadline:
+            time.sleep(0.05)
+            stored[:] = [r[2] for b in fetch_raw_batches(broker.bootstrap, topic, 0)
+                         if not b.is_control for r in b.records]
+        yield pa.RecordBatch.from_pydict({"value": [b"d"], "partition": [0]})
+
+    config = ProducerConfig.from_properties({"bootstrap.servers": broker.bootstrap})
+    plan = WritePlan(config, topic, frozenset(columns), exactly_once,
+                     f"{topic}-task" if exactly_once else None)
+    report = write_partition(spark_batches(), plan, 0)
+    assert (report.rows, report.records, report.error) == (4, 4, "")
+    assert stored == [b"a", b"b", b"c"], "sent while the next batch was being read"
+    if exactly_once:  # sent in the transaction, committed after the last batch
+        assert _transaction_outcomes(broker.bootstrap, topic, 1) == \
+            ([b"a", b"b", b"c", b"d"], [], [])
+
+
+def test_rows_appended_one_by_one_count_by_their_own_batch():
+    """The per-row path keeps no future per row: a row counts as confirmed if its batch (or
+    the piece of a split batch that holds it) was, with its own key and value bytes; the
+    first failure in row order is the one reported."""
+    import asyncio
+
+    from aioproducer.integrations.spark import _Appended
+
+    loop = asyncio.new_event_loop()
+    try:
+        class Batch:
+            def __init__(self, failure=None, failed_from=None):
+                self.future = loop.create_future()
+                self.failure, self.failed_from = failure, failed_from
+                if failure is None:
+                    self.future.set_result((0, -1))
+                else:
+                    self.future.set_exception(failure)
+
+            def exception_for(self, delta):
+                if self.failed_from is None or delta >= self.failed_from:
+                    return self.future.exception()
+                return None
+
+        ok, refused = Batch(), Batch(RuntimeError("refused"))
+        split = Batch(RuntimeError("a piece"), failed_from=2)  # deltas 0 and 1 acknowledged
+        rows = _Appended([1, 2, 3, 4, 5, 6, 7])  # the last row was not appended
+        for batch, delta in [(ok, 0), (refused, 0), (ok, 1), (split, 0), (split, 1), (split, 2)]:
+            rows.batches.append(batch)
+            rows.deltas.append(delta)
+        records, size, first = rows.outcome()
+        assert (records, size, first) == (4, 1 + 3 + 4 + 5, refused.failure)
+        rows.batches[1] = ok
+        rows.batches[5] = ok
+        assert rows.outcome() == (6, 21, None)
+    finally:
+        loop.close()
+
+
+def test_header_cells_are_converted_per_column():
+    """A headers column's cells as (name, value) lists, read by Arrow for the whole column:
+    null cells as None, string values as UTF-8, a slice's own rows; the first row holding a
+    null header is told apart (the rows before it are sent, then it fails)."""
+    import pyarrow as pa
+
+    from aioproducer.integrations.spark import _header_cells
+
+    binary = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+    column = pa.array([[{"key": "a", "value": b"x"}], None, [],
+                       [{"key": "b", "value": None}, {"key": "c", "value": b""}]], binary)
+    assert _header_cells(column) == ([[("a", b"x")], None, [], [("b", None), ("c", b"")]],
+                                     None)
+    assert _header_cells(column.slice(1, 3)) == ([None, [], [("b", None), ("c", b"")]], None)
+    text = pa.list_(pa.struct([("key", pa.string()), ("value", pa.string())]))
+    assert _header_cells(pa.array([[{"key": "t", "value": "é"}]], text)) == \
+        ([[("t", "é".encode())]], None)
+    with_null = pa.array([[{"key": "a", "value": b"x"}], None, [{"key": "b", "value": b"y"}, None],
+                          [None]], binary)
+    cells, bad = _header_cells(with_null)
+    assert (cells[:2], bad) == ([[("a", b"x")], None], 2)
+
+
 def _transaction_outcomes(bootstrap: str, topic: str, partitions: int
                           ) -> tuple[list[bytes], list[bytes], list[bytes]]:
     """Values of the topic's transactional records, by what became of their transaction:
@@ -296,15 +394,18 @@ def test_stream_is_exactly_once_across_a_killed_driver(broker, topic_factory, tm
     """A streaming query, two files of 400 lines per micro-batch, is killed (SIGKILL to the
     driver's process group: Python, its JVM and its workers) in the middle of micro-batch 2:
     one of its Spark partitions has committed its transaction, the other's task is held
-    mid-partition (tests/support/spark_stream_job.py holds its rows at line 200 of f05) with
-    its transaction begun. The kill waits for that state, so what the restart finds does not
-    depend on when the kill lands. Restarted from its checkpoint, the query replays
+    mid-partition (tests/support/spark_stream_job.py holds its rows at line 200 of f05, in a
+    step upstream of the sink). The kill waits for that state, so what the restart finds does
+    not depend on when the kill lands. Restarted from its checkpoint, the query replays
     micro-batch 2: the committed partition is skipped (its 400 rows counted in
     rows_already_committed); the other's task, with the same transactional id, fences the
-    killed attempt (aborting what it had sent: nothing, as run here, since a task reads
-    Spark's next Arrow batch on its event loop's thread, so its producer sends nothing while
-    it waits) and writes all of f05. Every line arrives exactly once in a committed
-    transaction; read_committed consumers see each line once."""
+    killed attempt, if it got as far as starting its producer, and writes all of f05. (As
+    run here it did not: the rows before the held one wait in the buffers between the hold's
+    Python worker and the sink's, so the sink's task is still waiting for its first Arrow
+    batch when the driver is killed; a task that has rows sends them while it waits for the
+    next batch, see test_records_are_sent_while_spark_computes_the_next_batch.) Every line
+    arrives exactly once in a committed transaction; read_committed consumers see each line
+    once."""
     topic = topic_factory(2)
     source, checkpoint, log = tmp_path / "in", tmp_path / "checkpoint", tmp_path / "driver.log"
     held = tmp_path / "held"

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 from dataclasses import dataclass
 from itertools import repeat
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence
@@ -39,6 +40,8 @@ if TYPE_CHECKING:
     from pyspark.accumulators import Accumulator
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import DataType, StructType
+
+    from .._internal.batch import ProducerBatch
 
 FORMAT = "aioproducer"
 _HEADERS_TYPE = "array<struct<key:string,value:binary>>"
@@ -358,12 +361,16 @@ async def _write_partition(batches: Iterator[pa.RecordBatch], plan: WritePlan, i
     partition 0) in the group named like the transactional id. A replay (after a restart
     from the checkpoint, or a retried task) first starts the producer, which fences any
     older attempt and aborts its open transaction, then reads that offset: past this batch
-    means its rows are in Kafka already, so nothing is written again."""
+    means its rows are in Kafka already, so nothing is written again.
+
+    Spark's next Arrow batch is read in a worker thread while the event loop sends the
+    records of this one (see _ReadAhead)."""
     first = next((b for b in batches if b.num_rows), None)
     if first is None:
         return TaskReport(index, 0, 0, 0)
     rows = first.num_rows
-    sent: list[tuple[Any, int, int]] = []  # (future of records, how many, key and value bytes)
+    ahead = _ReadAhead(batches)
+    sent: list[_Sent] = []
     error = ""
     transactional = plan.exactly_once
     try:
@@ -376,19 +383,17 @@ async def _write_partition(batches: Iterator[pa.RecordBatch], plan: WritePlan, i
                 assert group is not None
                 committed = await producer.committed_offsets(group, [marker])
                 if committed[marker] > batch_id:
-                    rows += sum(b.num_rows for b in batches)
+                    rows += await ahead.rows_left()
                     return TaskReport(index, rows, 0, 0, already_committed=True)
             if transactional:
                 producer.begin_transaction()
             try:
                 batch = first
-                while True:
+                while batch is not None:
+                    ahead.read_next()
                     await _send(producer, batch, plan, sent)
-                    following = next(batches, None)
-                    if following is None:
-                        break
-                    batch = following
-                    rows += batch.num_rows
+                    batch = await ahead.next()
+                    rows += batch.num_rows if batch is not None else 0
                 if marker is not None:
                     assert producer.config.transactional_id is not None and batch_id is not None
                     await producer.send_offsets_to_transaction(
@@ -405,23 +410,115 @@ async def _write_partition(batches: Iterator[pa.RecordBatch], plan: WritePlan, i
                 raise
     except Exception as exc:  # reported to the driver
         error = repr(exc)
-        rows += sum(b.num_rows for b in batches)  # the rest of the partition was not written
-    confirmed = [(count, size) for future, count, size in sent if future.exception() is None]
-    if not error:
-        error = next((repr(f.exception()) for f, _, _ in sent if f.exception() is not None), "")
-    return TaskReport(index, rows, sum(c for c, _ in confirmed), sum(s for _, s in confirmed),
-                      error)
+        rows += await ahead.rows_left()  # the rest of the partition was not written
+    records = size = 0
+    for part in sent:
+        confirmed, confirmed_size, failed = part.outcome()
+        records += confirmed
+        size += confirmed_size
+        if failed is not None and not error:
+            error = repr(failed)
+    return TaskReport(index, rows, records, size, error)
+
+
+class _ReadAhead:
+    """A partition's Arrow batches, each read in a worker thread (at most one at a time,
+    one batch ahead of the one being sent): reading one makes Spark compute it, upstream of
+    the sink, and on the event loop's thread that wait would hold up the sending of the
+    records already buffered."""
+
+    def __init__(self, batches: Iterator[pa.RecordBatch]) -> None:
+        self._batches = batches
+        self._reading: asyncio.Future[pa.RecordBatch | None] | None = None
+
+    def read_next(self) -> None:
+        assert self._reading is None, "one batch at a time: Spark's iterator is not shared"
+        self._reading = asyncio.get_running_loop().run_in_executor(
+            None, next, self._batches, None)
+
+    async def next(self) -> pa.RecordBatch | None:
+        """The batch read_next() started to read (None after the last)."""
+        reading, self._reading = self._reading, None
+        assert reading is not None
+        return await reading
+
+    async def rows_left(self) -> int:
+        """Rows of the batches not read yet, the one being read included (once it is: the
+        iterator is read by one thread at a time)."""
+        rows = 0
+        if self._reading is not None:
+            with contextlib.suppress(Exception):  # the failure reported is the first one
+                batch = await self.next()
+                rows += batch.num_rows if batch is not None else 0
+        left: int = sum(b.num_rows for b in self._batches)
+        return rows + left
+
+
+class _Sent:
+    """Records a task gave its producer, counted once they are all done: `outcome()` is
+    (records confirmed, their key and value bytes, the first failure or None)."""
+
+    __slots__ = ()
+
+    def outcome(self) -> tuple[int, int, BaseException | None]:
+        raise NotImplementedError
+
+
+class _Handed(_Sent):
+    """Records followed by one future (enqueue_many's BulkFuture, all or nothing, or
+    enqueue()'s for one record)."""
+
+    __slots__ = ("future", "count", "size")
+
+    def __init__(self, future: Any, count: int, size: int) -> None:
+        self.future, self.count, self.size = future, count, size
+
+    def outcome(self) -> tuple[int, int, BaseException | None]:
+        failed = self.future.exception()
+        return (0, 0, failed) if failed is not None else (self.count, self.size, None)
+
+
+class _Appended(_Sent):
+    """Rows appended one by one with no future each (the producer's future per record and
+    the coroutine of enqueue() were about a third of a row's cost): each row's batch and
+    offset delta, and its key and value bytes. A row is confirmed if its batch (or the piece
+    of a split batch that holds it) was."""
+
+    __slots__ = ("batches", "deltas", "sizes")
+
+    def __init__(self, sizes: list[int]) -> None:
+        self.batches: list[ProducerBatch] = []
+        self.deltas: list[int] = []
+        self.sizes = sizes  # of every row of the Arrow batch, appended or not
+
+    def outcome(self) -> tuple[int, int, BaseException | None]:
+        count = len(self.batches)
+        failed = {b for b in set(self.batches) if b.future.exception() is not None}
+        if not failed:
+            return count, sum(self.sizes[:count]), None
+        records = size = 0
+        first = None
+        for batch, delta, row_size in zip(self.batches, self.deltas, self.sizes):
+            failure = batch.exception_for(delta) if batch in failed else None
+            if failure is None:
+                records += 1
+                size += row_size
+            elif first is None:
+                first = failure
+        return records, size, first
 
 
 async def _send(producer: Producer, batch: pa.RecordBatch, plan: WritePlan,
-                sent: list[tuple[Any, int, int]]) -> None:
+                sent: list[_Sent]) -> None:
     """Enqueue a record batch's rows. Rows with only a key and a value go in one
     enqueue_many() call (the compiled loop: about twice the rows per second); then its one
     future says whether all of them were confirmed, and a failure counts them all as not
-    confirmed. Rows with headers, a topic or a partition go one by one."""
-    if plan.columns <= {"key"}:
-        import pyarrow.compute as pc  # type: ignore[import-untyped]
+    confirmed. Rows with headers, a topic or a partition are appended one by one, as
+    enqueue() does it, but with no coroutine or future per row: each is awaited only when
+    it must wait (for a new batch, buffer memory or a topic's metadata)."""
+    import pyarrow.compute as pc  # type: ignore[import-untyped]
 
+    if plan.columns <= {"key"}:
         assert plan.topic is not None
         values = _cells(batch, "value")
         keys = _cells(batch, "key") if "key" in plan.columns else repeat(None)
@@ -432,58 +529,101 @@ async def _send(producer: Producer, batch: pa.RecordBatch, plan: WritePlan,
         except Exception as exc:
             buffered = accepted(exc)
             if buffered is not None:  # sent: their outcome counts (not their bytes: this fails)
-                sent.append((buffered, len(buffered), 0))
+                sent.append(_Handed(buffered, len(buffered), 0))
             raise
-        sent.append((bulk, len(values), size))
+        sent.append(_Handed(bulk, len(values), size))
         return
-    for topic, key, value, headers, partition in _records(batch, plan):
-        handle = await producer.enqueue(topic, value, key, partition=partition, headers=headers)
-        sent.append((handle, 1, len(value or b"") + len(key or b"")))
+    sizes = pc.fill_null(pc.binary_length(batch.column("value")), 0)
+    if "key" in plan.columns:
+        sizes = pc.add(sizes, pc.fill_null(pc.binary_length(batch.column("key")), 0))
+    rows, refused = _records(batch, plan)
+    intake = producer._intake  # (the producer's own append, as enqueue() calls it)
+    if intake.on_send_hooks:  # hooks that see each record: enqueue() tells them
+        for (topic, key, value, headers, partition), size in zip(rows, sizes.to_pylist()):
+            handle = await producer.enqueue(topic, value, key, partition=partition,
+                                            headers=headers)
+            sent.append(_Handed(handle, 1, size))
+    else:
+        appended = _Appended(sizes.to_pylist())
+        sent.append(appended)
+        append, add_batch, add_delta = intake.append, appended.batches.append, \
+            appended.deltas.append
+        for topic, key, value, headers, partition in rows:
+            done = append(topic, value, key, partition, None, headers, False)
+            if not isinstance(done, tuple):  # it must wait: a coroutine
+                done = await done
+            add_batch(done[0])  # type: ignore[arg-type]  # (enqueue()'s are never in line)
+            add_delta(done[1])
+    if refused is not None:
+        raise refused
 
 
 _Record = tuple[str, bytes | None, bytes | None, list[tuple[str, bytes | None]] | None, int | None]
 
 
-def _records(batch: pa.RecordBatch, plan: WritePlan) -> Iterator[_Record]:
-    """A record batch's rows as (topic, key, value, headers, partition)."""
+def _records(batch: pa.RecordBatch, plan: WritePlan
+             ) -> tuple[Iterator[_Record], InvalidRecordError | None]:
+    """A record batch's rows as (topic, key, value, headers, partition), each column
+    converted to Python objects at once; and the error to raise after them if a row holds a
+    null header (the rows are those before it)."""
     n = batch.num_rows
     columns = plan.columns
     topics = _cells(batch, "topic") if "topic" in columns else repeat(plan.topic, n)
     keys = _cells(batch, "key") if "key" in columns else repeat(None, n)
-    headers = ((_headers(cell, plan.headers_name) for cell in batch.column("headers").to_pylist())
-               if "headers" in columns else repeat(None, n))  # lazy: a bad one fails at its row
+    refused = None
+    headers: Iterable[list[tuple[str, bytes | None]] | None]
+    if "headers" in columns:
+        headers, bad = _header_cells(batch.column("headers"))
+        if bad is not None:
+            n = bad
+            refused = InvalidRecordError(f"headers column {plan.headers_name} holds a null "
+                                         "header: each header must be a struct with a key")
+    else:
+        headers = repeat(None, n)
     partitions = (batch.column("partition").to_pylist() if "partition" in columns
                   else repeat(None, n))
-    return zip(topics, keys, _cells(batch, "value"), headers, partitions)
+    rows = zip(topics, keys, _cells(batch, "value"), headers, partitions)
+    return (rows if refused is None else itertools.islice(rows, n)), refused
 
 
 def _cells(batch: pa.RecordBatch, name: str) -> list[Any]:
     """A string or binary column's cells as bytes (strings as UTF-8, converted by Arrow);
     the topic column's as str."""
+    column = batch.column(name)
+    cells: list[Any] = (column if name == "topic" else _as_binary(column)).to_pylist()
+    return cells
+
+
+def _as_binary(column: pa.Array) -> pa.Array:
     import pyarrow as pa
 
-    column = batch.column(name)
-    if name != "topic" and pa.types.is_string(column.type):
-        column = column.cast(pa.binary())
-    elif name != "topic" and pa.types.is_large_string(column.type):
-        column = column.cast(pa.large_binary())
-    return column.to_pylist()  # type: ignore[no-any-return]
+    if pa.types.is_string(column.type):
+        return column.cast(pa.binary())
+    if pa.types.is_large_string(column.type):
+        return column.cast(pa.large_binary())
+    return column
 
 
-def _headers(cells: list[dict[str, Any]] | None,
-             column: str) -> list[tuple[str, bytes | None]] | None:
-    """A headers cell's structs as (name, value) pairs; a null one (Spark's types allow it)
-    refused by name."""
-    if cells is None:
-        return None
-    headers = []
-    for header in cells:
-        if header is None:
-            raise InvalidRecordError(f"headers column {column} holds a null header: each "
-                                     "header must be a struct with a key")
-        value = header["value"]
-        headers.append((header["key"], value.encode() if isinstance(value, str) else value))
-    return headers
+def _header_cells(column: pa.Array) -> tuple[list[list[tuple[str, bytes | None]] | None],
+                                             int | None]:
+    """A headers column (a list of structs per row) as a list of (name, value) pairs per row
+    (None for a null cell), converted for the whole column at once rather than cell by cell;
+    and the first row holding a null header (Spark's types allow one), or None."""
+    structs = column.values  # every row's structs, one after the other (offsets say whose)
+    names = structs.field("key").to_pylist()
+    values = _as_binary(structs.field("value")).to_pylist()
+    pairs = list(zip(names, values))
+    offsets = column.offsets.to_pylist()
+    cells: list[Any] = [pairs[start:end] for start, end in zip(offsets, offsets[1:])]
+    if column.null_count:
+        cells = [cell if valid else None
+                 for cell, valid in zip(cells, column.is_valid().to_pylist())]
+    bad = None
+    if structs.null_count:
+        null_at = structs.is_null().to_pylist()
+        bad = next((row for row, (start, end) in enumerate(zip(offsets, offsets[1:]))
+                    if cells[row] is not None and any(null_at[start:end])), None)
+    return cells, bad
 
 
 def failure(reports: Sequence[TaskReport], topic: str) -> SparkWriteError | None:

@@ -7,8 +7,9 @@ until the files are all written (availableNow); then prints the sink's counters 
 
 With HOLD_AT (a line of the input), the task whose partition holds that line stops before
 it: at the Arrow batch (100 rows) that holds it, it creates the file SIGNAL and waits (150 s
-at most) for the test to kill the driver. The sink's task for that partition then has its
-transaction open, with the rows before that batch given to its producer.
+at most) for the test to kill the driver. The rows before that batch do not reach the sink's
+task meanwhile (they wait in the buffers between this step's Python worker and the sink's):
+it is still waiting for its first Arrow batch.
 """
 
 import json
