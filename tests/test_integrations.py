@@ -145,10 +145,6 @@ async def test_aiohttp_example(broker, events_topic):
     for i, body in enumerate(answers):
         assert landed[(body["partition"], body["offset"])] == {"user": f"u{i % 5}", "n": i}
     assert [r.key for r in got if json.loads(r.value)["user"] is None] == [None]  # not b"None"
-    # OpenTelemetry: every event carries its own send span's W3C trace context.
-    parents = [dict(r.headers)["traceparent"].split(b"-") for r in got]
-    assert all(len(p) == 4 and p[0] == b"00" and len(p[1]) == 32 for p in parents)
-    assert len({p[2] for p in parents}) == 51  # a span per send
 
 
 needs_java = pytest.mark.skipif(shutil.which("java") is None,
