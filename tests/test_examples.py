@@ -89,7 +89,8 @@ async def test_readme_python_snippets(broker, topic_factory):
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
     assert len(blocks) >= 2
     topics = {name: topic_factory(1) for name in ("orders", "clicks", "enriched", "raw",
-                                                  "events", "payments", "audited")}
+                                                  "events", "payments", "audited",
+                                                  "observed")}
     namespace: dict = {}
     with StandInSchemaRegistry() as registry:
         for block in blocks:

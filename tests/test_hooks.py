@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 
 import pytest
 
@@ -133,33 +134,34 @@ async def test_hooks_told_of_retries_errors_and_throttling(cluster):
     """Through the simulated cluster: a retriable refusal reaches on_retry, then the batch's
     ack; a fatal one reaches on_error and the record's callback; a throttle reaches
     on_throttle with the broker's figure; the per-topic counts agree."""
-    cluster.create_topic("observed", 1)
-    leader = cluster.leader("observed", 0)
+    topic = f"observed-{uuid.uuid4().hex[:10]}"  # (the session's broker is shared)
+    cluster.create_topic(topic, 1)
+    leader = cluster.leader(topic, 0)
     hooks = Recorder()
     async with Producer(cluster.bootstrap_servers, hooks=[hooks], linger_ms=0,
                         retry_backoff_ms=20) as producer:
-        await producer.send("observed", b"warm-up")
-        cluster.fail(("observed", 0), NotEnoughReplicasError.error_code)
-        retried = await asyncio.wait_for(producer.send("observed", b"retried"), 20)
-        cluster.fail(("observed", 0), TopicAuthorizationFailedError.error_code)
+        await producer.send(topic, b"warm-up")
+        cluster.fail((topic, 0), NotEnoughReplicasError.error_code)
+        retried = await asyncio.wait_for(producer.send(topic, b"retried"), 20)
+        cluster.fail((topic, 0), TopicAuthorizationFailedError.error_code)
         with pytest.raises(TopicAuthorizationFailedError):
-            await asyncio.wait_for(producer.send("observed", b"refused"), 20)
+            await asyncio.wait_for(producer.send(topic, b"refused"), 20)
         cluster.throttle(leader, 50)
-        await asyncio.wait_for(producer.send("observed", b"throttled"), 20)
+        await asyncio.wait_for(producer.send(topic, b"throttled"), 20)
         cluster.throttle(leader, 0)
         metrics = producer.metrics()
     assert [(t, p, n, type(e)) for t, p, n, e in hooks.retries] == \
-        [("observed", 0, 1, NotEnoughReplicasError)]
+        [(topic, 0, 1, NotEnoughReplicasError)]
     assert [(t, p, n, type(e)) for t, p, n, e in hooks.errors] == \
-        [("observed", 0, 1, TopicAuthorizationFailedError)]
+        [(topic, 0, 1, TopicAuthorizationFailedError)]
     assert (leader, 50) in hooks.throttles
     outcomes = {hooks.sent[number][2]: (metadata, exc) for number, metadata, exc in hooks.outcomes}
     assert outcomes[b"retried"] == (retried, None)
     assert outcomes[b"refused"][0] is None and \
         isinstance(outcomes[b"refused"][1], TopicAuthorizationFailedError)
-    per_topic = metrics.topics["observed"]
+    per_topic = metrics.topics[topic]
     assert (per_topic.records_sent, per_topic.records_failed, per_topic.records_retried) == (3, 1, 1)
-    stored = await asyncio.to_thread(consume_all, cluster.bootstrap_servers, "observed", 3)
+    stored = await asyncio.to_thread(consume_all, cluster.bootstrap_servers, topic, 3)
     assert [r.value for r in stored] == [b"warm-up", b"retried", b"throttled"]
 
 
