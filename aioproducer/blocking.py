@@ -28,6 +28,7 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from ._internal.batch import ProducerBatch, RecordMetadata
 from ._internal.metrics import ProducerMetrics
+from ._internal.observer import deliver, deliver_each
 from ._internal.thread_future import ThreadFuture
 from .config import ProducerConfig, ProducerSettings
 from .errors import BufferExhaustedError, ProducerClosedError
@@ -284,7 +285,7 @@ class BlockingProducer:
                     headers, told = context.run(intake.tell_send, topic, key, value, headers)
                     if told is not None:
                         on_delivery = told if on_delivery is None \
-                            else partial(_tell_both, on_delivery, told)
+                            else partial(deliver_each, [on_delivery, told])
                 appended = append(topic, value, key, partition, timestamp_ms, headers, False)
                 if not isinstance(appended, tuple):  # (waits for metadata or memory)
                     appended = await appended
@@ -316,7 +317,7 @@ class BlockingProducer:
             metadata = batch.metadata(offset_delta, timestamp)
             future.resolve(metadata, None)
             if on_delivery is not None:
-                _call(on_delivery, metadata, None)
+                deliver(on_delivery, metadata, None)
 
     async def _handover(self) -> None:
         """Wait until every record queued before this call is in the producer."""
@@ -359,24 +360,7 @@ def _fail(future: ThreadFuture[RecordMetadata], on_delivery: DeliveryCallback | 
           exc: BaseException) -> None:
     future.resolve(None, exc)
     if on_delivery is not None:
-        _call(on_delivery, None, exc)
-
-
-def _tell_both(first: DeliveryCallback, second: DeliveryCallback,
-               metadata: RecordMetadata | None, exc: BaseException | None) -> None:
-    """The caller's on_delivery, and an on_send hook's (each one's error logged apart)."""
-    _call(first, metadata, exc)
-    _call(second, metadata, exc)
-
-
-def _call(on_delivery: DeliveryCallback, metadata: RecordMetadata | None,
-          exc: BaseException | None) -> None:
-    """A callback's own error is logged: it must not keep the batch's other records'
-    callbacks from running."""
-    try:
-        on_delivery(metadata, exc)
-    except Exception:
-        log.exception("on_delivery callback %r raised", on_delivery)
+        deliver(on_delivery, None, exc)
 
 
 def _backend_options() -> dict[str, Any]:

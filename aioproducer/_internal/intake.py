@@ -30,7 +30,7 @@ from .arguments import BYTES_TYPES, as_bytes, bad_partition, check_topic_name, \
 from .batch import BulkFuture, ProducerBatch, RecordFuture, RecordMetadata, Sending, \
     WaitingRecord
 from .lifecycle import STARTED, Lifecycle
-from .observer import log as hook_log, overridden
+from .observer import deliver, deliver_each, overridden
 from .partitioner import StickyPartitioner, partition_for_key
 from .transactions import TransactionManager
 
@@ -110,7 +110,7 @@ class RecordIntake:
             sending = RecordIntake.send(self, topic, value, key, partition, timestamp_ms,
                                         headers)
         except BaseException as exc:  # refused at the call: told so at once
-            _tell(told, None, exc)
+            deliver(told, None, exc)
             raise
         if isinstance(sending, Sending):
             sending.add_done_callback(partial(_tell_outcome, told))
@@ -129,7 +129,7 @@ class RecordIntake:
                                     else await appended))
         except BaseException as exc:
             if told is not None:
-                _tell(told, None, exc)
+                deliver(told, None, exc)
             raise
         if told is not None:
             future.add_done_callback(partial(_tell_outcome, told))
@@ -147,7 +147,7 @@ class RecordIntake:
             if callback is not None:
                 told.append(callback)
         outcome = None if not told else told[0] if len(told) == 1 \
-            else partial(_tell_each, told)
+            else partial(deliver_each, told)
         return record_headers or None, outcome
 
     async def _send_when_awaited(self, topic: str, value: Any, key: Any,
@@ -477,30 +477,15 @@ async def _told_when_awaited(sending: Coroutine[Any, Any, RecordMetadata],
     try:
         metadata = await sending
     except BaseException as exc:
-        _tell(told, None, exc)
+        deliver(told, None, exc)
         raise
-    _tell(told, metadata, None)
+    deliver(told, metadata, None)
     return metadata
 
 
 def _tell_outcome(told: DeliveryCallback, future: asyncio.Future[RecordMetadata]) -> None:
     if future.cancelled():
-        _tell(told, None, asyncio.CancelledError())
+        deliver(told, None, asyncio.CancelledError())
     else:
         exc = future.exception()
-        _tell(told, None if exc is not None else future.result(), exc)
-
-
-def _tell_each(told: list[DeliveryCallback], metadata: RecordMetadata | None,
-               exc: BaseException | None) -> None:
-    for callback in told:
-        _tell(callback, metadata, exc)
-
-
-def _tell(told: DeliveryCallback, metadata: RecordMetadata | None,
-          exc: BaseException | None) -> None:
-    """A hook's delivery callback; what it raises is logged, as every hook's error is."""
-    try:
-        told(metadata, exc)
-    except Exception:
-        hook_log.exception("delivery callback %r raised", told)
+        deliver(told, None if exc is not None else future.result(), exc)

@@ -11,10 +11,11 @@ import bisect
 import logging
 from typing import Any, Callable, Sequence
 
-from ..hooks import HOOK_METHODS, ProducerHooks
+from ..hooks import HOOK_METHODS, DeliveryCallback, ProducerHooks
+from .batch import RecordMetadata
 from .metrics import LATENCY_BOUNDS_S, Histogram, TopicMetrics
 
-log = logging.getLogger("aioproducer.hooks")
+log = logging.getLogger("aioproducer.hooks")  # hooks' and delivery callbacks' errors
 
 
 class _Counts:
@@ -133,3 +134,20 @@ def _call(hook: Callable[..., Any], *args: Any) -> None:
         hook(*args)
     except Exception:
         log.exception("hook %s raised", getattr(hook, "__qualname__", hook))
+
+
+def deliver(callback: DeliveryCallback, metadata: RecordMetadata | None,
+            exc: BaseException | None) -> None:
+    """Tell a delivery callback (an on_send hook's, or BlockingProducer's on_delivery) a
+    record's outcome. What it raises is logged: it must not keep the other records'
+    callbacks from running."""
+    try:
+        callback(metadata, exc)
+    except Exception:
+        log.exception("delivery callback %r raised", callback)
+
+
+def deliver_each(callbacks: list[DeliveryCallback], metadata: RecordMetadata | None,
+                 exc: BaseException | None) -> None:
+    for callback in callbacks:
+        deliver(callback, metadata, exc)
