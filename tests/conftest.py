@@ -16,6 +16,7 @@ from aioproducer.testing import EmbeddedBroker, SimulatedCluster
 from tests.support.cancel import WAYS, cut_short
 from tests.support.ports import free_port
 from tests.support.proxy import FaultProxy
+from tests.support.simulated import require_embedded
 
 
 class ExternalCluster:
@@ -93,8 +94,7 @@ def cluster(broker):
     """Three simulated nodes (ids 1-3) in front of the session's broker: leaders spread over
     them, faults on command (aioproducer.testing.SimulatedCluster). Embedded only: an
     external cluster's own brokers would answer for partitions the nodes say they lead."""
-    if not broker.is_embedded:
-        pytest.skip("the simulated cluster forwards to one embedded broker")
+    require_embedded(broker)
     with SimulatedCluster(nodes=3, upstream=broker, lifetime=120) as simulated:
         yield simulated
 

@@ -31,6 +31,7 @@ from tests.support.ports import free_port
 from tests.support.proxy import FaultProxy
 from tests.support.raw import RawConnection, call, record_batch
 from tests.support.readback import consume_all
+from tests.support.simulated import require_embedded
 
 NOT_LEADER_OR_FOLLOWER = 6
 LEADER_NOT_AVAILABLE = 5
@@ -107,8 +108,7 @@ def test_metadata_and_coordinators_decode_with_kafka_python(cluster):
 
 
 def test_racks_show_in_metadata(broker):
-    if not broker.is_embedded:
-        pytest.skip("the simulated cluster forwards to one embedded broker")
+    require_embedded(broker)
     with SimulatedCluster(nodes=2, upstream=broker, racks=["az-a", "az-b"]) as cluster:
         request = MetadataRequest(topics=[], allow_auto_topic_creation=False)
         brokers = call(cluster.address(1), request, 12).brokers
@@ -517,8 +517,7 @@ def tls(ca, tmp_path):
 @pytest.fixture
 def secured(broker, tls):
     """A cluster with two listeners: PLAINTEXT, and SASL_SSL offering every mechanism."""
-    if not broker.is_embedded:
-        pytest.skip("the simulated cluster forwards to one embedded broker")
+    require_embedded(broker)
     server, cafile = tls
     listeners = {"INTERNAL": Listener(),
                  "SECURE": Listener(tls=server, sasl_mechanisms=SASL_MECHANISMS, users=USERS)}
@@ -528,8 +527,7 @@ def secured(broker, tls):
 
 async def test_aioproducer_over_tls(broker, tls):
     server, cafile = tls
-    if not broker.is_embedded:
-        pytest.skip("the simulated cluster forwards to one embedded broker")
+    require_embedded(broker)
     with SimulatedCluster(upstream=broker, listeners={"SSL": Listener(tls=server)}) as cluster:
         topic = new_topic(cluster, 3)
         async with Producer(cluster.bootstrap_servers, security_protocol="SSL",
@@ -617,8 +615,7 @@ def unsecured_token(subject: str, expires_in: float) -> str:
 
 
 def oauth_cluster(broker, **listener):
-    if not broker.is_embedded:
-        pytest.skip("the simulated cluster forwards to one embedded broker")
+    require_embedded(broker)
     return SimulatedCluster(upstream=broker, lifetime=120, listeners={
         "OAUTH": Listener(sasl_mechanisms=["OAUTHBEARER", "PLAIN"], users=USERS, **listener)})
 
@@ -825,8 +822,7 @@ async def test_aioproducer_oauthbearer_asks_its_provider_for_each_session(broker
 
 
 def test_the_cluster_stops_itself_when_its_lifetime_ends(broker):
-    if not broker.is_embedded:
-        pytest.skip("the simulated cluster forwards to one embedded broker")
+    require_embedded(broker)
     cluster = SimulatedCluster(upstream=broker, lifetime=0.5).start()
     try:
         address = cluster.address(1)

@@ -29,6 +29,7 @@ from aioproducer.testing import EmbeddedBroker, Listener, SimulatedCluster
 from tests.support.ports import free_port
 from tests.support.proxy import FaultProxy
 from tests.support.readback import fetch_raw_batches
+from tests.support.simulated import require_embedded
 
 
 @pytest.fixture(scope="module")
@@ -181,8 +182,7 @@ def _all_text(exc: BaseException) -> str:
 
 
 def _sasl_cluster(broker, **listener):
-    if not broker.is_embedded:
-        pytest.skip("the simulated cluster forwards to one embedded broker")
+    require_embedded(broker)
     return SimulatedCluster(upstream=broker, lifetime=60, listeners={
         "SASL": Listener(sasl_mechanisms=["OAUTHBEARER", "PLAIN"], users={"alice": "x"},
                          **listener)})
@@ -249,8 +249,7 @@ async def test_no_secret_in_debug_logs_during_sasl_connects(broker, ca, caplog):
     300 ms (so connections re-authenticate), a wrong password and an expired token: at
     DEBUG, no log record (message, arguments or traceback) holds the SASL password, the
     key's password, the key or an OAUTHBEARER token, and neither do the errors raised."""
-    if not broker.is_embedded:
-        pytest.skip("the simulated cluster forwards to one embedded broker")
+    require_embedded(broker)
     caplog.set_level(logging.DEBUG)
     sasl_password, key_password = f"sasl-{uuid.uuid4().hex}", f"key-{uuid.uuid4().hex}"
     tokens: list[str] = []
