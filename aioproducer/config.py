@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import re
 import ssl
 import tempfile
@@ -193,6 +194,42 @@ class ProducerConfig:
             settings[name] = _parse(name, fields[name].default, raw)
         return cls.from_kwargs(**settings)
 
+    def _check_tls(self, protocol: str) -> None:
+        """The TLS settings' types, and combinations that would otherwise be ignored without a
+        word. Values are never shown: some are secrets."""
+        if self.ssl_context is not None and not isinstance(self.ssl_context, ssl.SSLContext):
+            raise ConfigError("ssl_context must be an ssl.SSLContext")
+        for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, (str, os.PathLike)):
+                raise ConfigError(f"{name} must be a file path (str or os.PathLike), not "
+                                  f"{type(value).__name__}")
+        for name in ("ssl_password", "ssl_ca_pem", "ssl_cert_pem", "ssl_key_pem"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                hint = ": decode it first (.decode())" if isinstance(value, bytes) else ""
+                raise ConfigError(f"{name} must be a str, not {type(value).__name__}{hint}")
+        given = [name for name in _TLS_MATERIAL if getattr(self, name) is not None]
+        if given and not protocol.endswith("SSL"):
+            raise ConfigError(f"{', '.join(given)} given, but security_protocol={protocol} does "
+                              "not use TLS: set security_protocol='SSL' (or 'SASL_SSL')")
+        if self.ssl_context is not None and len(given) > 1:
+            raise ConfigError(f"{', '.join(given[1:])} would be ignored: ssl_context is used "
+                              "as given (load the files into it, or leave ssl_context out)")
+        if self.ssl_certfile is not None and self.ssl_cert_pem is not None:
+            raise ConfigError("give the client certificate once: ssl_certfile or ssl_cert_pem")
+        if self.ssl_keyfile is not None and self.ssl_key_pem is not None:
+            raise ConfigError("give the private key once: ssl_keyfile or ssl_key_pem")
+        if self.ssl_keyfile is not None and self.ssl_certfile is None:
+            raise ConfigError("ssl_keyfile needs ssl_certfile (the certificate it is the key of)")
+        if self.ssl_key_pem is not None and self.ssl_cert_pem is None:
+            raise ConfigError("ssl_key_pem needs ssl_cert_pem (the certificate it is the key of)")
+        if self.ssl_password is not None and self.ssl_certfile is None and \
+                self.ssl_cert_pem is None:
+            raise ConfigError("ssl_password is the client key's password: it needs the client "
+                              "certificate and key (ssl_certfile/ssl_keyfile or "
+                              "ssl_cert_pem/ssl_key_pem)")
+
     def _validated(self, explicit_idempotence: Any) -> "ProducerConfig":
         changes: dict[str, Any] = {"bootstrap_addresses": _parse_bootstrap(self.bootstrap_servers)}
         acks = {"all": -1, "-1": -1, -1: -1, "1": 1, 1: 1, "0": 0, 0: 0}.get(
@@ -238,8 +275,7 @@ class ProducerConfig:
             elif not self.sasl_username or self.sasl_password is None:
                 raise ConfigError(f"security_protocol={protocol} needs "
                                   "sasl_username and sasl_password")
-        if self.ssl_context is not None and not isinstance(self.ssl_context, ssl.SSLContext):
-            raise ConfigError("ssl_context must be an ssl.SSLContext")
+        self._check_tls(protocol)
         for name in ("enable_idempotence", "allow_auto_create_topics", "ssl_check_hostname",
                      "partitioner_adaptive_partitioning_enable", "partitioner_ignore_keys"):
             if not isinstance(getattr(self, name), bool):
@@ -303,6 +339,11 @@ class ProducerConfig:
         if conflicts:
             changes["enable_idempotence"] = False  # only defaulted: off, as in the Java client
         return dataclasses.replace(self, **changes)
+
+
+# The TLS settings that give a context its certificates and keys (ssl_check_hostname aside).
+_TLS_MATERIAL = ("ssl_context", "ssl_cafile", "ssl_certfile", "ssl_keyfile", "ssl_password",
+                 "ssl_ca_pem", "ssl_cert_pem", "ssl_key_pem")
 
 
 def ssl_context_for(config: ProducerConfig) -> ssl.SSLContext | None:

@@ -18,6 +18,8 @@ import ssl
 import time
 import traceback
 import uuid
+from pathlib import Path
+from typing import Any
 
 import pytest
 import trustme
@@ -123,6 +125,41 @@ def test_security_settings_are_validated_and_secrets_hidden():
         bootstrap_servers="h:1", security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512",
         sasl_username="alice", sasl_password="s3cret-pw")
     assert "s3cret-pw" not in repr(config) and "s3cret-pw" not in repr(Producer(config=config))
+
+
+def test_tls_settings_of_the_wrong_type_or_that_would_be_ignored_are_refused():
+    """A ConfigError when the producer is made, naming the setting and never its value (some
+    are secrets): before, bytes PEM text raised a bare TypeError at start(), and TLS files
+    given with a plaintext protocol, beside ssl_context, or a key without its certificate
+    were ignored without a word."""
+    def refused(match: str, **settings: Any) -> str:
+        with pytest.raises(ConfigError, match=match) as caught:
+            Producer("h:1", **{"security_protocol": "SSL", **settings})
+        return str(caught.value)
+
+    message = refused("ssl_cert_pem must be a str, not bytes: decode it first",
+                      ssl_cert_pem=b"-----BEGIN CERTIFICATE-----")
+    assert "BEGIN" not in message
+    assert "s3cret" not in refused("ssl_key_pem must be a str, not bytes",
+                                   ssl_cert_pem="cert", ssl_key_pem=b"s3cret")
+    refused("ssl_password must be a str, not int", ssl_certfile="c.pem", ssl_password=1234)
+    refused("ssl_cafile must be a file path", ssl_cafile=123)
+    refused("ssl_cafile given, but security_protocol=PLAINTEXT does not use TLS: set "
+            "security_protocol='SSL'", security_protocol="PLAINTEXT", ssl_cafile="ca.pem")
+    refused("ssl_cafile would be ignored: ssl_context is used as given",
+            ssl_context=ssl.create_default_context(), ssl_cafile="ca.pem")
+    refused("ssl_keyfile needs ssl_certfile", ssl_keyfile="key.pem")
+    refused("ssl_key_pem needs ssl_cert_pem", ssl_key_pem="key")
+    refused("give the client certificate once", ssl_certfile="c.pem", ssl_cert_pem="cert")
+    refused("give the private key once", ssl_certfile="c.pem", ssl_keyfile="k.pem",
+            ssl_key_pem="key")
+    assert "hunter2" not in refused("ssl_password is the client key's password",
+                                    ssl_cafile="ca.pem", ssl_password="hunter2")
+    # What is right passes, a pathlib.Path as a file path too (files are read at start()).
+    Producer("h:1", security_protocol="SASL_SSL", sasl_mechanism="PLAIN", sasl_username="u",
+             sasl_password="p", ssl_cafile=Path("ca.pem"), ssl_certfile="c.pem",
+             ssl_keyfile="k.pem", ssl_password="pw", ssl_check_hostname=False)
+    Producer("h:1", ssl_check_hostname=False)  # not a file: fine with PLAINTEXT
 
 
 def _encrypted_key_pem(leaf: trustme.LeafCert, password: bytes) -> str:
