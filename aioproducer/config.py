@@ -213,9 +213,10 @@ class ProducerConfig:
         if given and not protocol.endswith("SSL"):
             raise ConfigError(f"{', '.join(given)} given, but security_protocol={protocol} does "
                               "not use TLS: set security_protocol='SSL' (or 'SASL_SSL')")
-        if self.ssl_context is not None and len(given) > 1:
-            raise ConfigError(f"{', '.join(given[1:])} would be ignored: ssl_context is used "
-                              "as given (load the files into it, or leave ssl_context out)")
+        beside = [name for name in given if name != "ssl_context"]
+        if self.ssl_context is not None and beside:
+            raise ConfigError(f"{', '.join(beside)} would be ignored: ssl_context is used as "
+                              "given (load the files into it, or leave ssl_context out)")
         if self.ssl_certfile is not None and self.ssl_cert_pem is not None:
             raise ConfigError("give the client certificate once: ssl_certfile or ssl_cert_pem")
         if self.ssl_keyfile is not None and self.ssl_key_pem is not None:
