@@ -17,8 +17,11 @@ import uuid
 import pytest
 
 from aioproducer import Producer
-from aioproducer._internal.sender import Sender
+from aioproducer.protocol.messages import ApiKey
+from aioproducer.testing import SimulatedCluster
+from aioproducer.client.connection import BrokerConnection
 from tests.support.readback import consume_all
+from tests.support.simulated import require_embedded
 from tests.support.throttle_watch import ThrottleWatch
 
 KEYS = 12
@@ -125,9 +128,9 @@ async def test_transactional_producer_through_chaos(cluster, broker, throttle_wa
 
 async def test_the_throttle_watch_catches_a_producer_that_ignores_throttles(
         cluster, monkeypatch, throttle_watch):
-    """The watch the chaos runs rely on can fail: with the sender's KIP-219 pause switched
-    off, the record after a throttled response is written at once, within the throttle, and
-    the watch says so. The producer as it is waits the throttle out instead."""
+    """The watch the chaos runs rely on can fail: with the connection's KIP-219 pause
+    switched off, the record after a throttled response is written at once, within the
+    throttle, and the watch says so. The producer as it is waits the throttle out instead."""
     topic = f"watched-{uuid.uuid4().hex[:8]}"
     cluster.create_topic(topic, 1)
     cluster.throttle(cluster.leader(topic, 0), 400)
@@ -145,6 +148,36 @@ async def test_the_throttle_watch_catches_a_producer_that_ignores_throttles(
     assert throttle_watch.throttles_read >= 2 and throttle_watch.violations == []
     assert took >= 0.8, f"two records through two 400 ms throttles took {took:.3f} s"
 
-    monkeypatch.setattr(Sender, "_throttled", lambda self, conn, throttle_ms: None)
+    monkeypatch.setattr(BrokerConnection, "_note_throttle", lambda self, body: None)
     await three_records()
     assert len(throttle_watch.violations) >= 2, throttle_watch.violations
+
+
+async def test_a_throttle_holds_every_request_to_that_broker(broker, throttle_watch):
+    """KIP-219 as the Java client keeps it: after a throttled response, nothing is sent to
+    that broker until the throttle ends, not only Produce. A metadata lookup (a topic the
+    producer has not seen) asked during the throttle is written once it ended: the muted node
+    reads no request meanwhile (before, the lookup was written at once and waited, unread, in
+    the node's socket)."""
+    require_embedded(broker)
+    with SimulatedCluster(nodes=1, upstream=broker, lifetime=60) as cluster:
+        seen, unseen = (f"held-{uuid.uuid4().hex[:8]}" for _ in range(2))
+        cluster.create_topic(seen, 1)
+        node = cluster.leader(seen, 0)
+        loop = asyncio.get_running_loop()
+        async with Producer(cluster.bootstrap_servers, linger_ms=0) as producer:
+            await asyncio.wait_for(producer.send(seen, b"before"), 10)
+            cluster.create_topic(unseen, 2)  # after the producer's metadata: it must ask
+            cluster.throttle(node, 600)
+            await asyncio.wait_for(producer.send(seen, b"throttled"), 10)
+            cluster.throttle(node, 0)
+            metadata_before = throttle_watch.written.get(ApiKey.METADATA, 0)
+            started = loop.time()
+            partitions = await asyncio.wait_for(producer.partitions_for(unseen), 10)
+            waited = loop.time() - started
+    assert partitions == {0, 1}
+    assert throttle_watch.throttles_read == 1
+    assert throttle_watch.written.get(ApiKey.METADATA, 0) > metadata_before
+    assert throttle_watch.violations == []
+    assert cluster.stats.requests_while_throttled == 0
+    assert waited >= 0.3, f"the lookup took {waited:.3f} s: it did not wait out the throttle"

@@ -318,15 +318,12 @@ class Sender:
             self.wake()
 
     def _throttled(self, conn: BrokerConnection, throttle_ms: int) -> None:
-        """A quota was exceeded. From Produce v6 the broker answers at once and expects the
-        client to hold back for throttle_time_ms (KIP-219): the sender writes nothing more to
-        that broker until then. (Before v6 the broker itself delayed the answer.)"""
+        """A quota was exceeded: counted, and while the connection holds back (KIP-219, its
+        throttled_until) the sender drains no batch for that broker; a round when it ends."""
         self.throttle_time_ms += throttle_ms
         self.throttle_time_max_ms = max(self.throttle_time_max_ms, throttle_ms)
         self._observer.throttled(conn.node_id, throttle_ms)
-        if conn.versions.get(ApiKey.PRODUCE, 0) >= 6:
-            conn.throttled_until = max(conn.throttled_until,
-                                       self._loop.time() + throttle_ms / 1000)
+        if conn.throttled_until > self._loop.time():
             self._wake_by(conn.throttled_until)
 
     def _on_partition_error(self, conn: BrokerConnection, batch: ProducerBatch,

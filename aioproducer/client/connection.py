@@ -60,7 +60,12 @@ class BrokerConnection(asyncio.Protocol):
         self.versions: dict[ApiKey, int] = {}
         self.broker_ranges: dict[int, tuple[int, int]] = {}
         self.in_flight_produce = 0
-        self.throttled_until = 0.0  # loop time: the broker asked us to hold back (KIP-219)
+        # Loop time until which the broker asked us to hold back (KIP-219): requests sent
+        # meanwhile are held and written when it ends (the sender drains no batch for it).
+        self.throttled_until = 0.0
+        self._throttle_held: list[tuple[ApiKey, Mapping[str, Any], ResponseCallback | None,
+                                        int | None]] = []
+        self._release_timer: asyncio.TimerHandle | None = None
         self.session_lifetime_ms = 0  # the broker's limit on the SASL session (KIP-368)
         # While re-authenticating (KIP-368): the requests sent meanwhile, written once it ends.
         self._held: list[tuple[ApiKey, Mapping[str, Any], ResponseCallback | None,
@@ -203,9 +208,16 @@ class BrokerConnection(asyncio.Protocol):
         """
         if self._close_exc is not None:
             raise self._close_exc
-        if self._held is not None and api_key not in _SASL_EXCHANGE:
-            self._held.append((api_key, body, on_response, version))
-            return
+        if api_key not in _SASL_EXCHANGE:
+            if self._held is not None:
+                self._held.append((api_key, body, on_response, version))
+                return
+            if self.throttled_until > self._loop.time():
+                self._throttle_held.append((api_key, body, on_response, version))
+                if self._release_timer is None:
+                    self._release_timer = self._loop.call_at(self.throttled_until,
+                                                             self._release_throttled)
+                return
         if version is None:
             version = self.version_for(api_key)
         frame, correlation_id = self._framing.send_request(
@@ -219,6 +231,13 @@ class BrokerConnection(asyncio.Protocol):
                 self._timer = self._loop.call_at(deadline, self._check_timeouts)
         assert self._transport is not None
         self._transport.write(frame)
+
+    def _release_throttled(self) -> None:
+        """The throttle ended: write what it held, in order (held again if it grew)."""
+        self._release_timer = None
+        held, self._throttle_held = self._throttle_held, []
+        for api_key, body, on_response, version in held:
+            self.send(api_key, body, on_response, version=version)
 
     async def request(self, api_key: ApiKey, body: Mapping[str, Any], *,
                       version: int | None = None) -> dict[str, Any]:
@@ -247,11 +266,13 @@ class BrokerConnection(asyncio.Protocol):
         if self._close_exc is not None:
             return
         self._close_exc = exc or KafkaConnectionError(f"connection to {self.address} closed")
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        for timer in (self._timer, self._release_timer):
+            if timer is not None:
+                timer.cancel()
+        self._timer = self._release_timer = None
         pending, self._pending = self._pending, {}
-        held, self._held = self._held or [], None
+        held = (self._held or []) + self._throttle_held
+        self._held, self._throttle_held = None, []
         self.in_flight_produce = 0
         self._wake_idle()
         callbacks = [entry.on_response for entry in pending.values()] + \
@@ -294,6 +315,7 @@ class BrokerConnection(asyncio.Protocol):
                 self.in_flight_produce -= 1
             error = response.error
             if error is None:
+                self._note_throttle(response.body)
                 self._deliver(entry, response.body, None)
             else:  # this request gets the error; the others fail as the connection closes
                 self._deliver(entry, None, error)
@@ -302,6 +324,16 @@ class BrokerConnection(asyncio.Protocol):
                 return
         if not pending and self._idle is not None:
             self._wake_idle()
+
+    def _note_throttle(self, body: dict[str, Any] | None) -> None:
+        """Any response may say the client went over a quota. A broker that speaks Produce v6
+        (Kafka 2.0+, KIP-219) answers at once and expects the client to send it nothing for
+        throttle_time_ms, as the Java client holds every request to it; an older one delayed
+        the answer itself."""
+        throttle_ms = body.get("throttle_time_ms", 0) if body is not None else 0
+        if throttle_ms > 0 and self.broker_ranges.get(ApiKey.PRODUCE, (0, 0))[1] >= 6:
+            self.throttled_until = max(self.throttled_until,
+                                       self._loop.time() + throttle_ms / 1000)
 
     def _deliver(self, entry: _Pending, body: dict[str, Any] | None,
                  exc: BaseException | None) -> None:
