@@ -208,7 +208,7 @@ class BrokerConnection(asyncio.Protocol):
         """
         if self._close_exc is not None:
             raise self._close_exc
-        if api_key not in _SASL_EXCHANGE:
+        if (self._held is not None or self.throttled_until) and api_key not in _SASL_EXCHANGE:
             if self._held is not None:
                 self._held.append((api_key, body, on_response, version))
                 return
