@@ -136,14 +136,21 @@ class BrokerConnection(asyncio.Protocol):
             raise AuthenticationError(
                 f"{self.address} does not offer SASL {mechanism.name}; it offers "
                 f"{', '.join(response['mechanisms'] or []) or 'none'}")
-        token = mechanism.step(None)
+        token = await _step(mechanism, None)
         while token is not None:
-            response = await self.request(ApiKey.SASL_AUTHENTICATE, {"auth_bytes": token})
+            # The message may hold the password (PLAIN): no local of a frame a failure's
+            # traceback shows (error reporters capture locals) keeps it once it is written.
+            body = {"auth_bytes": token}
+            token = None
+            try:
+                response = await self.request(ApiKey.SASL_AUTHENTICATE, body)
+            finally:
+                body.clear()
             if response["error_code"]:
                 raise AuthenticationError(
                     f"SASL {mechanism.name} authentication with {self.address} failed: "
                     f"{response['error_message'] or error_for_code(response['error_code'])}")
-            token = mechanism.step(response["auth_bytes"])
+            token = await _step(mechanism, response["auth_bytes"])
         self.session_lifetime_ms = response.get("session_lifetime_ms", 0)
 
     @property
@@ -356,6 +363,14 @@ class BrokerConnection(asyncio.Protocol):
                 f"request_timeout_ms={self.request_timeout * 1000:.0f}; connection closed"))
         else:
             self._timer = self._loop.call_at(oldest.deadline, self._check_timeouts)
+
+
+async def _step(mechanism: SaslMechanism, challenge: bytes | None) -> bytes | None:
+    """One step of a SASL exchange; SCRAM's key derivation (PBKDF2, which releases the GIL)
+    in a worker thread, so that the loop's timers and other connections go on meanwhile."""
+    if mechanism.costly:
+        return await asyncio.to_thread(mechanism.step, challenge)
+    return mechanism.step(challenge)
 
 
 def _settle(future: asyncio.Future[Any], body: dict[str, Any] | None,
