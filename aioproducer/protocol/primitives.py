@@ -243,7 +243,8 @@ def _read_struct(src: _Source, fields: Sequence[Field], version: int, flexible: 
     for f in present:
         if f.tag is None:
             item = src.var("v")
-            _read_field(src, f.kind, nested.get(f.name), flexible, item, 1)
+            _read_field(src, f.kind, nested.get(f.name), flexible, item, 1,
+                        f.name, version >= f.nullable_from)
             items.append(f"{f.name!r}: {item}")
     if tagged:
         # Built only when the section is not empty (rare: a produce response names a new
@@ -274,13 +275,16 @@ def _read_tagged(src: _Source, f: Field, struct_reader: str | None, flexible: bo
     function = src.var("read_tagged")
     src.emit(0, f"def {function}(data, pos):")
     item = src.var("v")
-    _read_field(src, f.kind, struct_reader, flexible, item, 1)
+    _read_field(src, f.kind, struct_reader, flexible, item, 1, f.name,
+                f.nullable_from < 99)
     src.emit(1, f"return {item}, pos")
     return function
 
 
 def _read_field(src: _Source, kind: str | tuple[Field, ...], struct_reader: str | None,
-                flexible: bool, item: str, depth: int) -> None:
+                flexible: bool, item: str, depth: int, name: str, nullable: bool) -> None:
+    """Reads one field into local `item`. A negative length where the schema allows no null
+    is a CorruptMessageError, as in Kafka's own readers (not a None that fails later)."""
     is_array = isinstance(kind, tuple) or kind.startswith("[")
     if is_array or kind in _LENGTH:
         count = src.var("n")
@@ -296,7 +300,11 @@ def _read_field(src: _Source, kind: str | tuple[Field, ...], struct_reader: str 
             src.emit(depth, f"({count},) = {src.bind('length', length.unpack_from)}(data, pos)")
             src.emit(depth, f"pos += {length.size}")
         src.emit(depth, f"if {count} < 0:")
-        src.emit(depth + 1, f"{item} = None")
+        if nullable or kind == "records":
+            src.emit(depth + 1, f"{item} = None")
+        else:
+            src.emit(depth + 1, "raise CorruptMessageError("
+                                f"{'non-nullable field ' + name + ' is null (a negative length)'!r})")
         src.emit(depth, "else:")
         depth += 1
         if is_array:
@@ -309,7 +317,7 @@ def _read_field(src: _Source, kind: str | tuple[Field, ...], struct_reader: str 
             if isinstance(kind, tuple):
                 src.emit(depth + 1, f"{element}, pos = {struct_reader}(data, pos)")
             else:
-                _read_field(src, kind[1:-1], None, flexible, element, depth + 1)
+                _read_field(src, kind[1:-1], None, flexible, element, depth + 1, name, False)
             src.emit(depth + 1, f"{item}.append({element})")
         else:
             src.emit(depth, f"if pos + {count} > len(data):")
