@@ -26,7 +26,7 @@ import stat
 import string
 import sys
 import time
-from typing import Any, AsyncGenerator, AsyncIterator, BinaryIO, Iterable, Sequence
+from typing import Any, AsyncGenerator, AsyncIterator, BinaryIO, Sequence
 
 from ._version import __version__
 from .config import ProducerConfig, _setting_names
