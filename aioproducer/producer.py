@@ -170,7 +170,7 @@ class Producer:
             raise ProducerClosedError("the producer was closed while it started")
         lifecycle.bind_to_running_loop()
         self._sender_task = self._tasks.spawn(
-            sender.run(), f"aioproducer-sender-{config.client_id}")
+            sender.run(), f"aioproducer-sender-{config.client_id}", reported=True)
         self._sender_task.add_done_callback(self._sender_done)
         lifecycle.become(STARTED)
         observer.started(self)

@@ -699,3 +699,36 @@ async def test_a_metadata_response_with_a_null_array_is_a_corrupt_message(proxie
     async with producer:
         metadata = await asyncio.wait_for(producer.send("null-brokers", b"v"), 10)
     assert broken and metadata.offset == 0
+
+
+@pytest.mark.parametrize("host, port, says", [
+    (None, 70000, "port 70000 is not 1-65535"),
+    (None, -5, "port -5 is not 1-65535"),
+    ("127.0.0.1\x00evil", None, "control characters"),
+    ("a" * 300 + ".example", None, "not a DNS name"),
+])
+async def test_a_broker_address_no_client_can_reach_is_refused_with_a_warning(
+        proxied_broker, caplog, host, port, says):
+    """Metadata that names a broker at a port out of range, a host with a NUL or a label
+    over 63 characters: the connect task raised OverflowError/ValueError/UnicodeError,
+    which nobody logged, and records just expired. Now the address is refused as the
+    metadata is read, with a warning that says why; its partitions have no leader, and the
+    records fail at delivery_timeout_ms as for any leader that cannot be reached."""
+    cluster = proxied_broker
+    cluster.create_topic("bad-address", 1)
+
+    def bad_address(response):
+        for broker in response.brokers:
+            broker.host = host if host is not None else broker.host
+            broker.port = port if port is not None else broker.port
+        return response
+
+    cluster.proxy.rewrite_responses(MetadataResponse, bad_address)
+    async with Producer(cluster.bootstrap, request_timeout_ms=1000, delivery_timeout_ms=1500,
+                        max_block_ms=1500) as producer:
+        with pytest.raises(DeliveryTimeoutError):
+            await asyncio.wait_for(producer.send("bad-address", b"v"), 10)
+    warned = [r.getMessage() for r in caplog.records if "broker 111" in r.getMessage()]
+    assert warned and says in warned[0] and "ignored" in warned[0]
+    assert "\x00" not in warned[0] and "aaaa" not in warned[0]
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
