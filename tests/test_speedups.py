@@ -350,3 +350,55 @@ def test_record_fields_stay_untracked_only_while_their_batch_lists_them():
     del batch, in_cycle
     gc.collect()
     assert collected() is None
+
+
+@needs_c
+@pytest.mark.parametrize("base, timestamp", [(-(1 << 63), (1 << 63) - 1),
+                                             ((1 << 63) - 1, -(1 << 63)), (5, (1 << 63) - 1)])
+def test_a_timestamp_delta_past_int64_wraps_alike_in_both(base, timestamp):
+    """Out-of-range timestamps (the producer takes only 0 to 2**63-1, but a RecordWriter can
+    be given any): the delta wraps to 64 bits as Java's long arithmetic does, in C without
+    a signed overflow (undefined behaviour, flagged by UBSan), in Python the same way."""
+    written = []
+    for impl in (_py, _c):
+        writer = impl.RecordWriter(base, 1 << 20)
+        assert writer.try_append(timestamp, b"k", b"v", None)
+        written.append(writer.seal())
+    assert written[0] == written[1]
+    assert len(written[0]) < 30  # a 10-byte varint at most, not an unbounded one
+
+
+class _Collides:
+    """A dict key with the hash of "acks" whose __eq__, run by the C encoder's lookup of
+    "acks", drops the body's topic list (its only reference) and makes a new list at once,
+    which CPython's list free list places where the old one was."""
+
+    def __init__(self, body: dict) -> None:
+        self.body = body
+        self.replacement: list = []
+
+    def __hash__(self) -> int:
+        return hash("acks")
+
+    def __eq__(self, other: object) -> bool:
+        if "topic_data" in self.body:
+            del self.body["topic_data"]
+            self.replacement = [{"name": "evil", "partition_data": []}]
+        return False
+
+
+@needs_c
+def test_the_c_produce_encoder_holds_what_a_lookup_may_free():
+    """produce_body kept borrowed references across dict lookups: a key whose __eq__ drops
+    a value fetched before made it read freed memory (ASan: heap-use-after-free). It now
+    holds them: it encodes the body as it was, or leaves it to the generated codec, and
+    never what took the freed object's place."""
+    for _ in range(20):
+        body: dict = {}
+        collides = _Collides(body)
+        body[collides] = 0  # first: the lookup of "acks" meets it before the real key
+        body.update({"transactional_id": None, "acks": -1, "timeout_ms": 1000,
+                     "topic_data": [{"name": "good", "partition_data": [
+                         {"index": 0, "records": b"x" * 10}]}]})
+        frame = _c.encode_produce(9, 1, "c", body)
+        assert frame is None or b"evil" not in frame
