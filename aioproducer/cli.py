@@ -558,8 +558,6 @@ async def _bootstrap(args: argparse.Namespace, properties: dict[str, str]) -> As
 
 
 async def _perf(args: argparse.Namespace, properties: dict[str, str]) -> int:
-    from tqdm import tqdm
-
     payload = os.urandom(args.record_size)
     sample_every = max(1, args.num_records // 20_000)
     latencies: list[float] = []
@@ -567,8 +565,7 @@ async def _perf(args: argparse.Namespace, properties: dict[str, str]) -> int:
     async with _bootstrap(args, properties) as bootstrap:
         config = ProducerConfig.from_properties({**properties, "bootstrap.servers": bootstrap})
         async with Producer(config=config) as producer:
-            progress = tqdm(total=args.num_records, unit="rec", unit_scale=True,
-                            disable=args.json, file=sys.stderr, mininterval=0.25)
+            progress = _progress_bar(args.num_records, disable=args.json)
             start = time.perf_counter()
             for i in range(args.num_records):
                 if args.throughput > 0:
@@ -607,6 +604,31 @@ async def _perf(args: argparse.Namespace, properties: dict[str, str]) -> int:
               f"p95 {result['latency_ms_p95']} p99 {result['latency_ms_p99']} "
               f"p99.9 {result['latency_ms_p99.9']} max {result['latency_ms_max']}")
     return 1 if failures else 0
+
+
+class _NoProgressBar:
+    """What perf updates when tqdm (the `cli` extra) is not installed: nothing shown."""
+
+    n = 0
+
+    def update(self, count: int) -> None:
+        self.n += count
+
+    def close(self) -> None:
+        pass
+
+
+def _progress_bar(total: int, disable: bool) -> Any:
+    """tqdm's live bar on stderr if the `cli` extra is installed, else none (said once)."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        if not disable:
+            print("(no live progress: pip install 'aioproducer[cli]' for tqdm's bar)",
+                  file=sys.stderr, flush=True)
+        return _NoProgressBar()
+    return tqdm(total=total, unit="rec", unit_scale=True, disable=disable, file=sys.stderr,
+                mininterval=0.25)
 
 
 def _percentile(values: list[float], q: float) -> float:

@@ -410,3 +410,22 @@ def test_properties_with_java_separators_work_for_every_command(broker, tmp_path
     # The password is read whole (and, without SASL, refused as a setting that would be
     # ignored): never cut at its `:` into an unknown setting that shows part of it.
     assert "SECRET" not in done.stderr and "unknown setting" not in done.stderr, done.stderr
+
+
+def test_perf_runs_without_tqdm(broker):
+    """tqdm is the `cli` extra, not a dependency of the producer: without it, perf prints
+    its summary (and says where the live bar comes from) instead of an ImportError."""
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    blocked = ("import sys; sys.modules['tqdm'] = None; from aioproducer.cli import main; "
+               "sys.exit(main(sys.argv[1:]))")
+    done = subprocess.run([sys.executable, "-c", blocked, "perf", "--topic", name,
+                           "--num-records", "3000", "--bootstrap-servers", broker.bootstrap],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "3000 records sent" in done.stdout and "aioproducer[cli]" in done.stderr
+
+
+def test_the_package_does_not_need_tqdm():
+    from importlib.metadata import requires
+    core = [r for r in requires("aioproducer") or [] if "extra ==" not in r]
+    assert not [r for r in core if r.startswith("tqdm")]
