@@ -58,6 +58,7 @@ class ProducerSettings(TypedDict, total=False):
     buffer_memory: int
     max_block_ms: int
     max_request_size: int
+    receive_message_max_bytes: int
     request_timeout_ms: int
     delivery_timeout_ms: int
     retries: int
@@ -115,6 +116,10 @@ class ProducerConfig:
     buffer_memory: int = 33554432
     max_block_ms: int = 60000
     max_request_size: int = 1048576
+    # The largest response accepted (librdkafka's setting and default): a larger one closes
+    # the connection before it is buffered. A hostile or broken broker's Metadata response
+    # takes ~17 times its size in memory once decoded.
+    receive_message_max_bytes: int = 100_000_000
     request_timeout_ms: int = 30000
     delivery_timeout_ms: int = 120000
     retries: int = _MAX_INT
@@ -241,6 +246,7 @@ class ProducerConfig:
         changes["acks"] = acks
         for name, low in (("linger_ms", 0), ("batch_size", 1), ("buffer_memory", 1),
                           ("max_block_ms", 0), ("max_request_size", 1),
+                          ("receive_message_max_bytes", 1 << 16),
                           ("request_timeout_ms", 1), ("delivery_timeout_ms", 1), ("retries", 0),
                           ("retry_backoff_ms", 0), ("retry_backoff_max_ms", 0),
                           ("reconnect_backoff_ms", 0), ("reconnect_backoff_max_ms", 0),

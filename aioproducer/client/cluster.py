@@ -463,7 +463,8 @@ class Cluster:
                 broker.node_id, broker.host, broker.port, client_id=config.client_id,
                 request_timeout=config.request_timeout_ms / 1000,
                 connect_timeout=self._setup_timeout(broker.node_id),
-                ssl_context=self._ssl_context, sasl=sasl)
+                ssl_context=self._ssl_context, sasl=sasl,
+                max_response_bytes=config.receive_message_max_bytes)
         except KafkaError:
             backoff = self._backoff.setdefault(broker.node_id, _Backoff())
             delay = exponential_backoff(config.reconnect_backoff_ms / 1000, backoff.failures,

@@ -93,6 +93,7 @@ class Field:
     default: Any = None
     tag: int | None = None
     array: bool = True
+    max_items: int | None = None  # an array's bound: a response claiming more is corrupt
 
 
 Writer = Callable[[list[Any], Any], None]
@@ -244,7 +245,7 @@ def _read_struct(src: _Source, fields: Sequence[Field], version: int, flexible: 
         if f.tag is None:
             item = src.var("v")
             _read_field(src, f.kind, nested.get(f.name), flexible, item, 1,
-                        f.name, version >= f.nullable_from)
+                        f.name, version >= f.nullable_from, f.max_items)
             items.append(f"{f.name!r}: {item}")
     if tagged:
         # Built only when the section is not empty (rare: a produce response names a new
@@ -282,9 +283,11 @@ def _read_tagged(src: _Source, f: Field, struct_reader: str | None, flexible: bo
 
 
 def _read_field(src: _Source, kind: str | tuple[Field, ...], struct_reader: str | None,
-                flexible: bool, item: str, depth: int, name: str, nullable: bool) -> None:
+                flexible: bool, item: str, depth: int, name: str, nullable: bool,
+                max_items: int | None = None) -> None:
     """Reads one field into local `item`. A negative length where the schema allows no null
-    is a CorruptMessageError, as in Kafka's own readers (not a None that fails later)."""
+    is a CorruptMessageError, as in Kafka's own readers (not a None that fails later), and
+    so is an array longer than its field's bound."""
     is_array = isinstance(kind, tuple) or kind.startswith("[")
     if is_array or kind in _LENGTH:
         count = src.var("n")
@@ -311,6 +314,11 @@ def _read_field(src: _Source, kind: str | tuple[Field, ...], struct_reader: str 
             src.emit(depth, f"if {count} > len(data) - pos:")
             src.emit(depth + 1, "raise CorruptMessageError("
                                 f"f'an array claims {{{count}}} items, more than the frame holds')")
+            if max_items is not None:
+                src.emit(depth, f"if {count} > {max_items}:")
+                src.emit(depth + 1, "raise CorruptMessageError("
+                                    f"f'{name} claims {{{count}}} items, more than the "
+                                    f"{max_items} any Kafka cluster has')")
             element = src.var("x")
             src.emit(depth, f"{item} = []")
             src.emit(depth, f"for _ in range({count}):")
