@@ -56,3 +56,23 @@ def test_pages_fetch_nothing_from_the_network(site):
     for html in site.rglob("*.html"):
         found = remote.search(html.read_text())
         assert not found, f"{html.relative_to(site)} loads {found.group(0)}"
+
+
+def _slug(heading: str) -> str:
+    """Python-Markdown's toc slug (the anchors mkdocs and GitHub give headings alike here)."""
+    text = re.sub(r"[^\w\s-]", "", heading).strip().lower()
+    return re.sub(r"[-\s]+", "-", text)
+
+
+def test_the_readmes_links_into_the_docs_arrive():
+    """The README is not part of the site (mkdocs checks the pages' links, not its): each
+    relative link it has names a file that exists, and a heading there if it has an anchor."""
+    readme = (ROOT / "README.md").read_text()
+    links = re.findall(r"\]\(((?!https?:)[^)#]+)(?:#([^)]+))?\)", readme)
+    assert len(links) >= 10, links
+    for path, anchor in links:
+        target = ROOT / path
+        assert target.exists(), f"README links to {path}, which does not exist"
+        if anchor:
+            headings = re.findall(r"^#+ (.+)$", target.read_text(), re.M)
+            assert anchor in map(_slug, headings), f"README links to {path}#{anchor}: no heading"
