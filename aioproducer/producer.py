@@ -467,7 +467,10 @@ class Producer:
             produce_throttle_time_max_ms=sender.throttle_time_max_ms,
             leader_redirects=sender.redirects,
             reauthentications=cluster.reauthentications,
+            state="closing" if self._lifecycle.closing and self._lifecycle.state is STARTED
+            else self._lifecycle.state.value,
             records_pending=sum(batch.record_count for batch in accumulator.incomplete),
+            oldest_pending_s=accumulator.oldest_pending_s(),
             requests_in_flight=sum(conn.in_flight_produce for conn in connections),
             connections=len(connections),
             buffer_memory_available=accumulator.memory_available,
