@@ -93,8 +93,8 @@ class ProducerSet(ProducerHooks):
                     except Exception:
                         continue
                 self._measured, self._taken = measured, now
-            return [(producer, metrics) for ref, metrics in self._measured
-                    if (producer := ref()) is not None]
+            return [(alive, metrics) for ref, metrics in self._measured
+                    if (alive := ref()) is not None]
 
 
 def readings(producer: Producer, metrics: ProducerMetrics) -> Iterator[Reading]:
