@@ -20,14 +20,16 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import stat
+import string
 import sys
 import time
-from typing import Any, AsyncGenerator, AsyncIterator, BinaryIO, Iterable, Sequence
+from typing import Any, AsyncGenerator, AsyncIterator, BinaryIO, Sequence
 
 from ._version import __version__
-from .config import ProducerConfig
+from .config import ProducerConfig, _setting_names
 from .errors import (
     InvalidRecordError,
     InvalidTopicError,
@@ -181,8 +183,16 @@ def _properties(args: argparse.Namespace) -> dict[str, str]:
     """The producer settings, dotted; --bootstrap-servers wins over a bootstrap.servers in them."""
     raw: dict[str, str] = {}
     if args.producer_config:
-        with open(args.producer_config) as f:
-            raw.update(_read_properties(f))
+        with open(args.producer_config, encoding="utf-8") as f:
+            text = f.read()
+        known = _setting_names()
+        for number, name, value in read_properties(text, args.producer_config):
+            if name.replace(".", "_").replace("-", "_") not in known:
+                # Only the line's number: a line whose separator went missing holds the
+                # value in its key (`sasl.passwordhunter2`), and values may be secrets.
+                raise ValueError(f"{args.producer_config} line {number}: not a known setting "
+                                 "(the line is not shown: it may hold a secret)")
+            raw[name] = value
     for prop in getattr(args, "producer_props", ()):
         name, sep, value = prop.partition("=")
         if not sep:
@@ -194,21 +204,78 @@ def _properties(args: argparse.Namespace) -> dict[str, str]:
     return raw
 
 
-def _read_properties(lines: Iterable[str]) -> dict[str, str]:
-    """A Java properties file's `key=value` (or `key: value`) lines; # and ! start comments."""
-    properties = {}
-    for line in lines:
-        line = line.strip()
+_BLANK = " \t\f"  # java.util.Properties' whitespace
+_ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}
+
+
+def read_properties(text: str, source: str = "properties") -> list[tuple[int, str, str]]:
+    """(line number, key, value) of each entry of a Java properties file, parsed as
+    java.util.Properties.load does: `=`, `:` or whitespace between key and value, a line
+    ending in an odd number of backslashes continued on the next, backslash escapes (\\uXXXX
+    too), `#` and `!` comment lines. The one error (a malformed \\u escape) names the line by
+    its number only: its text may be a secret."""
+    lines = re.split(r"\r\n|\r|\n", text)
+    entries = []
+    i = 0
+    while i < len(lines):
+        number = i + 1
+        line = lines[i].lstrip(_BLANK)
+        i += 1
         if not line or line[0] in "#!":
             continue
-        for separator in ("=", ":"):
-            if separator in line:
-                name, _, value = line.partition(separator)
-                properties[name.strip()] = value.strip()
+        while _continued(line):
+            line = line[:-1]
+            if i == len(lines):
                 break
+            line += lines[i].lstrip(_BLANK)
+            i += 1
+        end = 0
+        while end < len(line) and line[end] not in "=:" + _BLANK:
+            end += 2 if line[end] == "\\" else 1
+        end = min(end, len(line))
+        start = end
+        separated = start < len(line) and line[start] in "=:"
+        start += separated
+        while start < len(line):
+            if line[start] in "=:" and not separated:
+                separated = True
+            elif line[start] not in _BLANK:
+                break
+            start += 1
+        try:
+            entries.append((number, _unescape(line[:end]), _unescape(line[start:])))
+        except ValueError:
+            raise ValueError(f"{source} line {number}: a malformed \\uXXXX escape (the line is "
+                             "not shown: it may hold a secret)") from None
+    return entries
+
+
+def _continued(line: str) -> bool:
+    return (len(line) - len(line.rstrip("\\"))) % 2 == 1
+
+
+def _unescape(text: str) -> str:
+    if "\\" not in text:
+        return text
+    out = []
+    i = 0
+    while i < len(text):
+        c = text[i]
+        if c != "\\" or i + 1 == len(text):
+            out.append(c)
+            i += 1
+            continue
+        c = text[i + 1]
+        if c == "u":
+            digits = text[i + 2:i + 6]
+            if len(digits) != 4 or any(d not in string.hexdigits for d in digits):
+                raise ValueError("malformed \\uXXXX")
+            out.append(chr(int(digits, 16)))
+            i += 6
         else:
-            raise ValueError(f"not a property line: {line!r}")
-    return properties
+            out.append(_ESCAPES.get(c, c))
+            i += 2
+    return "".join(out)
 
 
 def _run_broker(port: int) -> int:
@@ -491,8 +558,6 @@ async def _bootstrap(args: argparse.Namespace, properties: dict[str, str]) -> As
 
 
 async def _perf(args: argparse.Namespace, properties: dict[str, str]) -> int:
-    from tqdm import tqdm
-
     payload = os.urandom(args.record_size)
     sample_every = max(1, args.num_records // 20_000)
     latencies: list[float] = []
@@ -500,8 +565,7 @@ async def _perf(args: argparse.Namespace, properties: dict[str, str]) -> int:
     async with _bootstrap(args, properties) as bootstrap:
         config = ProducerConfig.from_properties({**properties, "bootstrap.servers": bootstrap})
         async with Producer(config=config) as producer:
-            progress = tqdm(total=args.num_records, unit="rec", unit_scale=True,
-                            disable=args.json, file=sys.stderr, mininterval=0.25)
+            progress = _progress_bar(args.num_records, disable=args.json)
             start = time.perf_counter()
             for i in range(args.num_records):
                 if args.throughput > 0:
@@ -540,6 +604,31 @@ async def _perf(args: argparse.Namespace, properties: dict[str, str]) -> int:
               f"p95 {result['latency_ms_p95']} p99 {result['latency_ms_p99']} "
               f"p99.9 {result['latency_ms_p99.9']} max {result['latency_ms_max']}")
     return 1 if failures else 0
+
+
+class _NoProgressBar:
+    """What perf updates when tqdm (the `cli` extra) is not installed: nothing shown."""
+
+    n = 0
+
+    def update(self, count: int) -> None:
+        self.n += count
+
+    def close(self) -> None:
+        pass
+
+
+def _progress_bar(total: int, disable: bool) -> Any:
+    """tqdm's live bar on stderr if the `cli` extra is installed, else none (said once)."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        if not disable:
+            print("(no live progress: pip install 'aioproducer[cli]' for tqdm's bar)",
+                  file=sys.stderr, flush=True)
+        return _NoProgressBar()
+    return tqdm(total=total, unit="rec", unit_scale=True, disable=disable, file=sys.stderr,
+                mininterval=0.25)
 
 
 def _percentile(values: list[float], q: float) -> float:

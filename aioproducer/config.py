@@ -58,6 +58,7 @@ class ProducerSettings(TypedDict, total=False):
     buffer_memory: int
     max_block_ms: int
     max_request_size: int
+    receive_message_max_bytes: int
     request_timeout_ms: int
     delivery_timeout_ms: int
     retries: int
@@ -115,6 +116,10 @@ class ProducerConfig:
     buffer_memory: int = 33554432
     max_block_ms: int = 60000
     max_request_size: int = 1048576
+    # The largest response accepted (librdkafka's setting and default): a larger one closes
+    # the connection before it is buffered. A hostile or broken broker's Metadata response
+    # takes ~17 times its size in memory once decoded.
+    receive_message_max_bytes: int = 100_000_000
     request_timeout_ms: int = 30000
     delivery_timeout_ms: int = 120000
     retries: int = _MAX_INT
@@ -241,6 +246,7 @@ class ProducerConfig:
         changes["acks"] = acks
         for name, low in (("linger_ms", 0), ("batch_size", 1), ("buffer_memory", 1),
                           ("max_block_ms", 0), ("max_request_size", 1),
+                          ("receive_message_max_bytes", 1 << 16),
                           ("request_timeout_ms", 1), ("delivery_timeout_ms", 1), ("retries", 0),
                           ("retry_backoff_ms", 0), ("retry_backoff_max_ms", 0),
                           ("reconnect_backoff_ms", 0), ("reconnect_backoff_max_ms", 0),
@@ -286,6 +292,13 @@ class ProducerConfig:
                               f"{self.compression_type!r}")
         if not isinstance(self.client_id, str):
             raise ConfigError(f"client_id must be a str, not {self.client_id!r}")
+        _check_wire_string("client_id", self.client_id)
+        for name in ("sasl_username", "sasl_password"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise ConfigError(f"{name} must be a str, not {type(value).__name__}")
+            if value is not None:
+                _check_wire_string(name, value, show=False)
         if self.transactional_id is not None and (
                 not isinstance(self.transactional_id, str) or not self.transactional_id):
             raise ConfigError(f"transactional_id must be a non-empty str, not "
@@ -360,9 +373,11 @@ def ssl_context_for(config: ProducerConfig) -> ssl.SSLContext | None:
                                              cadata=config.ssl_ca_pem)
         if config.ssl_certfile:
             context.load_cert_chain(config.ssl_certfile, config.ssl_keyfile,
-                                    password=config.ssl_password)
+                                    password=_key_password(config.ssl_password))
         elif config.ssl_cert_pem:
             _load_pem_chain(context, config.ssl_cert_pem, config.ssl_key_pem, config.ssl_password)
+    except ConfigError:  # _no_key_password's
+        raise
     except (OSError, ssl.SSLError, ValueError) as exc:
         # The cause named, never a key or a password (no chained exception to show them).
         if isinstance(exc, ssl.SSLError):
@@ -390,7 +405,31 @@ def _load_pem_chain(context: ssl.SSLContext, cert: str, key: str | None,
             key_path = Path(directory, "key.pem")
             key_path.touch(mode=0o600)
             key_path.write_text(key)
-        context.load_cert_chain(cert_path, key_path, password=password)
+        context.load_cert_chain(cert_path, key_path, password=_key_password(password))
+
+
+def _check_wire_string(name: str, value: str, show: bool = True) -> None:
+    """A string the client writes as Kafka's STRING (an int16 length): UTF-8 (a lone
+    surrogate is not) of at most 32767 bytes. Failing here, not at start() with a
+    UnicodeEncodeError or struct.error."""
+    try:
+        size = len(value.encode())
+    except UnicodeEncodeError:
+        raise ConfigError(f"{name} is not valid Unicode text (it holds a lone surrogate)"
+                          + (f": {value!r}" if show else "")) from None
+    if size > 32767:
+        raise ConfigError(f"{name} is {size} bytes of UTF-8; Kafka's strings hold at most 32767")
+
+
+def _key_password(password: str | None) -> str | Callable[[], str]:
+    return password if password is not None else _no_key_password
+
+
+def _no_key_password() -> str:
+    """The password callback when ssl_password is not set: an encrypted key fails at once,
+    where OpenSSL would otherwise prompt on the terminal and block start()."""
+    raise ConfigError("the client's private key (ssl_keyfile/ssl_key_pem) is encrypted: give "
+                      "its password as ssl_password")
 
 
 def _setting_names() -> frozenset[str]:

@@ -180,7 +180,7 @@ class Producer:
             raise ProducerClosedError("the producer was closed while it started")
         lifecycle.bind_to_running_loop()
         self._sender_task = self._tasks.spawn(
-            sender.run(), f"aioproducer-sender-{config.client_id}")
+            sender.run(), f"aioproducer-sender-{config.client_id}", reported=True)
         # Weakly: no task of its own keeps the producer, so one dropped unclosed is collected
         # (and let go, by __del__).
         self._sender_task.add_done_callback(functools.partial(_sender_done, weakref.ref(self)))

@@ -4,6 +4,7 @@ path under them (RecordBatch decoding, Fetch), held to what librdkafka wrote."""
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -329,3 +330,102 @@ def test_consume_timeout_holds_when_the_broker_goes_silent(proxied_broker):
             consume.wait(10)
         consume.stdout.close()
         consume.stderr.close()
+
+
+# A properties file as Java reads it (checked against java.util.Properties.load): every
+# separator, continuations, escapes and both comment characters.
+JAVA_PROPERTIES = (
+    "a=1\n  b : 2  \nc 3\nd\\ e=4\\\n   continued\\\\\nf=x\\\\\\\n  y\n# comment \\\n! bang\n"
+    "g=\\u0041\\t\\q\nh:=:v\ni   =  \nj\nk\\:z=1\nl\\=m:2\n  \\\n  n=3\n"
+    "sasl.password hunter2:SECRET\nlast=end\\\n")
+JAVA_READS = {"a": "1", "b": "2  ", "c": "3", "d e": "4continued\\", "f": "x\\y", "g": "A\tq",
+              "h": "=:v", "i": "", "j": "", "k:z": "1", "l=m": "2", "n": "3",
+              "sasl.password": "hunter2:SECRET", "last": "end"}
+
+
+def test_properties_files_are_read_as_java_reads_them():
+    from aioproducer.cli import read_properties
+    assert {key: value for _, key, value in read_properties(JAVA_PROPERTIES)} == JAVA_READS
+
+
+def test_properties_agree_with_java_itself(tmp_path):
+    """The same file through java.util.Properties (a single-file Java program)."""
+    java = shutil.which("java")
+    if java is None:
+        pytest.skip("no java to compare with")
+    source = tmp_path / "Load.java"
+    source.write_text(
+        "import java.io.*; import java.util.*;\n"
+        "public class Load { public static void main(String[] a) throws Exception {\n"
+        "  Properties p = new Properties();\n"
+        "  p.load(new InputStreamReader(new FileInputStream(a[0]), \"UTF-8\"));\n"
+        "  for (String k : p.stringPropertyNames()) System.out.print(k + \"\\0\" + "
+        "p.getProperty(k) + \"\\0\");\n}}\n")
+    (tmp_path / "t.properties").write_text(JAVA_PROPERTIES)
+    done = subprocess.run([java, str(source), str(tmp_path / "t.properties")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    fields = done.stdout.split("\0")[:-1]
+    assert dict(zip(fields[::2], fields[1::2])) == JAVA_READS
+
+
+SECRET = "hunter2-SECRET"
+
+
+@pytest.mark.parametrize("content, line", [
+    (f"linger.ms=5\n{SECRET}\n", 2),  # no separator: the whole line is a key
+    (f"sasl.password{SECRET}\n", 1),  # the separator forgotten
+    (f"# c\nsasl.jaas.config=a \\\n  {SECRET} \\\n  \\u00zz\n", 2),  # a broken \\u escape
+])
+@pytest.mark.parametrize("command", [
+    ("produce", "t", "--producer.config"),
+    ("consume", "t", "--command-config"),
+    ("topic", "create", "t", "--partitions", "1", "--command-config"),
+])
+def test_a_bad_properties_line_is_named_by_its_number_never_its_text(tmp_path, content, line,
+                                                                     command):
+    path = tmp_path / "client.properties"
+    path.write_text(content)
+    done = cli(*command, str(path), "--bootstrap-servers", "127.0.0.1:1")
+    assert done.returncode == 1 and f"line {line}" in done.stderr, done.stderr
+    assert "SECRET" not in done.stderr + done.stdout and "Traceback" not in done.stderr
+
+
+def test_properties_with_java_separators_work_for_every_command(broker, tmp_path):
+    """`key value` and `key: value` lines, a value continued over lines, and a password
+    holding `:` (which was cut at it, and shown in the error)."""
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    path = tmp_path / "client.properties"
+    host, port = broker.bootstrap.split(",")[0].rsplit(":", 1)
+    path.write_text(f"bootstrap.servers {host}:\\\n    {port}\nclient.id: cli-test\n"
+                    "linger.ms 5\n")
+    done = cli("topic", "create", name, "--partitions", "1", "--command-config", str(path))
+    assert done.returncode == 0, done.stderr
+    done = cli("produce", name, "--producer.config", str(path), stdin="one\ntwo\n")
+    assert done.returncode == 0, done.stderr
+    done = cli("consume", name, "--command-config", str(path), "--from-beginning", "--max", "2")
+    assert done.returncode == 0 and done.stdout == "one\ntwo\n", done.stderr
+    path.write_text(f"bootstrap.servers={broker.bootstrap}\nsasl.password   pass:{SECRET}\n")
+    done = cli("produce", name, "--producer.config", str(path), stdin="x\n")
+    # The password is read whole (and, without SASL, refused as a setting that would be
+    # ignored): never cut at its `:` into an unknown setting that shows part of it.
+    assert "SECRET" not in done.stderr and "unknown setting" not in done.stderr, done.stderr
+
+
+def test_perf_runs_without_tqdm(broker):
+    """tqdm is the `cli` extra, not a dependency of the producer: without it, perf prints
+    its summary (and says where the live bar comes from) instead of an ImportError."""
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    blocked = ("import sys; sys.modules['tqdm'] = None; from aioproducer.cli import main; "
+               "sys.exit(main(sys.argv[1:]))")
+    done = subprocess.run([sys.executable, "-c", blocked, "perf", "--topic", name,
+                           "--num-records", "3000", "--bootstrap-servers", broker.bootstrap],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "3000 records sent" in done.stdout and "aioproducer[cli]" in done.stderr
+
+
+def test_the_package_does_not_need_tqdm():
+    from importlib.metadata import requires
+    core = [r for r in requires("aioproducer") or [] if "extra ==" not in r]
+    assert not [r for r in core if r.startswith("tqdm")]

@@ -10,7 +10,9 @@ import base64
 import json
 import socket
 import ssl
+import threading
 import time
+import traceback
 import uuid
 
 import pytest
@@ -23,7 +25,9 @@ from kafka.protocol.producer import ProduceRequest, ProduceResponse
 from kafka.protocol.sasl import SaslAuthenticateRequest, SaslHandshakeRequest
 
 from aioproducer import Producer
+from aioproducer.client.connection import BrokerConnection
 from aioproducer.errors import AuthenticationError, ConfigError, KafkaError
+from aioproducer.protocol.sasl import Scram
 from aioproducer.testing import (EmbeddedBrokerError, Listener, Principal, SaslFailure,
                                  SimulatedCluster, unsecured_jwt)
 from aioproducer.testing.cluster import SASL_MECHANISMS
@@ -555,6 +559,42 @@ async def test_aioproducer_sasl_good_and_bad_passwords(secured, mechanism):
     assert cluster.stats.authentication_failures >= 1
     stored = await asyncio.to_thread(consume_all, cluster.bootstrap("INTERNAL"), topic, 3)
     assert sorted(r.value for r in stored) == [mechanism.encode()] * 3
+
+
+async def test_a_failed_plain_login_leaves_the_password_in_no_local_of_the_traceback(secured):
+    """Error reporters (Sentry, traceback's capture_locals) show every frame's locals: the
+    PLAIN message, which holds the password, must be in none of them once it is sent."""
+    cluster, cafile = secured
+    producer = Producer(cluster.bootstrap("SECURE"), security_protocol="SASL_SSL",
+                        ssl_cafile=cafile, sasl_mechanism="PLAIN", sasl_username="alice",
+                        sasl_password="looking-glass-SECRET")
+    with pytest.raises(AuthenticationError) as failure:
+        await asyncio.wait_for(producer.start(), 10)
+    shown = "".join(traceback.TracebackException.from_exception(
+        failure.value, capture_locals=True).format())
+    assert "Plain.step" not in shown and "authenticate" in shown  # the frames are there
+    assert "looking-glass" not in shown
+
+
+async def test_scram_key_derivation_runs_off_the_event_loop(secured):
+    """PBKDF2 (up to 16384 iterations) in a worker thread: the loop's timers and other
+    connections go on meanwhile."""
+    cluster, cafile = secured
+
+    class Watched(Scram):
+        def step(self, challenge):
+            threads.append(threading.get_ident())
+            return super().step(challenge)
+
+    threads: list[int] = []
+    scram = Watched("SCRAM-SHA-512", "alice", "wonderland")
+    host, port = cluster.address(1, "SECURE").rsplit(":", 1)
+    conn = await BrokerConnection.connect(
+        1, host, int(port), client_id="t", request_timeout=10, connect_timeout=10,
+        ssl_context=ssl.create_default_context(cafile=cafile), sasl=scram)
+    conn.close()
+    assert scram.done and len(threads) == 3
+    assert threading.get_ident() not in threads
 
 
 def test_metadata_advertises_the_listener_the_client_came_in_on(secured):

@@ -20,6 +20,7 @@ from kafka.protocol.producer import ProduceResponse
 
 from aioproducer import Producer
 from aioproducer.errors import (
+    CorruptMessageError,
     DeliveryTimeoutError,
     KafkaConnectionError,
     KafkaError,
@@ -641,3 +642,93 @@ async def test_an_outage_is_retried_with_growing_backoff(proxied_broker, retry_b
     assert [r.value for r in got] == [b"new"]
     got = consume_all(cluster.broker.bootstrap, "outage", expected=2)
     assert [(r.offset, r.value) for r in got] == [(0, b"before"), (metadata.offset, b"during")]
+
+
+async def test_a_produce_response_with_a_null_array_closes_the_connection_and_is_retried(
+        proxied_broker, caplog):
+    """A negative count for an array that may not be null (a broken broker) is a
+    CorruptMessageError at decode, handled as a connection error: the connection closes and
+    the batch is retried on a new one, not left to delivery_timeout_ms after a TypeError in
+    the response callback."""
+    cluster = proxied_broker
+    cluster.create_topic("null-array", 1)
+    armed, broken = [], []
+
+    def null_partitions_once(response):
+        if not armed or broken:
+            return None
+        broken.append(True)
+        for topic in response.responses:
+            topic.partition_responses = None  # kafka-python writes a count of -1
+        return response
+
+    cluster.proxy.rewrite_responses(ProduceResponse, null_partitions_once)
+    async with Producer(cluster.bootstrap, linger_ms=0, retry_backoff_ms=50,
+                        delivery_timeout_ms=60_000) as producer:
+        await producer.send("null-array", b"warm-up")
+        accepted = cluster.proxy.connections_accepted
+        armed.append(True)
+        metadata = await asyncio.wait_for(producer.send("null-array", b"v"), 10)
+    assert broken and metadata.partition == 0
+    assert cluster.proxy.connections_accepted > accepted  # the bad connection was closed
+    assert not [r for r in caplog.records if r.exc_info]  # no callback traceback logged
+    got = consume_all(cluster.broker.bootstrap, "null-array", expected=2)
+    assert [r.value for r in got] == [b"warm-up", b"v"]
+
+
+async def test_a_metadata_response_with_a_null_array_is_a_corrupt_message(proxied_broker):
+    """Metadata that says brokers=null: start() failed with a TypeError; now it fails with a
+    CorruptMessageError (retriable) that names the field, the connection is closed, and
+    the producer starts once the broker answers properly."""
+    cluster = proxied_broker
+    cluster.create_topic("null-brokers", 1)
+    broken = []
+
+    def null_brokers_once(response):
+        if broken:
+            return None
+        broken.append(True)
+        response.brokers = None
+        return response
+
+    cluster.proxy.rewrite_responses(MetadataResponse, null_brokers_once)
+    producer = Producer(cluster.bootstrap, retry_backoff_ms=50)
+    with pytest.raises(CorruptMessageError, match="brokers is null") as failure:
+        await producer.start()
+    assert failure.value.retriable
+    async with producer:
+        metadata = await asyncio.wait_for(producer.send("null-brokers", b"v"), 10)
+    assert broken and metadata.offset == 0
+
+
+@pytest.mark.parametrize("host, port, says", [
+    (None, 70000, "port 70000 is not 1-65535"),
+    (None, -5, "port -5 is not 1-65535"),
+    ("127.0.0.1\x00evil", None, "control characters"),
+    ("a" * 300 + ".example", None, "not a DNS name"),
+])
+async def test_a_broker_address_no_client_can_reach_is_refused_with_a_warning(
+        proxied_broker, caplog, host, port, says):
+    """Metadata that names a broker at a port out of range, a host with a NUL or a label
+    over 63 characters: the connect task raised OverflowError/ValueError/UnicodeError,
+    which nobody logged, and records just expired. Now the address is refused as the
+    metadata is read, with a warning that says why; its partitions have no leader, and the
+    records fail at delivery_timeout_ms as for any leader that cannot be reached."""
+    cluster = proxied_broker
+    cluster.create_topic("bad-address", 1)
+
+    def bad_address(response):
+        for broker in response.brokers:
+            broker.host = host if host is not None else broker.host
+            broker.port = port if port is not None else broker.port
+        return response
+
+    cluster.proxy.rewrite_responses(MetadataResponse, bad_address)
+    async with Producer(cluster.bootstrap, request_timeout_ms=1000, delivery_timeout_ms=1500,
+                        max_block_ms=1500) as producer:
+        with pytest.raises(DeliveryTimeoutError):
+            await asyncio.wait_for(producer.send("bad-address", b"v"), 10)
+    warned = [r.getMessage() for r in caplog.records if "broker 111" in r.getMessage()]
+    assert warned and says in warned[0] and "ignored" in warned[0]
+    assert "\x00" not in warned[0] and "aaaa" not in warned[0]
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]

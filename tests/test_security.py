@@ -14,7 +14,11 @@ import asyncio
 import base64
 import json
 import logging
+import os
+import select
 import ssl
+import subprocess
+import sys
 import time
 import traceback
 import uuid
@@ -344,3 +348,80 @@ async def test_no_secret_in_debug_logs_during_sasl_connects(broker, ca, caplog):
 def _expired_token(tokens: list[str]) -> str:
     tokens.append(_jwt("carol", -5))
     return tokens[-1]
+
+
+_LOAD_IN_A_TERMINAL = """
+import os, sys
+os.open(sys.argv[1], os.O_RDWR)  # a session leader opening a tty: its controlling terminal
+from aioproducer.config import ProducerConfig, ssl_context_for
+config = ProducerConfig.from_kwargs(bootstrap_servers="h:1", security_protocol="SSL", **{
+    "ssl_cert" + sys.argv[2]: sys.argv[3], "ssl_key" + sys.argv[2]: sys.argv[4]})
+try:
+    ssl_context_for(config)
+except Exception as exc:
+    print("raised", type(exc).__name__, exc, flush=True)
+"""
+
+
+@pytest.mark.parametrize("given", ["pem", "file"])
+def test_an_encrypted_key_without_a_password_fails_instead_of_prompting(ca, tmp_path, given):
+    """Without ssl_password, OpenSSL asks for an encrypted key's password on the terminal
+    ("Enter PEM pass phrase:") and start() blocks until someone types; now a ConfigError says
+    the key needs ssl_password. Run with a terminal (a pseudo-terminal), where the prompt
+    would appear."""
+    leaf = ca.issue_cert("client@example.com")
+    cert = "".join(p.bytes().decode() for p in leaf.cert_chain_pems)
+    key = _encrypted_key_pem(leaf, b"key-pw-42")
+    if given == "file":
+        (tmp_path / "cert.pem").write_text(cert)
+        (tmp_path / "key.pem").write_text(key)
+        args = ["file", str(tmp_path / "cert.pem"), str(tmp_path / "key.pem")]
+    else:
+        args = ["_pem", cert, key]
+    master, slave = os.openpty()
+    try:
+        child = subprocess.Popen([sys.executable, "-c", _LOAD_IN_A_TERMINAL, os.ttyname(slave),
+                                  *args], stdin=slave, stdout=slave, stderr=slave,
+                                 start_new_session=True)
+        os.close(slave)
+        seen = b""
+        deadline = time.monotonic() + 30
+        while child.poll() is None and b"pass phrase" not in seen and \
+                time.monotonic() < deadline:
+            if select.select([master], [], [], 0.1)[0]:
+                try:
+                    seen += os.read(master, 4096)
+                except OSError:  # the child closed its end
+                    break
+        if child.poll() is None:
+            child.kill()
+        child.wait(10)
+        while select.select([master], [], [], 0)[0]:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            seen += chunk
+    finally:
+        os.close(master)
+    assert b"pass phrase" not in seen, seen
+    assert b"raised ConfigError" in seen and b"give its password as ssl_password" in seen, seen
+
+
+@pytest.mark.parametrize("settings, says", [
+    ({"client_id": "bad\udc80"}, "client_id is not valid Unicode"),
+    ({"client_id": "x" * 40_000}, "client_id is 40000 bytes"),
+    ({"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "PLAIN", "sasl_username": "u",
+      "sasl_password": 12345}, "sasl_password must be a str, not int"),
+    ({"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "PLAIN", "sasl_username": "u",
+      "sasl_password": "s3cret\udc80"}, "sasl_password is not valid Unicode"),
+    ({"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "PLAIN", "sasl_username": b"u",
+      "sasl_password": "p"}, "sasl_username must be a str, not bytes"),
+])
+def test_client_id_and_sasl_credentials_are_checked_when_the_producer_is_made(settings, says):
+    """They failed only at start() (UnicodeEncodeError, struct.error, AttributeError)."""
+    with pytest.raises(ConfigError, match=says) as refused:
+        Producer("h:1", **settings)
+    assert "s3cret" not in str(refused.value)

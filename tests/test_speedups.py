@@ -350,3 +350,57 @@ def test_record_fields_stay_untracked_only_while_their_batch_lists_them():
     del batch, in_cycle
     gc.collect()
     assert collected() is None
+
+
+@needs_c
+@pytest.mark.parametrize("base, timestamp", [(-(1 << 63), (1 << 63) - 1),
+                                             ((1 << 63) - 1, -(1 << 63)), (5, (1 << 63) - 1)])
+def test_a_timestamp_delta_past_int64_wraps_alike_in_both(base, timestamp):
+    """Out-of-range timestamps (the producer takes only 0 to 2**63-1, but a RecordWriter can
+    be given any): the delta wraps to 64 bits as Java's long arithmetic does, in C without
+    a signed overflow (undefined behaviour, flagged by UBSan), in Python the same way."""
+    written = []
+    for impl in (_py, _c):
+        writer = impl.RecordWriter(base, 1 << 20)
+        assert writer.try_append(timestamp, b"k", b"v", None)
+        written.append(writer.seal())
+    assert written[0] == written[1]
+    assert len(written[0]) < 30  # a 10-byte varint at most, not an unbounded one
+
+
+class _Collides:
+    """A dict key with the hash of "index" whose __eq__, run by the C encoder's lookup of a
+    partition's "index", drops the partition's records (their only reference): the old
+    encoder had fetched them before, borrowed, and then read freed memory."""
+
+    armed = False  # (inserting "index" into the dict compares with it too)
+
+    def __init__(self, partition: dict) -> None:
+        self.partition = partition
+
+    def __hash__(self) -> int:
+        return hash("index")
+
+    def __eq__(self, other: object) -> bool:
+        if self.armed:
+            self.partition.pop("records", None)
+        return False
+
+
+@needs_c
+def test_the_c_produce_encoder_holds_what_a_lookup_may_free():
+    """produce_body kept borrowed references across dict lookups: a key whose __eq__ drops
+    a value fetched before made it read freed memory (AddressSanitizer, with
+    PYTHONMALLOC=malloc: heap-use-after-free; see tests/README.md). It now holds them, and
+    a body that changed under it is left to the generated codec. In a build without the
+    sanitizer the old read went unnoticed: this test is the one that run catches it with."""
+    for _ in range(20):
+        partition: dict = {}
+        collides = _Collides(partition)
+        partition[collides] = 0  # first: the lookup of "index" meets it first
+        partition["records"] = os.urandom(4096)
+        partition["index"] = 0
+        collides.armed = True
+        body = {"transactional_id": None, "acks": -1, "timeout_ms": 1000,
+                "topic_data": [{"name": "t", "partition_data": [partition]}]}
+        assert _c.encode_produce(9, 1, "c", body) is None

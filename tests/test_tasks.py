@@ -9,7 +9,7 @@ import gc
 import pytest
 
 from aioproducer.client.tasks import TaskSet
-from aioproducer.errors import ProducerClosedError
+from aioproducer.errors import KafkaConnectionError, ProducerClosedError
 
 
 async def test_a_failing_task_cancels_no_sibling_and_aclose_ends_the_rest():
@@ -71,3 +71,22 @@ async def test_a_failure_nobody_awaits_is_not_reported_as_never_retrieved():
     finally:
         loop.set_exception_handler(None)
     assert not reported
+
+
+async def test_an_unexpected_failure_of_a_background_task_is_logged(caplog):
+    """A task nobody awaits that fails with something no KafkaError (a bug, or a broker's
+    input nothing checked: a port of 70000 raised OverflowError in a connect task) is logged
+    with its traceback, once; an expected KafkaError is left to its owner."""
+    tasks = TaskSet()
+
+    async def fail(exc: BaseException) -> None:
+        raise exc
+
+    for task in (tasks.spawn(fail(OverflowError("port must be 0-65535")), "connect-1"),
+                 tasks.spawn(fail(KafkaConnectionError("refused")), "connect-2")):
+        await asyncio.wait({task})
+    await asyncio.sleep(0)
+    logged = [r for r in caplog.records if r.name == "aioproducer.client.tasks"]
+    assert len(logged) == 1 and "connect-1" in logged[0].getMessage()
+    assert logged[0].levelname == "ERROR" and isinstance(logged[0].exc_info[1], OverflowError)
+    await tasks.aclose()

@@ -40,20 +40,26 @@ def serialize(call: SerializerCall, obj: Any, what: str, topic: str,
               headers: MutableHeaders) -> bytes | Awaitable[Any]:
     """The serializer's bytes, or the awaitable an async one returned (to be awaited and
     then given to `serialized`)."""
+    failed: type[BaseException] | None = None
     try:
         data = call(topic, headers, obj)
     except Exception as exc:
-        raise _serializer_failed(what, topic, exc) from exc
+        failed = type(exc)
+    if failed is not None:  # raised outside the except block: see _serializer_failed
+        raise _serializer_failed(what, topic, failed)
     if type(data) is not bytes and inspect.isawaitable(data):
         return data
     return serialized(data, what, topic)
 
 
 async def serialize_async(awaitable: Awaitable[Any], what: str, topic: str) -> bytes:
+    failed: type[BaseException] | None = None
     try:
         data = await awaitable
     except Exception as exc:
-        raise _serializer_failed(what, topic, exc) from exc
+        failed = type(exc)
+    if failed is not None:
+        raise _serializer_failed(what, topic, failed)
     return serialized(data, what, topic)
 
 
@@ -64,8 +70,15 @@ def serialized(data: Any, what: str, topic: str) -> bytes:
     return bytes(data)
 
 
-def _serializer_failed(what: str, topic: str, exc: Exception) -> SerializationError:
-    return SerializationError(f"{what}_serializer failed on a {what} for topic {topic!r}: {exc!r}")
+def _serializer_failed(what: str, topic: str, failed: type[BaseException]) -> SerializationError:
+    """The serializer's exception by its type only, and neither the cause nor the context of
+    ours: its message often holds the value (`'SSN 123-45-6789' is not an int`), which would
+    reach logs and error reporters. (As for a failing OAUTHBEARER token provider.)"""
+    module = failed.__module__
+    name = failed.__qualname__ if module == "builtins" else f"{module}.{failed.__qualname__}"
+    return SerializationError(
+        f"{what}_serializer failed on a {what} for topic {topic!r} with {name} (its message "
+        f"is not shown: it may hold the {what}; call the serializer yourself to see it)")
 
 
 def as_bytes(obj: Any, what: str) -> bytes:

@@ -30,6 +30,7 @@ from ..errors import (
     BrokerError,
     ClusterAuthorizationFailedError,
     CoordinatorNotAvailableError,
+    CorruptMessageError,
     InvalidProducerEpochError,
     InvalidTxnStateError,
     KafkaError,
@@ -589,12 +590,15 @@ class TransactionManager:
         if version >= 4:
             response = await conn.request(ApiKey.FIND_COORDINATOR,
                                           {"key_type": key_type, "coordinator_keys": [key]})
+            if len(response["coordinators"]) != 1:
+                raise CorruptMessageError(f"FindCoordinator for {key!r} answered "
+                                          f"{len(response['coordinators'])} coordinators, not 1")
             found = response["coordinators"][0]
         else:
             found = await conn.request(ApiKey.FIND_COORDINATOR, {"key": key, "key_type": key_type})
         if found["error_code"]:
             raise error_for_code(found["error_code"], f"FindCoordinator for {key!r}")
-        broker = Broker(found["node_id"], found["host"], found["port"])
+        broker = Broker.from_response(found["node_id"], found["host"], found["port"])
         self._coordinators[(key_type, key)] = broker.node_id
         return await self._cluster.connection(broker.node_id, broker)
 

@@ -201,7 +201,9 @@ writer_append(RecordWriter *self, long long timestamp,
 {
     if (self->sealed)
         return 0;
-    int64_t delta = (int64_t)timestamp - (int64_t)self->base_timestamp;
+    /* Unsigned, so that out-of-range values wrap (as Java's long arithmetic does) instead
+     * of overflowing a signed int64 (undefined behaviour). */
+    int64_t delta = (int64_t)((uint64_t)timestamp - (uint64_t)self->base_timestamp);
     Py_ssize_t body = 1 + varint_size(delta) + varint_size(self->count)
         + (key ? varint_size(key_length) + key_length : 1)
         + (value ? varint_size(value_length) + value_length : 1)
@@ -776,11 +778,19 @@ put_prefix(char *out, int flexible, Py_ssize_t n, int fixed)
     return flexible ? put_uvarint(out, (uint64_t)(n + 1)) : put_be(out, (uint64_t)n, fixed);
 }
 
-/* The value at `key` of an exact dict, borrowed; NULL if it is missing or not a dict. */
+/* The value at `key` of an exact dict, as a new reference; NULL (no exception) if it is
+ * missing or not a dict. A new reference: a lookup may run a foreign key's __eq__, which may
+ * drop a value fetched before (a borrowed one would then be freed under us). */
 static inline PyObject *
 item(PyObject *dict, PyObject *key)
 {
-    return PyDict_CheckExact(dict) ? PyDict_GetItem(dict, key) : NULL;
+    if (!PyDict_CheckExact(dict))
+        return NULL;
+    PyObject *value = PyDict_GetItemWithError(dict, key);
+    if (value == NULL)
+        PyErr_Clear();
+    Py_XINCREF(value);
+    return value;
 }
 
 /* A str's UTF-8 (cached by Python), or NULL without an exception if it is not an exact str. */
@@ -805,6 +815,16 @@ int_in(PyObject *obj, long long low, long long high, long long *out)
     return !overflow && *out >= low && *out <= high;
 }
 
+/* int_in() of a dict's value. */
+static inline int
+int_item_in(PyObject *dict, PyObject *key, long long low, long long high, long long *out)
+{
+    PyObject *value = item(dict, key);
+    int ok = int_in(value, low, high, out);
+    Py_XDECREF(value);
+    return ok;
+}
+
 /* The empty tagged-field section that ends a struct in flexible versions; 0: no room. */
 static inline int
 put_no_tags(char **out, const char *end, int flexible)
@@ -825,24 +845,28 @@ static Py_ssize_t
 produce_body(PyObject *body, int version, char *out, const char *end)
 {
     int flexible = version >= PRODUCE_FLEXIBLE;
-    Py_ssize_t size = 0, part, length;
+    Py_ssize_t size = 0, part, length, result = -1;
     long long acks, timeout;
+    /* Every object used across another lookup is held (see item()); a list that changed
+     * under us (a shorter one) ends the walk with -1 rather than a read past its end. */
     PyObject *txn = item(body, s_transactional_id), *topics = item(body, s_topic_data);
-    if (txn == NULL || !int_in(item(body, s_acks), -32768, 32767, &acks) ||
-        !int_in(item(body, s_timeout_ms), INT32_MIN, INT32_MAX, &timeout) ||
+    PyObject *topic = NULL, *name_obj = NULL, *partitions = NULL, *partition = NULL,
+        *records = NULL;
+    if (txn == NULL || !int_item_in(body, s_acks, -32768, 32767, &acks) ||
+        !int_item_in(body, s_timeout_ms, INT32_MIN, INT32_MAX, &timeout) ||
         topics == NULL || !PyList_CheckExact(topics))
-        return -1;
+        goto done;
     const char *id = NULL;
     length = -1;
     if (txn != Py_None && ((id = utf8(txn, &length)) == NULL || length > 32767))
-        return -1;
+        goto done;
     Py_ssize_t topic_count = PyList_GET_SIZE(topics);
     part = prefix_size(flexible, length, 2) + (length > 0 ? length : 0) + 2 + 4 +
            prefix_size(flexible, topic_count, 4);
     size += part;
     if (out) {
         if (end - out < part)
-            return -1;
+            goto done;
         out = put_prefix(out, flexible, length, 2);  /* -1: null */
         if (length > 0) {
             memcpy(out, id, length);
@@ -853,40 +877,46 @@ produce_body(PyObject *body, int version, char *out, const char *end)
         out = put_prefix(out, flexible, topic_count, 4);
     }
     for (Py_ssize_t t = 0; t < topic_count; t++) {
-        PyObject *topic = PyList_GET_ITEM(topics, t);
-        const char *name = utf8(item(topic, s_name), &length);
-        PyObject *partitions = item(topic, s_partition_data);
+        if (t >= PyList_GET_SIZE(topics))
+            goto done;
+        Py_XSETREF(topic, Py_NewRef(PyList_GET_ITEM(topics, t)));
+        Py_XSETREF(name_obj, item(topic, s_name));
+        Py_XSETREF(partitions, item(topic, s_partition_data));
+        const char *name = utf8(name_obj, &length);
         if (name == NULL || length > 32767 || partitions == NULL ||
             !PyList_CheckExact(partitions))
-            return -1;
+            goto done;
         Py_ssize_t partition_count = PyList_GET_SIZE(partitions);
         part = prefix_size(flexible, length, 2) + length +
                prefix_size(flexible, partition_count, 4);
         size += part;
         if (out) {
             if (end - out < part)
-                return -1;
+                goto done;
             out = put_prefix(out, flexible, length, 2);
             memcpy(out, name, length);
             out += length;
             out = put_prefix(out, flexible, partition_count, 4);
         }
         for (Py_ssize_t p = 0; p < partition_count; p++) {
-            PyObject *partition = PyList_GET_ITEM(partitions, p);
-            PyObject *records = item(partition, s_records);
+            if (p >= PyList_GET_SIZE(partitions))
+                goto done;
+            Py_XSETREF(partition, Py_NewRef(PyList_GET_ITEM(partitions, p)));
             long long index;
-            if (!int_in(item(partition, s_index), INT32_MIN, INT32_MAX, &index) ||
-                records == NULL || (records != Py_None && !PyBytes_CheckExact(records)))
-                return -1;
+            if (!int_item_in(partition, s_index, INT32_MIN, INT32_MAX, &index))
+                goto done;
+            Py_XSETREF(records, item(partition, s_records));
+            if (records == NULL || (records != Py_None && !PyBytes_CheckExact(records)))
+                goto done;
             Py_ssize_t records_length = records == Py_None ? -1 : PyBytes_GET_SIZE(records);
             if (records_length > INT32_MAX - 1)
-                return -1;
+                goto done;
             part = 4 + prefix_size(flexible, records_length, 4) +
                    (records_length > 0 ? records_length : 0) + flexible;
             size += part;
             if (out) {
                 if (end - out < part)
-                    return -1;
+                    goto done;
                 out = put_be(out, (uint64_t)index, 4);
                 out = put_prefix(out, flexible, records_length, 4);  /* -1: null */
                 if (records_length > 0) {
@@ -898,12 +928,21 @@ produce_body(PyObject *body, int version, char *out, const char *end)
         }
         size += flexible;
         if (out && !put_no_tags(&out, end, flexible))
-            return -1;
+            goto done;
     }
     size += flexible;
     if (out && !put_no_tags(&out, end, flexible))
-        return -1;
-    return size;
+        goto done;
+    result = size;
+done:
+    Py_XDECREF(txn);
+    Py_XDECREF(topics);
+    Py_XDECREF(topic);
+    Py_XDECREF(name_obj);
+    Py_XDECREF(partitions);
+    Py_XDECREF(partition);
+    Py_XDECREF(records);
+    return result;
 }
 
 static PyObject *

@@ -26,6 +26,11 @@ _SMALL_MAX = 1 << 14
 _SMALL = [_varint(n) for n in range(-1, _SMALL_MAX)]
 
 
+def _int64(n: int) -> int:
+    """n wrapped to a signed 64-bit int, as the C writer's (and Java's) arithmetic does."""
+    return (n + (1 << 63) & (1 << 64) - 1) - (1 << 63)
+
+
 def murmur2(data: bytes) -> int:
     """Kafka's `Utils.murmur2` (seed 0x9747b28c), as a signed 32-bit int."""
     length = len(data)
@@ -122,7 +127,7 @@ class RecordWriter:
         small = _SMALL
         delta = timestamp - self.base_timestamp
         count = self.count
-        t = small[delta + 1] if -1 <= delta < _SMALL_MAX else _varint(delta)
+        t = small[delta + 1] if -1 <= delta < _SMALL_MAX else _varint(_int64(delta))
         o = small[count + 1] if count < _SMALL_MAX else _varint(count)
         if key is None:
             k = b"\x01"

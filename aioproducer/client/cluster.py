@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import ipaddress
 import logging
 import random
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from typing import Any, Callable, Iterable, Mapping
 from ..config import ProducerConfig, ssl_context_for
 from ..errors import (
     AuthenticationError,
+    CorruptMessageError,
     InconsistentClusterIdError,
     InvalidTopicError,
     KafkaConnectionError,
@@ -49,6 +51,38 @@ class Broker:
     node_id: int
     host: str
     port: int
+
+    @classmethod
+    def from_response(cls, node_id: int, host: str, port: int) -> "Broker":
+        """A broker a response names (Metadata, a produce response's NodeEndpoints,
+        FindCoordinator), its address checked: a port out of range, a NUL or a 300-character
+        label made the connect task fail with OverflowError, ValueError or UnicodeError."""
+        problem = address_problem(host, port)
+        if problem is not None:
+            raise CorruptMessageError(f"the broker names broker {node_id} at an address no "
+                                      f"client can connect to: {problem}")
+        return cls(node_id, host, port)
+
+
+def address_problem(host: str, port: int) -> str | None:
+    """Why (host, port) cannot be connected to, or None: a port of 1-65535, and a host that
+    is an IP address or a DNS name (labels of 1-63 characters, IDNA, 253 at most)."""
+    if not 0 < port < 65536:
+        return f"port {port} is not 1-65535"
+    if not host or any(ord(c) < 0x20 or c == "\x7f" for c in host):
+        return "the host is empty or holds control characters"
+    try:
+        ipaddress.ip_address(host)
+        return None
+    except ValueError:
+        pass
+    try:
+        name = host.encode("idna")
+    except UnicodeError:
+        return "the host is not a DNS name (an empty label, one over 63 characters, or not IDNA)"
+    if len(name.rstrip(b".")) > 253:
+        return "the host is longer than a DNS name may be (253)"
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +116,7 @@ class Cluster:
         self.on_change: Callable[[], None] = lambda: None
         self.release_topic: Callable[[str], bool] = lambda topic: True
         self._refresh_failed = LogEvery(log, logging.WARNING, 30)  # an outage's, every 30 s
+        self._bad_address = LogEvery(log, logging.WARNING, 30)
         self._used_at: dict[str, float] = {}
         self._loop = asyncio.get_running_loop()
         self.brokers: dict[int, Broker] = {}
@@ -138,8 +173,12 @@ class Cluster:
             endpoint = next((e for e in endpoints if e["node_id"] == node_id), None)
             if endpoint is None:
                 return False
-            self.brokers = {**self.brokers,
-                            node_id: Broker(node_id, endpoint["host"], endpoint["port"])}
+            try:
+                broker = Broker.from_response(node_id, endpoint["host"], endpoint["port"])
+            except CorruptMessageError as exc:
+                self._bad_address("%s: ignored", exc)
+                return False
+            self.brokers = {**self.brokers, node_id: broker}
         leaders = list(info.leaders)
         epochs = list(info.epochs) if len(info.epochs) == len(leaders) else [-1] * len(leaders)
         leaders[partition], epochs[partition] = node_id, epoch
@@ -277,8 +316,13 @@ class Cluster:
                 "that this producer started with: its metadata is refused (check "
                 "bootstrap_servers)")
         self.cluster_id = self.cluster_id or cluster_id
-        self.brokers = {b["node_id"]: Broker(b["node_id"], b["host"], b["port"])
-                        for b in response["brokers"]}
+        brokers = {}
+        for b in response["brokers"]:
+            try:
+                brokers[b["node_id"]] = Broker.from_response(b["node_id"], b["host"], b["port"])
+            except CorruptMessageError as exc:  # its partitions have no leader we can reach
+                self._bad_address("%s: ignored", exc)
+        self.brokers = brokers
         self.controller_id = response["controller_id"]
         topics_info: dict[str, TopicInfo] = {}
         for t in response["topics"]:
@@ -419,7 +463,8 @@ class Cluster:
                 broker.node_id, broker.host, broker.port, client_id=config.client_id,
                 request_timeout=config.request_timeout_ms / 1000,
                 connect_timeout=self._setup_timeout(broker.node_id),
-                ssl_context=self._ssl_context, sasl=sasl)
+                ssl_context=self._ssl_context, sasl=sasl,
+                max_response_bytes=config.receive_message_max_bytes)
         except KafkaError:
             backoff = self._backoff.setdefault(broker.node_id, _Backoff())
             delay = exponential_backoff(config.reconnect_backoff_ms / 1000, backoff.failures,

@@ -12,7 +12,10 @@ failing everything on it as retriable, as the Java client does.
 from __future__ import annotations
 
 import asyncio
+import gc
 import ssl
+import threading
+from collections import deque
 from functools import partial
 from typing import Any, Callable, Mapping
 
@@ -26,7 +29,7 @@ from ..errors import (
     error_for_code,
 )
 from .._version import __version__
-from ..protocol.framing import Framing, FramingError, Response
+from ..protocol.framing import MAX_RESPONSE_BYTES, Framing, FramingError, Response
 from ..protocol.messages import CLIENT_VERSIONS, ApiKey, pick_version
 from ..protocol.sasl import SaslMechanism
 
@@ -51,7 +54,7 @@ class BrokerConnection(asyncio.Protocol):
     """A connected, version-negotiated link to one broker. Create with `connect()`."""
 
     def __init__(self, node_id: int, host: str, port: int, client_id: str,
-                 request_timeout: float) -> None:
+                 request_timeout: float, max_response_bytes: int = MAX_RESPONSE_BYTES) -> None:
         self.node_id = node_id
         self.host = host
         self.port = port
@@ -73,9 +76,13 @@ class BrokerConnection(asyncio.Protocol):
         self._idle: asyncio.Future[None] | None = None  # quiet(): no request pending
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
-        self._framing = Framing(client_id, self.address)
+        self._framing = Framing(client_id, self.address, max_response_bytes=max_response_bytes)
         # The callback and deadline of each request awaiting its response, oldest first.
         self._pending: dict[int, _Pending] = {}
+        # Responses that arrived behind a large one still being decoded in a worker thread
+        # (the first, while `_decoding`): delivered in order once it is done.
+        self._backlog: deque[tuple[_Pending, Response]] = deque()
+        self._decoding = False
         self._timer: asyncio.TimerHandle | None = None
         self._close_exc: KafkaError | None = None
         # Set by the owner: called with (this connection, the exception it closed with).
@@ -92,11 +99,12 @@ class BrokerConnection(asyncio.Protocol):
     async def connect(cls, node_id: int, host: str, port: int, *, client_id: str,
                       request_timeout: float, connect_timeout: float,
                       ssl_context: ssl.SSLContext | None = None,
-                      sasl: SaslMechanism | None = None) -> "BrokerConnection":
+                      sasl: SaslMechanism | None = None,
+                      max_response_bytes: int = MAX_RESPONSE_BYTES) -> "BrokerConnection":
         """Open the socket (TLS if given a context), negotiate API versions, authenticate
         (SASL if given a mechanism); raise KafkaConnectionError or AuthenticationError."""
         loop = asyncio.get_running_loop()
-        conn = cls(node_id, host, port, client_id, request_timeout)
+        conn = cls(node_id, host, port, client_id, request_timeout, max_response_bytes)
         try:
             await asyncio.wait_for(
                 loop.create_connection(lambda: conn, host, port, ssl=ssl_context,
@@ -136,14 +144,21 @@ class BrokerConnection(asyncio.Protocol):
             raise AuthenticationError(
                 f"{self.address} does not offer SASL {mechanism.name}; it offers "
                 f"{', '.join(response['mechanisms'] or []) or 'none'}")
-        token = mechanism.step(None)
+        token = await _step(mechanism, None)
         while token is not None:
-            response = await self.request(ApiKey.SASL_AUTHENTICATE, {"auth_bytes": token})
+            # The message may hold the password (PLAIN): no local of a frame a failure's
+            # traceback shows (error reporters capture locals) keeps it once it is written.
+            body = {"auth_bytes": token}
+            token = None
+            try:
+                response = await self.request(ApiKey.SASL_AUTHENTICATE, body)
+            finally:
+                body.clear()
             if response["error_code"]:
                 raise AuthenticationError(
                     f"SASL {mechanism.name} authentication with {self.address} failed: "
                     f"{response['error_message'] or error_for_code(response['error_code'])}")
-            token = mechanism.step(response["auth_bytes"])
+            token = await _step(mechanism, response["auth_bytes"])
         self.session_lifetime_ms = response.get("session_lifetime_ms", 0)
 
     @property
@@ -248,7 +263,7 @@ class BrokerConnection(asyncio.Protocol):
 
     async def quiet(self) -> None:
         """Wait until no request is pending (or the connection closed)."""
-        while self._pending and self._close_exc is None:
+        while (self._pending or self._backlog) and self._close_exc is None:
             self._idle = self._loop.create_future()
             await self._idle
 
@@ -271,11 +286,13 @@ class BrokerConnection(asyncio.Protocol):
                 timer.cancel()
         self._timer = self._release_timer = None
         pending, self._pending = self._pending, {}
+        backlog, self._backlog = self._backlog, deque()
         held = (self._held or []) + self._throttle_held
         self._held, self._throttle_held = None, []
         self.in_flight_produce = 0
         self._wake_idle()
-        callbacks = [entry.on_response for entry in pending.values()] + \
+        callbacks = [entry.on_response for entry, _ in backlog] + \
+            [entry.on_response for entry in pending.values()] + \
             [on_response for _, _, on_response, _ in held if on_response is not None]
         for on_response in callbacks:
             # In a loop turn of their own: close() may be called from code the callbacks
@@ -307,23 +324,63 @@ class BrokerConnection(asyncio.Protocol):
         self._handle(responses)
 
     def _handle(self, responses: list[Response]) -> None:
-        """Each response to its request's callback, in order, until the connection closes."""
+        """Each response to its request's callback, in order, until the connection closes.
+        A large one (deferred by the framing) is decoded in a worker thread first, and those
+        after it wait for it."""
         pending = self._pending
         for response in responses:
             entry = pending.pop(response.correlation_id)
             if entry.api_key == ApiKey.PRODUCE:
                 self.in_flight_produce -= 1
-            error = response.error
-            if error is None:
-                self._note_throttle(response.body)
-                self._deliver(entry, response.body, None)
-            else:  # this request gets the error; the others fail as the connection closes
-                self._deliver(entry, None, error)
-                self.close(error if isinstance(error, CorruptMessageError) else None)
+            if self._backlog or response.deferred is not None:
+                self._backlog.append((entry, response))
+                if not self._decoding:
+                    self._decode_next()
+                continue
+            self._handle_one(entry, response)
             if self._close_exc is not None:  # by a callback or the error: close() failed the rest
                 return
-        if not pending and self._idle is not None:
+        if not pending and not self._backlog and self._idle is not None:
             self._wake_idle()
+
+    def _decode_next(self) -> None:
+        """Deliver the backlog up to its first deferred response, and start decoding that
+        one in a worker thread (its GIL is shared, but the loop gets its turn every switch
+        interval, so timers fire and other connections are served meanwhile)."""
+        backlog = self._backlog
+        while backlog and backlog[0][1].deferred is None:
+            if self._close_exc is not None:
+                return
+            entry, response = backlog.popleft()
+            self._handle_one(entry, response)
+        if backlog and self._close_exc is None:
+            self._decoding = True
+            decoded = self._loop.run_in_executor(None, _decode_without_gc, backlog[0][1])
+            decoded.add_done_callback(self._decoded)
+        elif not self._pending and self._idle is not None:
+            self._wake_idle()
+
+    def _decoded(self, done: asyncio.Future[None]) -> None:
+        self._decoding = False
+        if self._close_exc is not None or done.cancelled():
+            return
+        error = done.exception()
+        if error is not None:  # (decode() raises nothing else: a MemoryError, say)
+            self.close(CorruptMessageError(f"{self.address}: a response could not be decoded: "
+                                           f"{type(error).__name__}"))
+            return
+        entry, response = self._backlog.popleft()
+        self._handle_one(entry, response)
+        self._decode_next()
+
+    def _handle_one(self, entry: _Pending, response: Response) -> None:
+        error = response.error
+        if error is None:
+            self._note_throttle(response.body)
+            self._deliver(entry, response.body, None)
+        else:  # this request gets the error; the others fail as the connection closes
+            self._deliver(entry, None, error)
+            self.close(error if isinstance(error, CorruptMessageError) else None)
 
     def _note_throttle(self, body: dict[str, Any] | None) -> None:
         """Any response may say the client went over a quota. A broker that speaks Produce v6
@@ -356,6 +413,39 @@ class BrokerConnection(asyncio.Protocol):
                 f"request_timeout_ms={self.request_timeout * 1000:.0f}; connection closed"))
         else:
             self._timer = self._loop.call_at(oldest.deadline, self._check_timeouts)
+
+
+_gc_lock = threading.Lock()
+_gc_paused = 0  # decodes under way; the collector is off while there is one
+_gc_was_enabled = False
+
+
+def _decode_without_gc(response: Response) -> None:
+    """Decode a large response (in a worker thread) with the cyclic garbage collector off:
+    the hundreds of thousands of dicts a large Metadata response becomes would otherwise set
+    off full collections in this thread, each holding the GIL (and so the event loop) for
+    tens to hundreds of milliseconds. Reference counting still frees what dies meanwhile."""
+    global _gc_paused, _gc_was_enabled
+    with _gc_lock:
+        if not _gc_paused:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
+        _gc_paused += 1
+    try:
+        response.decode()
+    finally:
+        with _gc_lock:
+            _gc_paused -= 1
+            if not _gc_paused and _gc_was_enabled:
+                gc.enable()
+
+
+async def _step(mechanism: SaslMechanism, challenge: bytes | None) -> bytes | None:
+    """One step of a SASL exchange; SCRAM's key derivation (PBKDF2, which releases the GIL)
+    in a worker thread, so that the loop's timers and other connections go on meanwhile."""
+    if mechanism.costly:
+        return await asyncio.to_thread(mechanism.step, challenge)
+    return mechanism.step(challenge)
 
 
 def _settle(future: asyncio.Future[Any], body: dict[str, Any] | None,

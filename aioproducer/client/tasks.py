@@ -3,15 +3,20 @@
 No task without a responsible parent (trio's rule): the producer makes one TaskSet when it
 starts and hands it to whoever spawns (the cluster, the transaction manager, itself); close()
 awaits it, so no task outlives close(). A task's failure is recorded on the task (its owner
-reads it, or it is retrieved so asyncio does not log it as lost); it cancels no sibling.
+reads it, or it is retrieved so asyncio does not log it as lost); it cancels no sibling. A
+failure that is no KafkaError (a bug, or input nothing checked) is logged with its traceback:
+the owner of a background task may never look, and a child's error must reach someone.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any, Coroutine, TypeVar
 
-from ..errors import ProducerClosedError
+from ..errors import KafkaError, ProducerClosedError
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -23,16 +28,25 @@ class TaskSet:
         self._tasks: set[asyncio.Task[Any]] = set()
         self.closed = False
 
-    def spawn(self, coroutine: Coroutine[Any, Any, T], name: str) -> asyncio.Task[T]:
+    def spawn(self, coroutine: Coroutine[Any, Any, T], name: str, *,
+              reported: bool = False) -> asyncio.Task[T]:
+        """A task of the set; `reported`: its owner logs any failure itself."""
         if self.closed:
             coroutine.close()
             raise ProducerClosedError("the producer is closed")
         task = asyncio.get_running_loop().create_task(coroutine, name=name)
         self._tasks.add(task)
-        task.add_done_callback(self._ended)
+        task.add_done_callback(self._ended if not reported else self._ended_reported)
         return task
 
     def _ended(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        exc = None if task.cancelled() else task.exception()
+        if exc is not None and not isinstance(exc, KafkaError):
+            log.error("aioproducer background task %s failed: %r", task.get_name(), exc,
+                      exc_info=exc)
+
+    def _ended_reported(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
         retrieve_exception(task)
 

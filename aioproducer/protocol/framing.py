@@ -20,9 +20,16 @@ from .messages import ApiKey, decode_response, encode_request
 log = logging.getLogger(__name__)
 
 _INT32 = struct.Struct(">i")  # the size prefix, and the correlation id after it
-# A response larger than this is not from a Kafka broker (or is corrupt): refuse it rather
-# than buffer it. Produce responses are tiny; metadata for very large clusters stays far below.
-MAX_RESPONSE_BYTES = 256 * 1024 * 1024
+# The default of the receive_message_max_bytes setting: a response larger than this is
+# refused before it is buffered (the connection closes). librdkafka's receive.message.max.bytes
+# default. Produce responses are tiny; Metadata for the topics a producer uses stays far below
+# (a topic of 100,000 partitions of 3 replicas: about 7 MB); decoded, a Metadata response
+# takes up to ~17 times its size in memory.
+MAX_RESPONSE_BYTES = 100_000_000
+# A response frame larger than this is handed back undecoded (Response.deferred) for the I/O
+# layer to decode off its event loop: decoding takes ~0.1 s per MiB of Metadata, during which
+# no timer or other connection would run. Produce responses are far smaller.
+INLINE_DECODE_BYTES = 64 * 1024
 
 
 class FramingError(CorruptMessageError):
@@ -37,8 +44,9 @@ class FramingError(CorruptMessageError):
 
 
 class FrameSizeError(FramingError):
-    """A size prefix no Kafka broker sends: shorter than a correlation id, or over
-    MAX_RESPONSE_BYTES (typically a peer that is not Kafka, or TLS spoken to plaintext)."""
+    """A size prefix no Kafka broker sends: shorter than a correlation id (typically a peer
+    that is not Kafka, or TLS spoken to plaintext), or over the connection's
+    max_response_bytes (receive_message_max_bytes)."""
 
 
 class CorrelationIdError(FramingError):
@@ -48,15 +56,30 @@ class CorrelationIdError(FramingError):
 
 class Response:
     """A response matched to its request: the decoded `body`, or the `error` that decoding it
-    raised (CorruptMessageError, UnsupportedVersionError), which fails only that request."""
+    raised (CorruptMessageError, UnsupportedVersionError), which fails only that request.
+    A large one comes `deferred`: (api key, version, frame) to decode() where it suits the
+    caller (a worker thread), which sets body or error."""
 
-    __slots__ = ("correlation_id", "body", "error")
+    __slots__ = ("correlation_id", "body", "error", "deferred")
 
     def __init__(self, correlation_id: int, body: dict[str, Any] | None,
-                 error: KafkaError | None) -> None:
+                 error: KafkaError | None,
+                 deferred: tuple[ApiKey, int, bytes] | None = None) -> None:
         self.correlation_id = correlation_id
         self.body = body
         self.error = error
+        self.deferred = deferred
+
+    def decode(self) -> None:
+        """Decode a deferred response (no loop or shared state: safe in another thread)."""
+        if self.deferred is None:
+            return
+        api_key, version, frame = self.deferred
+        try:
+            self.body = decode_response(api_key, version, frame)
+        except (CorruptMessageError, UnsupportedVersionError) as exc:
+            self.error = exc
+        self.deferred = None
 
     def __repr__(self) -> str:
         return f"<Response {self.correlation_id} {self.error or self.body}>"
@@ -66,9 +89,14 @@ class Framing:
     """The frames of one connection: numbers the requests, cuts the byte stream into
     response frames, and matches each to its request (in order) to decode it."""
 
-    def __init__(self, client_id: str | None, peer: str) -> None:
+    def __init__(self, client_id: str | None, peer: str, *,
+                 max_response_bytes: int = MAX_RESPONSE_BYTES,
+                 inline_decode_bytes: int | None = INLINE_DECODE_BYTES) -> None:
         self.client_id = client_id
         self.peer = peer  # named in error messages
+        self.max_response_bytes = max_response_bytes
+        # Frames larger than this come back deferred (None: every frame decoded here).
+        self._inline = inline_decode_bytes if inline_decode_bytes is not None else 1 << 62
         self._next_correlation_id = 0
         # (correlation id, api key, version) of each request awaiting its response, oldest first.
         self._in_flight: deque[tuple[int, ApiKey, int]] = deque()
@@ -110,10 +138,15 @@ class Framing:
         try:
             while end - start >= 4:
                 (size,) = _INT32.unpack_from(source, start)
-                if size < 4 or size > MAX_RESPONSE_BYTES:
+                if size < 4:
                     raise FrameSizeError(
                         f"{self.peer} sent a frame of {size} bytes: it does not speak the Kafka "
                         "protocol (wrong port? TLS expected?)")
+                if size > self.max_response_bytes:
+                    raise FrameSizeError(
+                        f"{self.peer} sent a frame of {size} bytes, over receive_message_max_"
+                        f"bytes={self.max_response_bytes}: not a Kafka broker (wrong port? TLS "
+                        "expected?), or one whose answers need a larger limit")
                 if end - start - 4 < size:
                     break
                 (correlation_id,) = _INT32.unpack_from(source, start + 4)
@@ -131,6 +164,10 @@ class Framing:
                     # waits for it.
                     log.debug("%s: ignoring response with correlation id %d",
                               self.peer, correlation_id)
+                    continue
+                if size > self._inline:
+                    responses.append(Response(correlation_id, None, None,
+                                              (api_key, version, frame)))
                     continue
                 try:
                     body = decode_response(api_key, version, frame)

@@ -191,6 +191,16 @@ _REQUESTS: dict[ApiKey, tuple[F, ...]] = {
     ),
 }
 
+# Bounds on what a Metadata response may claim, far above any real cluster (the largest run
+# a few thousand brokers, and Kafka advises against more than a few hundred thousand
+# partitions in all), so that a broken or hostile broker cannot make the client build
+# millions of objects: a response over them is a CorruptMessageError. A replication factor
+# is an int16 in Kafka's CreateTopics.
+_MAX_BROKERS = 10_000
+_MAX_TOPICS = 200_000  # in one response: the producer asks only for the topics it uses
+_MAX_PARTITIONS = 200_000  # of one topic
+_MAX_REPLICAS = 32_767
+
 _RESPONSES: dict[ApiKey, tuple[F, ...]] = {
     ApiKey.API_VERSIONS: (
         F("error_code", "int16"),
@@ -202,7 +212,7 @@ _RESPONSES: dict[ApiKey, tuple[F, ...]] = {
         F("brokers", (
             F("node_id", "int32"), F("host", "string"), F("port", "int32"),
             F("rack", "string", (1, 99), nullable_from=1),
-        )),
+        ), max_items=_MAX_BROKERS),
         F("cluster_id", "string", (2, 99), nullable_from=2),
         F("controller_id", "int32", (1, 99)),
         F("topics", (
@@ -215,12 +225,12 @@ _RESPONSES: dict[ApiKey, tuple[F, ...]] = {
                 F("partition_index", "int32"),
                 F("leader_id", "int32"),
                 F("leader_epoch", "int32", (7, 99)),
-                F("replica_nodes", "[int32]"),
-                F("isr_nodes", "[int32]"),
-                F("offline_replicas", "[int32]", (5, 99)),
-            )),
+                F("replica_nodes", "[int32]", max_items=_MAX_REPLICAS),
+                F("isr_nodes", "[int32]", max_items=_MAX_REPLICAS),
+                F("offline_replicas", "[int32]", (5, 99), max_items=_MAX_REPLICAS),
+            ), max_items=_MAX_PARTITIONS),
             F("topic_authorized_operations", "int32", (8, 99)),
-        )),
+        ), max_items=_MAX_TOPICS),
         F("cluster_authorized_operations", "int32", (8, 10)),
     ),
     ApiKey.PRODUCE: (

@@ -93,6 +93,7 @@ class Field:
     default: Any = None
     tag: int | None = None
     array: bool = True
+    max_items: int | None = None  # an array's bound: a response claiming more is corrupt
 
 
 Writer = Callable[[list[Any], Any], None]
@@ -243,7 +244,8 @@ def _read_struct(src: _Source, fields: Sequence[Field], version: int, flexible: 
     for f in present:
         if f.tag is None:
             item = src.var("v")
-            _read_field(src, f.kind, nested.get(f.name), flexible, item, 1)
+            _read_field(src, f.kind, nested.get(f.name), flexible, item, 1,
+                        f.name, version >= f.nullable_from, f.max_items)
             items.append(f"{f.name!r}: {item}")
     if tagged:
         # Built only when the section is not empty (rare: a produce response names a new
@@ -274,13 +276,18 @@ def _read_tagged(src: _Source, f: Field, struct_reader: str | None, flexible: bo
     function = src.var("read_tagged")
     src.emit(0, f"def {function}(data, pos):")
     item = src.var("v")
-    _read_field(src, f.kind, struct_reader, flexible, item, 1)
+    _read_field(src, f.kind, struct_reader, flexible, item, 1, f.name,
+                f.nullable_from < 99)
     src.emit(1, f"return {item}, pos")
     return function
 
 
 def _read_field(src: _Source, kind: str | tuple[Field, ...], struct_reader: str | None,
-                flexible: bool, item: str, depth: int) -> None:
+                flexible: bool, item: str, depth: int, name: str, nullable: bool,
+                max_items: int | None = None) -> None:
+    """Reads one field into local `item`. A negative length where the schema allows no null
+    is a CorruptMessageError, as in Kafka's own readers (not a None that fails later), and
+    so is an array longer than its field's bound."""
     is_array = isinstance(kind, tuple) or kind.startswith("[")
     if is_array or kind in _LENGTH:
         count = src.var("n")
@@ -296,20 +303,29 @@ def _read_field(src: _Source, kind: str | tuple[Field, ...], struct_reader: str 
             src.emit(depth, f"({count},) = {src.bind('length', length.unpack_from)}(data, pos)")
             src.emit(depth, f"pos += {length.size}")
         src.emit(depth, f"if {count} < 0:")
-        src.emit(depth + 1, f"{item} = None")
+        if nullable or kind == "records":
+            src.emit(depth + 1, f"{item} = None")
+        else:
+            src.emit(depth + 1, "raise CorruptMessageError("
+                                f"{'non-nullable field ' + name + ' is null (a negative length)'!r})")
         src.emit(depth, "else:")
         depth += 1
         if is_array:
             src.emit(depth, f"if {count} > len(data) - pos:")
             src.emit(depth + 1, "raise CorruptMessageError("
                                 f"f'an array claims {{{count}}} items, more than the frame holds')")
+            if max_items is not None:
+                src.emit(depth, f"if {count} > {max_items}:")
+                src.emit(depth + 1, "raise CorruptMessageError("
+                                    f"f'{name} claims {{{count}}} items, more than the "
+                                    f"{max_items} any Kafka cluster has')")
             element = src.var("x")
             src.emit(depth, f"{item} = []")
             src.emit(depth, f"for _ in range({count}):")
             if isinstance(kind, tuple):
                 src.emit(depth + 1, f"{element}, pos = {struct_reader}(data, pos)")
             else:
-                _read_field(src, kind[1:-1], None, flexible, element, depth + 1)
+                _read_field(src, kind[1:-1], None, flexible, element, depth + 1, name, False)
             src.emit(depth + 1, f"{item}.append({element})")
         else:
             src.emit(depth, f"if pos + {count} > len(data):")

@@ -77,6 +77,9 @@ class TopicReader:
         self._from_beginning = from_beginning
         self._isolation = isolation
         self._partition_max_bytes = partition_max_bytes
+        # What a Fetch may ask for: its response must stay under receive_message_max_bytes
+        # (headers and framing besides the records: 64 KiB of room is plenty for one topic).
+        self._fetch_budget = max(config.receive_message_max_bytes - (1 << 16), 1 << 15)
         self._max_bytes: dict[int, int] = {}  # per partition, grown for a larger batch
         self.positions: dict[int, int] = {}  # partition -> the next offset to read
         self._tasks = TaskSet()
@@ -191,10 +194,12 @@ class TopicReader:
     async def _fetch_at(self, offsets: dict[int, int], max_wait_ms: int,
                         min_bytes: int = 1) -> dict[int, dict[str, Any]]:
         """One Fetch per leader, all at once: each partition's answer."""
+        max_bytes = min(_MAX_FETCH_BYTES, self._fetch_budget)
+
         async def from_leader(leader: int, group: list[int]) -> dict[str, Any]:
             conn = await self.cluster.connection(leader)
             return await conn.request(ApiKey.FETCH, {
-                "max_wait_ms": max_wait_ms, "min_bytes": min_bytes, "max_bytes": _MAX_FETCH_BYTES,
+                "max_wait_ms": max_wait_ms, "min_bytes": min_bytes, "max_bytes": max_bytes,
                 "isolation_level": self._isolation,
                 "topics": [{"topic": self.topic, "partitions": [
                     {"partition": p, "fetch_offset": offsets[p],
@@ -259,7 +264,8 @@ class TopicReader:
             return
         batches = read_batches(data)
         if not batches:  # its next batch is larger than we asked for (brokers before KIP-74)
-            self._max_bytes[partition] = min(self._max_bytes[partition] * 2, _MAX_BATCH_BYTES)
+            self._max_bytes[partition] = min(self._max_bytes[partition] * 2, _MAX_BATCH_BYTES,
+                                             self._fetch_budget)
             return
         aborted: tuple[tuple[int, int], ...] = ()
         if self._isolation == IsolationLevel.READ_COMMITTED:
