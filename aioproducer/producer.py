@@ -25,7 +25,7 @@ from .client.cluster import Cluster
 from .client.tasks import TaskSet, cancelling
 from .config import ProducerConfig, ProducerSettings
 from .errors import ConfigError, KafkaConnectionError, ProducerClosedError, \
-    TransactionStateError
+    RequestTimeoutError, TransactionStateError
 from .protocol.compression import codec_from_name
 from .protocol.records import Headers
 
@@ -149,15 +149,23 @@ class Producer:
                                                  config.client_id)
         refresh = cluster.refresh()
         try:
-            # No longer than max_block_ms: a broker that takes connections but never answers
-            # would otherwise hold start() for request_timeout_ms. (max_block_ms=0, "sends
-            # never wait", leaves start() its request_timeout_ms.)
+            # max_block_ms, whatever request_timeout_ms is: a broker that takes connections
+            # but never answers is asked again until then (one that refuses them fails at
+            # once). max_block_ms=0, "sends never wait", leaves start() one attempt.
             bound = config.max_block_ms / 1000 or config.request_timeout_ms / 1000
-            if not (await asyncio.wait({refresh}, timeout=bound))[0]:
-                raise KafkaConnectionError(
-                    f"no broker answered within {bound:g} s (max_block_ms="
-                    f"{config.max_block_ms}; bootstrap_servers={config.bootstrap_servers}): "
-                    "is it a Kafka broker, and up?")
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + bound
+            while True:
+                if not (await asyncio.wait({refresh}, timeout=deadline - loop.time()))[0]:
+                    raise KafkaConnectionError(
+                        f"no broker answered within {bound:g} s (max_block_ms="
+                        f"{config.max_block_ms}; bootstrap_servers={config.bootstrap_servers})"
+                        ": is it a Kafka broker, and up?")
+                failure = None if refresh.cancelled() else refresh.exception()
+                if loop.time() >= deadline or not isinstance(failure, KafkaConnectionError) \
+                        or not isinstance(failure.__cause__, RequestTimeoutError):
+                    break
+                refresh = cluster.refresh()
             refresh.result()
         except BaseException:
             cluster.close()  # (then start() makes the producer new again)
@@ -488,7 +496,9 @@ class Producer:
         await transactions.init()
 
     def begin_transaction(self) -> None:
-        """Start a transaction: records sent until commit or abort are in it."""
+        """Start a transaction: records sent until commit or abort are in it. Synchronous, as
+        in the Java client (nothing is sent until a record is): not awaited, unlike
+        commit_transaction() and abort_transaction()."""
         self._transaction_flow().begin()
 
     async def commit_transaction(self) -> None:

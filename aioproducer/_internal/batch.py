@@ -414,7 +414,7 @@ class Sending(RecordFuture):
     """What `Producer.send()` returns for a record it buffered at once: a RecordFuture, so
     asyncio.gather takes it with no Task, that is also a coroutine (send/throw/close), so
     `create_task()`, TaskGroups and `asyncio.run()` take it as they take `async def` calls.
-    Cancelling the task that runs or awaits it ends that wait; the record is still sent."""
+    Cancelling the task that runs or awaits it cancels it; the record is still sent."""
 
     __slots__ = ()
 
