@@ -22,7 +22,7 @@ from aiohttp import web
 from .._internal.arguments import check_timeout
 from ..producer import Producer
 
-PRODUCER: web.AppKey[Producer] = web.AppKey("aioproducer", Producer)
+PRODUCER: web.AppKey[Producer[Any, Any]] = web.AppKey("aioproducer", Producer)
 """Where the application keeps its producer: `request.app[PRODUCER]`."""
 
 
