@@ -225,6 +225,7 @@ async def test_the_connection_setup_timeout_doubles_with_each_failure_in_a_row()
 
 async def _silent_server(reader, writer):
     await reader.read()  # never answers
+    writer.close()  # (once the client left: from 3.12.1, the server's wait_closed() waits for it)
 
 
 async def _http_server(reader, writer):
