@@ -22,7 +22,7 @@ import weakref
 from collections import deque
 from concurrent.futures import Future
 from functools import partial
-from typing import Any, Callable, Iterator, Sequence, Unpack
+from typing import Any, Callable, Generic, Iterator, Sequence, Unpack, overload
 
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
@@ -30,10 +30,11 @@ from ._internal.batch import ProducerBatch, RecordMetadata
 from ._internal.metrics import ProducerMetrics
 from ._internal.observer import deliver, deliver_each
 from ._internal.thread_future import ThreadFuture
-from .config import ProducerConfig, ProducerSettings
+from .config import ProducerConfig, ProducerSettingsBase
 from .errors import BufferExhaustedError, ProducerClosedError
-from .producer import Producer
+from .producer import Bytes, K, Producer, V
 from .protocol.records import Headers
+from .serializers import SerializerOf
 
 log = logging.getLogger(__name__)
 DeliveryCallback = Callable[[RecordMetadata | None, BaseException | None], None]
@@ -42,10 +43,10 @@ DeliveryCallback = Callable[[RecordMetadata | None, BaseException | None], None]
 # the producer's buffer_memory bounds what is buffered, this bounds what waits to be.
 _QUEUE_LIMIT = 5_000
 _POLL = 0.001  # how often the pump looks at the queue while records keep coming
-_OPEN: weakref.WeakSet[BlockingProducer] = weakref.WeakSet()
+_OPEN: weakref.WeakSet[BlockingProducer[Any, Any]] = weakref.WeakSet()
 
 
-class BlockingProducer:
+class BlockingProducer(Generic[K, V]):
     """A Kafka producer with blocking calls; the same settings as `Producer`.
 
     ```py
@@ -62,10 +63,38 @@ class BlockingProducer:
     `os.fork()`: create a new one in the child.
     """
 
+    # Typed by its serializers, as Producer is.
+    @overload
+    def __init__(self: BlockingProducer[Bytes, Bytes],
+                 bootstrap_servers: str | Sequence[str] | None = None, *,
+                 key_serializer: None = None, value_serializer: None = None,
+                 **settings: Unpack[ProducerSettingsBase]) -> None: ...
+
+    @overload
+    def __init__(self: BlockingProducer[K, Bytes],
+                 bootstrap_servers: str | Sequence[str] | None = None, *,
+                 key_serializer: SerializerOf[K], value_serializer: None = None,
+                 **settings: Unpack[ProducerSettingsBase]) -> None: ...
+
+    @overload
+    def __init__(self: BlockingProducer[Bytes, V],
+                 bootstrap_servers: str | Sequence[str] | None = None, *,
+                 key_serializer: None = None, value_serializer: SerializerOf[V],
+                 **settings: Unpack[ProducerSettingsBase]) -> None: ...
+
+    @overload
+    def __init__(self: BlockingProducer[K, V],
+                 bootstrap_servers: str | Sequence[str] | None = None, *,
+                 key_serializer: SerializerOf[K], value_serializer: SerializerOf[V],
+                 **settings: Unpack[ProducerSettingsBase]) -> None: ...
+
+    @overload
+    def __init__(self: BlockingProducer[Any, Any], *, config: ProducerConfig) -> None: ...
+
     def __init__(self, bootstrap_servers: str | Sequence[str] | None = None, *,
-                 config: ProducerConfig | None = None,
-                 **settings: Unpack[ProducerSettings]) -> None:
-        self._producer = Producer(bootstrap_servers, config=config, **settings)
+                 config: ProducerConfig | None = None, **settings: Any) -> None:
+        self._producer: Producer[K, V] = Producer(  # type: ignore[call-overload]
+            bootstrap_servers, config=config, **settings)
         self._max_block = self._producer.config.max_block_ms / 1000
         self._queue: deque[tuple[Any, ...] | asyncio.Future[None]] = deque()
         self._woken = False  # a wake-up of the pump is on its way or running
@@ -97,7 +126,7 @@ class BlockingProducer:
     def __repr__(self) -> str:
         return f"<BlockingProducer of {self._producer!r}>"
 
-    def __enter__(self) -> BlockingProducer:
+    def __enter__(self) -> BlockingProducer[K, V]:
         return self
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
@@ -105,7 +134,7 @@ class BlockingProducer:
 
     # -- producing -------------------------------------------------------------------------
 
-    def produce(self, topic: str, value: Any, key: Any = None, *,
+    def produce(self, topic: str, value: V | None, key: K | None = None, *,
                 partition: int | None = None, timestamp_ms: int | None = None,
                 headers: Headers | None = None,
                 on_delivery: DeliveryCallback | None = None) -> Future[RecordMetadata]:
@@ -129,7 +158,7 @@ class BlockingProducer:
                     _fail(future, on_delivery, ProducerClosedError("the producer is closed"))
         return future
 
-    def send(self, topic: str, value: Any, key: Any = None, *,
+    def send(self, topic: str, value: V | None, key: K | None = None, *,
              partition: int | None = None, timestamp_ms: int | None = None,
              headers: Headers | None = None, timeout: float | None = None) -> RecordMetadata:
         """Produce one record and wait for its acknowledgement (at most `timeout` seconds:
@@ -196,7 +225,7 @@ class BlockingProducer:
             self._producer.send_offsets_to_transaction, offsets, group_metadata))
 
     @contextlib.contextmanager
-    def transaction(self) -> Iterator[BlockingProducer]:
+    def transaction(self) -> Iterator[BlockingProducer[K, V]]:
         """`with producer.transaction():` commits when the block ends, aborts if it raises."""
         self.begin_transaction()
         try:

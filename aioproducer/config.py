@@ -45,10 +45,9 @@ TokenSource = Union[TokenProvider, Callable[[], Union[str, Awaitable[str]]]]
 _ADDRESS = re.compile(r"^\s*(?:\[(?P<ipv6>[0-9a-fA-F:.]+)\]|(?P<host>[^:\s\[\]]+)):(?P<port>\d+)\s*$")
 
 
-class ProducerSettings(TypedDict, total=False):
-    """The settings `Producer(...)` and `BlockingProducer(...)` take as keywords, typed, so a
-    type checker catches a misspelt name or a wrong type (ProducerConfig validates the
-    values when the producer is made; tests/test_config.py keeps the two lists one)."""
+class ProducerSettingsBase(TypedDict, total=False):
+    """ProducerSettings but the serializers, which Producer's constructor takes by name (they
+    type its keys and values)."""
 
     client_id: str
     acks: int | str
@@ -76,8 +75,6 @@ class ProducerSettings(TypedDict, total=False):
     allow_auto_create_topics: bool
     transactional_id: str | None
     transaction_timeout_ms: int
-    key_serializer: SerializerSetting | None
-    value_serializer: SerializerSetting | None
     on_delivery_error: Callable[[BaseException, str, int, int], object] | None
     hooks: Sequence[ProducerHooks]
     partitioner: Callable[[str, bytes | None, int, Sequence[int]], int | None] | None
@@ -98,6 +95,15 @@ class ProducerSettings(TypedDict, total=False):
     sasl_username: str | None
     sasl_password: str | None
     sasl_oauth_token_provider: TokenSource | None
+
+
+class ProducerSettings(ProducerSettingsBase, total=False):
+    """The settings `Producer(...)` and `BlockingProducer(...)` take as keywords, typed, so a
+    type checker catches a misspelt name or a wrong type (ProducerConfig validates the
+    values when the producer is made; tests/test_config.py keeps the two lists one)."""
+
+    key_serializer: SerializerSetting | None
+    value_serializer: SerializerSetting | None
 
 
 @dataclasses.dataclass(frozen=True)

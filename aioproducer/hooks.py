@@ -32,11 +32,11 @@ DeliveryCallback = Callable[[Optional["RecordMetadata"], Optional[BaseException]
 class ProducerHooks:
     """Override any of these; the base class's do nothing and are never called."""
 
-    def on_start(self, producer: Producer) -> None:
+    def on_start(self, producer: Producer[Any, Any]) -> None:
         """The producer started (a hook that reports its `metrics()` keeps it until
         `on_close`). One hook may serve several producers."""
 
-    def on_close(self, producer: Producer) -> None:
+    def on_close(self, producer: Producer[Any, Any]) -> None:
         """The producer closed."""
 
     def on_send(self, topic: str, key: Any, value: Any,

@@ -13,7 +13,8 @@ import traceback
 import warnings
 import weakref
 from threading import get_ident
-from typing import Any, AsyncIterator, Callable, Coroutine, Iterable, Sequence, Unpack
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Coroutine, Generic, Iterable, \
+    Sequence, TypeAlias, TypeVar, Unpack, overload
 
 from ._internal.accumulator import RecordAccumulator
 from ._internal.arguments import check_timeout, checked_offsets, group_fields, topic_str
@@ -28,17 +29,28 @@ from ._internal.transaction_flow import TransactionFlow
 from ._internal.transactions import TransactionManager
 from .client.cluster import Cluster
 from .client.tasks import TaskSet, cancelling
-from .config import ProducerConfig, ProducerSettings
+from .config import ProducerConfig, ProducerSettingsBase
 from .errors import ConfigError, KafkaConnectionError, ProducerClosedError, \
-    TransactionStateError
+    RequestTimeoutError, TransactionStateError
 from .protocol.compression import codec_from_name
 from .protocol.records import Headers
+from .serializers import SerializerOf
 
 log = logging.getLogger(__name__)
 METRICS_WAIT_S = 5.0  # metrics() from another thread waits this long for the loop
 
+# What send() takes without a serializer.
+Bytes: TypeAlias = bytes | bytearray | memoryview
+if TYPE_CHECKING:  # (a default, PEP 696: Any where a serializer's type cannot be inferred,
+    # a lambda's say; typing's own TypeVar takes one from Python 3.13)
+    from typing_extensions import TypeVar as DefaultedTypeVar
+    K = DefaultedTypeVar("K", default=Any)  # what send() takes as keys: Bytes, or what
+    V = DefaultedTypeVar("V", default=Any)  # key_serializer takes; and as values
+else:
+    K, V = TypeVar("K"), TypeVar("V")
 
-class Producer:
+
+class Producer(Generic[K, V]):
     """An asyncio Kafka producer.
 
     ```py
@@ -51,11 +63,39 @@ class Producer:
     before waiting. Settings are Kafka's producer settings in snake case (`linger.ms` ->
     `linger_ms`) with the Java client's defaults: idempotent, `acks="all"`. See
     `ProducerConfig` for the list.
+
+    Typed by its serializers: without any, a `Producer[Bytes, Bytes]` (bytes, bytearray or
+    memoryview: mypy refuses a str, as send() does); with a key serializer taking int and a
+    value serializer taking Order, a `Producer[int, Order]`; made from a ProducerConfig, or
+    with a serializer whose type is not said (a lambda), Any. Types only: no cost per record.
     """
 
+    @overload
+    def __init__(self: Producer[Bytes, Bytes],
+                 bootstrap_servers: str | Sequence[str] | None = None, *,
+                 key_serializer: None = None, value_serializer: None = None,
+                 **settings: Unpack[ProducerSettingsBase]) -> None: ...
+
+    @overload
+    def __init__(self: Producer[K, Bytes], bootstrap_servers: str | Sequence[str] | None = None,
+                 *, key_serializer: SerializerOf[K], value_serializer: None = None,
+                 **settings: Unpack[ProducerSettingsBase]) -> None: ...
+
+    @overload
+    def __init__(self: Producer[Bytes, V], bootstrap_servers: str | Sequence[str] | None = None,
+                 *, key_serializer: None = None, value_serializer: SerializerOf[V],
+                 **settings: Unpack[ProducerSettingsBase]) -> None: ...
+
+    @overload
+    def __init__(self: Producer[K, V], bootstrap_servers: str | Sequence[str] | None = None,
+                 *, key_serializer: SerializerOf[K], value_serializer: SerializerOf[V],
+                 **settings: Unpack[ProducerSettingsBase]) -> None: ...
+
+    @overload
+    def __init__(self: Producer[Any, Any], *, config: ProducerConfig) -> None: ...
+
     def __init__(self, bootstrap_servers: str | Sequence[str] | None = None, *,
-                 config: ProducerConfig | None = None,
-                 **settings: Unpack[ProducerSettings]) -> None:
+                 config: ProducerConfig | None = None, **settings: Any) -> None:
         if config is not None:
             if settings or bootstrap_servers is not None:
                 raise ConfigError("pass either config=ProducerConfig(...) or settings, not both")
@@ -159,15 +199,23 @@ class Producer:
                                                  config.client_id)
         refresh = cluster.refresh()
         try:
-            # No longer than max_block_ms: a broker that takes connections but never answers
-            # would otherwise hold start() for request_timeout_ms. (max_block_ms=0, "sends
-            # never wait", leaves start() its request_timeout_ms.)
+            # max_block_ms, whatever request_timeout_ms is: a broker that takes connections
+            # but never answers is asked again until then (one that refuses them fails at
+            # once). max_block_ms=0, "sends never wait", leaves start() one attempt.
             bound = config.max_block_ms / 1000 or config.request_timeout_ms / 1000
-            if not (await asyncio.wait({refresh}, timeout=bound))[0]:
-                raise KafkaConnectionError(
-                    f"no broker answered within {bound:g} s (max_block_ms="
-                    f"{config.max_block_ms}; bootstrap_servers={config.bootstrap_servers}): "
-                    "is it a Kafka broker, and up?")
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + bound
+            while True:
+                if not (await asyncio.wait({refresh}, timeout=deadline - loop.time()))[0]:
+                    raise KafkaConnectionError(
+                        f"no broker answered within {bound:g} s (max_block_ms="
+                        f"{config.max_block_ms}; bootstrap_servers={config.bootstrap_servers})"
+                        ": is it a Kafka broker, and up?")
+                failure = None if refresh.cancelled() else refresh.exception()
+                if loop.time() >= deadline or not isinstance(failure, KafkaConnectionError) \
+                        or not isinstance(failure.__cause__, RequestTimeoutError):
+                    break
+                refresh = cluster.refresh()
             refresh.result()
         except BaseException:
             cluster.close()  # (then start() makes the producer new again)
@@ -204,7 +252,7 @@ class Producer:
                     raise asyncio.CancelledError()
                 raise
 
-    async def __aenter__(self) -> "Producer":
+    async def __aenter__(self) -> "Producer[K, V]":
         await self.start()
         return self
 
@@ -362,7 +410,8 @@ class Producer:
 
     # -- producing -------------------------------------------------------------------------
 
-    def send(self, topic: str, value: Any, key: Any = None, *, partition: int | None = None,
+    def send(self, topic: str, value: V | None, key: K | None = None, *,
+             partition: int | None = None,
              timestamp_ms: int | None = None,
              headers: Headers | None = None) -> Coroutine[Any, Any, RecordMetadata]:
         """Produce one record: awaited, returns its metadata once the broker acknowledged it.
@@ -380,7 +429,7 @@ class Producer:
         record is not sent."""
         return self._intake.send(topic, value, key, partition, timestamp_ms, headers)
 
-    async def enqueue(self, topic: str, value: Any, key: Any = None, *,
+    async def enqueue(self, topic: str, value: V | None, key: K | None = None, *,
                       partition: int | None = None, timestamp_ms: int | None = None,
                       headers: Headers | None = None) -> RecordFuture:
         """Buffer one record; return a future of its RecordMetadata.
@@ -394,7 +443,8 @@ class Producer:
         return RecordFuture(*(appended if isinstance(appended, tuple) else await appended))
 
     async def enqueue_many(self, topic: str,
-                           records: Iterable[tuple[Any, Any]], *, partition: int | None = None,
+                           records: Iterable[tuple[K | None, V | None]], *,
+                           partition: int | None = None,
                            timestamp_ms: int | None = None) -> BulkFuture:
         """Buffer many (key, value) records in one call; return one future of their metadata.
 
@@ -492,7 +542,7 @@ class Producer:
         self._lifecycle.check_loop()
         return set(range(len((await self._intake.topic_info(topic_str(topic))).leaders)))
 
-    async def send_and_wait(self, topic: str, value: Any, key: Any = None, *,
+    async def send_and_wait(self, topic: str, value: V | None, key: K | None = None, *,
                             partition: int | None = None, timestamp_ms: int | None = None,
                             headers: Headers | None = None) -> RecordMetadata:
         """aiokafka's name for `send()`, which waits for the acknowledgement already."""
@@ -516,7 +566,9 @@ class Producer:
         await transactions.init()
 
     def begin_transaction(self) -> None:
-        """Start a transaction: records sent until commit or abort are in it."""
+        """Start a transaction: records sent until commit or abort are in it. Synchronous, as
+        in the Java client (nothing is sent until a record is): not awaited, unlike
+        commit_transaction() and abort_transaction()."""
         self._transaction_flow().begin()
 
     async def commit_transaction(self) -> None:
@@ -564,7 +616,7 @@ class Producer:
         return await self._txn.committed_offsets(group_id, list(partitions))
 
     @contextlib.asynccontextmanager
-    async def transaction(self) -> AsyncIterator["Producer"]:
+    async def transaction(self) -> AsyncIterator["Producer[K, V]"]:
         """`async with producer.transaction():` commits when the block ends, aborts if it
         raises (and re-raises). The block's exception, a cancellation say, always goes on up:
         an abort that fails too is a note on it (the next transaction call says what state

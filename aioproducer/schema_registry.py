@@ -22,7 +22,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
                       "support: pip install 'aioproducer[schema-registry]'") from exc
 
 
-class SchemaRegistrySerializer(Serializer):
+class SchemaRegistrySerializer(Serializer[Any]):
     """One of confluent-kafka's schema registry serializers (called as
     `serializer(obj, SerializationContext(topic, field, headers))`, sync or async) as a
     key_serializer or value_serializer. `field` says which one it is: the subject's name

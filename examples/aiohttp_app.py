@@ -1,5 +1,7 @@
 """An aiohttp endpoint that publishes an event to Kafka and answers where it landed.
 
+    pip install '.[aiohttp]'                                  # from a checkout
+    pip install "$(echo dist/aioproducer-*.whl)[aiohttp]"     # or a wheel (README)
     AIOPRODUCER_BOOTSTRAP=127.0.0.1:9092 python examples/aiohttp_app.py
     curl -X POST localhost:8080/events -d '{"user": "u-7", "action": "click"}'
     curl localhost:8080/ready

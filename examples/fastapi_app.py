@@ -2,7 +2,9 @@
 with OpenTelemetry: each send is a span, and each event carries its trace context
 (`traceparent` header) so the consumer's spans join the same trace.
 
-    pip install 'aioproducer[fastapi,otel]' opentelemetry-sdk uvicorn
+    pip install '.[fastapi,otel]' opentelemetry-sdk uvicorn     # from a checkout
+    pip install "$(echo dist/aioproducer-*.whl)[fastapi,otel]" opentelemetry-sdk uvicorn
+                                                                # or from a wheel (README)
     AIOPRODUCER_BOOTSTRAP=127.0.0.1:9092 uvicorn examples.fastapi_app:app
     curl -X POST localhost:8000/events -H 'content-type: application/json' \
          -d '{"user": "u-7", "action": "click"}'

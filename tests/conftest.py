@@ -104,6 +104,30 @@ def cluster(broker):
         yield simulated
 
 
+# -- the fast tier ------------------------------------------------------------------------
+
+# `pytest -m fast`: files that need at most the embedded broker (and the simulated cluster in
+# front of it) and take about 2 minutes together, chosen for what a Python release may change
+# (futures, cancellation, lifecycle, typing, the speed-up's build); CI runs them on every
+# Python it tests, the whole suite on one (.ci/run).
+FAST = {
+    "test_accumulator.py", "test_aiokafka_habits.py", "test_backoff.py", "test_blocking.py",
+    "test_buffer_memory.py", "test_cancel_scopes.py", "test_config.py", "test_connection.py",
+    "test_errors.py", "test_framing.py", "test_future_parity.py", "test_futures.py",
+    "test_hooks.py", "test_idempotence.py", "test_leaders.py", "test_lifecycle.py",
+    "test_lifecycle_table.py", "test_metrics.py", "test_observability.py",
+    "test_partitioning.py", "test_protocol.py", "test_sasl.py", "test_security.py",
+    "test_sequencing.py", "test_serializers.py", "test_speedups.py", "test_tasks.py",
+    "test_thread_future.py", "test_typing.py", "test_visibility.py",
+}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.path.name in FAST:
+            item.add_marker(pytest.mark.fast)
+
+
 # -- cancellation under asyncio and anyio --------------------------------------------------
 
 @pytest.fixture(params=[

@@ -231,6 +231,7 @@ async def test_the_connection_setup_timeout_doubles_with_each_failure_in_a_row()
 
 async def _silent_server(reader, writer):
     await reader.read()  # never answers
+    writer.close()  # (once the client left: from 3.12.1, the server's wait_closed() waits for it)
 
 
 async def _http_server(reader, writer):
@@ -255,6 +256,20 @@ async def test_a_bad_bootstrap_server_is_skipped_for_the_next(broker, topic, mon
             metadata = await asyncio.wait_for(producer.send(topic, b"v"), 10)
     got = consume_all(broker.bootstrap, topic, expected=1)
     assert [(r.offset, r.value) for r in got] == [(metadata.offset, b"v")]
+
+
+async def test_start_gives_up_on_a_silent_broker_after_max_block_ms():
+    """A listener that takes connections and never answers holds start() for max_block_ms,
+    as the README says, not for the request_timeout_ms of a single attempt."""
+    server = await asyncio.start_server(_silent_server, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with server:
+        producer = Producer(f"127.0.0.1:{port}", request_timeout_ms=300, max_block_ms=1500)
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        with pytest.raises(KafkaConnectionError, match="max_block_ms=1500"):
+            await asyncio.wait_for(producer.start(), 10)
+        assert 1.5 <= loop.time() - began < 5
 
 
 @pytest.mark.parametrize("reply", [b"HTTP/1.1 400 Bad Request\r\n\r\n", b""])

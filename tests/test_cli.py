@@ -170,6 +170,21 @@ def test_consume_skips_transaction_markers_and_read_committed_hides_open_transac
     assert committed.stdout == "committed 1\ncommitted 2\n", committed.stderr
 
 
+def test_read_committed_on_the_embedded_broker_warns_once_that_aborts_show(broker, topic):
+    """Tansu's Fetch never lists aborted transactions: read_committed cannot hide their
+    records there, and consume says so, once; on Kafka it says nothing."""
+    producer = LibrdkafkaProducer({"bootstrap.servers": broker.bootstrap})
+    producer.produce(topic, b"v")
+    assert producer.flush(20) == 0
+    done = cli("consume", topic, "--bootstrap-servers", broker.bootstrap, "--from-beginning",
+               "--timeout", "1", "--isolation", "read_committed")
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("still shows aborted records") == (1 if broker.is_embedded else 0)
+    plain = cli("consume", topic, "--bootstrap-servers", broker.bootstrap, "--from-beginning",
+                "--timeout", "1")
+    assert "aborted" not in plain.stderr
+
+
 def test_read_committed_drops_aborted_transactions_as_a_fetch_lists_them(broker, topic):
     """Tansu's Fetch never lists aborted transactions (tansu.md), so this feeds the decoder
     the list Kafka would send, over the batches librdkafka wrote: one producer commits a

@@ -395,6 +395,13 @@ def test_cli_refuses_bad_arguments_before_starting(args, says):
     assert done.stdout == "" and "Traceback" not in done.stderr
 
 
+def test_cli_perf_checks_its_settings_before_starting_a_broker():
+    """A misspelt setting is refused at once, with no embedded broker started for it."""
+    done = _cli("perf", "--num-records", "10", "--producer-props", "lingr.ms=5")
+    assert done.returncode == 1 and "lingr.ms" in done.stderr, done.stderr[-2000:]
+    assert "started an embedded broker" not in done.stdout
+
+
 def _port_is_free(port: int) -> bool:
     with socket.socket() as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -145,12 +145,12 @@ class ProducerBatch:
     def waiter(self, record: RecordFuture) -> asyncio.Future[RecordMetadata]:
         """A future of its own for one task awaiting `record`, resolved with the record's
         metadata or failure when the batch is done: cancelling it (the task was cancelled)
-        leaves the record and the batch, which others share, alone. Cheaper than
-        asyncio.shield, and resolved by complete()/fail() themselves rather than by a
-        callback of the batch's future, which would cost the waiting tasks a loop turn; an
-        asyncio future, so the Task awaits it by asyncio's fast path and gets the metadata
-        with no Python frame of ours between."""
-        waiter: asyncio.Future[RecordMetadata] = self.future.get_loop().create_future()
+        cancels `record` (see _Wait) but leaves the batch, which others share, alone.
+        Resolved by complete()/fail() themselves rather than by a callback of the batch's
+        future, which would cost the waiting tasks a loop turn; an asyncio future, so the
+        Task gets the metadata with no Python frame of ours between."""
+        waiter = _Wait(loop=self.future.get_loop())
+        waiter.record = record
         if self._waiters is None or self._awaited is None:
             self._waiters, self._awaited = [waiter], [record]
         else:
@@ -158,11 +158,11 @@ class ProducerBatch:
             self._awaited.append(record)
         return waiter
 
-    def unfollowed(self, record: RecordFuture) -> None:
+    def unfollowed(self, record: RecordFuture, msg: Any) -> None:
         """`record` was cancelled: so are the waits for it (rare: a scan is fine)."""
         for waiter, awaited in zip(self._waiters or (), self._awaited or ()):
             if awaited is record:
-                waiter.cancel()
+                waiter.cancel(msg)
 
     def adopt(self, record: RecordFuture, waiters: list[asyncio.Future[RecordMetadata]],
               watched: bool) -> None:
@@ -277,10 +277,10 @@ class RecordFuture(_RecordFutureBase):
     ensure_future and Tasks take it as it is, but it is not an `asyncio.Future` subclass at
     run time: that would cost an asyncio future per record. It cannot be resolved by hand.
 
-    `cancel()` (or `wait_for`'s timeout, or a cancelled `gather`, which call it) stops this
-    future following the record: the record is still sent, other records are untouched.
-    A task awaiting it that is cancelled (`asyncio.timeout`, say) only ends its own wait:
-    the future goes on following the record and may be awaited again.
+    `cancel()` (or `wait_for`'s timeout, a cancelled `gather`, or a task cancelled while
+    awaiting it, under `asyncio.timeout` or a TaskGroup: all as with an asyncio future)
+    stops this future following the record: the record is still sent, other records are
+    untouched. `asyncio.shield()` keeps it following.
     """
 
     __slots__ = ()  # the fields are RecordFields' (in C: out of the garbage collector's way)
@@ -347,14 +347,16 @@ class RecordFuture(_RecordFutureBase):
         return batch.exception_for(self._offset_delta)
 
     def cancel(self, msg: Any | None = None) -> bool:
-        """Stop following the record (it is still sent if buffered); False if already done."""
+        """Stop following the record (it is still sent if buffered); False if already done.
+        Tasks awaiting it get CancelledError(msg), after its callbacks, as from an asyncio
+        future."""
         batch = self._batch
         if batch.future.done():
             return False
         self._batch = _Decided.cancelled(batch, msg)
         self._track()
-        batch.unfollowed(self)  # type: ignore[union-attr]
         self.get_loop().call_soon(_run_callbacks, [self])
+        batch.unfollowed(self, msg)  # type: ignore[union-attr]
         return True
 
     def add_done_callback(self, fn: Callable[["RecordFuture"], object], *,
@@ -396,21 +398,23 @@ class RecordFuture(_RecordFutureBase):
     def set_exception(self, exception: type | BaseException) -> None:
         raise RuntimeError("a RecordFuture is resolved by the producer, not by hand")
 
+    # asyncio.gather reads these two of a cancelled child (the only parts of asyncio's
+    # private Future protocol it needs besides _asyncio_future_blocking).
     @property
-    def _cancel_message(self) -> Any:  # read by asyncio.gather for a cancelled child
-        future: Any = self._batch.future
-        return future._cancel_message
+    def _cancel_message(self) -> Any:
+        batch = self._batch
+        return batch.message if isinstance(batch, _Decided) else None
 
-    def _make_cancelled_error(self) -> asyncio.CancelledError:  # asyncio.gather, too
-        future: Any = self._batch.future
-        return future._make_cancelled_error()  # type: ignore[no-any-return]
+    def _make_cancelled_error(self) -> asyncio.CancelledError:
+        msg = self._cancel_message
+        return asyncio.CancelledError() if msg is None else asyncio.CancelledError(msg)
 
 
 class Sending(RecordFuture):
     """What `Producer.send()` returns for a record it buffered at once: a RecordFuture, so
     asyncio.gather takes it with no Task, that is also a coroutine (send/throw/close), so
     `create_task()`, TaskGroups and `asyncio.run()` take it as they take `async def` calls.
-    Cancelling the task that runs or awaits it ends that wait; the record is still sent."""
+    Cancelling the task that runs or awaits it cancels it; the record is still sent."""
 
     __slots__ = ()
 
@@ -474,7 +478,8 @@ class WaitingRecord:
         self._waiters: list[asyncio.Future[RecordMetadata]] | None = None
 
     def waiter(self, record: RecordFuture) -> asyncio.Future[RecordMetadata]:
-        waiter: asyncio.Future[RecordMetadata] = self.future.get_loop().create_future()
+        waiter = _Wait(loop=self.future.get_loop())
+        waiter.record = record
         if self._waiters is None:
             self._waiters = [waiter]
         else:
@@ -484,11 +489,11 @@ class WaitingRecord:
     def watch(self, record: RecordFuture) -> None:
         """Nothing to do now: the record's callbacks are read when it leaves the line."""
 
-    def unfollowed(self, record: RecordFuture) -> None:
+    def unfollowed(self, record: RecordFuture, msg: Any) -> None:
         """send()'s future was cancelled: the record leaves the line, unsent."""
         self.record = None
         for waiter in self._waiters or ():
-            waiter.cancel()
+            waiter.cancel(msg)
 
     def abandoned(self) -> bool:
         """Nobody follows the record any more: its future was cancelled, or every task
@@ -526,24 +531,41 @@ class WaitingRecord:
             self.future.get_loop().call_soon(_run_callbacks, [record])
 
 
+class _Wait(asyncio.Future[RecordMetadata]):
+    """One task's wait for a record. A cancelled task cancels the future it awaits, this
+    one: it then cancels the record's future too, as the task would have cancelled an asyncio
+    future it awaited (asyncio.timeout, wait_for, a TaskGroup's cancellation), so every
+    wait for it ends; the record, if buffered, is still sent."""
+
+    __slots__ = ("record",)
+    record: RecordFuture
+
+    def cancel(self, msg: Any | None = None) -> bool:
+        if not super().cancel(msg):
+            return False
+        self.record.cancel(msg)
+        return True
+
+
 class _Decided:
     """The stand-in for the batch of a RecordFuture whose outcome is decided apart from any
     batch: cancelled (it stops following its record), or failed before it was buffered."""
 
-    __slots__ = ("future", "topic", "partition")
+    __slots__ = ("future", "topic", "partition", "message")
     pieces = None
 
     def __init__(self, batch: ProducerBatch | WaitingRecord | _Decided,
-                 future: asyncio.Future[Any]) -> None:
+                 future: asyncio.Future[Any], message: Any = None) -> None:
         self.future = future
         self.topic: str = batch.topic
         self.partition: int = batch.partition
+        self.message = message  # cancel()'s msg
 
     @classmethod
     def cancelled(cls, batch: ProducerBatch | WaitingRecord | _Decided, msg: Any) -> _Decided:
         future: asyncio.Future[Any] = batch.future.get_loop().create_future()
         future.cancel(msg)
-        return cls(batch, future)
+        return cls(batch, future, msg)
 
     @classmethod
     def failed(cls, batch: WaitingRecord, exc: BaseException) -> _Decided:

@@ -391,6 +391,7 @@ class Cluster:
         # client's leastLoadedNode does.
         candidates.sort(key=lambda broker: self.backoff_remaining(broker.node_id) > 0)
         errors: list[str] = []
+        timeouts: list[RequestTimeoutError] = []
         for broker in candidates:
             try:
                 return await self.connection(broker.node_id, broker)
@@ -402,10 +403,15 @@ class Cluster:
                 if exc.fatal or isinstance(exc, ProducerClosedError):
                     raise
                 errors.append(str(exc))
+                if isinstance(exc, RequestTimeoutError):
+                    timeouts.append(exc)
         if self.brokers:
             # Every known broker failed: start over from the bootstrap list next time.
             self.brokers = {}
-        raise KafkaConnectionError("no broker reachable: " + "; ".join(errors))
+        # Caused by a timeout when every one took connections but never answered: start()
+        # asks again until max_block_ms (a broker still starting up, say).
+        raise KafkaConnectionError("no broker reachable: " + "; ".join(errors)) \
+            from (timeouts[-1] if timeouts and len(timeouts) == len(errors) else None)
 
     def _candidates(self) -> list[Broker]:
         return list(self.brokers.values()) or list(self._bootstrap)

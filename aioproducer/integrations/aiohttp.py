@@ -29,7 +29,7 @@ from .._internal.arguments import check_timeout
 from ..producer import Producer
 from ._web import UNAVAILABLE, check_max_pending, readiness, retry_after, unavailable_body
 
-PRODUCER: web.AppKey[Producer] = web.AppKey("aioproducer", Producer)
+PRODUCER: web.AppKey[Producer[Any, Any]] = web.AppKey("aioproducer", Producer)
 """Where the application keeps its producer: `request.app[PRODUCER]`."""
 
 

@@ -69,16 +69,16 @@ def producer_lifespan(bootstrap_servers: str | Sequence[str] | None = None, *,
     return run
 
 
-def get_producer(request: Request) -> Producer:
+def get_producer(request: Request) -> Producer[Any, Any]:
     """The app's producer (a FastAPI dependency)."""
-    producer: Producer | None = getattr(request.app.state, "aioproducer", None)
+    producer: Producer[Any, Any] | None = getattr(request.app.state, "aioproducer", None)
     if producer is None:
         raise RuntimeError(
             "no producer on this app: create it with FastAPI(lifespan=producer_lifespan(...))")
     return producer
 
 
-ProducerDep = Annotated[Producer, Depends(get_producer)]
+ProducerDep = Annotated[Producer[Any, Any], Depends(get_producer)]
 """Annotate a handler parameter with this to receive the app's producer."""
 
 

@@ -508,7 +508,7 @@ class _Appended(_Sent):
         return records, size, first
 
 
-async def _send(producer: Producer, batch: pa.RecordBatch, plan: WritePlan,
+async def _send(producer: Producer[Any, Any], batch: pa.RecordBatch, plan: WritePlan,
                 sent: list[_Sent]) -> None:
     """Enqueue a record batch's rows. Rows with only a key and a value go in one
     enqueue_many() call (the compiled loop: about twice the rows per second); then its one

@@ -12,7 +12,7 @@ import dataclasses
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Iterator
+from typing import Any, TYPE_CHECKING, Iterator
 
 from .._internal.metrics import Histogram, ProducerMetrics
 from ..hooks import ProducerHooks
@@ -64,23 +64,23 @@ class ProducerSet(ProducerHooks):
     snapshot per collection is enough."""
 
     def __init__(self, ttl: float = 0.5) -> None:
-        self._producers: weakref.WeakSet[Producer] = weakref.WeakSet()
+        self._producers: weakref.WeakSet[Producer[Any, Any]] = weakref.WeakSet()
         self._lock = threading.Lock()  # exporters collect in threads of their own
         self._ttl = ttl
         self._taken = -float("inf")
         # Weakly too: a producer dropped unclosed is collected, not kept by the last snapshot.
-        self._measured: list[tuple[weakref.ref[Producer], ProducerMetrics]] = []
+        self._measured: list[tuple[weakref.ref[Producer[Any, Any]], ProducerMetrics]] = []
 
-    def on_start(self, producer: Producer) -> None:
+    def on_start(self, producer: Producer[Any, Any]) -> None:
         with self._lock:
             self._producers.add(producer)
 
-    def on_close(self, producer: Producer) -> None:
+    def on_close(self, producer: Producer[Any, Any]) -> None:
         with self._lock:
             self._producers.discard(producer)
             self._measured = [m for m in self._measured if m[0]() is not producer]
 
-    def measure(self) -> list[tuple[Producer, ProducerMetrics]]:
+    def measure(self) -> list[tuple[Producer[Any, Any], ProducerMetrics]]:
         """Each running producer with its metrics (one that cannot answer now is left out:
         closed meanwhile, or its loop blocked)."""
         with self._lock:
@@ -97,7 +97,7 @@ class ProducerSet(ProducerHooks):
                     if (alive := ref()) is not None]
 
 
-def readings(producer: Producer, metrics: ProducerMetrics) -> Iterator[Reading]:
+def readings(producer: Producer[Any, Any], metrics: ProducerMetrics) -> Iterator[Reading]:
     """A producer's metrics as Readings (per topic, then per producer)."""
     client_id = producer.config.client_id
     for topic, counts in metrics.topics.items():
