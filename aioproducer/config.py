@@ -321,8 +321,8 @@ class ProducerConfig:
             changes["batch_size"] = self.max_request_size  # a batch must fit in a request
         if self.buffer_memory < min(self.batch_size, self.max_request_size):
             raise ConfigError(f"buffer_memory ({self.buffer_memory}) must be at least batch_size "
-                              f"({min(self.batch_size, self.max_request_size)}): every batch "
-                              "reserves batch_size bytes of it")
+                              f"({min(self.batch_size, self.max_request_size)}): a full batch "
+                              "takes batch_size bytes of it")
         conflicts = [text for bad, text in (
             (acks != -1, f"acks={self.acks!r} (needs \"all\")"),
             (self.retries == 0, "retries=0 (needs > 0)"),

@@ -416,6 +416,9 @@ static PyMemberDef writer_members[] = {
      "the batch's uncompressed size on the wire"},
     {"base_timestamp", T_LONGLONG, offsetof(RecordWriter, base_timestamp), READONLY, NULL},
     {"max_timestamp", T_LONGLONG, offsetof(RecordWriter, max_timestamp), READONLY, NULL},
+    {"limit", T_PYSSIZET, offsetof(RecordWriter, limit), 0,
+     "the size past which try_append refuses a record (the accumulator raises it as the\n"
+     "batch's memory grows)"},
     {NULL}
 };
 
