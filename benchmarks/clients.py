@@ -33,6 +33,8 @@ async def aioproducer_run(args, data):
     settings = dict(SETTINGS, enable_idempotence=args.idempotence, compression_type=args.codec)
     if args.defaults:
         del settings["batch_size"]
+    if args.batch_size:
+        settings["batch_size"] = args.batch_size
     if args.idempotence:
         settings["acks"] = "all"  # idempotence needs it
     if args.scenario == "latency":
@@ -149,6 +151,8 @@ def _confluent_config(args):
               "compression.type": args.codec}
     if args.defaults:
         del config["batch.size"]
+    if args.batch_size:
+        config["batch.size"] = args.batch_size
     return config
 
 
@@ -365,6 +369,7 @@ def main() -> None:
     parser.add_argument("--uvloop", action="store_true")
     parser.add_argument("--defaults", action="store_true",
                         help="each client's own batch size (not 16 KiB for all): the grid")
+    parser.add_argument("--batch-size", type=int, default=0, help="this batch size instead")
     args = parser.parse_args()
     data = records(args.records, args.value_size, args.keyless)
     run = SYNC[args.client] if args.scenario == "sync" else CLIENTS[args.client]

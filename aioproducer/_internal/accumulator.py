@@ -29,7 +29,7 @@ import asyncio
 import logging
 import sys
 from collections import deque
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from ..client.ratelimit import LogEvery
 from ..errors import BufferExhaustedError, DeliveryTimeoutError, ProducerClosedError, \
@@ -90,6 +90,11 @@ class RecordAccumulator:
         self._batches: dict[TopicPartition, deque[ProducerBatch]] = {}
         # Bytes of each partition's batches as first sent, for the partitioner (KIP-794).
         self._drained_bytes: dict[TopicPartition, int] = {}
+        # No queued batch's delivery deadline is earlier than this (a new batch's is later
+        # than every queued one's; a batch queued again lowers it): expire() and
+        # next_expiry() scan the queues only once it has passed, not every round (with
+        # 10,000 partitions queued, two scans per round were a tenth of the CPU).
+        self._expiry_floor = float("inf")
         # Per topic, each partition's open batch and its writer, for appends without a tuple
         # key (enqueue_many's compiled loop reads them too). A batch leaves these lists when
         # it is closed for appends or leaves its queue.
@@ -370,6 +375,8 @@ class RecordAccumulator:
         if queue is None:
             queue = self._batches[(topic, partition)] = deque()
         queue.append(batch)
+        if batch.deadline < self._expiry_floor:
+            self._expiry_floor = batch.deadline
         batches, writers = self.open_batches(topic, max(partitions, partition + 1))
         batches[partition] = batch
         writers[partition] = writer
@@ -388,8 +395,14 @@ class RecordAccumulator:
         next_check = float("inf")
         unknown_leader: set[str] = set()
         drain_all = self._flushing > 0 or self.closing or bool(self._line)
+        topics = cluster.topics
+        last_topic: str | None = None
+        leaders: Sequence[int] = ()
         for (topic, partition), queue in self._batches.items():
-            leader = cluster.leader_for(topic, partition)
+            if topic is not last_topic:  # (cluster.leader_for, inline: this is per partition)
+                info = topics.get(topic)
+                leaders, last_topic = (info.leaders if info is not None else ()), topic
+            leader = leaders[partition] if partition < len(leaders) else -1
             if leader < 0:
                 unknown_leader.add(topic)
                 continue
@@ -431,30 +444,47 @@ class RecordAccumulator:
     def drain(self, cluster: Cluster, nodes: Iterable[int], max_request_size: int,
               now: float) -> dict[int, list[ProducerBatch]]:
         """Take at most one batch per partition for each broker, up to `max_request_size`,
-        partitions least recently drained first (so no partition starves)."""
-        by_node: dict[int, list[tuple[TopicPartition, deque[ProducerBatch]]]] = \
-            {node: [] for node in nodes}
+        partitions least recently drained first (so no partition starves). One pass over
+        the queued partitions, which stops once every broker's request is full: a request
+        costs the batches it takes, not every partition queued (10,000 of them, 1 MiB
+        requests of 2 KiB batches: each drain scanned 10,000 to take 450)."""
+        sizes = dict.fromkeys(nodes, 0)
+        chosen: dict[int, list[tuple[TopicPartition, deque[ProducerBatch]]]] = \
+            {node: [] for node in sizes}
+        full: set[int] = set()
+        topics = cluster.topics
+        last_topic: str | None = None
+        leaders: Sequence[int] = ()
+        txn = self._txn
         for tp, queue in self._batches.items():
-            entries = by_node.get(cluster.leader_for(*tp))
-            if entries is not None:
-                entries.append((tp, queue))
-        drained: dict[int, list[ProducerBatch]] = {}
-        for node, queues in by_node.items():
-            size = 0
-            batches: list[ProducerBatch] = []
-            for tp, queue in queues:
-                batch = queue[0]
-                if batch.retry_at - now > _CLOCK_SLACK:
-                    continue
-                if self._txn is not None and not self._txn.may_send(batch):
-                    continue
-                if batches and size + batch.writer.size > max_request_size:
+            topic, partition = tp
+            if topic is not last_topic:  # (cluster.leader_for, inline)
+                info = topics.get(topic)
+                leaders, last_topic = (info.leaders if info is not None else ()), topic
+            leader = leaders[partition] if partition < len(leaders) else -1
+            size = sizes.get(leader)
+            if size is None or leader in full:
+                continue
+            batch = queue[0]
+            if batch.retry_at - now > _CLOCK_SLACK:
+                continue
+            if txn is not None and not txn.may_send(batch):
+                continue
+            entries = chosen[leader]
+            if entries and size + batch.writer.size > max_request_size:
+                full.add(leader)
+                if len(full) == len(sizes):
                     break
-                self._take(tp, queue)
-                size += batch.writer.size
-                batches.append(batch)
-            if batches:
-                drained[node] = batches
+                continue
+            sizes[leader] = size + batch.writer.size
+            entries.append((tp, queue))
+        drained: dict[int, list[ProducerBatch]] = {}
+        for node, entries in chosen.items():
+            if entries:
+                batches = drained[node] = []
+                for tp, queue in entries:
+                    batches.append(queue[0])
+                    self._take(tp, queue)
         return drained
 
     def drain_lone(self, batch: ProducerBatch) -> bool:
@@ -525,6 +555,8 @@ class RecordAccumulator:
         """Queue a batch in creation order among its partition's queued ones (the Java
         client's insertInSequenceOrder: batches are numbered in creation order)."""
         queue = self._batches.setdefault((batch.topic, batch.partition), deque())
+        if batch.deadline < self._expiry_floor:
+            self._expiry_floor = batch.deadline
         index = 0
         while index < len(queue) and queue[index].number < batch.number:
             index += 1
@@ -532,19 +564,26 @@ class RecordAccumulator:
 
     def expire(self, now: float) -> list[ProducerBatch]:
         """Remove and return queued batches whose delivery_timeout_ms has passed."""
+        if now < self._expiry_floor:
+            return []
         expired: list[ProducerBatch] = []
+        floor = float("inf")
         for queue in self._batches.values():
             while queue and queue[0].deadline <= now:
                 batch = queue.popleft()
                 self._unlist(batch)
                 batch.writer.seal()
                 expired.append(batch)
+            if queue and queue[0].deadline < floor:
+                floor = queue[0].deadline
+        self._expiry_floor = floor
         if expired:  # rare: the common round copies nothing (the order is kept)
             self._batches = {tp: queue for tp, queue in self._batches.items() if queue}
         return expired
 
     def next_expiry(self) -> float:
-        return min((q[0].deadline for q in self._batches.values()), default=float("inf"))
+        """When expire() may next find something (no later than a queued batch's deadline)."""
+        return self._expiry_floor
 
     def finish(self, batch: ProducerBatch) -> None:
         """A batch has its final outcome: return its memory, and count it."""
