@@ -198,3 +198,66 @@ async def test_buffer_memory_bounds_what_waits_for_a_stalled_broker(proxied_brok
         assert 0 < buffered <= 4 * (4096 // 100), f"{buffered} records in 16 KiB"
         cluster.proxy.stall(False)
         await asyncio.wait_for(producer.flush(), 30)
+
+
+async def test_ten_thousand_partitions_with_default_settings(proxied_broker):
+    """Default settings (but request_timeout_ms, longer than the stall: a request retried
+    after its timeout is stored twice by Tansu, which answers the duplicate without its
+    offset), a topic of 10,000 partitions and a broker that does not answer:
+    a record for every partition is buffered at once (each open batch used to reserve
+    batch_size, 16 KiB, of the 32 MiB: the 2,049th record waited for memory until
+    max_block_ms), then more records fill buffer_memory and wait in line. Meanwhile the
+    producer holds at most buffer_memory and a stated overhead (below); once the broker
+    answers, every record is delivered, each partition's offsets 0 to n-1."""
+    import tracemalloc
+
+    from aioproducer.config import ProducerConfig
+    from aioproducer.tools.reader import TopicReader
+
+    cluster, partitions, value = proxied_broker, 10_000, b"v" * 1000
+    cluster.create_topic("wide", partitions)
+    buffer_memory = ProducerConfig.from_kwargs(bootstrap_servers="-:1").buffer_memory
+    async with Producer(cluster.bootstrap, request_timeout_ms=110_000) as producer:
+        await producer.send("wide", b"metadata first", partition=0)
+        cluster.proxy.stall(True)
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            async with asyncio.timeout(30):
+                first = [await producer.enqueue("wide", value, partition=p)
+                         for p in range(partitions)]
+            # Six more rounds, 60 MB of records, past buffer_memory: the last wait in line
+            # (send(): a future each, no Task).
+            later = [producer.send("wide", value, partition=p)
+                     for _ in range(6) for p in range(partitions)]
+            await asyncio.sleep(0.5)
+            held = tracemalloc.get_traced_memory()[0] - before
+            peak = tracemalloc.get_traced_memory()[1] - before
+        finally:
+            tracemalloc.stop()
+        waiting = producer._accumulator.waiting
+        batches = len(producer._accumulator.incomplete)
+        cluster.proxy.stall(False)
+        metadata = await asyncio.wait_for(asyncio.gather(*first, *later), 120)
+    assert waiting > 0, "the records did not outrun buffer_memory: the test proves nothing"
+    # The stated overhead: per open batch its objects (ProducerBatch, writer, futures,
+    # its partition's queue: about 1.5 KiB), per record its future (the test holds them)
+    # and, while it waits in line, its place (~300 B together), and the requests in
+    # flight, up to 5 of 1 MiB. (Unbounded, the 70 MB of records would be held besides.)
+    overhead = batches * 1536 + (len(first) + len(later)) * 300 + 5 * (1 << 20)
+    assert peak <= buffer_memory + overhead, \
+        f"{peak / 2**20:.1f} MiB traced at the peak ({held / 2**20:.1f} at the end), " \
+        f"{batches} batches, {waiting} records in line"
+    offsets: dict[int, list[int]] = {}
+    for record in metadata:
+        offsets.setdefault(record.partition, []).append(record.offset)
+    assert {p: sorted(o) for p, o in offsets.items()} == \
+        {p: list(range(1, 8)) if p == 0 else list(range(7)) for p in range(partitions)}
+    config = ProducerConfig.from_kwargs(bootstrap_servers=cluster.bootstrap)
+    stored = 0
+    async with TopicReader(config, "wide", from_beginning=True) as reader:
+        for _ in range(100):  # (bounded: 50 s)
+            stored += len(await reader.fetch(max_wait=0.5))
+            if stored >= len(metadata) + 1:
+                break
+    assert stored == len(metadata) + 1
