@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
+import os
+import sys
+import traceback
 import warnings
+import weakref
 from threading import get_ident
 from typing import Any, AsyncIterator, Callable, Coroutine, Iterable, Sequence, Unpack
 
@@ -36,10 +41,10 @@ METRICS_WAIT_S = 5.0  # metrics() from another thread waits this long for the lo
 class Producer:
     """An asyncio Kafka producer.
 
-    ::
-
-        async with Producer("localhost:9092", linger_ms=5) as producer:
-            md = await producer.send("orders", b"payload", key=b"user-7")
+    ```py
+    async with Producer("localhost:9092", linger_ms=5) as producer:
+        md = await producer.send("orders", b"payload", key=b"user-7")
+    ```
 
     `send()` returns once the broker acknowledged the record; `enqueue()` returns as soon as
     the record is buffered, with a future of its metadata, so a loop can buffer many records
@@ -66,6 +71,11 @@ class Producer:
             self.config = ProducerConfig.from_kwargs(**given)
         self._codec = codec_from_name(self.config.compression_type)
         self._started: asyncio.Future[None] | None = None  # the outcome of starting
+        # Where it was made, for the warning if it is dropped unclosed: the caller's line
+        # (1-3 us), and in asyncio's debug mode the whole stack, as asyncio keeps for tasks.
+        caller = sys._getframe(1)
+        self._created_at = f"{caller.f_code.co_filename}:{caller.f_lineno}"
+        self._source_traceback = traceback.extract_stack(caller) if _debug_mode() else None
         self._renew()
 
     def _renew(self) -> None:
@@ -171,7 +181,9 @@ class Producer:
         lifecycle.bind_to_running_loop()
         self._sender_task = self._tasks.spawn(
             sender.run(), f"aioproducer-sender-{config.client_id}")
-        self._sender_task.add_done_callback(self._sender_done)
+        # Weakly: no task of its own keeps the producer, so one dropped unclosed is collected
+        # (and let go, by __del__).
+        self._sender_task.add_done_callback(functools.partial(_sender_done, weakref.ref(self)))
         lifecycle.become(STARTED)
         observer.started(self)
         if self._transactions is not None:
@@ -330,10 +342,23 @@ class Producer:
                 self._accumulator.fail_unresolved(exc)
 
     def __del__(self, _warn: Callable[..., None] = warnings.warn) -> None:
+        """Dropped unclosed while its loop runs on (a handler that makes a producer and
+        forgets it): warn, and let its parts go on the loop (see `_let_go`)."""
         lifecycle = getattr(self, "_lifecycle", None)
-        if lifecycle is not None and lifecycle.state in (STARTED, FAILED, CLOSING):
-            message = f"unclosed {self!r}: call `await producer.close()` (or use `async with`)"
-            _warn(message, ResourceWarning, source=self)
+        if lifecycle is None or lifecycle.state not in (STARTED, FAILED, CLOSING):
+            return
+        unclosed = f"unclosed {self!r} created at {self._created_at}"
+        _warn(f"{unclosed}: call `await producer.close()` (or use `async with`)",
+              ResourceWarning, source=self)
+        loop = lifecycle.loop
+        if loop is None or loop.is_closed():  # (its loop's end cancelled its tasks already)
+            return
+        try:  # (collected in any thread, at any allocation: nothing is done here but this)
+            loop.call_soon_threadsafe(
+                _let_go, unclosed, self._source_traceback, lifecycle, self._tasks,
+                self._cluster, self._txn, self._accumulator, self._sender)
+        except RuntimeError:  # closed meanwhile
+            pass
 
     # -- producing -------------------------------------------------------------------------
 
@@ -442,7 +467,10 @@ class Producer:
             produce_throttle_time_max_ms=sender.throttle_time_max_ms,
             leader_redirects=sender.redirects,
             reauthentications=cluster.reauthentications,
+            state="closing" if self._lifecycle.closing and self._lifecycle.state is STARTED
+            else self._lifecycle.state.value,
             records_pending=sum(batch.record_count for batch in accumulator.incomplete),
+            oldest_pending_s=accumulator.oldest_pending_s(),
             requests_in_flight=sum(conn.in_flight_produce for conn in connections),
             connections=len(connections),
             buffer_memory_available=accumulator.memory_available,
@@ -568,6 +596,57 @@ class Producer:
             self._lifecycle.raise_not_started()
         assert self._transactions is not None
         return self._transactions
+
+
+def _sender_done(producer: weakref.ref[Producer], task: asyncio.Task[None]) -> None:
+    alive = producer()
+    if alive is not None:  # (else collected: `_let_go` stopped the sender)
+        alive._sender_done(task)
+
+
+def _let_go(unclosed: str, source_traceback: traceback.StackSummary | None,
+            lifecycle: Lifecycle, tasks: TaskSet, cluster: Cluster | None,
+            txn: TransactionManager | None, accumulator: RecordAccumulator | None,
+            sender: Sender | None) -> None:
+    """The parts of a producer collected unclosed: fail what it held (nobody can flush it
+    now), close its sockets, cancel its tasks, and say so where it is seen without -W, as
+    aiohttp does for an unclosed session. Its hooks are not told on_close: it is gone."""
+    if lifecycle.state is CLOSED:
+        return
+    pending = 0
+    if accumulator is not None and sender is not None:
+        pending = sum(batch.record_count for batch in accumulator.incomplete)
+        exc = ProducerClosedError(
+            f"the producer was collected without close() ({unclosed}): records it held "
+            "were not sent")
+        accumulator.begin_closing()
+        sender.running = False
+        sender.fail_in_flight(exc)
+        accumulator.fail_unresolved(exc)
+    lifecycle.closing = True
+    if txn is not None:
+        txn.close()
+    if cluster is not None:
+        cluster.close()
+    tasks.cancel()
+    if lifecycle.state is STARTED:
+        lifecycle.become(CLOSING)
+    lifecycle.become(CLOSED)
+    context: dict[str, Any] = {
+        "message": f"{unclosed} was collected, {pending} record(s) unsent: call `await "
+                   "producer.close()` when done with it (or use `async with`)"}
+    if source_traceback is not None:
+        context["source_traceback"] = source_traceback
+    asyncio.get_running_loop().call_exception_handler(context)
+
+
+def _debug_mode() -> bool:
+    """asyncio's debug mode, as asyncio decides it for a new loop (or the running loop's)."""
+    loop = asyncio._get_running_loop()  # (None outside a loop: no exception's cost)
+    if loop is not None:
+        return loop.get_debug()
+    return sys.flags.dev_mode or (not sys.flags.ignore_environment and
+                                  bool(os.environ.get("PYTHONASYNCIODEBUG")))
 
 
 def accepted(error: BaseException) -> BulkFuture | None:

@@ -15,6 +15,7 @@ from collections import Counter
 import pytest
 
 from tests.support.readback import consume_all, fetch_raw_batches
+from tests.support.web_outage import outage
 
 
 @pytest.fixture
@@ -145,6 +146,42 @@ async def test_aiohttp_example(broker, events_topic):
     for i, body in enumerate(answers):
         assert landed[(body["partition"], body["offset"])] == {"user": f"u{i % 5}", "n": i}
     assert [r.key for r in got if json.loads(r.value)["user"] is None] == [None]  # not b"None"
+
+
+@pytest.mark.parametrize("framework", ["fastapi", "aiohttp"])
+async def test_example_answers_503_in_time_while_its_broker_is_gone(proxied_broker,
+                                                                    monkeypatch, framework):
+    """The broker goes away mid-run, here as the proxy cutting the connections and refusing
+    new ones (a restarted embedded broker would come back empty; tests/real_kafka kills and
+    restarts a real one): see tests/support/web_outage.py for what must hold."""
+    cluster = proxied_broker
+    cluster.create_topic("web-outage", 3)
+
+    async def go_away() -> None:
+        cluster.proxy.refuse(True)
+
+    async def come_back() -> None:
+        cluster.proxy.heal()
+
+    await outage(framework, cluster.bootstrap, "web-outage", monkeypatch, go_away, come_back)
+
+
+def test_web_helpers_refuse_bad_settings():
+    from aiohttp import web
+    from fastapi import FastAPI
+
+    from aioproducer.errors import ConfigError
+    from aioproducer.integrations import aiohttp as for_aiohttp, fastapi as for_fastapi
+
+    for bad in (-1, None, "5"):
+        for readiness in (for_fastapi.readiness_endpoint, for_aiohttp.readiness_handler):
+            with pytest.raises(ConfigError, match="max_pending_s must be seconds >= 0"):
+                readiness(max_pending_s=bad)
+    for bad in (-1, 1.5, "1"):
+        with pytest.raises(ConfigError, match="retry_after_s must be whole seconds >= 0"):
+            for_fastapi.add_unavailable_handler(FastAPI(), retry_after_s=bad)
+        with pytest.raises(ConfigError, match="retry_after_s must be whole seconds >= 0"):
+            web.Application(middlewares=[for_aiohttp.unavailable_middleware(retry_after_s=bad)])
 
 
 needs_java = pytest.mark.skipif(shutil.which("java") is None,

@@ -5,14 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import random
 import resource
+import sys
+import warnings
+import weakref
 
 import pytest
 from kafka.protocol.producer import InitProducerIdResponse
 from kafka.protocol.producer.transaction import EndTxnResponse
 
 from aioproducer import Producer
+from aioproducer._internal.batch import RecordFuture
 from aioproducer.client.cluster import Cluster
 from aioproducer.errors import (
     BufferExhaustedError,
@@ -523,14 +528,53 @@ async def test_kept_handles_do_not_keep_the_records(fresh_broker):
     assert growth_mb < 40, f"100,000 kept handles of 100 MB produced hold {growth_mb:.0f} MB"
 
 
-async def test_unclosed_producer_warns(broker):
-    producer = Producer(broker.bootstrap)
-    await producer.start()
-    cluster = producer._cluster
-    with pytest.warns(ResourceWarning, match="unclosed"):
-        producer.__del__()
-    await producer.close()
-    assert cluster is not None and not cluster._connections
+async def test_producers_dropped_unclosed_are_collected_and_let_go(broker, topic):
+    """A handler that makes a started producer per request and forgets it (issue 37): each
+    one is collected while the loop runs on, its tasks end, its sockets close, the record it
+    held fails with ProducerClosedError, and it warns once, naming the line that made it."""
+    loop = asyncio.get_running_loop()
+    reported: list[str] = []
+    loop.set_exception_handler(lambda loop, context: reported.append(context["message"]))
+    made_at = f"{__file__}:{sys._getframe().f_lineno + 4}"
+    parts: list[weakref.ref] = []
+
+    async def handler() -> RecordFuture:
+        producer = Producer(broker.bootstrap, linger_ms=60_000)
+        await producer.start()
+        parts.extend(weakref.ref(part) for part in (
+            producer, producer._cluster, producer._accumulator, producer._sender))
+        return await producer.enqueue(topic, b"forgotten")
+
+    def fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    held = [await handler()]  # (the first one's imports and the loop's own sockets)
+    gc.collect()
+    await _tasks_left()
+    fds_before = fds()
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        for _ in range(100):
+            held.append(await handler())
+        gc.collect()
+        left = await _tasks_left(5)
+        deadline = loop.time() + 5
+        while fds() > fds_before and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        gc.collect()
+    loop.set_exception_handler(None)
+    assert left == [], left
+    assert fds() <= fds_before, f"{fds() - fds_before} file descriptors left open"
+    unclosed = [str(w.message) for w in warned if issubclass(w.category, ResourceWarning)]
+    assert len(unclosed) == 100, [str(w.message) for w in warned]
+    assert all(f"created at {made_at}" in message for message in unclosed), unclosed[0]
+    del warned  # (each holds its producer as its source)
+    gc.collect()
+    assert [ref for ref in parts if ref() is not None] == []
+    assert len(reported) == 101 and all("1 record(s) unsent" in r for r in reported), reported
+    for future in held:
+        with pytest.raises(ProducerClosedError, match="collected without close"):
+            future.result()
 
 
 async def test_sender_failure_reaches_every_caller(broker, topic):

@@ -38,6 +38,25 @@ async def test_metrics_count_what_the_broker_stored(broker, topic_factory):
     assert (metrics.retries, metrics.splits, metrics.requests_in_flight) == (0, 0, 0)
     assert metrics.buffer_memory_available == producer.config.buffer_memory
     assert metrics.connections >= 1 and metrics.waiting_for_memory == 0
+    assert (metrics.state, metrics.oldest_pending_s) == ("started", 0.0)
+    assert producer.metrics().state == "closed"
+
+
+async def test_metrics_say_how_long_the_oldest_record_waits(proxied_broker):
+    """oldest_pending_s grows while no broker takes the records (a readiness signal), and is
+    0 again once they are acknowledged."""
+    cluster = proxied_broker
+    cluster.create_topic("waiting", 1)
+    async with Producer(cluster.bootstrap, linger_ms=0) as producer:
+        await producer.send("waiting", b"warm-up")
+        cluster.proxy.stall(True)
+        handle = await producer.enqueue("waiting", b"held")
+        await asyncio.sleep(0.5)
+        held = producer.metrics()
+        cluster.proxy.heal()
+        await asyncio.wait_for(handle, 10)
+        assert 0.5 <= held.oldest_pending_s < 5 and held.records_pending == 1, held
+        assert producer.metrics().oldest_pending_s == 0.0
 
 
 async def test_metrics_count_retries_splits_and_failures(proxied_broker):

@@ -5,6 +5,8 @@ read back from the records by librdkafka."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
@@ -147,6 +149,24 @@ async def test_prometheus_scrape_reads_each_running_producer(broker, topic_facto
         {"one": 33554432, "two": 33554432}
     after = generate_latest(registry).decode()
     assert 'client_id="one"' not in after and 'client_id="two"' not in after
+
+
+async def test_a_producer_dropped_unclosed_is_not_kept_by_its_exporter(broker, topic):
+    """A scraped producer its user forgot (without close()) is collected, and the next scrape
+    no longer shows it: the collector's last snapshot does not keep it alive."""
+    registry = CollectorRegistry()
+    collector = PrometheusCollector(registry)
+    producer = Producer(broker.bootstrap, hooks=[collector], client_id="forgotten")
+    await producer.start()
+    await producer.send(topic, b"a")
+    assert 'client_id="forgotten"' in generate_latest(registry).decode()
+    collected = weakref.ref(producer)
+    with pytest.warns(ResourceWarning, match="unclosed"):
+        del producer
+        gc.collect()
+    assert collected() is None
+    assert 'client_id="forgotten"' not in generate_latest(registry).decode()
+    await asyncio.sleep(0.1)  # (its parts let go on the loop)
 
 
 def test_blocking_producer_spans_are_children_of_the_callers(broker, topic, otel):

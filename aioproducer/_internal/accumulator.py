@@ -677,6 +677,13 @@ class RecordAccumulator:
         if pending:
             await asyncio.wait(pending)
 
+    def oldest_pending_s(self) -> float:
+        """How long the oldest batch without an outcome has been open (0.0 with none): it
+        grows while no broker takes them (a readiness signal for services)."""
+        if not self.incomplete:
+            return 0.0
+        return self._loop.time() - min(batch.created for batch in self.incomplete)
+
     def fail_unresolved(self, exc: BaseException) -> None:
         """Fail every batch still without an outcome, queued or not: the sender is gone, and
         nothing else would resolve them (a batch it was preparing when it failed, say)."""

@@ -55,7 +55,7 @@ class TopicMetrics:
 class ProducerMetrics:
     """A snapshot. The counters run from start() and only grow (as Prometheus counters): a
     rate is the difference of two snapshots over the time between them. The fields from
-    records_pending on are the state when the snapshot was taken."""
+    state on are the state when the snapshot was taken."""
 
     records_sent: int = 0  # acknowledged by the broker
     records_failed: int = 0  # failed for good (delivery timeout, a non-retriable error, close)
@@ -70,7 +70,11 @@ class ProducerMetrics:
     produce_throttle_time_max_ms: int = 0  # ... and the longest
     leader_redirects: int = 0  # batches sent on to a new leader a produce response named (KIP-951)
     reauthentications: int = 0  # SASL sessions renewed on open connections (KIP-368)
+    # The producer's state: "new", "starting", "started", "failed" (its sender died),
+    # "closing" or "closed".
+    state: str = "new"
     records_pending: int = 0  # accepted, neither acknowledged nor failed yet
+    oldest_pending_s: float = 0.0  # how long the oldest of them has waited: grows in an outage
     requests_in_flight: int = 0  # Produce requests awaiting their response
     connections: int = 0  # open broker connections
     buffer_memory_available: int = 0  # bytes of buffer_memory not held by batches

@@ -36,14 +36,20 @@ class TaskSet:
         self._tasks.discard(task)
         retrieve_exception(task)
 
+    def cancel(self) -> None:
+        """Cancel the tasks still running without waiting (their producer was collected:
+        nobody is left to wait); they end a loop turn or two later."""
+        self.closed = True
+        for task in self._tasks:
+            task.cancel()
+
     async def aclose(self) -> None:
         """Cancel the tasks still running and wait until they (and any they spawned while
         ending) have ended."""
         self.closed = True
         while self._tasks:
             running = set(self._tasks)
-            for task in running:
-                task.cancel()
+            self.cancel()
             await asyncio.wait(running)
 
 

@@ -1,18 +1,23 @@
 """FastAPI: one producer per app, started with the app and closed (flushed) at shutdown.
 
-::
+```py
+import asyncio
+import json
 
-    import json
+from fastapi import FastAPI
+from aioproducer.integrations.fastapi import ProducerDep, add_unavailable_handler, \
+    producer_lifespan, readiness_endpoint
 
-    from fastapi import FastAPI
-    from aioproducer.integrations.fastapi import ProducerDep, producer_lifespan
+app = FastAPI(lifespan=producer_lifespan("localhost:9092", close_timeout=10, linger_ms=5))
+add_unavailable_handler(app)  # a send past its deadline, Kafka unreachable: 503
+app.add_api_route("/ready", readiness_endpoint(max_pending_s=2))
 
-    app = FastAPI(lifespan=producer_lifespan("localhost:9092", linger_ms=5))
-
-    @app.post("/events")
-    async def publish(event: dict, producer: ProducerDep):
+@app.post("/events")
+async def publish(event: dict, producer: ProducerDep):
+    async with asyncio.timeout(2):  # this request's deadline
         md = await producer.send("events", json.dumps(event).encode())
-        return {"partition": md.partition, "offset": md.offset}
+    return {"partition": md.partition, "offset": md.offset}
+```
 
 One long-lived producer serves every request: concurrent handlers awaiting `send()` share
 its batches, which is where the throughput comes from.
@@ -21,12 +26,14 @@ its batches, which is where the throughput comes from.
 from __future__ import annotations
 
 import contextlib
-from typing import Annotated, Any, AsyncIterator, Callable, Sequence
+from typing import Annotated, Any, AsyncIterator, Awaitable, Callable, Sequence
 
 from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse
 
 from .._internal.arguments import check_timeout
 from ..producer import Producer
+from ._web import UNAVAILABLE, check_max_pending, readiness, retry_after, unavailable_body
 
 # A FastAPI lifespan, which may yield a state dict (Starlette copies it into request.state).
 Lifespan = Callable[[FastAPI], contextlib.AbstractAsyncContextManager[Any]]
@@ -73,3 +80,34 @@ def get_producer(request: Request) -> Producer:
 
 ProducerDep = Annotated[Producer, Depends(get_producer)]
 """Annotate a handler parameter with this to receive the app's producer."""
+
+
+def add_unavailable_handler(app: FastAPI, *, retry_after_s: int = 1) -> None:
+    """Answer 503 Service Unavailable (with Retry-After) instead of a 500 with a traceback
+    when a handler raises what says Kafka cannot take the record now: a TimeoutError (the
+    request's own deadline, `asyncio.timeout()` around `send()`, ran out; or buffer memory
+    stayed full for max_block_ms), a retriable Kafka error (no broker reachable, the delivery
+    timed out) or ProducerClosedError (shutting down). A record whose wait ran out was
+    buffered and is still sent if a broker takes it within delivery_timeout_ms: a client
+    that retries after a 503 may write the event twice (give events an id)."""
+    headers = retry_after(retry_after_s)
+
+    async def unavailable(request: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse(unavailable_body(exc), status_code=503, headers=headers)
+
+    for error in UNAVAILABLE:
+        app.add_exception_handler(error, unavailable)
+
+
+def readiness_endpoint(max_pending_s: float = 5.0
+                       ) -> Callable[[Request], Awaitable[JSONResponse]]:
+    """An endpoint for a readiness probe (`app.add_api_route("/ready", ...)`): 200 while the
+    producer can deliver, 503 while it cannot (closing, its sender failed, or a record has
+    waited over `max_pending_s` for a broker), with the producer's state as JSON."""
+    check_max_pending(max_pending_s)
+
+    async def ready(request: Request) -> JSONResponse:
+        ok, body = readiness(getattr(request.app.state, "aioproducer", None), max_pending_s)
+        return JSONResponse(body, status_code=200 if ok else 503)
+
+    return ready

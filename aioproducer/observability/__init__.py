@@ -68,7 +68,8 @@ class ProducerSet(ProducerHooks):
         self._lock = threading.Lock()  # exporters collect in threads of their own
         self._ttl = ttl
         self._taken = -float("inf")
-        self._measured: list[tuple[Producer, ProducerMetrics]] = []
+        # Weakly too: a producer dropped unclosed is collected, not kept by the last snapshot.
+        self._measured: list[tuple[weakref.ref[Producer], ProducerMetrics]] = []
 
     def on_start(self, producer: Producer) -> None:
         with self._lock:
@@ -77,7 +78,7 @@ class ProducerSet(ProducerHooks):
     def on_close(self, producer: Producer) -> None:
         with self._lock:
             self._producers.discard(producer)
-            self._measured = [m for m in self._measured if m[0] is not producer]
+            self._measured = [m for m in self._measured if m[0]() is not producer]
 
     def measure(self) -> list[tuple[Producer, ProducerMetrics]]:
         """Each running producer with its metrics (one that cannot answer now is left out:
@@ -88,11 +89,12 @@ class ProducerSet(ProducerHooks):
                 measured = []
                 for producer in list(self._producers):
                     try:
-                        measured.append((producer, producer.metrics()))
+                        measured.append((weakref.ref(producer), producer.metrics()))
                     except Exception:
                         continue
                 self._measured, self._taken = measured, now
-            return self._measured
+            return [(alive, metrics) for ref, metrics in self._measured
+                    if (alive := ref()) is not None]
 
 
 def readings(producer: Producer, metrics: ProducerMetrics) -> Iterator[Reading]:
