@@ -118,7 +118,7 @@ class ProducerConfig:
     acks: Any = "all"
     enable_idempotence: bool = True
     linger_ms: int = 5
-    batch_size: int = 16384
+    batch_size: int = 262144  # (the Java client's is 16384: see the README's Settings)
     buffer_memory: int = 33554432
     max_block_ms: int = 60000
     max_request_size: int = 1048576
@@ -191,7 +191,7 @@ class ProducerConfig:
             raise ConfigError("bootstrap_servers is required, e.g. \"localhost:9092\"")
         explicit_idempotence = settings.get("enable_idempotence")
         config = cls(**settings)
-        return config._validated(explicit_idempotence)
+        return config._validated(explicit_idempotence, "batch_size" in settings)
 
     @classmethod
     def from_properties(cls, properties: Mapping[str, Any]) -> "ProducerConfig":
@@ -242,7 +242,8 @@ class ProducerConfig:
                               "certificate and key (ssl_certfile/ssl_keyfile or "
                               "ssl_cert_pem/ssl_key_pem)")
 
-    def _validated(self, explicit_idempotence: Any) -> "ProducerConfig":
+    def _validated(self, explicit_idempotence: Any,
+                   explicit_batch_size: bool = True) -> "ProducerConfig":
         changes: dict[str, Any] = {"bootstrap_addresses": _parse_bootstrap(self.bootstrap_servers)}
         acks = {"all": -1, "-1": -1, -1: -1, "1": 1, 1: 1, "0": 0, 0: 0}.get(
             self.acks if isinstance(self.acks, (int, str)) and not isinstance(self.acks, bool)
@@ -336,12 +337,14 @@ class ProducerConfig:
             if getattr(self, most) < getattr(self, base):
                 raise ConfigError(f"{most} ({getattr(self, most)}) must be at least {base} "
                                   f"({getattr(self, base)})")
-        if self.batch_size > self.max_request_size:
-            changes["batch_size"] = self.max_request_size  # a batch must fit in a request
-        if self.buffer_memory < min(self.batch_size, self.max_request_size):
+        batch_size = min(self.batch_size, self.max_request_size)  # a batch fits in a request
+        if not explicit_batch_size:  # only defaulted: no larger than buffer_memory holds
+            batch_size = min(batch_size, self.buffer_memory)
+        if batch_size != self.batch_size:
+            changes["batch_size"] = batch_size
+        if self.buffer_memory < batch_size:
             raise ConfigError(f"buffer_memory ({self.buffer_memory}) must be at least batch_size "
-                              f"({min(self.batch_size, self.max_request_size)}): every batch "
-                              "reserves batch_size bytes of it")
+                              f"({batch_size}): a full batch takes batch_size bytes of it")
         conflicts = [text for bad, text in (
             (acks != -1, f"acks={self.acks!r} (needs \"all\")"),
             (self.retries == 0, "retries=0 (needs > 0)"),

@@ -31,6 +31,10 @@ async def aioproducer_run(args, data):
     from aioproducer import Producer
 
     settings = dict(SETTINGS, enable_idempotence=args.idempotence, compression_type=args.codec)
+    if args.defaults:
+        del settings["batch_size"]
+    if args.batch_size:
+        settings["batch_size"] = args.batch_size
     if args.idempotence:
         settings["acks"] = "all"  # idempotence needs it
     if args.scenario == "latency":
@@ -91,7 +95,8 @@ async def aiokafka_run(args, data):
 
     producer = AIOKafkaProducer(bootstrap_servers=args.bootstrap, acks=1,
                                 linger_ms=0 if args.scenario == "latency" else 5,
-                                max_batch_size=16384, enable_idempotence=False,
+                                **({} if args.defaults else {"max_batch_size": 16384}),
+                                enable_idempotence=False,
                                 compression_type=None if args.codec == "none" else args.codec)
     await producer.start()
     try:
@@ -141,9 +146,14 @@ async def aiokafka_batches(producer, args, data):
 # -- confluent-kafka -----------------------------------------------------------------------------
 
 def _confluent_config(args):
-    return {"bootstrap.servers": args.bootstrap, "acks": 1, "enable.idempotence": False,
-            "linger.ms": 0 if args.scenario == "latency" else 5, "batch.size": 16384,
-            "compression.type": args.codec}
+    config = {"bootstrap.servers": args.bootstrap, "acks": 1, "enable.idempotence": False,
+              "linger.ms": 0 if args.scenario == "latency" else 5, "batch.size": 16384,
+              "compression.type": args.codec}
+    if args.defaults:
+        del config["batch.size"]
+    if args.batch_size:
+        config["batch.size"] = args.batch_size
+    return config
 
 
 def confluent_sync_run(args, data):
@@ -357,6 +367,9 @@ def main() -> None:
                         help="import the hooks' SDKs first (as an instrumented application "
                              "has): the hooks' cost apart from what the imports cost")
     parser.add_argument("--uvloop", action="store_true")
+    parser.add_argument("--defaults", action="store_true",
+                        help="each client's own batch size (not 16 KiB for all): the grid")
+    parser.add_argument("--batch-size", type=int, default=0, help="this batch size instead")
     args = parser.parse_args()
     data = records(args.records, args.value_size, args.keyless)
     run = SYNC[args.client] if args.scenario == "sync" else CLIENTS[args.client]

@@ -8,6 +8,7 @@ import pytest
 
 from aioproducer._internal.batch import BulkFuture
 from aioproducer.config import ProducerConfig
+from aioproducer.client.cluster import TopicInfo
 from aioproducer.protocol.compression import Codec
 from aioproducer._internal.accumulator import RecordAccumulator
 from aioproducer._internal.observer import Observer
@@ -15,10 +16,9 @@ from aioproducer.protocol.records import record_size_upper_bound
 
 
 class OneBroker:
-    """All drain() asks of the cluster: which broker leads a partition."""
+    """All drain() asks of the cluster: which broker leads each partition of topic "t"."""
 
-    def leader_for(self, topic: str, partition: int) -> int:
-        return 0
+    topics = {"t": TopicInfo("t", (0,) * 4)}
 
 
 async def test_partitions_are_drained_in_turn_and_none_starves():

@@ -150,29 +150,28 @@ async def test_a_record_larger_than_buffer_memory_fails_at_once(broker, topic):
 
 
 async def test_sends_waiting_for_memory_are_served_in_arrival_order(broker, topic):
-    """Each record needs a batch of its own and memory holds three: the tasks queue for it.
-    A task that closes a full batch keeps its place in line (it used to yield first and join
-    the back of the queue: task 2 was served 36 places late, and with a short max_block_ms,
-    early tasks failed while later ones succeeded). Only the one yield that lets the sender
-    ship the closed batch may let the next task's record in first."""
+    """Each record needs a batch of its own and memory holds three: 400 tasks queue for it,
+    and their records take offsets in the order the tasks called enqueue(). The order is
+    read from the offsets the broker gave, not from when each call returned. A task that
+    closed a full batch used to yield with its memory reserved but no batch opened, and the
+    next task opened one first: record 2 took the offset before record 1's, in every run."""
     async with Producer(broker.bootstrap, batch_size=1024, buffer_memory=3 * 1024,
                         linger_ms=0) as producer:
-        served: list[int] = []
+        futures: dict[int, object] = {}
 
         async def send(i: int) -> None:
-            await producer.enqueue(topic, b"%03d" % i + b"v" * 600, partition=0)
-            served.append(i)
+            futures[i] = await producer.enqueue(topic, b"%03d" % i + b"v" * 600, partition=0)
 
-        await asyncio.wait_for(asyncio.gather(*(send(i) for i in range(40))), 30)
-        await producer.flush()
-    assert sorted(served) == list(range(40))
-    lateness = {i: position - i for position, i in enumerate(served)}
-    assert max(lateness.values()) <= 1, f"served in the order {served}"
+        await asyncio.wait_for(asyncio.gather(*(send(i) for i in range(400))), 60)
+        offsets = {i: (await asyncio.wait_for(f, 30)).offset for i, f in futures.items()}
+    by_offset = sorted(offsets, key=offsets.__getitem__)
+    overtaken = [(a, b) for a, b in zip(by_offset, by_offset[1:]) if b < a]
+    assert not overtaken, f"(record, the earlier record it overtook): {overtaken}"
 
 
 @pytest.mark.parametrize("call", ["enqueue", "enqueue_many"])
 async def test_buffer_memory_bounds_what_waits_for_a_stalled_broker(proxied_broker, call):
-    """Each new batch holds batch_size of buffer_memory, whichever call opened it: with the
+    """The batches' bytes stay within buffer_memory, whichever call opened them: with the
     broker stalled, the calls wait once 4 batches' worth is buffered and fail after
     max_block_ms, having buffered no more."""
     from aioproducer import Producer, accepted
@@ -199,3 +198,67 @@ async def test_buffer_memory_bounds_what_waits_for_a_stalled_broker(proxied_brok
         assert 0 < buffered <= 4 * (4096 // 100), f"{buffered} records in 16 KiB"
         cluster.proxy.stall(False)
         await asyncio.wait_for(producer.flush(), 30)
+
+
+@pytest.mark.timeout(600)  # 36-63 s here at a load of 15-20; over 300 s at 30 on 2 cores
+async def test_ten_thousand_partitions_with_default_settings(proxied_broker):
+    """Default settings (but request_timeout_ms, longer than the stall: a request retried
+    after its timeout is stored twice by Tansu, which answers the duplicate without its
+    offset), a topic of 10,000 partitions and a broker that does not answer:
+    a record for every partition is buffered at once (each open batch used to reserve
+    batch_size, 16 KiB, of the 32 MiB: the 2,049th record waited for memory until
+    max_block_ms), then 40 MB more fill buffer_memory and wait in line. Meanwhile the
+    producer holds at most buffer_memory and a stated overhead (below); once the broker
+    answers, every record is delivered, each partition's offsets 0 to n-1."""
+    import tracemalloc
+
+    from aioproducer.config import ProducerConfig
+    from aioproducer.tools.reader import TopicReader
+
+    cluster, partitions, value = proxied_broker, 10_000, b"v" * 1000
+    cluster.create_topic("wide", partitions)
+    buffer_memory = ProducerConfig.from_kwargs(bootstrap_servers="-:1").buffer_memory
+    async with Producer(cluster.bootstrap, request_timeout_ms=110_000) as producer:
+        await producer.send("wide", b"metadata first", partition=0)
+        cluster.proxy.stall(True)
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            # (Before: BufferExhaustedError after max_block_ms, at the 2,049th.)
+            first = [await producer.enqueue("wide", value, partition=p)
+                     for p in range(partitions)]
+            # Four more rounds, 40 MB of records, past buffer_memory: the last wait in line
+            # (send(): a future each, no Task).
+            later = [producer.send("wide", value, partition=p)
+                     for _ in range(4) for p in range(partitions)]
+            await asyncio.sleep(0.5)
+            held = tracemalloc.get_traced_memory()[0] - before
+            peak = tracemalloc.get_traced_memory()[1] - before
+        finally:
+            tracemalloc.stop()
+        waiting = producer._accumulator.waiting
+        batches = len(producer._accumulator.incomplete)
+        cluster.proxy.stall(False)
+        metadata = await asyncio.wait_for(asyncio.gather(*first, *later), 120)
+    assert waiting > 0, "the records did not outrun buffer_memory: the test proves nothing"
+    # The stated overhead: per open batch its objects (ProducerBatch, writer, futures,
+    # its partition's queue: about 1.5 KiB), per record its future (the test holds them)
+    # and, while it waits in line, its place (~300 B together), and the requests in
+    # flight, up to 5 of 1 MiB. (Unbounded, the 50 MB of records would be held besides.)
+    overhead = batches * 1536 + (len(first) + len(later)) * 300 + 5 * (1 << 20)
+    assert peak <= buffer_memory + overhead, \
+        f"{peak / 2**20:.1f} MiB traced at the peak ({held / 2**20:.1f} at the end), " \
+        f"{batches} batches, {waiting} records in line"
+    offsets: dict[int, list[int]] = {}
+    for record in metadata:
+        offsets.setdefault(record.partition, []).append(record.offset)
+    assert {p: sorted(o) for p, o in offsets.items()} == \
+        {p: list(range(1, 6)) if p == 0 else list(range(5)) for p in range(partitions)}
+    config = ProducerConfig.from_kwargs(bootstrap_servers=cluster.bootstrap)
+    stored = 0
+    async with TopicReader(config, "wide", from_beginning=True) as reader:
+        for _ in range(100):  # (bounded: 50 s)
+            stored += len(await reader.fetch(max_wait=0.5))
+            if stored >= len(metadata) + 1:
+                break
+    assert stored == len(metadata) + 1

@@ -10,15 +10,26 @@ from aioproducer.errors import ConfigError, ERROR_CLASSES, ProducerFencedError, 
 
 
 def test_defaults_follow_the_java_client():
+    """The Java client's defaults, but batch_size (256 KiB, not 16 KiB: a batch reserves
+    memory as it grows, and 10 KB records made a batch each; the README's Settings)."""
     config = ProducerConfig.from_kwargs(bootstrap_servers="a:1,[::1]:2")
     assert config.bootstrap_addresses == (("a", 1), ("::1", 2))
     assert (config.acks, config.enable_idempotence, config.linger_ms, config.batch_size) == \
-        (-1, True, 5, 16384)
+        (-1, True, 5, 262144)
     assert (config.buffer_memory, config.max_block_ms, config.delivery_timeout_ms) == \
         (33554432, 60000, 120000)
     assert config.max_in_flight_requests_per_connection == 5
     assert (config.socket_connection_setup_timeout_ms,
             config.socket_connection_setup_timeout_max_ms) == (10000, 30000)
+
+
+def test_a_small_buffer_memory_alone_bounds_the_defaulted_batch_size():
+    """buffer_memory below the default batch_size, batch_size not given: batches as large as
+    the memory holds, not a ConfigError about a setting the user never set."""
+    config = ProducerConfig.from_kwargs(bootstrap_servers="h:1", buffer_memory=8192)
+    assert config.batch_size == 8192
+    with pytest.raises(ConfigError, match="buffer_memory \\(8192\\) must be at least batch_size"):
+        ProducerConfig.from_kwargs(bootstrap_servers="h:1", buffer_memory=8192, batch_size=16384)
 
 
 @pytest.mark.parametrize("low, high", [("retry_backoff_ms", "retry_backoff_max_ms"),

@@ -405,28 +405,26 @@ class RecordIntake:
     async def _append_soon(self, topic: str, partition: int, timestamp_ms: int,
                            key: bytes | None, value: bytes | None, headers: bytes | None,
                            memory: int, count: int, closed: bool) -> Appended:
-        """enqueue()'s append of a record that needs a new batch: with the memory free,
-        yield once first if it closed a full batch (the sender ships it, so a loop that
-        never waits keeps the broker busy instead of filling buffer_memory first), then
-        append; else wait in line."""
+        """enqueue()'s append of a record that needs a new batch: with the memory free, open
+        it, or, if the record closed a full batch, take the head of the line for one loop
+        turn first (turn_soon: the sender ships the closed batch, and no record overtakes
+        this one meanwhile); else wait in line."""
         accumulator = self._accumulator
         if not accumulator.reserve_now(memory):
-            return await self._append_in_turn(accumulator.join_line(
-                topic, partition, timestamp_ms, key, value, headers, memory, count, False))
-        try:
-            if closed:
-                await asyncio.sleep(0)
-                batch = accumulator.try_append(topic, partition, timestamp_ms, key, value,
-                                               headers)
-                if batch is not None:  # into a batch others opened meanwhile
-                    accumulator.release(memory)
-                    return batch, batch.writer.count - 1, timestamp_ms
-            batch = accumulator.open_batch(topic, partition, timestamp_ms, key, value,
-                                           headers, memory, count)
-        except BaseException:
-            accumulator.release(memory)
-            raise
-        return batch, 0, timestamp_ms
+            waiting = accumulator.join_line(topic, partition, timestamp_ms, key, value,
+                                            headers, memory, count, False)
+        elif closed:
+            waiting = accumulator.turn_soon(topic, partition, timestamp_ms, key, value,
+                                            headers, memory, count)
+        else:
+            try:
+                batch = accumulator.open_batch(topic, partition, timestamp_ms, key, value,
+                                               headers, memory, count)
+            except BaseException:
+                accumulator.release(memory)
+                raise
+            return batch, 0, timestamp_ms
+        return await self._append_in_turn(waiting)
 
     async def _append_many(self, topic: str, records: list[Any], count: int,
                            partition: int | None, timestamp_ms: int,

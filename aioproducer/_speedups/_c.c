@@ -213,8 +213,13 @@ writer_append(RecordWriter *self, long long timestamp,
         return 0;
     if (self->length + total > self->capacity) {
         Py_ssize_t capacity = self->capacity ? self->capacity : 256;
+        Py_ssize_t most = self->limit - BATCH_HEADER_SIZE;  /* the memory reserved for it */
         while (capacity < self->length + total)
             capacity *= 2;
+        if (most < self->length + total)
+            most = self->length + total;  /* (a first record larger than the limit) */
+        if (capacity > most)
+            capacity = most;  /* no more than buffer_memory counts for the batch */
         char *grown = PyMem_Realloc(self->buffer, capacity);
         if (grown == NULL) {
             PyErr_NoMemory();
@@ -418,6 +423,9 @@ static PyMemberDef writer_members[] = {
      "the batch's uncompressed size on the wire"},
     {"base_timestamp", T_LONGLONG, offsetof(RecordWriter, base_timestamp), READONLY, NULL},
     {"max_timestamp", T_LONGLONG, offsetof(RecordWriter, max_timestamp), READONLY, NULL},
+    {"limit", T_PYSSIZET, offsetof(RecordWriter, limit), 0,
+     "the size past which try_append refuses a record (the accumulator raises it as the\n"
+     "batch's memory grows)"},
     {NULL}
 };
 

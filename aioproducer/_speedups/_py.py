@@ -107,7 +107,7 @@ class RecordFields:
 class RecordWriter:
     """Records of one RecordBatch v2, encoded as they are appended."""
 
-    __slots__ = ("_buffer", "base_timestamp", "max_timestamp", "count", "size", "_limit")
+    __slots__ = ("_buffer", "base_timestamp", "max_timestamp", "count", "size", "limit")
 
     def __init__(self, base_timestamp: int, limit: int) -> None:
         self._buffer: bytearray | None = bytearray()
@@ -115,7 +115,7 @@ class RecordWriter:
         self.max_timestamp = base_timestamp
         self.count = 0
         self.size = HEADER_SIZE  # the batch on the wire, uncompressed, header included
-        self._limit = limit
+        self.limit = limit  # raised by the accumulator as the batch's memory grows
 
     def try_append(self, timestamp: int, key: bytes | None, value: bytes | None,
                    headers: bytes | None) -> bool:
@@ -145,7 +145,7 @@ class RecordWriter:
         length = 1 + len(t) + len(o) + len(k) + key_length + len(v) + value_length + len(h)
         prefix = small[length + 1] if length < _SMALL_MAX else _varint(length)
         size = self.size + len(prefix) + length
-        if size > self._limit and count:
+        if size > self.limit and count:
             return False
         buffer += prefix
         buffer += b"\x00"  # record attributes
