@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+import sys
 import uuid
 from dataclasses import dataclass
 
@@ -97,6 +98,42 @@ def cluster(broker):
     require_embedded(broker)
     with SimulatedCluster(nodes=3, upstream=broker, lifetime=120) as simulated:
         yield simulated
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local Spark session per test process: a second session in the same process after
+    stop() finds the JVM gateway half gone (py4j errors), as happened when pytest-xdist moved
+    between the modules that each had their own."""
+    pyspark = pytest.importorskip("pyspark", reason="install the spark extra: aioproducer[spark]")
+    # Spark's Python workers must run this interpreter (the one with aioproducer installed).
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    session = (pyspark.sql.SparkSession.builder.master("local[2]")
+               .appName("aioproducer-tests")
+               .config("spark.ui.enabled", "false")
+               .config("spark.sql.shuffle.partitions", "4")
+               .getOrCreate())
+    yield session
+    session.stop()
+
+
+# -- running in parallel (pytest-xdist, --dist loadgroup) ------------------------------------
+
+# Tests that start something heavy share one worker per kind, so a run holds one Spark JVM
+# (and each real Kafka cluster) once, not once per worker.
+_GROUPS = {"spark": "spark", "spark_home": "spark-jobs"}
+_GROUPED_TESTS = {"test_examples.py::test_spark_streaming_example": "spark-jobs"}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    """Put each test that uses a heavy fixture in its xdist group (before xdist reads them)."""
+    for item in items:
+        names = getattr(item, "fixturenames", ())
+        group = next((g for f, g in _GROUPS.items() if f in names), None)
+        group = group or next((g for k, g in _GROUPED_TESTS.items() if item.nodeid.endswith(k)), None)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 # -- cancellation under asyncio and anyio --------------------------------------------------
