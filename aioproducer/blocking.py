@@ -48,12 +48,12 @@ _OPEN: weakref.WeakSet[BlockingProducer] = weakref.WeakSet()
 class BlockingProducer:
     """A Kafka producer with blocking calls; the same settings as `Producer`.
 
-    ::
-
-        with BlockingProducer("localhost:9092", linger_ms=5) as producer:
-            producer.produce("clicks", b"...")              # returns at once: a Future
-            md = producer.send("orders", b"...", key=b"k")  # returns after the ack
-            producer.flush()
+    ```py
+    with BlockingProducer("localhost:9092", linger_ms=5) as producer:
+        producer.produce("clicks", b"...")              # returns at once: a Future
+        md = producer.send("orders", b"...", key=b"k")  # returns after the ack
+        producer.flush()
+    ```
 
     `produce()` returns a `concurrent.futures.Future` of the record's metadata; errors,
     bad arguments included, are set on it (and passed to `on_delivery`). Cancelling that

@@ -36,10 +36,10 @@ METRICS_WAIT_S = 5.0  # metrics() from another thread waits this long for the lo
 class Producer:
     """An asyncio Kafka producer.
 
-    ::
-
-        async with Producer("localhost:9092", linger_ms=5) as producer:
-            md = await producer.send("orders", b"payload", key=b"user-7")
+    ```py
+    async with Producer("localhost:9092", linger_ms=5) as producer:
+        md = await producer.send("orders", b"payload", key=b"user-7")
+    ```
 
     `send()` returns once the broker acknowledged the record; `enqueue()` returns as soon as
     the record is buffered, with a future of its metadata, so a loop can buffer many records

@@ -1,15 +1,20 @@
-"""Every example runs as written (each starts its own embedded broker)."""
+"""Every example runs as written (each starts its own embedded broker), and so does every
+Python block of the README and the documentation pages."""
 
 import asyncio
+import contextlib
 import os
 import re
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
+import textwrap
 import time
 import sys
 from pathlib import Path
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -79,42 +84,145 @@ def test_spark_streaming_example():
     assert confirmed and int(confirmed[1]) > 0, out
 
 
-async def test_readme_python_snippets(broker, topic_factory):
-    """README's Python blocks run as written, one after the other as a reader would, with only
-    the broker's and the schema registry's (a stand-in's) addresses and (so that reruns start
-    clean) the topic names changed."""
+# The pages a reader runs code from: the README and the documentation site's (mkdocs.yml).
+PAGES = ["README.md", *sorted(str(p.relative_to(README.parent))
+                              for p in (README.parent / "docs").rglob("*.md"))]
+# A fenced block marked python, at any indentation (a list item's too), with any attributes
+# after the language; blocks marked `py` are shown, not run (an example file, a SparkSession).
+PYTHON_BLOCK = re.compile(r"^( *)```python[^\n]*\n(.*?)^\1```", re.S | re.M)
+TOPICS = ("orders", "clicks", "enriched", "raw", "events", "payments", "audited", "observed")
+
+
+def python_blocks(page: str) -> list[str]:
+    return [textwrap.dedent(block) for _indent, block in
+            PYTHON_BLOCK.findall((README.parent / page).read_text())]
+
+
+def _readme_landed(bootstrap: str, topics: dict[str, str]) -> None:
     from tests.support.readback import consume_all
+
+    for name in ("orders", "clicks", "enriched"):
+        assert len(consume_all(bootstrap, topics[name], expected=1)) == 1, name
+    events = consume_all(bootstrap, topics["events"], expected=2)
+    assert [(r.key, r.value) for r in events] == [(b"user-7", b"clicked"), (b"user-7", b"paid")]
+
+
+def _one_each(*names: str) -> Callable[[str, dict[str, str]], None]:
+    def landed(bootstrap: str, topics: dict[str, str]) -> None:
+        from tests.support.readback import consume_all
+
+        for name in names:
+            assert len(consume_all(bootstrap, topics[name], expected=1)) == 1, name
+    return landed
+
+
+def _serializers_landed(bootstrap: str, topics: dict[str, str]) -> None:
+    from tests.support.readback import consume_all
+
+    json_payment, avro_payment = consume_all(bootstrap, topics["payments"], expected=2)
+    assert (json_payment.key, json_payment.value, json_payment.headers) == (
+        b"user-7", b'{"amount": 12}', [("trace", b"t-1"), ("content-type", b"application/json")])
+    # Confluent's wire format: byte 0, the stand-in's first schema id (4 bytes), Avro's 12.
+    assert avro_payment.value == b"\x00\x00\x00\x00\x01\x18"
+
+
+def _sync_landed(bootstrap: str, topics: dict[str, str]) -> None:
+    from tests.support.readback import consume_all
+
+    events = consume_all(bootstrap, topics["events"], expected=2)
+    assert [(r.key, r.value) for r in events] == [(b"user-7", b"clicked"), (b"user-7", b"paid")]
+
+
+def _observability_landed(bootstrap: str, topics: dict[str, str]) -> None:
+    from tests.support.readback import consume_all
+
+    [audited] = consume_all(bootstrap, topics["audited"], expected=1)
+    assert audited.headers == [("origin", b"checkout-service")]  # added by the hook
+    assert len(consume_all(bootstrap, topics["observed"], expected=1)) == 1
+
+
+def _security_landed(bootstrap: str, topics: dict[str, str]) -> None:
+    from tests.support.readback import consume_all
+
+    [payment] = consume_all(bootstrap, topics["payments"], expected=1)
+    assert payment.value == b"over TLS, as alice"
+
+
+# What a page's blocks leave on the broker, read back by librdkafka. (The testing guide's
+# blocks start brokers of their own and assert what they expect themselves.)
+LANDED: dict[str, Callable[[str, dict[str, str]], None]] = {
+    "README.md": _readme_landed,
+    "docs/index.md": _one_each("orders"),
+    "docs/getting-started.md": _one_each("orders", "clicks"),
+    "docs/guides/serializers.md": _serializers_landed,
+    "docs/guides/sync.md": _sync_landed,
+    "docs/guides/transactions.md": _one_each("enriched"),
+    "docs/guides/observability.md": _observability_landed,
+    "docs/guides/security.md": _security_landed,
+}
+
+
+@contextlib.contextmanager
+def _secure_cluster(broker: Any, tmp_path: Path) -> Iterator[dict[str, str]]:
+    """The security guide's broker: TLS with a throwaway CA, and SCRAM-SHA-512 for alice."""
+    import trustme
+
+    from aioproducer.testing import Listener, SimulatedCluster
+
+    ca = trustme.CA()
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server)
+    cafile = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(cafile))
+    listener = Listener(tls=server, sasl_mechanisms=["SCRAM-SHA-512"],
+                        users={"alice": "alice-secret"})
+    with SimulatedCluster(upstream=broker, nodes=1, lifetime=120,
+                          listeners={"SECURE": listener}) as cluster:
+        yield {'"broker.example.com:9093"': repr(cluster.bootstrap_servers),
+               '"ca.pem"': repr(str(cafile))}
+
+
+def test_every_page_with_python_is_run():
+    """The pages below hold the blocks test_doc_python_blocks runs: a page that gains its
+    first python block is run too, and one that lost them all is not run for nothing."""
+    assert "README.md" in PAGES and "docs/guides/async.md" in PAGES
+    with_python = [page for page in PAGES if python_blocks(page)]
+    assert set(LANDED) <= set(with_python), set(LANDED) - set(with_python)
+    assert len(with_python) >= 9, with_python
+
+
+@pytest.mark.parametrize("page", [page for page in PAGES if python_blocks(page)])
+async def test_doc_python_blocks(page, broker, topic_factory, tmp_path):
+    """A page's Python blocks run as written, one after the other as a reader would, with only
+    the broker's and the schema registry's (a stand-in's) addresses, the security guide's
+    broker and CA file, and (so that reruns start clean) the topic names changed."""
     from tests.support.schema_registry import StandInSchemaRegistry
 
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
-    assert len(blocks) >= 2
-    topics = {name: topic_factory(1) for name in ("orders", "clicks", "enriched", "raw",
-                                                  "events", "payments", "audited",
-                                                  "observed")}
+    blocks = python_blocks(page)
+    text = "".join(blocks)
+    topics = {name: topic_factory(1) for name in TOPICS if f'"{name}"' in text}
     namespace: dict = {}
-    with StandInSchemaRegistry() as registry:
-        for block in blocks:
-            block = block.replace('"localhost:9092"', repr(broker.bootstrap))
-            block = block.replace('"http://localhost:8081"', repr(registry.url))
-            for name, topic in topics.items():
-                block = block.replace(f'"{name}"', repr(topic))
+    with contextlib.ExitStack() as stack:
+        registry = stack.enter_context(StandInSchemaRegistry())
+        replace = {'"localhost:9092"': repr(broker.bootstrap),
+                   '"http://localhost:8081"': repr(registry.url),
+                   **{f'"{name}"': repr(topic) for name, topic in topics.items()}}
+        if "broker.example.com:9093" in text:
+            replace.update(stack.enter_context(_secure_cluster(broker, tmp_path)))
+        for number, block in enumerate(blocks, 1):
+            for old, new in replace.items():
+                block = block.replace(old, new)
             imports = [line for line in block.splitlines()
                        if line.startswith(("from ", "import "))]
             exec("\n".join(imports), namespace)
             exec("async def snippet():\n" +
                  "".join(f"    {line}\n" for line in block.splitlines()), namespace)
-            await asyncio.wait_for(namespace["snippet"](), 30)
-    for name in ("orders", "clicks", "enriched"):
-        assert len(consume_all(broker.bootstrap, topics[name], expected=1)) == 1, name
-    [audited] = consume_all(broker.bootstrap, topics["audited"], expected=1)
-    assert audited.headers == [("origin", b"checkout-service")]  # added by the hook
-    events = consume_all(broker.bootstrap, topics["events"], expected=2)
-    assert [(r.key, r.value) for r in events] == [(b"user-7", b"clicked"), (b"user-7", b"paid")]
-    json_payment, avro_payment = consume_all(broker.bootstrap, topics["payments"], expected=2)
-    assert (json_payment.key, json_payment.value, json_payment.headers) == (
-        b"user-7", b'{"amount": 12}', [("trace", b"t-1"), ("content-type", b"application/json")])
-    # Confluent's wire format: byte 0, the stand-in's first schema id (4 bytes), Avro's 12.
-    assert avro_payment.value == b"\x00\x00\x00\x00\x01\x18"
+            try:
+                await asyncio.wait_for(namespace["snippet"](), 30)
+            except BaseException as exc:
+                raise AssertionError(f"{page}: python block {number} of {len(blocks)} failed: "
+                                     f"{exc!r}") from exc
+    LANDED.get(page, lambda *_: None)(broker.bootstrap, topics)
 
 
 def test_cli_perf_on_its_own_broker():

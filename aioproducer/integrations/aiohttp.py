@@ -1,16 +1,16 @@
 """aiohttp: one producer per application, through `cleanup_ctx` and a typed `AppKey`.
 
-::
+```py
+from aiohttp import web
+from aioproducer.integrations.aiohttp import PRODUCER, setup_producer
 
-    from aiohttp import web
-    from aioproducer.integrations.aiohttp import PRODUCER, setup_producer
+app = web.Application()
+setup_producer(app, "localhost:9092", linger_ms=5)
 
-    app = web.Application()
-    setup_producer(app, "localhost:9092", linger_ms=5)
-
-    async def publish(request: web.Request) -> web.Response:
-        md = await request.app[PRODUCER].send("events", await request.read())
-        return web.json_response({"partition": md.partition, "offset": md.offset})
+async def publish(request: web.Request) -> web.Response:
+    md = await request.app[PRODUCER].send("events", await request.read())
+    return web.json_response({"partition": md.partition, "offset": md.offset})
+```
 """
 
 from __future__ import annotations

@@ -1,18 +1,18 @@
 """FastAPI: one producer per app, started with the app and closed (flushed) at shutdown.
 
-::
+```py
+import json
 
-    import json
+from fastapi import FastAPI
+from aioproducer.integrations.fastapi import ProducerDep, producer_lifespan
 
-    from fastapi import FastAPI
-    from aioproducer.integrations.fastapi import ProducerDep, producer_lifespan
+app = FastAPI(lifespan=producer_lifespan("localhost:9092", linger_ms=5))
 
-    app = FastAPI(lifespan=producer_lifespan("localhost:9092", linger_ms=5))
-
-    @app.post("/events")
-    async def publish(event: dict, producer: ProducerDep):
-        md = await producer.send("events", json.dumps(event).encode())
-        return {"partition": md.partition, "offset": md.offset}
+@app.post("/events")
+async def publish(event: dict, producer: ProducerDep):
+    md = await producer.send("events", json.dumps(event).encode())
+    return {"partition": md.partition, "offset": md.offset}
+```
 
 One long-lived producer serves every request: concurrent handlers awaiting `send()` share
 its batches, which is where the throughput comes from.

@@ -1,14 +1,14 @@
 """PySpark to Kafka: the `aioproducer` data source (batch and Structured Streaming, exactly
 once for streams), and `write_dataframe()`, a call that returns totals.
 
-::
+```py
+from aioproducer.integrations.spark import register
 
-    from aioproducer.integrations.spark import register
-
-    register(spark)   # once per SparkSession
-    (df.write.format("aioproducer")
-       .option("kafka.bootstrap.servers", "broker:9092").option("topic", "orders")
-       .mode("append").save())
+register(spark)   # once per SparkSession
+(df.write.format("aioproducer")
+   .option("kafka.bootstrap.servers", "broker:9092").option("topic", "orders")
+   .mode("append").save())
+```
 
 Columns and options are Spark's own Kafka sink's: `value` (string or binary, required),
 `key`, `headers` (array<struct<key:string,value:binary>>), `topic` (unless the `topic`

@@ -103,6 +103,7 @@ class EmbeddedBroker:
 
     @property
     def bootstrap(self) -> str:
+        """The address clients connect to, as `bootstrap_servers` takes it."""
         return f"127.0.0.1:{self.advertised_port}"
 
     def __repr__(self) -> str:
@@ -116,9 +117,12 @@ class EmbeddedBroker:
 
     @property
     def running(self) -> bool:
+        """Whether the broker process is alive."""
         return self._process is not None and self._process.poll() is None
 
     def start(self, timeout: float = 10.0) -> "EmbeddedBroker":
+        """Start the broker and wait until it listens (EmbeddedBrokerError if it exits or is
+        not listening within `timeout` seconds); `with` and `async with` call it."""
         if self.running:
             return self
         _check_free(self.port)
@@ -148,6 +152,7 @@ class EmbeddedBroker:
             f"\n{self._log_tail()}")
 
     def stop(self) -> None:
+        """Stop the broker (what it stored is gone); safe to call twice."""
         if self._finalizer is not None:
             self._finalizer()  # runs _stop once, whoever calls first
         self._process = None
@@ -166,6 +171,7 @@ class EmbeddedBroker:
             return "(no log)"
 
     def create_topic(self, name: str, partitions: int = 1) -> None:
+        """Create a topic with this many partitions (EmbeddedBrokerError if it fails)."""
         result = subprocess.run(
             [self._binary, "topic", "create", name, "--partitions", str(partitions),
              "--broker", f"tcp://127.0.0.1:{self.port}"],
