@@ -6,8 +6,10 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+import sys
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from pytest_asyncio.plugin import PytestAsyncioFunction
@@ -104,6 +106,23 @@ def cluster(broker):
         yield simulated
 
 
+@pytest.fixture(scope="session")
+def spark():
+    """One local Spark session per test process: a second session in the same process after
+    stop() finds the JVM gateway half gone (py4j errors), as happened when pytest-xdist moved
+    between the modules that each had their own."""
+    pyspark = pytest.importorskip("pyspark", reason="install the spark extra: aioproducer[spark]")
+    # Spark's Python workers must run this interpreter (the one with aioproducer installed).
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    session = (pyspark.sql.SparkSession.builder.master("local[2]")
+               .appName("aioproducer-tests")
+               .config("spark.ui.enabled", "false")
+               .config("spark.sql.shuffle.partitions", "4")
+               .getOrCreate())
+    yield session
+    session.stop()
+
+
 # -- the fast tier ------------------------------------------------------------------------
 
 # `pytest -m fast`: files that need at most the embedded broker (and the simulated cluster in
@@ -122,10 +141,33 @@ FAST = {
 }
 
 
+# -- running in parallel (pytest-xdist, --dist loadgroup) ------------------------------------
+
+# Tests that start something heavy share one worker per kind, so a run holds one Spark JVM
+# and one real Kafka cluster at a time, not one per worker: the Spark session's tests, the
+# Spark jobs run as scripts, and the real-Kafka tier (tests/real_kafka: a JVM per node).
+_GROUP_BY_FIXTURE = {"spark": "spark", "spark_home": "spark-jobs"}
+_GROUP_BY_TEST = {"test_examples.py::test_spark_streaming_example": "spark-jobs"}
+_REAL_KAFKA = Path(__file__).parent / "real_kafka"
+
+
+def _group(item: pytest.Item) -> str | None:
+    if _REAL_KAFKA in item.path.parents:
+        return "kafka"
+    names = getattr(item, "fixturenames", ())
+    return next((g for f, g in _GROUP_BY_FIXTURE.items() if f in names),
+                next((g for t, g in _GROUP_BY_TEST.items() if item.nodeid.endswith(t)), None))
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(items):
+    """The fast tier's marker, and each heavy test's xdist group."""
     for item in items:
         if item.path.name in FAST:
             item.add_marker(pytest.mark.fast)
+        group = _group(item)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 # -- cancellation under asyncio and anyio --------------------------------------------------

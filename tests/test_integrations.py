@@ -188,20 +188,6 @@ needs_java = pytest.mark.skipif(shutil.which("java") is None,
                                 reason="PySpark needs a Java runtime (17) on PATH")
 
 
-@pytest.fixture(scope="module")
-def spark():
-    pyspark = pytest.importorskip("pyspark", reason="install the spark extra: aioproducer[spark]")
-    # Spark's Python workers must run this interpreter (the one with aioproducer installed).
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    session = (pyspark.sql.SparkSession.builder.master("local[2]")
-               .appName("aioproducer-tests")
-               .config("spark.ui.enabled", "false")
-               .config("spark.sql.shuffle.partitions", "4")
-               .getOrCreate())
-    yield session
-    session.stop()
-
-
 @needs_java
 def test_spark_write_dataframe(spark, broker, topic_factory):
     from pyspark.sql import functions as F

