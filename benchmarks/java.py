@@ -47,6 +47,26 @@ def classpath() -> str:
     return f"{lib}/*:{classes}"
 
 
+def spark_kafka_jars(spark_version: str) -> str:
+    """Spark's Kafka sink and what it needs beyond PySpark's own jars, as spark.jars takes
+    them: spark-sql-kafka-0-10 and its token provider, kafka-clients, commons-pool2."""
+    pom = HERE / "spark-kafka-pom.xml"
+    lib = _cache() / f"spark-kafka-{spark_version}-{_digest(pom)}"
+    if not (lib / ".done").exists():
+        done = subprocess.run(["mvn", "-q", "-B", "-f", str(pom), f"-Dspark.version={spark_version}",
+                               "dependency:copy-dependencies", "-DincludeScope=runtime",
+                               f"-DoutputDirectory={lib}"], capture_output=True, text=True,
+                              timeout=600)
+        if done.returncode:
+            raise RuntimeError(f"Maven could not resolve spark-sql-kafka-0-10 {spark_version} "
+                               f"(not on Maven Central? try --spark-kafka-version): "
+                               f"{done.stdout[-500:]}")
+        (lib / ".done").touch()
+    wanted = ("spark-sql-kafka-0-10", "spark-token-provider-kafka-0-10", "kafka-clients",
+              "commons-pool2")
+    return ",".join(str(jar) for jar in sorted(lib.glob("*.jar")) if jar.name.startswith(wanted))
+
+
 def command(client: str, bootstrap: str, topic: str, records: int, warmup: int,
             keyless: bool, acks: str, rate: float) -> list[str]:
     """The Java process for one run: `records` timed records after `warmup` warm-up ones."""
