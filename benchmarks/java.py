@@ -85,8 +85,8 @@ def command(client: str, bootstrap: str, topic: str, records: int, warmup: int,
             "--rate", str(rate), *(["--keyless"] if keyless else [])]
 
 
-_STEADY = re.compile(r"^(\d+) steady state records sent, ([\d.]+) records/sec", re.M)
-_TOTAL = re.compile(r"^(\d+) records sent, ([\d.]+) records/sec", re.M)
+_STEADY = re.compile(r"^(\d+) steady state records sent, ([\d.]+) records/sec", re.MULTILINE)
+_TOTAL = re.compile(r"^(\d+) records sent, ([\d.]+) records/sec", re.MULTILINE)
 
 
 def perf_result(stdout: str, records: int) -> dict:

@@ -18,8 +18,8 @@ import argparse
 import contextlib
 import json
 import os
-import resource
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -326,6 +326,14 @@ def main() -> None:
                 print(f"round {round_ + 1}/{repeat}  {label:15} {client:15} {outcome}  "
                       f"(load {os.getloadavg()[0]:.1f})", flush=True)
             load.append(os.getloadavg())
+        report(args, repeat, uvloop, brokers, kafkas, plan, runs, load)
+
+
+def report(args: argparse.Namespace, repeat: int, uvloop: bool, brokers: list[str],
+           kafkas: dict[str, ApacheKafka], plan: list[tuple[str, str, int, list[str]]],
+           runs: list[list[dict]], load: list[tuple[float, float, float]]) -> None:
+    """The table, printed (and for a full run written) before the clusters stop: a teardown
+    that fails on a busy machine must not take the run's figures with it."""
     rows = []
     for (scenario, client, n, _), client_runs in zip(plan, runs):
         good = [r for r in client_runs if "error" not in r]
@@ -416,13 +424,13 @@ def main() -> None:
         if scenario.endswith("/idempotent") and base:
             lines.append(f"- aioproducer {scenario} / plain: throughput "
                          f"{paired(variant_runs, base, 'msgs_per_s')}")
-    report = "\n".join(lines) + "\n"
-    if not (args.quick or only or args.yardsticks or args.records
+    text = "\n".join(lines) + "\n"
+    if not (args.quick or args.only or args.yardsticks or args.records
             or brokers != ["embedded"]):  # the docs quote the last full run: no partial ones
         out = ROOT / "benchmarks" / "results" / "latest.md"
         out.parent.mkdir(exist_ok=True)
-        out.write_text(report)
-    print("\n" + report)
+        out.write_text(text)
+    print("\n" + text)
 
 
 if __name__ == "__main__":

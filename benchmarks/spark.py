@@ -134,19 +134,21 @@ def main() -> None:
                         help="also Spark's own format(\"kafka\") sink")
     parser.add_argument("--spark-kafka-version", default=None,
                         help="spark-sql-kafka-0-10's version (default: PySpark's)")
+    parser.add_argument("--skip", default="", help="comma-separated clients to leave out "
+                        "(their names' first word: aiokafka, confluent-kafka)")
     parser.add_argument("--headers", action="store_true",
                         help="one header per row (the data source's per-row path)")
     args = parser.parse_args()
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    import pyspark
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
     from aioproducer.integrations.spark import register
 
-    import pyspark
-
-    clients = dict(CLIENTS)
+    skip = set(filter(None, args.skip.split(",")))
+    clients = {name: write for name, write in CLIENTS.items() if name.split()[0] not in skip}
     builder = (SparkSession.builder.master(f"local[{args.cores}]").appName("aioproducer-bench")
                .config("spark.ui.enabled", "false"))
     if args.spark_sink:
