@@ -30,7 +30,8 @@ def records(n: int, value_size: int, keyless: bool = False):
 async def aioproducer_run(args, data):
     from aioproducer import Producer
 
-    settings = dict(SETTINGS, enable_idempotence=args.idempotence, compression_type=args.codec)
+    settings = dict(SETTINGS, acks=args.acks, enable_idempotence=args.idempotence,
+                    compression_type=args.codec)
     if args.defaults:
         del settings["batch_size"]
     if args.batch_size:
@@ -79,7 +80,8 @@ def blocking_run(args, data):
     """Sync code: BlockingProducer.produce() per record from one thread, then flush()."""
     from aioproducer import BlockingProducer
 
-    with BlockingProducer(args.bootstrap, **SETTINGS, enable_idempotence=False) as producer:
+    with BlockingProducer(args.bootstrap, **dict(SETTINGS, acks=args.acks),
+                          enable_idempotence=False) as producer:
         start = time.perf_counter()
         produce = producer.produce
         for key, value in data:
@@ -93,7 +95,7 @@ def blocking_run(args, data):
 async def aiokafka_run(args, data):
     from aiokafka import AIOKafkaProducer
 
-    producer = AIOKafkaProducer(bootstrap_servers=args.bootstrap, acks=1,
+    producer = AIOKafkaProducer(bootstrap_servers=args.bootstrap, acks=args.acks,
                                 linger_ms=0 if args.scenario == "latency" else 5,
                                 **({} if args.defaults else {"max_batch_size": 16384}),
                                 enable_idempotence=False,
@@ -146,7 +148,7 @@ async def aiokafka_batches(producer, args, data):
 # -- confluent-kafka -----------------------------------------------------------------------------
 
 def _confluent_config(args):
-    config = {"bootstrap.servers": args.bootstrap, "acks": 1, "enable.idempotence": False,
+    config = {"bootstrap.servers": args.bootstrap, "acks": args.acks, "enable.idempotence": False,
               "linger.ms": 0 if args.scenario == "latency" else 5, "batch.size": 16384,
               "compression.type": args.codec}
     if args.defaults:
@@ -202,7 +204,7 @@ def kafka_python_run(args, data):
     """Sync code with kafka-python: send() per record from one thread, then flush()."""
     from kafka import KafkaProducer
 
-    producer = KafkaProducer(bootstrap_servers=args.bootstrap, acks=1, linger_ms=5,
+    producer = KafkaProducer(bootstrap_servers=args.bootstrap, acks=args.acks, linger_ms=5,
                              batch_size=16384)
     try:
         start = time.perf_counter()
@@ -358,6 +360,8 @@ def main() -> None:
     parser.add_argument("--records", type=int, required=True)
     parser.add_argument("--value-size", type=int, default=100)
     parser.add_argument("--codec", default="none")
+    parser.add_argument("--acks", type=lambda a: a if a == "all" else int(a), default=1,
+                        help="1, or all (the 3-node Apache Kafka's rows)")
     parser.add_argument("--idempotence", action="store_true")
     parser.add_argument("--keyless", action="store_true", help="records without keys")
     parser.add_argument("--rate", type=float, default=1000)

@@ -4,6 +4,7 @@ written with foreachPartition and confluent-kafka's Producer, and with aiokafka.
     python benchmarks/spark.py                       # 1M rows of 100 B, 3 rounds
     python benchmarks/spark.py --rows 200000 --repeat 2
     python benchmarks/spark.py --headers             # each row with a header: the per-row path
+    python benchmarks/spark.py --broker kafka1 --spark-sink   # Apache Kafka, Spark's own sink too
 
 One SparkSession (local[CORES], CORES executor cores, 1 by default so the broker has the other
 core), one cached DataFrame of ROWS rows with a 100-byte string value in 2 x CORES Spark
@@ -14,6 +15,10 @@ against Tansu), linger 5 ms, batch 16 KiB. A run's records are counted back with
 consumer; a wrong count fails the run. Prints rows/s per executor core (median and range over
 the rounds, each round runs every client once) and aioproducer's ratio to each peer, as the
 median of the per-round ratios.
+
+--broker kafka1 writes to a 1-node Apache Kafka (aioproducer.testing.ApacheKafka) instead of
+the embedded broker; --spark-sink adds Spark's own `format("kafka")` sink (spark-sql-kafka-0-10,
+resolved by Maven for --spark-kafka-version, passed with spark.jars), with the same settings.
 
 With --headers every row also has a headers column, one header ("id": the row's id, as
 bytes), which every client sends; the data source then appends rows one by one (its path for
@@ -34,7 +39,8 @@ from typing import Any, Callable, Iterable
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from aioproducer.testing import EmbeddedBroker  # noqa: E402
+from aioproducer.testing import ApacheKafka, EmbeddedBroker  # noqa: E402
+from benchmarks.java import spark_kafka_jars  # noqa: E402
 from benchmarks.run import count_back  # noqa: E402
 
 SETTINGS = {"acks": "1", "enable.idempotence": "false", "linger.ms": "5",
@@ -43,6 +49,16 @@ SETTINGS = {"acks": "1", "enable.idempotence": "false", "linger.ms": "5",
 
 def with_data_source(df: Any, bootstrap: str, topic: str) -> None:
     writer = (df.write.format("aioproducer").option("kafka.bootstrap.servers", bootstrap)
+              .option("topic", topic))
+    for name, value in SETTINGS.items():
+        writer = writer.option(f"kafka.{name}", value)
+    writer.mode("append").save()
+
+
+def with_spark_sink(df: Any, bootstrap: str, topic: str) -> None:
+    """Spark's own Kafka sink: one cached KafkaProducer per executor, send() per row with a
+    callback, flush at the task's end (at-least-once)."""
+    writer = (df.write.format("kafka").option("kafka.bootstrap.servers", bootstrap)
               .option("topic", topic))
     for name, value in SETTINGS.items():
         writer = writer.option(f"kafka.{name}", value)
@@ -113,18 +129,33 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--cores", type=int, default=1)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--broker", choices=["embedded", "kafka1"], default="embedded")
+    parser.add_argument("--spark-sink", action="store_true",
+                        help="also Spark's own format(\"kafka\") sink")
+    parser.add_argument("--spark-kafka-version", default=None,
+                        help="spark-sql-kafka-0-10's version (default: PySpark's)")
+    parser.add_argument("--skip", default="", help="comma-separated clients to leave out "
+                        "(their names' first word: aiokafka, confluent-kafka)")
     parser.add_argument("--headers", action="store_true",
                         help="one header per row (the data source's per-row path)")
     args = parser.parse_args()
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    import pyspark
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
     from aioproducer.integrations.spark import register
 
-    spark = (SparkSession.builder.master(f"local[{args.cores}]").appName("aioproducer-bench")
-             .config("spark.ui.enabled", "false").getOrCreate())
+    skip = set(filter(None, args.skip.split(",")))
+    clients = {name: write for name, write in CLIENTS.items() if name.split()[0] not in skip}
+    builder = (SparkSession.builder.master(f"local[{args.cores}]").appName("aioproducer-bench")
+               .config("spark.ui.enabled", "false"))
+    if args.spark_sink:
+        clients["Spark's sink (format kafka)"] = with_spark_sink
+        builder = builder.config("spark.jars", spark_kafka_jars(
+            args.spark_kafka_version or pyspark.__version__))
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     header = F.array(F.struct(F.lit("id").alias("key"),
@@ -134,19 +165,19 @@ def main() -> None:
         columns.append(header.alias("headers"))
     df = spark.range(args.rows, numPartitions=2 * args.cores).select(*columns).cache()
     df.count()
-    rates: dict[str, list[float]] = {name: [] for name in CLIENTS}
+    rates: dict[str, list[float]] = {name: [] for name in clients}
     try:
-        with EmbeddedBroker() as broker:
+        with (EmbeddedBroker() if args.broker == "embedded" else ApacheKafka(1)) as broker:
             # Untimed, each client once: a session's first Python data source write starts
             # the Python workers that plan and commit it (~8 s here), paid once per session.
             warm_up = spark.range(1000, numPartitions=2 * args.cores).select(
                 F.col("id").cast("string").alias("value"),
                 *([header.alias("headers")] if args.headers else []))
             broker.create_topic("bench-spark-warm-up", 6)
-            for write in CLIENTS.values():
+            for write in clients.values():
                 write(warm_up, broker.bootstrap, "bench-spark-warm-up")
             for _ in range(args.repeat):
-                for name, write in CLIENTS.items():
+                for name, write in clients.items():
                     topic = f"bench-spark-{uuid.uuid4().hex[:8]}"
                     broker.create_topic(topic, 6)
                     started = time.perf_counter()
@@ -161,7 +192,8 @@ def main() -> None:
         spark.stop()
 
     print(f"\n{args.rows:,} rows of 100 B{' with one header' if args.headers else ''}, "
-          f"local[{args.cores}], {args.repeat} round(s); rows/s per executor core, "
+          f"local[{args.cores}], {args.repeat} round(s), {args.broker} broker; rows/s per "
+          f"executor core, load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}, "
           "median (range):")
     for name, values in rates.items():
         print(f"  {name:36} {statistics.median(values):>10,.0f}  "

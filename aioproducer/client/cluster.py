@@ -472,6 +472,11 @@ class Cluster:
                 ssl_context=self._ssl_context, sasl=sasl,
                 max_response_bytes=config.receive_message_max_bytes)
         except KafkaError:
+            # A node that cannot be reached may have lost its partitions, though the metadata
+            # named it: ask again (on Kafka the controller moves leaders only once the dead
+            # broker's session times out, seconds after the first refresh that followed the
+            # lost connection). The Java client does the same.
+            self._stale = True
             backoff = self._backoff.setdefault(broker.node_id, _Backoff())
             delay = exponential_backoff(config.reconnect_backoff_ms / 1000, backoff.failures,
                                         config.reconnect_backoff_max_ms / 1000)
