@@ -10,10 +10,10 @@ test_kafka_rolling.py, with the same streams, faults and read-back checks
 Chaos: an idempotent producer and a transactional one (each its own topic of 6 partitions,
 replication factor 3, min.insync.replicas=2, acks=all, unclean election off) stream keyed,
 numbered records while rounds of faults repeat until --duration seconds have passed: SIGKILL
-a partition leader and start it again, cut its connections (ss -K), SIGTERM another and
-start it again, a producer_byte_rate quota for a few seconds, SIGSTOP a leader longer than
-request_timeout_ms, cut again, a preferred leader election; every restarted node is waited
-for until it is back in every ISR. --separate runs the two streams one after the other
+a partition leader and start it again, cut the connections to a leader (ss -K), SIGTERM
+another and, while it is down, a producer_byte_rate quota for a few seconds and another cut,
+then start it again; SIGSTOP a leader longer than request_timeout_ms, a preferred leader
+election. Every restarted node is waited for until it is back in every ISR. --separate runs the two streams one after the other
 (each for the whole duration) instead of side by side. Rolling: each node in turn SIGTERM and
 back, then each SIGKILL and back, under both streams, transactions never aborted on purpose.
 

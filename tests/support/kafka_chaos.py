@@ -172,8 +172,10 @@ class FaultPlan:
     def _say(self, text: str) -> None:
         self.faults.log.append(f"{time.strftime('%H:%M:%S')} {text}")
 
-    def restart(self, node: int, how: str) -> None:
-        """Stop `node` (SIGTERM or SIGKILL), start it again, wait until it is in every ISR."""
+    def restart(self, node: int, how: str,
+                while_down: tuple[Callable[[], None], ...] = ()) -> None:
+        """Stop `node` (SIGTERM or SIGKILL), run `while_down` (or let the stream run on two
+        nodes for a second), start it again, and wait until it is in every ISR."""
         began = time.monotonic()
         if how == "kill":
             self.kafka.kill_node(node)
@@ -182,7 +184,10 @@ class FaultPlan:
             self.kafka.stop_node(node)
             self.faults.stops += 1
         self._say(f"{how} node {node}")
-        time.sleep(1.0)  # the stream runs on two nodes for a while
+        for step in while_down:
+            step()
+        if not while_down:
+            time.sleep(1.0)
         self.kafka.start_node(node)
         waited = self.watch.wait_in_isr(node)
         self.faults.phases.append((how, began, time.monotonic()))
@@ -192,7 +197,8 @@ class FaultPlan:
         self.restart(self.watch.leader_of(0), "kill")
 
     def stop_leader(self) -> None:
-        self.restart(self.watch.leader_of(1), "stop")
+        """SIGTERM a leader; while it is down, the quota and a cut on the two left."""
+        self.restart(self.watch.leader_of(1), "stop", (self.throttle, self.cut))
 
     def pause_leader(self) -> None:
         node = self.watch.leader_of(2)
@@ -227,6 +233,8 @@ class FaultPlan:
         if self.faults.cut_skipped is not None:
             return
         node = self.watch.leader_of(3)
+        if node < 0:
+            return
         try:
             n = cut_connections(self.kafka, node)
         except RuntimeError as exc:
@@ -237,8 +245,7 @@ class FaultPlan:
         self._say(f"cut {n} connections to node {node}")
 
     def chaos_round(self) -> list[Callable[[], None]]:
-        return [self.kill_leader, self.cut, self.stop_leader, self.throttle, self.pause_leader,
-                self.cut, self.elect]
+        return [self.kill_leader, self.cut, self.stop_leader, self.pause_leader, self.elect]
 
     def rolling(self, how: str, nodes: list[int] | None = None) -> list[Callable[[], None]]:
         """Each node in turn (`how`: "stop" for SIGTERM, "kill" for SIGKILL) down and back,
@@ -247,7 +254,7 @@ class FaultPlan:
                 for node in (range(self.kafka.nodes) if nodes is None else nodes)]
 
 
-async def run_faults(steps: list[Callable[[], None]], gap_s: float = 1.0) -> None:
+async def run_faults(steps: list[Callable[[], None]], gap_s: float = 0.5) -> None:
     """Each step in a thread, one after another, `gap_s` apart."""
     for step in steps:
         await asyncio.sleep(gap_s)
@@ -439,7 +446,7 @@ class Run:
 async def run_streams(kafka: ApacheKafka, plan_steps: Callable[[FaultPlan], list[Callable[[], None]]],
                       *, kinds: tuple[str, ...] = ("idempotent", "transactional"),
                       abort_every: int | None = 7, pause_s: float | None = None,
-                      gap_s: float = 1.0, repeat_until: float | None = None,
+                      gap_s: float = 0.5, repeat_until: float | None = None,
                       ) -> tuple[list[Run], Faults]:
     """A topic and a producer per kind of stream, all writing at once while the plan's
     faults run (again and again until `repeat_until`, a loop time, when given); then each
