@@ -35,10 +35,13 @@ def _leader(kafka: ApacheKafka, topic: str) -> int:
     return metadata.topics[topic].partitions[0].leader
 
 
+@pytest.mark.timeout(300)  # ~40 s; minutes on a machine whose cores are shared
 async def test_three_nodes_survive_a_kill_a_stop_a_pause_and_an_election():
     """Node control on a replicated topic (min.insync.replicas=2, acks=all): every record
     acknowledged while nodes were killed, stopped, paused and brought back is read back."""
-    async with ApacheKafka(3) as kafka:
+    # A killed broker is fenced (its partitions led elsewhere) after 4 s, not 9.
+    async with ApacheKafka(3, broker_config={"broker.session.timeout.ms": 4000,
+                                             "broker.heartbeat.interval.ms": 1000}) as kafka:
         kafka.create_topic("replicated", 1, replication_factor=3,
                            config={"min.insync.replicas": 2})
         values = []
