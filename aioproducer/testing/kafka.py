@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import fcntl
 import json
 import os
 import re
@@ -79,6 +78,8 @@ def resolve_jars(version: str | None = None) -> Path:
         raise ApacheKafkaUnavailable(
             "fetching Apache Kafka's jars needs Maven (mvn) on PATH: install it (Debian/Ubuntu: "
             "apt-get install maven), or pass kafka_home= an unpacked Kafka distribution")
+    import fcntl  # (POSIX only, as the nodes' process groups are: imported where needed)
+
     root.mkdir(parents=True, exist_ok=True)
     with open(root / f"kafka-{version}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies

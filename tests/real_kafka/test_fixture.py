@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from aioproducer import Producer
-from aioproducer.testing import ApacheKafka, ApacheKafkaUnavailable
+from aioproducer.testing import ApacheKafka, ApacheKafkaError, ApacheKafkaUnavailable
 from tests.support.readback import consume_all
 
 
@@ -126,3 +126,15 @@ def test_without_maven_the_error_says_what_to_install(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # nothing resolved yet
     with pytest.raises(ApacheKafkaUnavailable, match=r"Maven \(mvn\).*kafka_home"):
         ApacheKafka()
+
+
+def test_kafka_home_uses_an_unpacked_distributions_jars(apache_kafka, tmp_path, monkeypatch):
+    """kafka_home= takes libs/ from an unpacked Kafka, without Maven (none on PATH here)."""
+    (tmp_path / "kafka").mkdir()
+    (tmp_path / "kafka" / "libs").symlink_to(apache_kafka.libs)
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "java").symlink_to(apache_kafka.java)
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    assert ApacheKafka(kafka_home=tmp_path / "kafka").version == apache_kafka.version
+    with pytest.raises(ApacheKafkaError, match="no libs/ directory"):
+        ApacheKafka(kafka_home=tmp_path)
