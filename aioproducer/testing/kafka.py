@@ -225,6 +225,8 @@ class ApacheKafka:
     validator: any unsigned token with a subject), with `tls=True` an SSL one (certificates
     made here; `ssl_client_auth` "required" by default). `bootstrap_for(listener)` gives each
     listener's address list; `reauth_ms` sets `connections.max.reauth.ms` (KIP-368).
+    Commands block (seconds, for those that run Kafka's tools or wait for a node): from a
+    loop whose producer must keep running, call them with asyncio.to_thread.
     """
 
     def __init__(self, nodes: int = 1, *, version: str | None = None,
