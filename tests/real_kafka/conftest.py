@@ -36,25 +36,3 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if here in Path(item.path).parents:
             item.add_marker(pytest.mark.kafka)
-
-
-@pytest.fixture(scope="session")
-def kafka3():
-    """Three Apache Kafka nodes for the chaos and rolling-restart tests (started on first
-    use; skipped, or failed under CI, as `apache_kafka` is when Java or Maven is missing)."""
-    import os
-
-    from aioproducer.testing import ApacheKafka, ApacheKafkaUnavailable
-    from aioproducer.testing.pytest_plugin import REQUIRE_ENV
-
-    try:
-        kafka = ApacheKafka(3).start()
-    except ApacheKafkaUnavailable as exc:
-        if os.environ.get(REQUIRE_ENV) == "1":
-            pytest.fail(f"Apache Kafka is required ({REQUIRE_ENV}=1) but cannot run: {exc}",
-                        pytrace=False)
-        pytest.skip(f"Apache Kafka cannot run here: {exc}")
-    try:
-        yield kafka
-    finally:
-        kafka.stop()

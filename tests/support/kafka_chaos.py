@@ -220,13 +220,7 @@ class FaultPlan:
         self.faults.throttles += 1
         self._say(f"quota {self.quota_bytes} B/s for {self.client_id}")
         time.sleep(self.quota_s)
-        # (The fixture's set_quota(client_id) deletes all three quota settings, and Kafka
-        # refuses to delete ones never set.)
-        self.kafka.run_tool(self.kafka._tool_class("org.apache.kafka.tools.ConfigCommand",
-                                                   "kafka.admin.ConfigCommand"),
-                            "--bootstrap-server", self.kafka.bootstrap, "--alter",
-                            "--delete-config", "producer_byte_rate", "--entity-type", "clients",
-                            "--entity-name", self.client_id)
+        self.kafka.set_quota(self.client_id)
         self._say("quota removed")
 
     def cut(self) -> None:
