@@ -1,7 +1,6 @@
 """The chaos soak on three real Apache Kafka nodes (issue 36 item 4), and the full rolling
-restart (issue 37 item 3): the long forms of tests/real_kafka/test_kafka_chaos.py and
-test_kafka_rolling.py, with the same streams, faults and read-back checks
-(tests/support/kafka_chaos.py).
+restart (issue 37 item 3): the long forms of the tests in tests/real_kafka/test_kafka_chaos.py,
+with the same streams, faults and read-back checks (tests/support/kafka_chaos.py).
 
     python benchmarks/kafka_soak.py --duration 600          # chaos rounds for 10 minutes
     python benchmarks/kafka_soak.py --rolling               # every node SIGTERM, then SIGKILL
