@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import fcntl
 import json
 import os
 import re
@@ -79,6 +78,8 @@ def resolve_jars(version: str | None = None) -> Path:
         raise ApacheKafkaUnavailable(
             "fetching Apache Kafka's jars needs Maven (mvn) on PATH: install it (Debian/Ubuntu: "
             "apt-get install maven), or pass kafka_home= an unpacked Kafka distribution")
+    import fcntl  # (POSIX only, as the nodes' process groups are: imported where needed)
+
     root.mkdir(parents=True, exist_ok=True)
     with open(root / f"kafka-{version}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies
@@ -224,6 +225,8 @@ class ApacheKafka:
     validator: any unsigned token with a subject), with `tls=True` an SSL one (certificates
     made here; `ssl_client_auth` "required" by default). `bootstrap_for(listener)` gives each
     listener's address list; `reauth_ms` sets `connections.max.reauth.ms` (KIP-368).
+    Commands block (seconds, for those that run Kafka's tools or wait for a node): from a
+    loop whose producer must keep running, call them with asyncio.to_thread.
     """
 
     def __init__(self, nodes: int = 1, *, version: str | None = None,
@@ -268,6 +271,7 @@ class ApacheKafka:
         self._finalizer: weakref.finalize[Any, Any] | None = None
         self._lock = threading.RLock()
         self._classes: dict[str, str] = {}
+        self._quotas: dict[str, set[str]] = {}  # client id -> quota names set
         self.ssl_cafile: str | None = None
         self.ssl_certfile: str | None = None  # a client certificate the SSL listener accepts
         self.ssl_keyfile: str | None = None
@@ -392,6 +396,9 @@ class ApacheKafka:
             "num.io.threads": 4,
             "num.recovery.threads.per.data.dir": 1,
             "auto.create.topics.enable": "false",
+            # Quotas measured over 1-2 s, not 10-11: a test's few hundred KB are throttled.
+            "quota.window.num": 2,
+            "quota.window.size.seconds": 1,
         }
         if self.sasl:
             props.update(self._sasl_properties())
@@ -732,13 +739,20 @@ class ApacheKafka:
     def set_quota(self, client_id: str, producer_byte_rate: int | None = None, *,
                   consumer_byte_rate: int | None = None,
                   request_percentage: float | None = None) -> None:
-        """A client-id quota (bytes per second, per broker); None for all three removes it."""
+        """A client-id quota (bytes per second, per broker); none given removes the quotas
+        set here for `client_id`."""
         values = {"producer_byte_rate": producer_byte_rate,
                   "consumer_byte_rate": consumer_byte_rate,
                   "request_percentage": request_percentage}
         given = {k: v for k, v in values.items() if v is not None}
-        change = (["--add-config", ",".join(f"{k}={v}" for k, v in given.items())] if given
-                  else ["--delete-config", ",".join(values)])
+        if given:
+            change = ["--add-config", ",".join(f"{k}={v}" for k, v in given.items())]
+            self._quotas.setdefault(client_id, set()).update(given)
+        else:
+            names = self._quotas.pop(client_id, set())
+            if not names:
+                return
+            change = ["--delete-config", ",".join(sorted(names))]
         self._run_tool(self._tool_class("org.apache.kafka.tools.ConfigCommand",
                                         "kafka.admin.ConfigCommand"),
                        "--bootstrap-server", self.bootstrap, "--alter", *change,

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from .kafka import ApacheKafka
 
 REQUIRE_ENV = "AIOPRODUCER_REQUIRE_KAFKA"
+_skipped: list[str] = []  # why apache_kafka could not start, for the one-line summary
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -62,6 +63,7 @@ def apache_kafka(apache_kafka_options: dict[str, Any]) -> Iterator[ApacheKafka]:
         if os.environ.get(REQUIRE_ENV) == "1":
             pytest.fail(f"Apache Kafka is required ({REQUIRE_ENV}=1) but cannot run: {exc}",
                         pytrace=False)
+        _skipped.append(str(exc))
         pytest.skip(f"Apache Kafka cannot run here: {exc}")
     try:
         yield kafka
@@ -74,6 +76,11 @@ def kafka_topic(apache_kafka: ApacheKafka) -> str:
     name = f"t-{uuid.uuid4().hex[:12]}"
     apache_kafka.create_topic(name)
     return name
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _skipped:
+        terminalreporter.write_line(f"Apache Kafka tests skipped: {_skipped[0]}", yellow=True)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -30,6 +30,7 @@ def make_topic(apache_kafka) -> Callable[..., str]:
     return make
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m selects by marker
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     here = Path(__file__).parent
     for item in items:
