@@ -43,7 +43,7 @@ from ..errors import (
     UnsupportedVersionError,
     error_for_code,
 )
-from ..protocol.messages import ApiKey
+from ..protocol.messages import TXN_V2_FROM, ApiKey
 from .batch import ProducerBatch, TopicPartition
 from .sequencing import Sequencer
 
@@ -133,6 +133,9 @@ class TransactionManager:
         self._coordinators: dict[tuple[int, str], int] = {}
         self._needs_epoch_bump = False
         self._offsets_added = False
+        # Transactions V2 (KIP-890 part 2) for the current transaction: decided when it
+        # begins, from the cluster's finalized transaction.version, and kept until it ends.
+        self.txn_v2 = False
         self.on_change: Callable[[], None] = lambda: None  # wakes the sender
 
     @property
@@ -365,11 +368,28 @@ class TransactionManager:
         if self.state is TxnState.UNINITIALIZED:
             raise self._state_error("call init_transactions() (or start()) first")
         self._transition(TxnState.IN_TRANSACTION)
+        # Once per transaction, never in the middle of one: a feature level changed meanwhile
+        # counts from the next. The request versions alone do not decide (a 4.x cluster may
+        # speak them with the feature at 0).
+        self.txn_v2 = self._cluster.finalized_features.get("transaction.version", 0) >= 2
+
+    def version_for(self, conn: BrokerConnection, api_key: ApiKey) -> int:
+        """The version of `api_key` to send on `conn`: the highest both sides speak, but below
+        the Transactions V2 versions unless this transaction runs as V2 (a broker takes those
+        as V2 requests). An idempotent producer's Produce takes the highest."""
+        version = conn.version_for(api_key)
+        first_v2 = TXN_V2_FROM.get(api_key)
+        if first_v2 is not None and version >= first_v2 and self.is_transactional \
+                and not self.txn_v2:
+            return first_v2 - 1
+        return version
 
     def add_partition(self, topic: str, partition: int) -> None:
         """A batch for this partition exists: the coordinator must know it before it is sent."""
         tp = (topic, partition)
-        if tp not in self._partitions:
+        if self.txn_v2:
+            self._partitions.add(tp)  # V2: its Produce request adds it (v12+)
+        elif tp not in self._partitions:
             self._pending.add(tp)
 
     def maybe_add_partitions(self) -> None:
@@ -432,7 +452,7 @@ class TransactionManager:
             raise self._cannot_commit()
         if self._partitions or self._offsets_added:
             try:
-                await self._coordinator_request(
+                response = await self._coordinator_request(
                     _TRANSACTION, ApiKey.END_TXN, lambda: {
                         "transactional_id": self.transactional_id,
                         "producer_id": self.producer_id,
@@ -447,6 +467,12 @@ class TransactionManager:
                 # Else the state stays committing or aborting: calling it again tries again
                 # (the Java client's "timed out and must be retried").
                 raise
+            if self.txn_v2 and response.get("producer_id", -1) >= 0:
+                # V2: the coordinator bumped the epoch (or, the epoch spent, gave a new
+                # producer id): the next transaction's, its sequences from zero. No
+                # InitProducerId after an abort.
+                self._set_producer_id(response)
+                self._needs_epoch_bump = False
         self._partitions.clear()
         self._pending.clear()
         self._offsets_added = False
@@ -481,13 +507,14 @@ class TransactionManager:
     async def _add_offsets(self, offsets: Mapping[TopicPartition, int], group_id: str,
                            generation_id: int, member_id: str,
                            group_instance_id: str | None) -> None:
-        await self._coordinator_request(
-            _TRANSACTION, ApiKey.ADD_OFFSETS_TO_TXN, lambda: {
-                "transactional_id": self.transactional_id,
-                "producer_id": self.producer_id,
-                "producer_epoch": self.producer_epoch,
-                "group_id": group_id,
-            }, "AddOffsetsToTxn")
+        if not self.txn_v2:  # V2: TxnOffsetCommit v5 adds the group itself
+            await self._coordinator_request(
+                _TRANSACTION, ApiKey.ADD_OFFSETS_TO_TXN, lambda: {
+                    "transactional_id": self.transactional_id,
+                    "producer_id": self.producer_id,
+                    "producer_epoch": self.producer_epoch,
+                    "group_id": group_id,
+                }, "AddOffsetsToTxn")
         self._offsets_added = True
         topics: dict[str, list[dict[str, Any]]] = {}
         for (topic, partition), offset in sorted(offsets.items()):
@@ -553,7 +580,8 @@ class TransactionManager:
             exc: KafkaError | None = None
             try:
                 conn = await self._coordinator(key_type, key, deadline)
-                response = await conn.request(api_key, body())
+                response = await conn.request(api_key, body(),
+                                              version=self.version_for(conn, api_key))
                 code = error_of(response)
             except KafkaError as error:
                 if not error.retriable:
