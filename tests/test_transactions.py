@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import uuid
 
 import pytest
@@ -951,3 +952,20 @@ async def test_a_failed_commit_cut_short_raises_its_error_when_called_again(prox
     finally:
         await asyncio.wait_for(producer.close(), 10)
     assert refuse.changed
+
+
+def test_confluent_kafkas_group_metadata_is_read():
+    """confluent-kafka's consumer_group_metadata() is librdkafka's serialized form (bytes):
+    its group id, generation, member id and group instance id go to TxnOffsetCommit for
+    KIP-447's fencing of zombies. (These are the bytes librdkafka 2.x wrote for a member of
+    generation 1, with and without group.instance.id; test_transactions_v2 uses a live one.)"""
+    from aioproducer._internal.arguments import group_fields
+
+    generation = (1).to_bytes(4, sys.byteorder)
+    assert group_fields(b"CGMDv2:" + generation + b"g\x00m-1\x00\x00inst-1\x00") == {
+        "group_id": "g", "generation_id": 1, "member_id": "m-1", "group_instance_id": "inst-1"}
+    assert group_fields(b"CGMDv2:" + generation + b"g\x00rdkafka-2\x00\x01") == {
+        "group_id": "g", "generation_id": 1, "member_id": "rdkafka-2",
+        "group_instance_id": None}
+    with pytest.raises(InvalidRecordError, match="confluent-kafka"):
+        group_fields(b"CGMDv2:\x01")

@@ -36,8 +36,10 @@ from ..errors import (
     NotCoordinatorError,
     OperationNotAttemptedError,
     ProducerClosedError,
+    ProducerFailedError,
     ProducerFencedError,
     TransactionalIdAuthorizationFailedError,
+    TransactionFailedError,
     TransactionStateError,
     UnsupportedForMessageFormatError,
     UnsupportedVersionError,
@@ -136,6 +138,7 @@ class TransactionManager:
         # Transactions V2 (KIP-890 part 2) for the current transaction: decided when it
         # begins, from the cluster's finalized transaction.version, and kept until it ends.
         self.txn_v2 = False
+        self.transaction_version = 0  # what metrics() shows: 2 (V2) or 1, once one began
         self.on_change: Callable[[], None] = lambda: None  # wakes the sender
 
     @property
@@ -263,12 +266,14 @@ class TransactionManager:
         self.state = target
 
     def _state_error(self, message: str) -> TransactionStateError:
-        """A call that does not fit the state. Its flags say what the state leaves to do: a
-        failed transaction is abortable, a producer in a fatal error must be closed."""
-        exc = TransactionStateError(message)
-        exc.abortable = self.state is TxnState.ABORTABLE_ERROR
-        exc.fatal = self.state is TxnState.FATAL_ERROR
-        return exc
+        """A call that does not fit the state. Its class says what the state leaves to do
+        (KIP-1050): a failed transaction is abortable, a producer in a fatal error must be
+        closed."""
+        if self.state is TxnState.ABORTABLE_ERROR:
+            return TransactionFailedError(message)
+        if self.state is TxnState.FATAL_ERROR:
+            return ProducerFailedError(message)
+        return TransactionStateError(message)
 
     def _cannot_commit(self) -> TransactionStateError:
         exc = self._state_error(f"cannot commit: the transaction failed ({self.error!r}); abort it")
@@ -372,6 +377,7 @@ class TransactionManager:
         # counts from the next. The request versions alone do not decide (a 4.x cluster may
         # speak them with the feature at 0).
         self.txn_v2 = self._cluster.finalized_features.get("transaction.version", 0) >= 2
+        self.transaction_version = 2 if self.txn_v2 else 1
 
     def version_for(self, conn: BrokerConnection, api_key: ApiKey) -> int:
         """The version of `api_key` to send on `conn`: the highest both sides speak, but below
@@ -497,6 +503,10 @@ class TransactionManager:
                                     group_instance_id)
         except KafkaError as exc:
             self._coordinator_failed(exc)
+            if exc.retriable:  # out of max_block_ms: a timeout inside a transaction (KIP-1050)
+                raise TransactionFailedError(
+                    f"send_offsets_to_transaction() ran out of max_block_ms ({exc}): the "
+                    "offsets may or may not be in the transaction; abort it") from exc
             raise
         except asyncio.CancelledError:
             self.abortable(TransactionStateError(
