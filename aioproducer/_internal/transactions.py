@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Coroutine, Iterable, Mapping, TypeVar
 
 from ..client.backoff import Backoff
 from ..client.cluster import Broker
@@ -38,6 +38,7 @@ from ..errors import (
     ProducerClosedError,
     ProducerFailedError,
     ProducerFencedError,
+    RequestTimeoutError,
     TransactionalIdAuthorizationFailedError,
     TransactionFailedError,
     TransactionStateError,
@@ -55,6 +56,7 @@ if TYPE_CHECKING:
     from ..config import ProducerConfig
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 _GROUP, _TRANSACTION = 0, 1  # FindCoordinator key types
@@ -578,7 +580,9 @@ class TransactionManager:
         key: str | None = None,
     ) -> dict[str, Any]:
         """Send to the coordinator of `key` (the transactional id by default), retrying
-        while the coordinator moves, loads or is busy, within max_block_ms."""
+        while the coordinator moves, loads or is busy, or the connection is lost (a broker
+        restarting), within max_block_ms: a broker that stops answering does not hold the
+        call for request_timeout_ms."""
         key = key if key is not None else self.transactional_id
         assert key is not None
         config = self._config
@@ -590,8 +594,8 @@ class TransactionManager:
             exc: KafkaError | None = None
             try:
                 conn = await self._coordinator(key_type, key, deadline)
-                response = await conn.request(api_key, body(),
-                                              version=self.version_for(conn, api_key))
+                response = await _within(conn.request(
+                    api_key, body(), version=self.version_for(conn, api_key)), deadline, what)
                 code = error_of(response)
             except KafkaError as error:
                 if not error.retriable:
@@ -625,16 +629,34 @@ class TransactionManager:
         conn = await self._cluster.any_connection(deadline)
         version = conn.version_for(ApiKey.FIND_COORDINATOR)
         if version >= 4:
-            response = await conn.request(ApiKey.FIND_COORDINATOR,
-                                          {"key_type": key_type, "coordinator_keys": [key]})
+            response = await _within(conn.request(
+                ApiKey.FIND_COORDINATOR, {"key_type": key_type, "coordinator_keys": [key]}),
+                deadline, "FindCoordinator")
             found = response["coordinators"][0]
         else:
-            found = await conn.request(ApiKey.FIND_COORDINATOR, {"key": key, "key_type": key_type})
+            found = await _within(conn.request(
+                ApiKey.FIND_COORDINATOR, {"key": key, "key_type": key_type}),
+                deadline, "FindCoordinator")
         if found["error_code"]:
             raise error_for_code(found["error_code"], f"FindCoordinator for {key!r}")
         broker = Broker(found["node_id"], found["host"], found["port"])
         self._coordinators[(key_type, key)] = broker.node_id
         return await self._cluster.connection(broker.node_id, broker)
+
+
+async def _within(attempt: Coroutine[Any, Any, T], deadline: float, what: str) -> T:
+    """`attempt`'s outcome, or RequestTimeoutError (retriable) once the loop time passes
+    `deadline` (the attempt is cancelled: a late answer is dropped)."""
+    task = asyncio.ensure_future(attempt)
+    try:
+        await asyncio.wait({task}, timeout=max(deadline - asyncio.get_running_loop().time(), 0))
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.wait({task})
+    if task.cancelled():
+        raise RequestTimeoutError(f"{what}: no answer within max_block_ms")
+    return task.result()
 
 
 def _deciding_error(codes: Iterable[int]) -> int:
