@@ -51,9 +51,13 @@ async def test_sequence_numbers_wrap_at_int32():
 
 async def test_nothing_goes_without_a_producer_id_and_a_retry_goes_alone():
     seq = Sequencer(max_in_flight=2)
-    a, b, c = _batch(1), _batch(1), _batch(1)
+    first, a, b, c = _batch(1), _batch(1), _batch(1), _batch(1)
     assert not seq.may_send(a)  # no producer id yet
     seq.start(1, 0)
+    seq.assign(first)
+    seq.sent(first)
+    seq.resolved(first)
+    seq.acked(first)  # (before any acknowledgement, one at a time: the test below)
     for batch in (a, b):
         seq.assign(batch)
         assert seq.may_send(batch)
@@ -67,6 +71,33 @@ async def test_nothing_goes_without_a_producer_id_and_a_retry_goes_alone():
     assert not seq.may_send(b)  # c is in flight: the retry waits
     seq.resolved(c)
     assert seq.may_send(b)
+
+
+async def test_one_batch_at_a_time_until_the_partition_acknowledges_one_under_the_id():
+    """Apache Kafka writes any sequence from a producer it has no state for on a partition:
+    a second batch sent beside the first could be written while the first is refused (a
+    topic just created), and the first, retried, would land after it. Found on Kafka 4.4
+    (tests/real_kafka/test_conformance.py: records reordered with 5 in flight)."""
+    seq = Sequencer(max_in_flight=5)
+    seq.start(1, 0)
+    first, second, other = _batch(1), _batch(1), _batch(1, partition=1)
+    for batch in (first, second, other):
+        seq.assign(batch)
+    assert seq.may_send(first)
+    seq.sent(first)
+    assert not seq.may_send(second)  # nothing acknowledged on partition 0 yet
+    assert seq.may_send(other)  # partition 1 has nothing in flight
+    seq.resolved(first)
+    seq.acked(first)
+    assert seq.may_send(second)
+    seq.start(2, 0)  # a new producer id: the broker knows nothing of it again
+    for batch in (second, other):
+        seq.renumber_on_reset(batch)
+        seq.assign(batch)
+    seq.sent(second)
+    third = _batch(1)
+    seq.assign(third)
+    assert not seq.may_send(third)
 
 
 async def test_split_pieces_take_their_batch_numbers_and_place():

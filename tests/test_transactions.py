@@ -2,7 +2,8 @@
 
 Tansu shows aborted records to read_committed consumers (its Fetch never lists aborted
 transactions), so commits and aborts are checked on the raw record batches, decoded by
-kafka-python: data batches flagged transactional, then a COMMIT or ABORT control batch.
+kafka-python: data batches flagged transactional, then a COMMIT or ABORT control batch. A
+read_committed consumer's view is checked on Apache Kafka (tests/real_kafka/test_transactions.py).
 """
 
 from __future__ import annotations
@@ -511,23 +512,6 @@ async def test_abort_after_an_abortable_error_then_go_on(proxied_broker):
             await producer.send("abortable", b"next")
     markers = _markers(cluster.broker.bootstrap, "abortable", 0)
     assert "ABORT" in markers and markers[-1] == "COMMIT"
-
-
-async def test_read_committed_consumers_see_only_committed_records(broker, topic):
-    if broker.is_embedded:
-        pytest.skip("Tansu's Fetch never lists aborted transactions, so its read_committed "
-                    "consumers see aborted records; the markers are checked on the raw "
-                    "batches above. Run with AIOPRODUCER_BOOTSTRAP against Kafka for this.")
-    async with Producer(broker.bootstrap, transactional_id=_tid()) as producer:
-        async with producer.transaction():
-            await producer.send(topic, b"committed-1")
-        producer.begin_transaction()
-        await producer.send(topic, b"aborted")
-        await producer.abort_transaction()
-        async with producer.transaction():
-            await producer.send(topic, b"committed-2")
-    got = consume_all(broker.bootstrap, topic, expected=2, isolation_level="read_committed")
-    assert [r.value for r in got] == [b"committed-1", b"committed-2"]
 
 
 async def test_abort_of_a_record_awaiting_its_retry_then_go_on(proxied_broker):

@@ -4,7 +4,9 @@ The broker keeps, per producer id and partition, the sequence numbers of the las
 wrote, so a retried batch it already has is answered DUPLICATE_SEQUENCE_NUMBER instead of
 being written twice, and a gap is answered OUT_OF_ORDER_SEQUENCE_NUMBER. The client numbers
 each batch when it is first drained, keeps up to `max_in_flight_requests_per_connection` of
-them in flight, sends a retried batch only when nothing else of its partition is in flight,
+them in flight (one, until the partition acknowledged one under the current producer id and
+epoch: Kafka takes any sequence from a producer it has no state for), sends a retried batch
+only when nothing else of its partition is in flight,
 and re-queues retries in sequence order. A numbered batch that fails for good without an
 acknowledgement has used up its sequence numbers whether or not the broker wrote it; what to
 do about that (a new epoch) is the transaction manager's call.
@@ -54,6 +56,12 @@ class Sequencer:
         if batch.attempts > 0 or not self.is_current(in_flight[0]):
             # A retry goes only when nothing else of its partition is in flight; after a
             # producer id reset, nothing goes until the old id's batches are resolved.
+            return False
+        if (batch.topic, batch.partition) not in self._acked_up_to:
+            # Until the partition acknowledges a batch under this id, Apache Kafka has no
+            # state for us there and writes any sequence: had the first batch failed (a topic
+            # just created: NOT_LEADER_OR_FOLLOWER) while the next went through, the retried
+            # first would land after it, or be refused as out of order. One at a time.
             return False
         return len(in_flight) < self._max_in_flight
 

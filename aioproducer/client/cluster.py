@@ -425,6 +425,11 @@ class Cluster:
                 connect_timeout=self._setup_timeout(broker.node_id),
                 ssl_context=self._ssl_context, sasl=sasl)
         except KafkaError:
+            # A node that cannot be reached may have lost its partitions, though the metadata
+            # named it: ask again (on Kafka the controller moves leaders only once the dead
+            # broker's session times out, seconds after the first refresh that followed the
+            # lost connection). The Java client does the same.
+            self._stale = True
             backoff = self._backoff.setdefault(broker.node_id, _Backoff())
             delay = exponential_backoff(config.reconnect_backoff_ms / 1000, backoff.failures,
                                         config.reconnect_backoff_max_ms / 1000)

@@ -1,0 +1,111 @@
+"""What aioproducer writes, as Apache Kafka stores it, read back by librdkafka's consumer:
+every codec, headers, timestamps, keyed and keyless records, enqueue_many, idempotence with
+five requests in flight, a quota's throttle (KIP-219), and the CLI."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from aioproducer import Producer
+from tests.support.readback import consume_all
+from tests.support.throttle_watch import ThrottleWatch
+
+
+@pytest.mark.parametrize("codec", ["none", "gzip", "snappy", "lz4", "zstd"])
+async def test_every_codec_with_headers_timestamps_and_keys(apache_kafka, make_topic, codec):
+    topic = make_topic()
+    headers = [("h", b"\x00\xff"), ("h", b""), ("empty", None)]
+    async with Producer(apache_kafka.bootstrap, compression_type=codec, linger_ms=20) as producer:
+        futures = [await producer.enqueue(topic, b"value-%d" % i * 20,
+                                          key=None if i % 2 else b"key-%d" % i,
+                                          headers=headers, timestamp_ms=1_700_000_000_000 + i)
+                   for i in range(200)]
+        sent = [await f for f in futures]
+    got = consume_all(apache_kafka.bootstrap, topic, expected=200)
+    assert [r.offset for r in got] == [md.offset for md in sent] == list(range(200))
+    assert [r.value for r in got] == [b"value-%d" % i * 20 for i in range(200)]
+    assert [r.key for r in got] == [None if i % 2 else b"key-%d" % i for i in range(200)]
+    assert [r.timestamp_ms for r in got] == [1_700_000_000_000 + i for i in range(200)]
+    assert all(r.headers == headers for r in got)
+
+
+async def test_enqueue_many_keyed_records_land_where_librdkafka_would_put_them(
+        apache_kafka, make_topic):
+    from tests.support.readback import partition_for_key_librdkafka
+
+    topic = make_topic(partitions=4)
+    keys = [b"user-%d" % i for i in range(400)]
+    async with Producer(apache_kafka.bootstrap, linger_ms=5) as producer:
+        bulk = await producer.enqueue_many(topic, [(k, b"v-" + k) for k in keys])
+        await bulk
+    got = consume_all(apache_kafka.bootstrap, topic, expected=400)
+    assert sorted(r.value for r in got) == sorted(b"v-" + k for k in keys)
+    expected = dict(zip(keys, partition_for_key_librdkafka(apache_kafka.bootstrap, topic, keys)))
+    assert {r.key: r.partition for r in got} == expected
+
+
+async def test_idempotence_with_five_requests_in_flight(apache_kafka, make_topic):
+    """Numbered records over 3 partitions, small batches so many requests are in flight at
+    once: each read back exactly once, in the order sent within its partition."""
+    topic = make_topic(partitions=3)
+    n = 6000
+    async with Producer(apache_kafka.bootstrap, enable_idempotence=True,
+                        max_in_flight_requests_per_connection=5, batch_size=2048,
+                        linger_ms=0) as producer:
+        futures = [await producer.enqueue(topic, b"%06d" % i, partition=i % 3) for i in range(n)]
+        await asyncio.gather(*futures)
+    got = consume_all(apache_kafka.bootstrap, topic, expected=n)
+    assert len(got) == n
+    for p in range(3):
+        values = [int(r.value) for r in got if r.partition == p]
+        assert values == list(range(p, n, 3))
+
+
+async def test_a_producer_byte_rate_quota_throttles_and_is_honoured(apache_kafka, make_topic,
+                                                                   monkeypatch):
+    """KIP-219 under a real producer_byte_rate quota: Kafka answers with throttle_time_ms,
+    and no request goes to the broker from the moment the producer reads a throttled
+    response until the throttle ends (watched on the client's own connections)."""
+    topic = make_topic()
+    watch = ThrottleWatch().install(monkeypatch)
+    apache_kafka.set_quota("throttled-client", producer_byte_rate=50_000)
+    try:
+        async with Producer(apache_kafka.bootstrap, client_id="throttled-client",
+                            linger_ms=5, batch_size=16384) as producer:
+            futures = [await producer.enqueue(topic, b"x" * 1000) for _ in range(200)]
+            await asyncio.gather(*futures)
+            metrics = producer.metrics()
+    finally:
+        apache_kafka.set_quota("throttled-client")
+    assert watch.throttles_read > 0
+    assert metrics.produce_throttle_time_ms > 0 and metrics.produce_throttle_time_max_ms > 0
+    assert watch.violations == []
+    assert len(consume_all(apache_kafka.bootstrap, topic, expected=200)) == 200
+
+
+def _cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "aioproducer", *args], input=stdin,
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def test_the_cli_creates_a_topic_produces_and_consumes(apache_kafka):
+    topic = f"cli-{os.getpid()}-{time.monotonic_ns() % 10**8}"
+    created = _cli("topic", "create", topic, "--partitions", "2", "--replication-factor", "1",
+                   "--config", "retention.ms=3600000", "--bootstrap-servers", apache_kafka.bootstrap)
+    assert created.returncode == 0, created.stderr
+    produced = _cli("produce", topic, "--bootstrap-servers", apache_kafka.bootstrap,
+                    "--key-separator", ":", stdin="a:1\nb:2\nc:3\n")
+    assert produced.returncode == 0, produced.stderr
+    got = consume_all(apache_kafka.bootstrap, topic, expected=3)
+    assert sorted((r.key, r.value) for r in got) == [(b"a", b"1"), (b"b", b"2"), (b"c", b"3")]
+    consumed = _cli("consume", topic, "--bootstrap-servers", apache_kafka.bootstrap,
+                    "--from-beginning", "--max", "3", "--timeout", "20", "--key-separator", ":")
+    assert consumed.returncode == 0, consumed.stderr
+    assert sorted(consumed.stdout.split()) == ["a:1", "b:2", "c:3"]

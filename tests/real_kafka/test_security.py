@@ -1,0 +1,94 @@
+"""SASL and TLS against Apache Kafka's own authenticators: PLAIN, SCRAM-SHA-256/512 (users
+made at format time), OAUTHBEARER through Kafka's unsecured JWS validator with sessions that
+expire (KIP-368: re-authentication on open connections), and TLS with a client certificate."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+
+import pytest
+
+from aioproducer import Producer
+from aioproducer.errors import AuthenticationError, KafkaConnectionError
+from tests.real_kafka.conftest import REAUTH_MS
+from tests.support.readback import consume_all
+
+
+@pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"])
+async def test_sasl_users_made_at_format_time(apache_kafka, make_topic, mechanism):
+    topic = make_topic()
+    async with Producer(apache_kafka.bootstrap_for("SASL_PLAINTEXT"),
+                        security_protocol="SASL_PLAINTEXT", sasl_mechanism=mechanism,
+                        sasl_username="alice", sasl_password="alice-secret") as producer:
+        md = await producer.send(topic, mechanism.encode())
+    assert md.offset == 0
+    assert [r.value for r in consume_all(apache_kafka.bootstrap, topic, 1)] == [mechanism.encode()]
+
+
+@pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-512"])
+async def test_a_wrong_password_is_refused(apache_kafka, mechanism):
+    producer = Producer(apache_kafka.bootstrap_for("SASL_PLAINTEXT"),
+                        security_protocol="SASL_PLAINTEXT", sasl_mechanism=mechanism,
+                        sasl_username="alice", sasl_password="wrong")
+    with pytest.raises(AuthenticationError):
+        await producer.start()
+    await producer.close()
+
+
+def _unsecured_jwt(subject: str, lifetime_s: float) -> str:
+    def part(obj: dict) -> str:
+        return base64.urlsafe_b64encode(json.dumps(obj).encode()).rstrip(b"=").decode()
+    now = time.time()
+    return f"{part({'alg': 'none'})}.{part({'sub': subject, 'iat': now, 'exp': now + lifetime_s})}."
+
+
+async def test_oauthbearer_sessions_are_renewed_on_open_connections(apache_kafka, make_topic):
+    """KIP-368: the broker ends each SASL session after connections.max.reauth.ms; the
+    producer re-authenticates on the open connection (asking the provider for a token each
+    time) and its records keep flowing, none lost."""
+    topic = make_topic()
+    tokens = []
+
+    def provider() -> str:
+        tokens.append(_unsecured_jwt("bob", 3600))
+        return tokens[-1]
+
+    async with Producer(apache_kafka.bootstrap_for("SASL_PLAINTEXT"),
+                        security_protocol="SASL_PLAINTEXT", sasl_mechanism="OAUTHBEARER",
+                        sasl_oauth_token_provider=provider, linger_ms=0) as producer:
+        deadline = time.monotonic() + 2.5 * REAUTH_MS / 1000
+        sent = 0
+        while time.monotonic() < deadline:
+            await producer.send(topic, b"%d" % sent)
+            sent += 1
+            await asyncio.sleep(0.2)
+        metrics = producer.metrics()
+    assert metrics.reauthentications >= 2 and len(tokens) >= 3
+    assert metrics.records_failed == 0
+    got = consume_all(apache_kafka.bootstrap, topic, expected=sent)
+    assert [r.value for r in got] == [b"%d" % i for i in range(sent)]
+
+
+async def test_tls_with_a_client_certificate(apache_kafka, make_topic):
+    topic = make_topic()
+    async with Producer(apache_kafka.bootstrap_for("SSL"), security_protocol="SSL",
+                        ssl_cafile=apache_kafka.ssl_cafile, ssl_certfile=apache_kafka.ssl_certfile,
+                        ssl_keyfile=apache_kafka.ssl_keyfile) as producer:
+        md = await producer.send(topic, b"over tls")
+    assert md.offset == 0
+    assert [r.value for r in consume_all(apache_kafka.bootstrap, topic, 1)] == [b"over tls"]
+
+
+async def test_tls_without_the_client_certificate_is_refused(apache_kafka):
+    """The listener requires a client certificate (ssl.client.auth=required): without one the
+    handshake fails, so the certificate in the test above was what let the producer in."""
+    producer = Producer(apache_kafka.bootstrap_for("SSL"), security_protocol="SSL",
+                        ssl_cafile=apache_kafka.ssl_cafile, request_timeout_ms=5000,
+                        socket_connection_setup_timeout_ms=2000,
+                        socket_connection_setup_timeout_max_ms=2000)
+    with pytest.raises(KafkaConnectionError, match="(?i)bad certificate"):
+        await asyncio.wait_for(producer.start(), 30)
+    await producer.close()

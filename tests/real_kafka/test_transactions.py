@@ -1,0 +1,127 @@
+"""Transactions and idempotent recovery on Apache Kafka, read back by code we did not write:
+librdkafka's read_committed consumer, a real consumer group (kafka-python's) for KIP-447."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from aioproducer import Producer
+from aioproducer.errors import InvalidProducerEpochError, ProducerFencedError
+from tests.support.readback import consume_all
+
+
+def _tid() -> str:
+    return f"txn-{uuid.uuid4().hex[:10]}"
+
+
+async def test_read_committed_consumers_see_only_committed_records(apache_kafka, make_topic):
+    """Skipped on Tansu (its Fetch lists no aborted transactions); on Kafka it must hold."""
+    topic = make_topic(partitions=2)
+    async with Producer(apache_kafka.bootstrap, transactional_id=_tid()) as producer:
+        async with producer.transaction():
+            await producer.send(topic, b"committed-1", partition=0)
+            await producer.send(topic, b"committed-1b", partition=1)
+        producer.begin_transaction()
+        await producer.send(topic, b"aborted", partition=0)
+        await producer.send(topic, b"aborted-b", partition=1)
+        await producer.abort_transaction()
+        async with producer.transaction():
+            await producer.send(topic, b"committed-2", partition=0)
+    committed = consume_all(apache_kafka.bootstrap, topic, expected=3,
+                            isolation_level="read_committed")
+    assert sorted(r.value for r in committed) == [b"committed-1", b"committed-1b", b"committed-2"]
+    everything = consume_all(apache_kafka.bootstrap, topic, expected=5)
+    assert sorted(r.value for r in everything) == sorted(
+        [b"committed-1", b"committed-1b", b"aborted", b"aborted-b", b"committed-2"])
+
+
+async def test_a_second_producer_fences_the_first_and_aborts_its_transaction(apache_kafka,
+                                                                          make_topic):
+    topic = make_topic()
+    tid = _tid()
+    first = Producer(apache_kafka.bootstrap, transactional_id=tid)
+    await first.start()
+    try:
+        first.begin_transaction()
+        await first.send(topic, b"zombie")
+        async with Producer(apache_kafka.bootstrap, transactional_id=tid) as second:
+            with pytest.raises((ProducerFencedError, InvalidProducerEpochError)):
+                await first.send(topic, b"zombie-2")
+            with pytest.raises(ProducerFencedError):
+                await first.abort_transaction()
+            async with second.transaction():
+                await second.send(topic, b"successor")
+    finally:
+        await first.close()
+    got = consume_all(apache_kafka.bootstrap, topic, expected=1, isolation_level="read_committed")
+    assert [r.value for r in got] == [b"successor"]
+
+
+def _join(bootstrap: str, group: str, topic: str):
+    """A kafka-python consumer that joined `group` and owns `topic`'s partition."""
+    from kafka import KafkaConsumer
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group,
+                             enable_auto_commit=False, auto_offset_reset="earliest")
+    consumer.subscribe([topic])
+    deadline = time.monotonic() + 30
+    while not consumer.assignment() and time.monotonic() < deadline:
+        consumer.poll(200)
+    assert consumer.assignment(), "the consumer did not join its group"
+    return consumer
+
+
+async def test_send_offsets_to_transaction_with_a_real_groups_metadata(apache_kafka, make_topic):
+    """KIP-447: offsets committed in the transaction with the group's generation and member
+    id are read back by librdkafka as the group's committed offsets; with a stale generation
+    the coordinator refuses them, so the fields reached it."""
+    source, sink = make_topic(), make_topic()
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    consumer = await asyncio.to_thread(_join, apache_kafka.bootstrap, group, source)
+    try:
+        metadata = consumer.group_metadata()
+        assert metadata.generation_id >= 1 and metadata.member_id
+        async with Producer(apache_kafka.bootstrap, transactional_id=_tid()) as producer:
+            async with producer.transaction():
+                await producer.send(sink, b"derived")
+                await producer.send_offsets_to_transaction({(source, 0): 42}, metadata)
+            stale = {"group_id": group, "generation_id": metadata.generation_id + 5,
+                     "member_id": metadata.member_id}
+            producer.begin_transaction()
+            await producer.send(sink, b"doomed")
+            with pytest.raises(Exception, match="(?i)generation"):
+                await producer.send_offsets_to_transaction({(source, 0): 99}, stale)
+            await producer.abort_transaction()
+    finally:
+        consumer.close(autocommit=False)
+    reader = Consumer({"bootstrap.servers": apache_kafka.bootstrap, "group.id": group})
+    try:
+        [committed] = reader.committed([TopicPartition(source, 0)], timeout=10)
+    finally:
+        reader.close()
+    assert committed.offset == 42
+    got = consume_all(apache_kafka.bootstrap, sink, expected=1, isolation_level="read_committed")
+    assert [r.value for r in got] == [b"derived"]
+
+
+async def test_an_idempotent_producer_goes_on_after_its_records_are_deleted(apache_kafka,
+                                                                         make_topic):
+    """DeleteRecords removes every record, and with them the broker's state for the producer
+    id on the partition (where brokers before KIP-360 answered UNKNOWN_PRODUCER_ID). Kafka
+    4.x takes the next sequence as it is: the producer goes on, nothing lost or doubled."""
+    topic = make_topic()
+    async with Producer(apache_kafka.bootstrap, linger_ms=0) as producer:
+        for i in range(5):
+            await producer.send(topic, b"before-%d" % i)
+        apache_kafka.delete_records(topic, 0, -1)  # -1: up to the high watermark
+        for i in range(5):
+            await producer.send(topic, b"after-%d" % i)
+        assert producer.metrics().records_failed == 0
+    got = consume_all(apache_kafka.bootstrap, topic, expected=5)
+    assert [r.value for r in got] == [b"after-%d" % i for i in range(5)]
+    assert [r.offset for r in got] == list(range(5, 10))
