@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from aioproducer import Producer  # noqa: E402
 from aioproducer.client.connection import BrokerConnection  # noqa: E402
 from aioproducer.protocol.messages import ApiKey  # noqa: E402
-from aioproducer.testing.kafka import ApacheKafka  # noqa: E402
+from aioproducer.testing import ApacheKafka  # noqa: E402
 
 VALUE = bytes(100)
 WARMUP = 20
