@@ -145,8 +145,12 @@ class TransactionManager:
         self._needs_epoch_bump = False
         self._offsets_added = False
         # Transactions V2 (KIP-890 part 2) for the current transaction: decided when it
-        # begins, from the cluster's finalized transaction.version, and kept until it ends.
+        # begins, from the cluster's finalized transaction.version, and kept until it ends;
+        # V2 only if it was on when InitProducerId gave our epoch (`_v2_at_init`): a
+        # coordinator refuses V2 requests (INVALID_TXN_STATE) from a producer initialized
+        # under V1, measured on Kafka 4.4 after an upgrade of the feature.
         self.txn_v2 = False
+        self._v2_at_init = False
         self.transaction_version = 0  # what metrics() shows: 2 (V2) or 1, once one began
         self.on_change: Callable[[], None] = lambda: None  # wakes the sender
 
@@ -374,6 +378,7 @@ class TransactionManager:
             raise
         self._set_producer_id(response)
         self._needs_epoch_bump = False
+        self._v2_at_init = self._feature_v2()
         self._transition(TxnState.READY)
 
     def begin(self) -> None:
@@ -385,8 +390,11 @@ class TransactionManager:
         # Once per transaction, never in the middle of one: a feature level changed meanwhile
         # counts from the next. The request versions alone do not decide (a 4.x cluster may
         # speak them with the feature at 0).
-        self.txn_v2 = self._cluster.finalized_features.get("transaction.version", 0) >= 2
+        self.txn_v2 = self._v2_at_init and self._feature_v2()
         self.transaction_version = 2 if self.txn_v2 else 1
+
+    def _feature_v2(self) -> bool:
+        return self._cluster.finalized_features.get("transaction.version", 0) >= 2
 
     def version_for(self, conn: BrokerConnection, api_key: ApiKey) -> int:
         """The version of `api_key` to send on `conn`: the highest both sides speak, but below
