@@ -17,6 +17,7 @@ This module imports nothing from the package, so every layer may use it.
 
 from __future__ import annotations
 
+import enum
 from typing import Mapping
 
 
@@ -35,7 +36,58 @@ class RetriableError(KafkaError):
     retriable = True
 
 
-class ConfigError(KafkaError, ValueError):
+# -- KIP-1050: one class, and one action, for every error a transactional call can meet ------
+#
+# | class                      | base                          | what to do                      |
+# |----------------------------|-------------------------------|---------------------------------|
+# | retriable                  | RetriableError                | nothing: the producer retries   |
+# |                            |                               | within its deadline             |
+# | refresh and retry          | RefreshRetriableError         | nothing: the producer looks up  |
+# |                            |                               | the leader or coordinator again |
+# | abortable                  | AbortableError                | abort_transaction(), then go on |
+# | application-recoverable    | ApplicationRecoverableError   | close; a new producer with the  |
+# |                            |                               | same transactional_id goes on   |
+# | invalid configuration      | InvalidConfigurationError     | close; fix settings or ACLs     |
+# | fatal                      | FatalError                    | close                           |
+#
+# A retriable error that outlives its deadline inside a transaction (a record's delivery
+# timeout, send_offsets_to_transaction() past max_block_ms) makes the transaction abortable;
+# so does any other failure of a record in it. `error_class()` names an error's class.
+
+
+class RefreshRetriableError(RetriableError):
+    """Retriable once the producer has looked up the partition's leader or the coordinator
+    again, which it does itself (KIP-1050's refresh-and-retry)."""
+
+
+class AbortableError(KafkaError):
+    """The transaction cannot commit: abort it (abort_transaction()), then the producer goes
+    on with the next one (KIP-1050's abortable)."""
+
+    abortable = True
+
+
+class ApplicationRecoverableError(KafkaError):
+    """This producer cannot go on, but the application can: close it and start a new one with
+    the same transactional_id (KIP-1050's application-recoverable; a fenced producer)."""
+
+    fatal = True
+
+
+class InvalidConfigurationError(KafkaError):
+    """A setting, a permission or the broker's version does not allow this: close the
+    producer and fix it (KIP-1050's invalid configuration)."""
+
+    fatal = True
+
+
+class FatalError(KafkaError):
+    """The producer cannot go on: close it (KIP-1050's fatal)."""
+
+    fatal = True
+
+
+class ConfigError(InvalidConfigurationError, ValueError):
     """A setting is unknown, of the wrong type, out of range, or contradicts another."""
 
 
@@ -65,6 +117,15 @@ class KafkaConnectionError(RetriableError):
 
 class TransactionStateError(KafkaError):
     """A transaction call is not allowed in the transaction's current state."""
+
+
+class TransactionFailedError(TransactionStateError, AbortableError):
+    """The transaction failed (its cause says why: a record's error, offsets that may be
+    missing, a timeout inside it): abort it, then go on."""
+
+
+class ProducerFailedError(TransactionStateError, FatalError):
+    """The producer met a fatal error earlier (its cause): close it."""
 
 
 class TransactionAbortedError(KafkaError):
@@ -121,20 +182,16 @@ class RecordTooLargeError(KafkaError):
     """A record (or the batch holding it) is larger than max_request_size or the broker's limit."""
 
 
-class ProducerFencedError(KafkaError):
+class ProducerFencedError(ApplicationRecoverableError):
     """Another producer with the same transactional_id (and a newer epoch) has started."""
-
-    fatal = True
 
 
 class CorruptMessageError(RetriableError):
     """A frame or record batch failed its checks (CRC, length): corrupt, or not Kafka at all."""
 
 
-class UnsupportedVersionError(KafkaError):
+class UnsupportedVersionError(InvalidConfigurationError):
     """The broker speaks no version of a request that we do."""
-
-    fatal = True
 
 
 class RequestTimeoutError(RetriableError, TimeoutError):
@@ -173,7 +230,7 @@ class BrokerCorruptMessageError(BrokerError, CorruptMessageError):
     error_code, name = 2, "CORRUPT_MESSAGE"
 
 
-class UnknownTopicOrPartitionError(BrokerError, UnknownTopicError):
+class UnknownTopicOrPartitionError(BrokerError, UnknownTopicError, RefreshRetriableError):
     """This server does not host this topic-partition."""
 
     error_code, name = 3, "UNKNOWN_TOPIC_OR_PARTITION"
@@ -186,7 +243,7 @@ class InvalidFetchSizeError(BrokerError):
     error_code, name = 4, "INVALID_FETCH_SIZE"
 
 
-class LeaderNotAvailableError(BrokerError, RetriableError):
+class LeaderNotAvailableError(BrokerError, RefreshRetriableError):
     """There is no leader for this topic-partition as we are in the middle of a leadership
     election."""
 
@@ -194,7 +251,7 @@ class LeaderNotAvailableError(BrokerError, RetriableError):
     refresh_metadata = True
 
 
-class NotLeaderOrFollowerError(BrokerError, RetriableError):
+class NotLeaderOrFollowerError(BrokerError, RefreshRetriableError):
     """For requests intended only for the leader, this error indicates that the broker is
     not the current leader."""
 
@@ -214,7 +271,7 @@ class BrokerNotAvailableError(BrokerError):
     error_code, name = 8, "BROKER_NOT_AVAILABLE"
 
 
-class ReplicaNotAvailableError(BrokerError, RetriableError):
+class ReplicaNotAvailableError(BrokerError, RefreshRetriableError):
     """The replica is not available for the requested topic-partition."""
 
     error_code, name = 9, "REPLICA_NOT_AVAILABLE"
@@ -240,7 +297,7 @@ class OffsetMetadataTooLargeError(BrokerError):
     error_code, name = 12, "OFFSET_METADATA_TOO_LARGE"
 
 
-class NetworkError(BrokerError, RetriableError):
+class NetworkError(BrokerError, RefreshRetriableError):
     """The server disconnected before a response was received."""
 
     error_code, name = 13, "NETWORK_EXCEPTION"
@@ -253,13 +310,13 @@ class CoordinatorLoadInProgressError(BrokerError, RetriableError):
     error_code, name = 14, "COORDINATOR_LOAD_IN_PROGRESS"
 
 
-class CoordinatorNotAvailableError(BrokerError, RetriableError):
+class CoordinatorNotAvailableError(BrokerError, RefreshRetriableError):
     """The coordinator is not available."""
 
     error_code, name = 15, "COORDINATOR_NOT_AVAILABLE"
 
 
-class NotCoordinatorError(BrokerError, RetriableError):
+class NotCoordinatorError(BrokerError, RefreshRetriableError):
     """This is not the correct coordinator."""
 
     error_code, name = 16, "NOT_COORDINATOR"
@@ -296,7 +353,7 @@ class InvalidRequiredAcksError(BrokerError):
     error_code, name = 21, "INVALID_REQUIRED_ACKS"
 
 
-class IllegalGenerationError(BrokerError):
+class IllegalGenerationError(BrokerError, AbortableError):
     """Specified group generation id is not valid."""
 
     error_code, name = 22, "ILLEGAL_GENERATION"
@@ -315,7 +372,7 @@ class InvalidGroupIdError(BrokerError):
     error_code, name = 24, "INVALID_GROUP_ID"
 
 
-class UnknownMemberIdError(BrokerError):
+class UnknownMemberIdError(BrokerError, AbortableError):
     """The coordinator is not aware of this member."""
 
     error_code, name = 25, "UNKNOWN_MEMBER_ID"
@@ -339,23 +396,22 @@ class InvalidCommitOffsetSizeError(BrokerError):
     error_code, name = 28, "INVALID_COMMIT_OFFSET_SIZE"
 
 
-class TopicAuthorizationFailedError(BrokerError):
+class TopicAuthorizationFailedError(BrokerError, AbortableError):
     """Topic authorization failed."""
 
     error_code, name = 29, "TOPIC_AUTHORIZATION_FAILED"
 
 
-class GroupAuthorizationFailedError(BrokerError):
+class GroupAuthorizationFailedError(BrokerError, AbortableError):
     """Group authorization failed."""
 
     error_code, name = 30, "GROUP_AUTHORIZATION_FAILED"
 
 
-class ClusterAuthorizationFailedError(BrokerError):
+class ClusterAuthorizationFailedError(BrokerError, InvalidConfigurationError):
     """Cluster authorization failed."""
 
     error_code, name = 31, "CLUSTER_AUTHORIZATION_FAILED"
-    fatal = True
 
 
 class InvalidTimestampError(BrokerError):
@@ -427,7 +483,7 @@ class InvalidRequestError(BrokerError):
     error_code, name = 42, "INVALID_REQUEST"
 
 
-class UnsupportedForMessageFormatError(BrokerError):
+class UnsupportedForMessageFormatError(BrokerError, InvalidConfigurationError):
     """The message format version on the broker does not support the request."""
 
     error_code, name = 43, "UNSUPPORTED_FOR_MESSAGE_FORMAT"
@@ -451,27 +507,26 @@ class BrokerDuplicateSequenceNumberError(BrokerError, DuplicateSequenceNumberErr
     error_code, name = 46, "DUPLICATE_SEQUENCE_NUMBER"
 
 
-class InvalidProducerEpochError(BrokerError):
+class InvalidProducerEpochError(BrokerError, AbortableError):
     """Producer attempted to produce with an old epoch."""
 
     error_code, name = 47, "INVALID_PRODUCER_EPOCH"
-    abortable = True  # KIP-588: the transaction timed out; abort, and go on with a new epoch
 
 
-class InvalidTxnStateError(BrokerError):
+class InvalidTxnStateError(BrokerError, FatalError):
     """The producer attempted a transactional operation in an invalid state."""
 
     error_code, name = 48, "INVALID_TXN_STATE"
 
 
-class InvalidProducerIdMappingError(BrokerError):
+class InvalidProducerIdMappingError(BrokerError, AbortableError):
     """The producer attempted to use a producer id which is not currently assigned to its
     transactional id."""
 
     error_code, name = 49, "INVALID_PRODUCER_ID_MAPPING"
 
 
-class InvalidTransactionTimeoutError(BrokerError):
+class InvalidTransactionTimeoutError(BrokerError, InvalidConfigurationError):
     """The transaction timeout is larger than the maximum value allowed by the broker (as
     configured by transaction.max.timeout.ms)."""
 
@@ -485,18 +540,17 @@ class ConcurrentTransactionsError(BrokerError, RetriableError):
     error_code, name = 51, "CONCURRENT_TRANSACTIONS"
 
 
-class TransactionCoordinatorFencedError(BrokerError):
+class TransactionCoordinatorFencedError(BrokerError, FatalError):
     """Indicates that the transaction coordinator sending a WriteTxnMarker is no longer the
     current coordinator for a given producer."""
 
     error_code, name = 52, "TRANSACTION_COORDINATOR_FENCED"
 
 
-class TransactionalIdAuthorizationFailedError(BrokerError):
+class TransactionalIdAuthorizationFailedError(BrokerError, InvalidConfigurationError):
     """Transactional Id authorization failed."""
 
     error_code, name = 53, "TRANSACTIONAL_ID_AUTHORIZATION_FAILED"
-    fatal = True
 
 
 class SecurityDisabledError(BrokerError):
@@ -511,7 +565,7 @@ class OperationNotAttemptedError(BrokerError):
     error_code, name = 55, "OPERATION_NOT_ATTEMPTED"
 
 
-class KafkaStorageErrorError(BrokerError, RetriableError):
+class KafkaStorageErrorError(BrokerError, RefreshRetriableError):
     """Disk error when trying to access log file on the disk."""
 
     error_code, name = 56, "KAFKA_STORAGE_ERROR"
@@ -623,14 +677,14 @@ class TopicDeletionDisabledError(BrokerError):
     error_code, name = 73, "TOPIC_DELETION_DISABLED"
 
 
-class FencedLeaderEpochError(BrokerError, RetriableError):
+class FencedLeaderEpochError(BrokerError, RefreshRetriableError):
     """The leader epoch in the request is older than the epoch on the broker."""
 
     error_code, name = 74, "FENCED_LEADER_EPOCH"
     refresh_metadata = True
 
 
-class UnknownLeaderEpochError(BrokerError, RetriableError):
+class UnknownLeaderEpochError(BrokerError, RefreshRetriableError):
     """The leader epoch in the request is newer than the epoch on the broker."""
 
     error_code, name = 75, "UNKNOWN_LEADER_EPOCH"
@@ -675,7 +729,7 @@ class GroupMaxSizeReachedError(BrokerError):
     error_code, name = 81, "GROUP_MAX_SIZE_REACHED"
 
 
-class FencedInstanceIdError(BrokerError):
+class FencedInstanceIdError(BrokerError, ApplicationRecoverableError):
     """The broker rejected this static consumer since another consumer with the same
     group.instance.id has registered with a different member.id."""
 
@@ -912,12 +966,11 @@ class InvalidRegistrationError(BrokerError):
     error_code, name = 119, "INVALID_REGISTRATION"
 
 
-class TransactionAbortableError(BrokerError):
+class TransactionAbortableError(BrokerError, AbortableError):
     """The server encountered an error with the transaction. The client can abort the
     transaction to continue using this transactional ID."""
 
     error_code, name = 120, "TRANSACTION_ABORTABLE"
-    abortable = True
 
 
 class InvalidRecordStateError(BrokerError):
@@ -967,6 +1020,40 @@ class InvalidRegularExpressionError(BrokerError):
     """The regular expression is not valid."""
 
     error_code, name = 128, "INVALID_REGULAR_EXPRESSION"
+
+
+class ErrorClass(enum.Enum):
+    """KIP-1050's classes of the errors a transactional call can meet (the table above)."""
+
+    RETRIABLE = "retriable"
+    REFRESH_RETRIABLE = "refresh and retry"
+    ABORTABLE = "abortable"
+    APPLICATION_RECOVERABLE = "application-recoverable"
+    INVALID_CONFIGURATION = "invalid configuration"
+    FATAL = "fatal"
+
+
+_CLASS_BASES = (  # the first that matches decides (an error is of one class only)
+    (InvalidConfigurationError, ErrorClass.INVALID_CONFIGURATION),
+    (ApplicationRecoverableError, ErrorClass.APPLICATION_RECOVERABLE),
+    (FatalError, ErrorClass.FATAL),
+    (AbortableError, ErrorClass.ABORTABLE),
+    (RefreshRetriableError, ErrorClass.REFRESH_RETRIABLE),
+    (RetriableError, ErrorClass.RETRIABLE),
+)
+
+
+def error_class(exc: BaseException) -> ErrorClass:
+    """The KIP-1050 class of an error a transactional call raised, or a record of a
+    transaction failed with. Any other error (a record too large, say) fails its transaction:
+    abortable; an error with `fatal` set by the producer (a TransactionStateError after a
+    fatal error) is fatal."""
+    for base, cls in _CLASS_BASES:
+        if isinstance(exc, base):
+            return cls
+    if isinstance(exc, KafkaError) and exc.fatal:
+        return ErrorClass.FATAL
+    return ErrorClass.ABORTABLE
 
 
 def error_for_code(code: int, message: str | None = None) -> BrokerError:

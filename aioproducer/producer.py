@@ -529,6 +529,8 @@ class Producer(Generic[K, V]):
             producer_epoch=txn.producer_epoch if txn is not None else -1,
             transaction_state=txn.state.value if txn is not None and txn.is_transactional
             else "",
+            transaction_version=txn.transaction_version if txn is not None else 0,
+            finalized_features=dict(cluster.finalized_features),
             topics=observer.topics(),
             produce_latency_histogram=observer.request_latency(),
             record_latency_histogram=observer.record_latency(),

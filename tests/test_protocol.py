@@ -404,3 +404,35 @@ def test_list_offsets_response_from_kafka_python(version):
     body = decode_response(ApiKey.LIST_OFFSETS, version, response.encode(header=True))
     [partition] = body["topics"][0]["partitions"]
     assert (partition["partition_index"], partition["offset"]) == (1, 1 << 40)
+
+
+def test_api_versions_v3_finalized_features_are_read():
+    """KIP-584's tagged fields of ApiVersions v3+: the finalized features with their epoch
+    (transaction.version decides Transactions V2); without them, none."""
+    from aioproducer.protocol.primitives import encode_uvarint
+
+    def compact(text: bytes) -> bytes:
+        return encode_uvarint(len(text) + 1) + text
+
+    api = struct.pack(">hhh", 22, 0, 6) + b"\x00"
+    feature = compact(b"transaction.version") + struct.pack(">hh", 2, 0) + b"\x00"
+    features = encode_uvarint(2) + feature
+    tags = (encode_uvarint(2) + encode_uvarint(1) + encode_uvarint(8) + struct.pack(">q", 77)
+            + encode_uvarint(2) + encode_uvarint(len(features)) + features)
+    head = struct.pack(">ih", 5, 0) + encode_uvarint(2) + api + struct.pack(">i", 0)
+    body = decode_response(ApiKey.API_VERSIONS, 3, head + tags)
+    assert body["finalized_features_epoch"] == 77
+    assert body["finalized_features"] == [
+        {"name": "transaction.version", "max_version_level": 2, "min_version_level": 0}]
+    assert "finalized_features" not in decode_response(ApiKey.API_VERSIONS, 3, head + b"\x00")
+
+
+def test_end_txn_v5_carries_the_next_producer_id_and_epoch():
+    """Transactions V2: EndTxn v5's answer names the producer id and epoch for the next
+    transaction; v4 has neither."""
+    v5 = struct.pack(">i", 9) + b"\x00" + struct.pack(">ihqh", 0, 0, 4242, 8) + b"\x00"
+    assert decode_response(ApiKey.END_TXN, 5, v5) == {
+        "throttle_time_ms": 0, "error_code": 0, "producer_id": 4242, "producer_epoch": 8}
+    v4 = struct.pack(">i", 9) + b"\x00" + struct.pack(">ih", 0, 0) + b"\x00"
+    assert decode_response(ApiKey.END_TXN, 4, v4) == {"throttle_time_ms": 0, "error_code": 0}
+

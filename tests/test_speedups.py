@@ -247,7 +247,7 @@ def test_produce_codec_leaves_uncommon_cases_to_python():
             "topic_data": [{"name": "t", "partition_data": [{"index": 0, "records": b"x"}]}]}
     assert _c.encode_produce(11, 1, "c", body) is not None
     uncommon = [
-        (2, body), (12, body),  # versions it does not know
+        (2, body), (13, body),  # versions it does not know (13 names topics by id)
         (11, {k: v for k, v in body.items() if k != "acks"}),  # a default to fill in
         (11, dict(body, acks=True)), (11, dict(body, acks=1 << 15)),
         (11, dict(body, topic_data=tuple(body["topic_data"]))),

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
+import threading
 import uuid
 
 import pytest
@@ -33,6 +35,7 @@ from aioproducer.errors import (
     ProducerFencedError,
     TransactionalIdAuthorizationFailedError,
     TransactionAbortedError,
+    TransactionFailedError,
     TransactionStateError,
 )
 from tests.support.cancel import producer_tasks
@@ -935,3 +938,113 @@ async def test_a_failed_commit_cut_short_raises_its_error_when_called_again(prox
     finally:
         await asyncio.wait_for(producer.close(), 10)
     assert refuse.changed
+
+
+def test_confluent_kafkas_group_metadata_is_read():
+    """confluent-kafka's consumer_group_metadata() is librdkafka's serialized form (bytes):
+    its group id, generation, member id and group instance id go to TxnOffsetCommit for
+    KIP-447's fencing of zombies. (These are the bytes librdkafka 2.x wrote for a member of
+    generation 1, with and without group.instance.id; test_transactions_v2 uses a live one.)"""
+    from aioproducer._internal.arguments import group_fields
+
+    generation = (1).to_bytes(4, sys.byteorder)
+    assert group_fields(b"CGMDv2:" + generation + b"g\x00m-1\x00\x00inst-1\x00") == {
+        "group_id": "g", "generation_id": 1, "member_id": "m-1", "group_instance_id": "inst-1"}
+    assert group_fields(b"CGMDv2:" + generation + b"g\x00rdkafka-2\x00\x01") == {
+        "group_id": "g", "generation_id": 1, "member_id": "rdkafka-2",
+        "group_instance_id": None}
+    with pytest.raises(InvalidRecordError, match="confluent-kafka"):
+        group_fields(b"CGMDv2:\x01")
+
+
+@pytest.mark.parametrize("call", ["commit", "abort", "send_offsets", "init"])
+async def test_a_transactional_call_rides_out_a_broker_restart(proxied_broker, call):
+    """The broker goes away with every connection cut and refuses new ones for 2 s (a
+    restart that keeps its state, as Kafka's does; Tansu forgets everything on a real
+    restart) while a transactional call runs: the call reconnects, finds the coordinator
+    again and finishes within max_block_ms, as the Java client's do, and the records land
+    as the call said (init: start() of a producer whose broker goes away after the first
+    metadata)."""
+    cluster = proxied_broker
+    cluster.create_topic("restarted", 1)
+    producer = Producer(cluster.bootstrap, transactional_id=_tid(), linger_ms=0,
+                        max_block_ms=8000, request_timeout_ms=3000, retry_backoff_ms=50)
+
+    def restart() -> None:
+        cluster.proxy.refuse(True)
+        threading.Timer(2.0, cluster.proxy.heal).start()
+
+    if call == "init":
+        original = Producer.init_transactions
+
+        async def broker_restarts_first(self: Producer) -> None:
+            restart()
+            await original(self)
+
+        Producer.init_transactions = broker_restarts_first
+        try:
+            await asyncio.wait_for(producer.start(), 20)
+        finally:
+            Producer.init_transactions = original
+        producer.begin_transaction()
+        await producer.send("restarted", b"a")
+    else:
+        await producer.start()
+        producer.begin_transaction()
+        await asyncio.wait_for(producer.send("restarted", b"a"), 10)
+        restart()
+    try:
+        started = asyncio.get_running_loop().time()
+        if call == "send_offsets":
+            await asyncio.wait_for(producer.send_offsets_to_transaction(
+                {("restarted", 0): 1}, f"group-{uuid.uuid4().hex[:8]}"), 20)
+        if call == "abort":
+            await asyncio.wait_for(producer.abort_transaction(), 20)
+        else:
+            await asyncio.wait_for(producer.commit_transaction(), 20)
+        assert asyncio.get_running_loop().time() - started < 8 + 1
+        async with producer.transaction():  # and the producer goes on
+            await producer.send("restarted", b"b")
+    finally:
+        await asyncio.wait_for(producer.close(), 10)
+    assert cluster.proxy.connections_refused or call == "init"
+    assert _markers(cluster.broker.bootstrap, "restarted", 0) == \
+        ["data", "ABORT" if call == "abort" else "COMMIT", "data", "COMMIT"]
+
+
+@pytest.mark.parametrize("call", ["commit", "send_offsets"])
+async def test_a_transactional_call_ends_by_max_block_ms_on_a_silent_broker(proxied_broker,
+                                                                           call):
+    """A broker that stops answering without closing its connections (a hung process): the
+    call raises by max_block_ms, not after request_timeout_ms (30 s here). A commit keeps
+    its state and finishes when called again once the broker answers; the offsets leave
+    the transaction abortable (KIP-1050: a timeout inside a transaction)."""
+    cluster = proxied_broker
+    cluster.create_topic("silent", 1)
+    producer = Producer(cluster.bootstrap, transactional_id=_tid(), linger_ms=0,
+                        max_block_ms=1500, request_timeout_ms=30_000)
+    await producer.start()
+    try:
+        producer.begin_transaction()
+        await asyncio.wait_for(producer.send("silent", b"a"), 10)
+        cluster.proxy.stall(True)
+        started = asyncio.get_running_loop().time()
+        if call == "commit":
+            with pytest.raises(KafkaError) as caught:
+                await asyncio.wait_for(producer.commit_transaction(), 20)
+            assert caught.value.retriable
+        else:
+            with pytest.raises(TransactionFailedError):
+                await asyncio.wait_for(producer.send_offsets_to_transaction(
+                    {("silent", 0): 1}, "silent-group"), 20)
+        assert asyncio.get_running_loop().time() - started < 1.5 + 1
+        cluster.proxy.stall(False)
+        if call == "commit":
+            await asyncio.wait_for(producer.commit_transaction(), 20)
+        else:
+            await asyncio.wait_for(producer.abort_transaction(), 20)
+    finally:
+        cluster.proxy.stall(False)
+        await asyncio.wait_for(producer.close(), 10)
+    assert _markers(cluster.broker.bootstrap, "silent", 0)[-2:] == \
+        ["data", "COMMIT" if call == "commit" else "ABORT"]

@@ -5,6 +5,7 @@ rules, so each verb reads as its steps."""
 from __future__ import annotations
 
 import inspect
+import struct
 import time
 from typing import Any, Awaitable, Callable, Iterator, Mapping
 
@@ -176,12 +177,18 @@ def bad_partition(topic: str, partition: Any, count: int) -> KafkaError:
         f"0..{count - 1}")
 
 
+_LIBRDKAFKA_GROUP = b"CGMDv2:"  # confluent-kafka's consumer_group_metadata(): librdkafka's form
+
+
 def group_fields(group_metadata: Any) -> dict[str, Any]:
-    """send_offsets_to_transaction's group: a group id, or an object (or mapping) with
-    group_id and the KIP-447 fencing fields."""
+    """send_offsets_to_transaction's group: a group id, an object (or mapping) with group_id
+    and the KIP-447 fencing fields, or what confluent-kafka's consumer_group_metadata()
+    returns."""
     group: dict[str, Any]
     if isinstance(group_metadata, str):
         group = {"group_id": group_metadata}
+    elif isinstance(group_metadata, bytes) and group_metadata.startswith(_LIBRDKAFKA_GROUP):
+        group = _librdkafka_group(group_metadata)
     elif isinstance(group_metadata, Mapping):
         group = dict(group_metadata)
     else:
@@ -192,3 +199,18 @@ def group_fields(group_metadata: Any) -> dict[str, Any]:
         raise InvalidRecordError(
             f"group_metadata must be a group id or carry a group_id, not {group_metadata!r}")
     return group
+
+
+def _librdkafka_group(data: bytes) -> dict[str, Any]:
+    """librdkafka's serialized group metadata (rd_kafka_consumer_group_metadata_write): the
+    magic, the generation as a native int32, the group id and member id each ended by a NUL,
+    a byte that is 1 when there is no group instance id, else the id ended by a NUL."""
+    try:
+        (generation,) = struct.unpack_from("=i", data, len(_LIBRDKAFKA_GROUP))
+        group_id, member_id, rest = data[len(_LIBRDKAFKA_GROUP) + 4:].split(b"\0", 2)
+        instance = None if rest[:1] == b"\x01" else rest[1:].split(b"\0", 1)[0].decode()
+        return {"group_id": group_id.decode(), "generation_id": generation,
+                "member_id": member_id.decode(), "group_instance_id": instance}
+    except (struct.error, ValueError, UnicodeDecodeError):
+        raise InvalidRecordError(
+            f"group_metadata looks like confluent-kafka's but cannot be read: {data!r}") from None

@@ -82,6 +82,11 @@ class ProducerMetrics:
     producer_id: int = -1  # idempotent or transactional: the broker's id for us (-1: none yet)
     producer_epoch: int = -1
     transaction_state: str = ""  # transactional: "ready", "in transaction", "aborting", ...
+    # transactional: the protocol of the current (or last) transaction, 2 for Transactions
+    # V2 (KIP-890), else 1; 0 before the first
+    transaction_version: int = 0
+    # the cluster's finalized features (KIP-584) from ApiVersions, by name: their levels
+    finalized_features: Mapping[str, int] = dataclasses.field(default_factory=dict)
     topics: Mapping[str, TopicMetrics] = dataclasses.field(default_factory=dict)  # by name
     # Produce requests' round trips, and records' time from send() to acknowledgement (a
     # batch's first record's, one observation per batch).

@@ -268,11 +268,14 @@ class Sender:
     def _write_requests(self) -> None:
         requests, self._unwritten = self._unwritten, []
         expect_response = self._acks != 0
+        txn = self._txn if self._txn is not None and self._txn.is_transactional else None
         for conn, body, batches, size in requests:
             try:
                 conn.send(ApiKey.PRODUCE, body, partial(
                     self._on_produce_response, conn, batches, time.perf_counter())
-                    if expect_response else None)
+                    if expect_response else None,
+                    # (a transaction's Produce is v12+ only in a V2 transaction)
+                    version=txn.version_for(conn, ApiKey.PRODUCE) if txn is not None else None)
             except KafkaError as exc:  # the connection closed between ready() and now
                 self._on_request_failed(batches, exc)
                 continue

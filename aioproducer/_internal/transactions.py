@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Coroutine, Iterable, Mapping, TypeVar
 
 from ..client.backoff import Backoff
 from ..client.cluster import Broker
@@ -29,6 +29,7 @@ from ..errors import (
     ERROR_CLASSES,
     BrokerError,
     ClusterAuthorizationFailedError,
+    ConcurrentTransactionsError,
     CoordinatorNotAvailableError,
     CorruptMessageError,
     InvalidProducerEpochError,
@@ -37,14 +38,17 @@ from ..errors import (
     NotCoordinatorError,
     OperationNotAttemptedError,
     ProducerClosedError,
+    ProducerFailedError,
     ProducerFencedError,
+    RequestTimeoutError,
     TransactionalIdAuthorizationFailedError,
+    TransactionFailedError,
     TransactionStateError,
     UnsupportedForMessageFormatError,
     UnsupportedVersionError,
     error_for_code,
 )
-from ..protocol.messages import ApiKey
+from ..protocol.messages import TXN_V2_FROM, ApiKey
 from .batch import ProducerBatch, TopicPartition
 from .sequencing import Sequencer
 
@@ -54,6 +58,7 @@ if TYPE_CHECKING:
     from ..config import ProducerConfig
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 _GROUP, _TRANSACTION = 0, 1  # FindCoordinator key types
@@ -62,6 +67,12 @@ _GROUP, _TRANSACTION = 0, 1  # FindCoordinator key types
 # other retriable answers, a coordinator still loading or a transaction still ending, are
 # retried with it.)
 _COORDINATOR_MOVED = (CoordinatorNotAvailableError, NotCoordinatorError)
+# AddPartitionsToTxn answered CONCURRENT_TRANSACTIONS while the last transaction's markers are
+# still being written (the first add of each V1 transaction after a commit, as a rule):
+# retried after 5 ms, doubling, rather than retry_backoff_ms, as the Java client retries it
+# early (its ADD_PARTITIONS_RETRY_BACKOFF_MS, 20 ms). The markers take a few ms on a local
+# broker: 5 ms made 10-record transactions 2.5x as fast as 20 ms (benchmarks/transactions.py).
+_CONCURRENT_RETRY_S = 0.005
 # From a coordinator an old epoch means another producer took ours, as in the Java client.
 _FENCED = (InvalidProducerEpochError, ProducerFencedError)
 
@@ -134,6 +145,14 @@ class TransactionManager:
         self._coordinators: dict[tuple[int, str], int] = {}
         self._needs_epoch_bump = False
         self._offsets_added = False
+        # Transactions V2 (KIP-890 part 2) for the current transaction: decided when it
+        # begins, from the cluster's finalized transaction.version, and kept until it ends;
+        # V2 only if it was on when InitProducerId gave our epoch (`_v2_at_init`): a
+        # coordinator refuses V2 requests (INVALID_TXN_STATE) from a producer initialized
+        # under V1, measured on Kafka 4.4 after an upgrade of the feature.
+        self.txn_v2 = False
+        self._v2_at_init = False
+        self.transaction_version = 0  # what metrics() shows: 2 (V2) or 1, once one began
         self.on_change: Callable[[], None] = lambda: None  # wakes the sender
 
     @property
@@ -261,12 +280,14 @@ class TransactionManager:
         self.state = target
 
     def _state_error(self, message: str) -> TransactionStateError:
-        """A call that does not fit the state. Its flags say what the state leaves to do: a
-        failed transaction is abortable, a producer in a fatal error must be closed."""
-        exc = TransactionStateError(message)
-        exc.abortable = self.state is TxnState.ABORTABLE_ERROR
-        exc.fatal = self.state is TxnState.FATAL_ERROR
-        return exc
+        """A call that does not fit the state. Its class says what the state leaves to do
+        (KIP-1050): a failed transaction is abortable, a producer in a fatal error must be
+        closed."""
+        if self.state is TxnState.ABORTABLE_ERROR:
+            return TransactionFailedError(message)
+        if self.state is TxnState.FATAL_ERROR:
+            return ProducerFailedError(message)
+        return TransactionStateError(message)
 
     def _cannot_commit(self) -> TransactionStateError:
         exc = self._state_error(f"cannot commit: the transaction failed ({self.error!r}); abort it")
@@ -358,6 +379,7 @@ class TransactionManager:
             raise
         self._set_producer_id(response)
         self._needs_epoch_bump = False
+        self._v2_at_init = self._feature_v2()
         self._transition(TxnState.READY)
 
     def begin(self) -> None:
@@ -366,11 +388,32 @@ class TransactionManager:
         if self.state is TxnState.UNINITIALIZED:
             raise self._state_error("call init_transactions() (or start()) first")
         self._transition(TxnState.IN_TRANSACTION)
+        # Once per transaction, never in the middle of one: a feature level changed meanwhile
+        # counts from the next. The request versions alone do not decide (a 4.x cluster may
+        # speak them with the feature at 0).
+        self.txn_v2 = self._v2_at_init and self._feature_v2()
+        self.transaction_version = 2 if self.txn_v2 else 1
+
+    def _feature_v2(self) -> bool:
+        return self._cluster.finalized_features.get("transaction.version", 0) >= 2
+
+    def version_for(self, conn: BrokerConnection, api_key: ApiKey) -> int:
+        """The version of `api_key` to send on `conn`: the highest both sides speak, but below
+        the Transactions V2 versions unless this transaction runs as V2 (a broker takes those
+        as V2 requests). An idempotent producer's Produce takes the highest."""
+        version = conn.version_for(api_key)
+        first_v2 = TXN_V2_FROM.get(api_key)
+        if first_v2 is not None and version >= first_v2 and self.is_transactional \
+                and not self.txn_v2:
+            return first_v2 - 1
+        return version
 
     def add_partition(self, topic: str, partition: int) -> None:
         """A batch for this partition exists: the coordinator must know it before it is sent."""
         tp = (topic, partition)
-        if tp not in self._partitions:
+        if self.txn_v2:
+            self._partitions.add(tp)  # V2: its Produce request adds it (v12+)
+        elif tp not in self._partitions:
             self._pending.add(tp)
 
     def maybe_add_partitions(self) -> None:
@@ -404,7 +447,8 @@ class TransactionManager:
 
         try:
             await self._coordinator_request(_TRANSACTION, ApiKey.ADD_PARTITIONS_TO_TXN, body,
-                                            "AddPartitionsToTxn", deciding_error)
+                                            "AddPartitionsToTxn", deciding_error,
+                                            quick_concurrent_retry=not self._partitions)
         except KafkaError as exc:
             self._coordinator_failed(exc)
             self.on_change()
@@ -433,7 +477,7 @@ class TransactionManager:
             raise self._cannot_commit()
         if self._partitions or self._offsets_added:
             try:
-                await self._coordinator_request(
+                response = await self._coordinator_request(
                     _TRANSACTION, ApiKey.END_TXN, lambda: {
                         "transactional_id": self.transactional_id,
                         "producer_id": self.producer_id,
@@ -448,6 +492,12 @@ class TransactionManager:
                 # Else the state stays committing or aborting: calling it again tries again
                 # (the Java client's "timed out and must be retried").
                 raise
+            if self.txn_v2 and response.get("producer_id", -1) >= 0:
+                # V2: the coordinator bumped the epoch (or, the epoch spent, gave a new
+                # producer id): the next transaction's, its sequences from zero. No
+                # InitProducerId after an abort.
+                self._set_producer_id(response)
+                self._needs_epoch_bump = False
         self._partitions.clear()
         self._pending.clear()
         self._offsets_added = False
@@ -472,6 +522,10 @@ class TransactionManager:
                                     group_instance_id)
         except KafkaError as exc:
             self._coordinator_failed(exc)
+            if exc.retriable:  # out of max_block_ms: a timeout inside a transaction (KIP-1050)
+                raise TransactionFailedError(
+                    f"send_offsets_to_transaction() ran out of max_block_ms ({exc}): the "
+                    "offsets may or may not be in the transaction; abort it") from exc
             raise
         except asyncio.CancelledError:
             self.abortable(TransactionStateError(
@@ -482,13 +536,14 @@ class TransactionManager:
     async def _add_offsets(self, offsets: Mapping[TopicPartition, int], group_id: str,
                            generation_id: int, member_id: str,
                            group_instance_id: str | None) -> None:
-        await self._coordinator_request(
-            _TRANSACTION, ApiKey.ADD_OFFSETS_TO_TXN, lambda: {
-                "transactional_id": self.transactional_id,
-                "producer_id": self.producer_id,
-                "producer_epoch": self.producer_epoch,
-                "group_id": group_id,
-            }, "AddOffsetsToTxn")
+        if not self.txn_v2:  # V2: TxnOffsetCommit v5 adds the group itself
+            await self._coordinator_request(
+                _TRANSACTION, ApiKey.ADD_OFFSETS_TO_TXN, lambda: {
+                    "transactional_id": self.transactional_id,
+                    "producer_id": self.producer_id,
+                    "producer_epoch": self.producer_epoch,
+                    "group_id": group_id,
+                }, "AddOffsetsToTxn")
         self._offsets_added = True
         topics: dict[str, list[dict[str, Any]]] = {}
         for (topic, partition), offset in sorted(offsets.items()):
@@ -539,22 +594,26 @@ class TransactionManager:
     async def _coordinator_request(
         self, key_type: int, api_key: ApiKey, body: Callable[[], Mapping[str, Any]], what: str,
         error_of: Callable[[Mapping[str, Any]], int] = lambda r: r["error_code"],
-        key: str | None = None,
+        key: str | None = None, quick_concurrent_retry: bool = False,
     ) -> dict[str, Any]:
         """Send to the coordinator of `key` (the transactional id by default), retrying
-        while the coordinator moves, loads or is busy, within max_block_ms."""
+        while the coordinator moves, loads or is busy, or the connection is lost (a broker
+        restarting), within max_block_ms: a broker that stops answering does not hold the
+        call for request_timeout_ms."""
         key = key if key is not None else self.transactional_id
         assert key is not None
         config = self._config
         loop = asyncio.get_running_loop()
         deadline = loop.time() + config.max_block_ms / 1000
         backoff = Backoff(config.retry_backoff_ms / 1000, config.retry_backoff_max_ms / 1000)
+        concurrent = 0  # CONCURRENT_TRANSACTIONS answers so far (quick_concurrent_retry)
         while True:
             code = 0
             exc: KafkaError | None = None
             try:
                 conn = await self._coordinator(key_type, key, deadline)
-                response = await conn.request(api_key, body())
+                response = await _within(conn.request(
+                    api_key, body(), version=self.version_for(conn, api_key)), deadline, what)
                 code = error_of(response)
             except KafkaError as error:
                 if not error.retriable:
@@ -574,6 +633,9 @@ class TransactionManager:
                 elif not exc.retriable:
                     raise exc
             delay = backoff.failed()
+            if quick_concurrent_retry and isinstance(exc, ConcurrentTransactionsError):
+                delay = min(_CONCURRENT_RETRY_S * 2 ** concurrent, delay)
+                concurrent += 1
             if loop.time() + delay > deadline:
                 raise exc
             if self._cluster.closed:  # close() cut it short: no retry to run on after it
@@ -588,19 +650,37 @@ class TransactionManager:
         conn = await self._cluster.any_connection(deadline)
         version = conn.version_for(ApiKey.FIND_COORDINATOR)
         if version >= 4:
-            response = await conn.request(ApiKey.FIND_COORDINATOR,
-                                          {"key_type": key_type, "coordinator_keys": [key]})
+            response = await _within(conn.request(
+                ApiKey.FIND_COORDINATOR, {"key_type": key_type, "coordinator_keys": [key]}),
+                deadline, "FindCoordinator")
             if len(response["coordinators"]) != 1:
                 raise CorruptMessageError(f"FindCoordinator for {key!r} answered "
                                           f"{len(response['coordinators'])} coordinators, not 1")
             found = response["coordinators"][0]
         else:
-            found = await conn.request(ApiKey.FIND_COORDINATOR, {"key": key, "key_type": key_type})
+            found = await _within(conn.request(
+                ApiKey.FIND_COORDINATOR, {"key": key, "key_type": key_type}),
+                deadline, "FindCoordinator")
         if found["error_code"]:
             raise error_for_code(found["error_code"], f"FindCoordinator for {key!r}")
         broker = Broker.from_response(found["node_id"], found["host"], found["port"])
         self._coordinators[(key_type, key)] = broker.node_id
         return await self._cluster.connection(broker.node_id, broker)
+
+
+async def _within(attempt: Coroutine[Any, Any, T], deadline: float, what: str) -> T:
+    """`attempt`'s outcome, or RequestTimeoutError (retriable) once the loop time passes
+    `deadline` (the attempt is cancelled: a late answer is dropped)."""
+    task = asyncio.ensure_future(attempt)
+    try:
+        await asyncio.wait({task}, timeout=max(deadline - asyncio.get_running_loop().time(), 0))
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.wait({task})
+    if task.cancelled():
+        raise RequestTimeoutError(f"{what}: no answer within max_block_ms")
+    return task.result()
 
 
 def _deciding_error(codes: Iterable[int]) -> int:

@@ -765,7 +765,7 @@ error:
  * generated codec, which knows every case and raises the right error, takes over. */
 
 #define PRODUCE_FIRST 3
-#define PRODUCE_LAST 11
+#define PRODUCE_LAST 12
 #define PRODUCE_FLEXIBLE 9
 
 static PyObject *s_transactional_id, *s_acks, *s_timeout_ms, *s_topic_data, *s_name,

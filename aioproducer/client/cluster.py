@@ -122,6 +122,10 @@ class Cluster:
         self.brokers: dict[int, Broker] = {}
         self.controller_id = -1  # where CreateTopics goes (aioproducer topic create)
         self.cluster_id: str | None = None  # the first metadata's; later answers must agree
+        # The cluster's finalized features (KIP-584), from the ApiVersions answer with the
+        # highest epoch so far: name -> level (transaction.version decides Transactions V2).
+        self.finalized_features: dict[str, int] = {}
+        self.features_epoch = -1
         self.topics: dict[str, TopicInfo] = {}
         self._wanted: set[str] = set()
         self._connections: dict[int, BrokerConnection] = {}
@@ -492,6 +496,9 @@ class Cluster:
         self._backoff.pop(broker.node_id, None)
         conn.on_close = self._connection_closed
         self._connections[broker.node_id] = conn
+        if conn.features_epoch >= self.features_epoch:  # the newest a broker told (KIP-584)
+            self.features_epoch, self.finalized_features = \
+                conn.features_epoch, conn.finalized_features
         self._schedule_reauthentication(conn)
         self.on_change()
         return conn

@@ -62,6 +62,10 @@ class BrokerConnection(asyncio.Protocol):
         self.request_timeout = request_timeout
         self.versions: dict[ApiKey, int] = {}
         self.broker_ranges: dict[int, tuple[int, int]] = {}
+        # The cluster's finalized features (KIP-584) as this broker knew them, by name: the
+        # level of each, and the epoch that orders answers of different brokers.
+        self.finalized_features: dict[str, int] = {}
+        self.features_epoch = -1
         self.in_flight_produce = 0
         # Loop time until which the broker asked us to hold back (KIP-219): requests sent
         # meanwhile are held and written when it ends (the sender drains no batch for it).
@@ -203,6 +207,9 @@ class BrokerConnection(asyncio.Protocol):
             raise error_for_code(response["error_code"], f"ApiVersions from {self.address}")
         self.broker_ranges = {k["api_key"]: (k["min_version"], k["max_version"])
                               for k in response["api_keys"]}
+        self.features_epoch = response.get("finalized_features_epoch", -1)
+        self.finalized_features = {f["name"]: f["max_version_level"]
+                                   for f in response.get("finalized_features") or ()}
 
     def version_for(self, api_key: ApiKey) -> int:
         """The highest version of `api_key` both sides speak (cached per connection)."""

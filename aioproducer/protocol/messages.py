@@ -39,7 +39,7 @@ class ApiKey(enum.IntEnum):
 
 # (lowest, highest) version we implement, and the first flexible version (99: none).
 CLIENT_VERSIONS: dict[ApiKey, tuple[int, int]] = {
-    ApiKey.PRODUCE: (3, 11),
+    ApiKey.PRODUCE: (3, 12),
     ApiKey.METADATA: (1, 12),
     ApiKey.FIND_COORDINATOR: (0, 4),
     ApiKey.SASL_HANDSHAKE: (0, 1),
@@ -48,12 +48,19 @@ CLIENT_VERSIONS: dict[ApiKey, tuple[int, int]] = {
     ApiKey.INIT_PRODUCER_ID: (0, 5),
     ApiKey.ADD_PARTITIONS_TO_TXN: (0, 3),  # 4+ batch several transactions (and crash Tansu)
     ApiKey.ADD_OFFSETS_TO_TXN: (0, 3),
-    ApiKey.END_TXN: (0, 3),
-    ApiKey.TXN_OFFSET_COMMIT: (0, 3),
+    ApiKey.END_TXN: (0, 5),
+    ApiKey.TXN_OFFSET_COMMIT: (0, 5),
     ApiKey.SASL_AUTHENTICATE: (0, 2),
     ApiKey.FETCH: (4, 12),  # 4: RecordBatch v2 and isolation; 13+ name topics by id only
     ApiKey.LIST_OFFSETS: (1, 7),  # 1: one offset per partition
     ApiKey.OFFSET_FETCH: (1, 7),  # 8+ ask for several groups at once
+}
+# Transactions V2 (KIP-890 part 2): from these versions a broker takes the request as part of
+# a V2 transaction (Produce adds its partitions implicitly, TxnOffsetCommit its group, EndTxn
+# bumps the epoch and answers the next one). A producer sends them only in a transaction it
+# decided to run as V2 (the finalized feature transaction.version >= 2); otherwise below.
+TXN_V2_FROM: dict[ApiKey, int] = {
+    ApiKey.PRODUCE: 12, ApiKey.TXN_OFFSET_COMMIT: 5, ApiKey.END_TXN: 5,
 }
 FLEXIBLE_FROM: dict[ApiKey, int] = {
     ApiKey.PRODUCE: 9, ApiKey.METADATA: 9, ApiKey.FIND_COORDINATOR: 3,
@@ -206,6 +213,13 @@ _RESPONSES: dict[ApiKey, tuple[F, ...]] = {
         F("error_code", "int16"),
         F("api_keys", (F("api_key", "int16"), F("min_version", "int16"), F("max_version", "int16"))),
         F("throttle_time_ms", "int32", (1, 99)),
+        # KIP-584: what each feature's level is, cluster-wide (transaction.version decides
+        # Transactions V2); the epoch orders answers from different brokers.
+        F("finalized_features_epoch", "int64", (3, 99), tag=1),
+        F("finalized_features", (
+            F("name", "string"), F("max_version_level", "int16"),
+            F("min_version_level", "int16"),
+        ), (3, 99), tag=2),
     ),
     ApiKey.METADATA: (
         F("throttle_time_ms", "int32", (3, 99)),
@@ -300,7 +314,12 @@ _RESPONSES: dict[ApiKey, tuple[F, ...]] = {
         ), (0, 3)),
     ),
     ApiKey.ADD_OFFSETS_TO_TXN: (F("throttle_time_ms", "int32"), F("error_code", "int16")),
-    ApiKey.END_TXN: (F("throttle_time_ms", "int32"), F("error_code", "int16")),
+    ApiKey.END_TXN: (
+        F("throttle_time_ms", "int32"), F("error_code", "int16"),
+        # V2: the producer id and epoch of the next transaction (the epoch bumped, or a new
+        # id with epoch 0 once the epoch ran out).
+        F("producer_id", "int64", (5, 99)), F("producer_epoch", "int16", (5, 99)),
+    ),
     ApiKey.TXN_OFFSET_COMMIT: (
         F("throttle_time_ms", "int32"),
         F("topics", (
