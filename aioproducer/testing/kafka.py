@@ -38,6 +38,15 @@ _READY_TOPIC = "__aioproducer_ready"
 T = TypeVar("T")
 
 
+def _cluster_id() -> str:
+    """16 random bytes in URL-safe base64, as Kafka's Uuid.randomUuid makes one: never starting
+    with "-", which the storage tool's argument parser takes for an option (1 start in 64)."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(os.urandom(16)).rstrip(b"=").decode()
+        if not cluster_id.startswith("-"):
+            return cluster_id
+
+
 class ApacheKafkaError(RuntimeError):
     """Apache Kafka could not be started, or could not do what was asked."""
 
@@ -156,7 +165,12 @@ class _Watchdog:
     def close(self) -> None:
         if self._process.stdin is not None and not self._process.stdin.closed:
             self._process.stdin.close()  # it kills what is still registered, then exits
-        self._process.wait(10)
+        try:
+            self._process.wait(60)
+        except subprocess.TimeoutExpired:
+            # Still removing the data directory on a loaded machine: it ends by itself, and
+            # a teardown that raised here lost the caller's results (benchmarks/run.py's).
+            pass
 
 
 def _free_port() -> int:
@@ -264,7 +278,7 @@ class ApacheKafka:
         self._start_timeout = start_timeout
         self._keep_logs = (os.environ.get("AIOPRODUCER_KAFKA_KEEP_LOGS") == "1"
                            if keep_logs is None else keep_logs)
-        self.cluster_id = base64.urlsafe_b64encode(os.urandom(16)).rstrip(b"=").decode()
+        self.cluster_id = _cluster_id()
         self.directory: Path | None = None
         self._nodes: list[_Node] = []
         self._watchdog: _Watchdog | None = None

@@ -140,3 +140,12 @@ def test_kafka_home_uses_an_unpacked_distributions_jars(apache_kafka, tmp_path, 
     assert ApacheKafka(kafka_home=tmp_path / "kafka").version == apache_kafka.version
     with pytest.raises(ApacheKafkaError, match="no libs/ directory"):
         ApacheKafka(kafka_home=tmp_path)
+
+
+def test_cluster_ids_never_start_with_a_dash():
+    """The storage tool's parser takes a leading "-" for an option: 1 random id in 64 did."""
+    from aioproducer.testing.kafka import _cluster_id
+
+    ids = [_cluster_id() for _ in range(2000)]
+    assert not [i for i in ids if i.startswith("-")]
+    assert all(len(i) == 22 for i in ids)
