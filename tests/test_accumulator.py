@@ -81,3 +81,26 @@ async def test_a_batch_is_ready_when_its_linger_ends_on_a_whole_millisecond_cloc
             late.append((ms, next_check))
         assert accumulator.ready(OneBroker(), (ms + 4) / 1000)[0] == set()  # not before
     assert not late, f"{len(late)} of 2,000 lingers not over when they ended: {late[:3]}"
+
+
+async def test_a_turn_in_line_with_memory_free_does_not_send_lingering_batches():
+    """enqueue() that closed a full batch holds the line's head for one loop turn
+    (turn_soon), and concurrent enqueues queue behind it. Memory is free, so that is no
+    shortage: a lingering batch stays until its linger ends. (It was sent at once: under
+    load the sender ran in that turn again and again, and 800 concurrent enqueues made 30
+    batches of one record.) Short of memory, every batch goes at once, as before."""
+    config = ProducerConfig.from_kwargs(bootstrap_servers="127.0.0.1:9092", batch_size=1024,
+                                        linger_ms=1000, enable_idempotence=False)
+    accumulator = RecordAccumulator(config, Codec.NONE, None, Observer(()))
+    size = 1024
+    assert accumulator.reserve_now(size)
+    batch = accumulator.open_batch("t", 0, 0, None, b"v", None, size, 4)
+    soon = batch.created + 0.001
+    assert accumulator.ready(OneBroker(), soon)[0] == set()
+    accumulator.memory_available -= size
+    accumulator.turn_soon("t", 1, 0, None, b"v", None, size, 4)
+    accumulator.join_line("t", 1, 0, None, b"w", None, size, 4, for_send=False)
+    assert accumulator.ready(OneBroker(), soon)[0] == set()
+
+    accumulator.memory_available = 0  # the record behind the turn cannot have its batch
+    assert accumulator.ready(OneBroker(), soon)[0] == {0}

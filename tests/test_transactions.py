@@ -894,11 +894,13 @@ async def test_a_second_call_reports_the_outcome_of_one_cut_short(proxied_broker
 async def test_an_abort_cut_short_by_an_outage_may_be_tried_again(proxied_broker):
     """abort_transaction() while the broker is unreachable for longer than max_block_ms
     raises a retriable error and leaves the producer able to abort again once the broker is
-    back (it used to make the producer fatal for good: a lost connection is retriable)."""
+    back (it used to make the producer fatal for good: a lost connection is retriable).
+    max_block_ms is 3 s: the second abort reconnects, finds the coordinator and ends the
+    transaction within it, which 1 s did not always allow a test worker sharing 2 cores."""
     cluster = proxied_broker
     cluster.create_topic("outage-abort", 1)
     async with Producer(cluster.bootstrap, transactional_id=_tid(), linger_ms=0,
-                        max_block_ms=1000, request_timeout_ms=1000,
+                        max_block_ms=3000, request_timeout_ms=1000,
                         retry_backoff_ms=50) as producer:
         producer.begin_transaction()
         await asyncio.wait_for(producer.send("outage-abort", b"a"), 10)

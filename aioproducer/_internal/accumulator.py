@@ -195,6 +195,16 @@ class RecordAccumulator:
         the sender sends batches at once, ignoring linger)."""
         return len(self._line)
 
+    def _short_of_memory(self) -> bool:
+        """A record in line waits for memory that is not there: then every batch goes now,
+        lingered or not, to free it. A turn enqueue() holds after closing a full batch
+        (turn_soon), and the records behind it that the free memory covers, are no shortage:
+        sending their batches early made batches of one record each under load."""
+        for waiting in self._line:
+            if not waiting.granted:
+                return waiting.memory - self._gathered > self.memory_available
+        return False
+
     def reserve_now(self, size: int) -> bool:
         """Reserve a new batch's memory if it is free and nobody waits for memory before us."""
         if self.closing:
@@ -394,7 +404,7 @@ class RecordAccumulator:
         ready: set[int] = set()
         next_check = float("inf")
         unknown_leader: set[str] = set()
-        drain_all = self._flushing > 0 or self.closing or bool(self._line)
+        drain_all = self._flushing > 0 or self.closing or self._short_of_memory()
         topics = cluster.topics
         last_topic: str | None = None
         leaders: Sequence[int] = ()
