@@ -145,9 +145,11 @@ FAST = {
 
 # Tests that start something heavy share one worker per kind, so a run holds one Spark JVM
 # and one real Kafka cluster at a time, not one per worker: the Spark session's tests, the
-# Spark jobs run as scripts, and the real-Kafka tier (tests/real_kafka: a JVM per node).
+# Spark jobs run as scripts, and the real-Kafka tier (tests/real_kafka: a JVM per node). The
+# packaging tests build from the checkout (its egg-info): two workers at once broke a build.
 _GROUP_BY_FIXTURE = {"spark": "spark", "spark_home": "spark-jobs"}
-_GROUP_BY_TEST = {"test_examples.py::test_spark_streaming_example": "spark-jobs"}
+_GROUP_BY_TEST = {"test_examples.py::test_spark_streaming_example": "spark-jobs",
+                  "test_packaging.py::": "packaging"}
 _REAL_KAFKA = Path(__file__).parent / "real_kafka"
 
 
@@ -156,7 +158,7 @@ def _group(item: pytest.Item) -> str | None:
         return "kafka"
     names = getattr(item, "fixturenames", ())
     return next((g for f, g in _GROUP_BY_FIXTURE.items() if f in names),
-                next((g for t, g in _GROUP_BY_TEST.items() if item.nodeid.endswith(t)), None))
+                next((g for t, g in _GROUP_BY_TEST.items() if t in item.nodeid), None))
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
