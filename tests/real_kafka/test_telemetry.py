@@ -39,6 +39,7 @@ class Push:
     interval_ms: int
     metrics: dict[str, list[tuple[str, float, dict[str, str], int, int]]]
     # name -> [(kind, value, attributes, temporality (0 for a gauge), time_unix_nano)]
+    resource: dict[str, str]
 
 
 def _unavailable(reason: str) -> None:
@@ -103,7 +104,9 @@ def pushes(kafka: ApacheKafka, client_id: str) -> list[Push]:
             continue
         parsed = metrics_pb2.MetricsData.FromString(base64.b64decode(data))
         metrics: dict[str, list[tuple[str, float, dict[str, str], int, int]]] = {}
+        attributes: dict[str, str] = {}
         for resource in parsed.resource_metrics:
+            attributes.update((a.key, a.value.string_value) for a in resource.resource.attributes)
             for scope in resource.scope_metrics:
                 for metric in scope.metrics:
                     kind = metric.WhichOneof("data")
@@ -114,7 +117,8 @@ def pushes(kafka: ApacheKafka, client_id: str) -> list[Push]:
                             kind, point.as_double,
                             {a.key: a.value.string_value for a in point.attributes},
                             temporality, point.time_unix_nano))
-        found.append(Push(client, instance, terminating == "true", int(interval), metrics))
+        found.append(Push(client, instance, terminating == "true", int(interval), metrics,
+                          attributes))
     return found
 
 
@@ -163,6 +167,23 @@ async def test_pushes_the_subscribed_metrics_at_its_interval_and_a_last_one_at_c
     times = sorted(p.metrics[P + "connection.creation.total"][0][4] for p in got[:-1])
     gaps = sorted(b - a for a, b in zip(times, times[1:]))
     assert gaps[len(gaps) // 2] < 1e9  # median gap under a second (the interval is 100 ms)
+
+
+async def test_a_transactional_producer_says_its_transactional_id(kafka):
+    """KIP-714's resource attribute of a producer (the broker adds the client id)."""
+    await asyncio.to_thread(subscribe, kafka, "telemetry-tx-.*", P)
+    topic = f"k-{uuid.uuid4().hex[:12]}"
+    kafka.create_topic(topic)
+    async with Producer(kafka.bootstrap, client_id="telemetry-tx-1",
+                        transactional_id="telemetry-tx", linger_ms=0) as producer:
+        async with producer.transaction():
+            await producer.send(topic, b"in a transaction")
+        deadline = time.monotonic() + 10
+        while not pushes(kafka, "telemetry-tx-1") and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+    got = pushes(kafka, "telemetry-tx-1")
+    assert got and got[-1].terminating
+    assert all(push.resource == {"transactional_id": "telemetry-tx"} for push in got)
 
 
 async def test_a_changed_subscription_is_fetched_again(kafka):
