@@ -140,6 +140,7 @@ class Cluster:
                                         config.retry_backoff_max_ms / 1000)
         self._stale = True
         self.reauthentications = 0  # for metrics (KIP-368)
+        self.connections_created = 0  # for client telemetry (KIP-714)
         self._closed: asyncio.Future[None] = self._loop.create_future()  # done at close()
         self._ssl_context = ssl_context_for(config)
         # Bootstrap servers get negative ids, as in the Java client, until metadata names them.
@@ -494,6 +495,7 @@ class Cluster:
             conn.close()
             raise ProducerClosedError("the producer is closed")
         self._backoff.pop(broker.node_id, None)
+        self.connections_created += 1
         conn.on_close = self._connection_closed
         self._connections[broker.node_id] = conn
         if conn.features_epoch >= self.features_epoch:  # the newest a broker told (KIP-584)
