@@ -456,7 +456,9 @@ class Producer(Generic[K, V]):
         raise here; delivery errors are raised by the returned future.
         """
         appended = self._intake.append(topic, value, key, partition, timestamp_ms, headers,
-                                       False)
+                                       False, False, RecordFuture)
+        if isinstance(appended, RecordFuture):
+            return appended
         return RecordFuture(*(appended if isinstance(appended, tuple) else await appended))
 
     async def enqueue_many(self, topic: str,
