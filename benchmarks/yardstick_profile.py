@@ -3,20 +3,23 @@ led in the yardstick runs (issue 39): `python benchmarks/yardstick_profile.py [-
 [--shapes async,threads,latency] [--out DIR]`.
 
 On one 1-node Apache Kafka (the Java client cannot use the embedded broker), each shape runs
-four client processes, one after another:
+five client processes, one after another:
 
 - Java, plain: Bench.java's steady-state CPU per record (after its warm-up records), and each
   thread's share of it from /proc (the caller's threads, the sender thread, GC, JIT).
-- Java, profiled: the same under Java Flight Recorder (the steady state alone, every running
-  thread sampled each millisecond: which Java methods) and `perf record` (what no Java
-  sampler sees: time in the kernel, in the JVM's own code and in native libraries, per thread).
+- Java, profiled: the same under `perf record` (per thread: time in Java code, in the JVM's
+  own code, in native libraries and in the kernel, over the steady state's window) and Java
+  Flight Recorder (the steady state alone: which Java methods, inlined frames included).
 - aioproducer, plain: clients.py's CPU per record over its run (`cpu_run`).
-- aioproducer, profiled: py-spy with native frames (the C encoder, uvloop, libc), the samples
-  inside the event loop's run only.
+- aioproducer under py-spy with native frames (which Python functions; the samples inside the
+  event loop's run only), and under perf (the kernel and the C encoder, which py-spy sees
+  badly: see SYSCALLS and C_ENCODER).
 
-CPU per record by component is the plain run's CPU per record times the profiled run's share
-of the component: shares move less with the machine's load than times do. Prints the tables,
-and writes every figure and the raw profiles into --out.
+CPU per record by component is a plain run's CPU per record times the profiled runs' share of
+the component: shares move less with the machine's load than times do. Prints the tables
+(each client's components, then both side by side by role) and writes every figure and the
+recordings into --out; `--reanalyze` prints them again from there without running anything.
+Needs perf, and py-spy (PyPI) on PATH or as --py-spy.
 """
 
 from __future__ import annotations
@@ -37,8 +40,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import java  # noqa: E402  (benchmarks/java.py)
-from aioproducer.testing import ApacheKafka  # noqa: E402
+import java
+
+from aioproducer.testing import ApacheKafka
 
 # name: (Java shape, our clients.py scenario, records)
 SHAPES = {"async": ("java-async", "enqueue-gather", 200_000),
@@ -71,8 +75,8 @@ def thread_group(name: str) -> str:
 # or LockSupport, go to whoever took the lock).
 JAVA_CALLER = [
     (r"Crc32C|CRC32C", "CRC"),
-    (r"\.record\.|ByteUtils", "record format code (MemoryRecordsBuilder, DefaultRecord, size "
-     "estimates)"),
+    (r"\.record\.|ByteUtils",
+     "record format code (MemoryRecordsBuilder, DefaultRecord, size estimates)"),
     (r"BufferPool", "buffer pool"),
     (r"RecordAccumulator", "RecordAccumulator.append (deque, lock, batch)"),
     (r"Partitioner|murmur2", "partitioner"),
@@ -86,8 +90,8 @@ JAVA_CALLER = [
 ]
 JAVA_SENDER = [
     (r"Crc32C|CRC32C", "CRC"),
-    (r"ProducerBatch\.(done|complete)|ProduceRequestResult|FutureRecordMetadata|^Bench"
-     r"|CountDownLatch|Thunk",
+    ((r"ProducerBatch\.(done|complete)|ProduceRequestResult|FutureRecordMetadata|^Bench"
+      r"|CountDownLatch|Thunk"),
      "completing records: futures, callbacks, waking callers"),
     (r"RecordAccumulator|\.record\.|ProducerBatch|BufferPool", "drain and batch close"),
     (r"\.metrics\.|Sensor|SenderMetrics", "metrics"),
@@ -156,10 +160,12 @@ def dso_kind(dso: str) -> str:
 KERNEL = [  # kernel functions by what the process asked of the kernel
     (r"futex", "futex (parking and waking threads)"),
     (r"^ep_|epoll", "epoll"),
-    (r"schedule|switch|pick_next|enqueue_task|dequeue_task|update_curr|sched|idle|"
-     r"_raw_spin_unlock_irq|try_to_wake_up|ttwu", "scheduler (context switches, wake-ups)"),
-    (r"tcp|skb|dev_|^ip_|sock|inet|loopback|net|napi|copy_user|copy_from|copy_to|_iter|"
-     r"memcpy|memmove|csum|nf_hook|rep_movs|release_sock|softirq", "socket writes and reads (TCP)"),
+    ((r"schedule|switch|pick_next|enqueue_task|dequeue_task|update_curr|sched|idle"
+      r"|_raw_spin_unlock_irq|try_to_wake_up|ttwu"),
+     "scheduler (context switches, wake-ups)"),
+    ((r"tcp|skb|dev_|^ip_|sock|inet|loopback|net|napi|copy_user|copy_from|copy_to|_iter"
+      r"|memcpy|memmove|csum|nf_hook|rep_movs|release_sock|softirq"),
+     "socket writes and reads (TCP)"),
     (r"page|fault|mm|folio|pte|lru|vma|alloc|charge|memcg|mem_cgroup", "page faults, memory"),
 ]
 
@@ -215,7 +221,7 @@ def java_runs(shape: str, kafka: ApacheKafka, records: int, out: Path) -> dict:
             cmd = ["perf", "record", "-q", "-F", "3999", "-k", "CLOCK_MONOTONIC", "-o",
                    str(out / f"java-{shape}.perf.data"), "--", *cmd,
                    "--jfr", str(out / f"java-{shape}.jfr")]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=900)
         if done.returncode:
             raise RuntimeError(f"java {shape} {mode}: {done.stderr[-2000:]}")
         runs[mode] = json.loads(done.stdout.strip().splitlines()[-1])
@@ -378,7 +384,7 @@ def ours_runs(shape: str, kafka: ApacheKafka, records: int, out: Path, pyspy: st
         elif mode == "perf":
             cmd = ["perf", "record", "-q", "-F", "3999", "-o",
                    str(out / f"ours-{shape}.perf.data"), "--", *cmd]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=900)
         if done.returncode:
             raise RuntimeError(f"ours {shape} {mode}: {done.stderr[-2000:]}")
         line = [x for x in done.stdout.splitlines() if x.startswith("{")][-1]
@@ -405,6 +411,51 @@ def ours_analysis(shape: str, records: int, out: Path, runs: dict) -> dict:
     return {"records": records, "cpu_run_us": cpu_us, "seconds": runs["plain"]["seconds"],
             "pyspy_samples": samples, "pyspy_shares": shares, "perf_kinds": kinds,
             "components_us": components, "runs": runs}
+
+
+# Both clients' components under the roles they play per record, for the side-by-side table
+# (first match of the component's name; Java's thread prefix is part of the name).
+ROLES = [
+    (r"^JIT$", "JIT compiler (Java)"),
+    (r"^GC$|cyclic GC", "garbage collection"),
+    (r"harness|user code", "user code (the loop, making the record)"),
+    (r"event loop and scheduling", "event loop, task steps (ours)"),
+    (r"^caller: (KafkaProducer|metadata|serialization|partitioner|metrics)|enqueue's Python",
+     "the send()/enqueue() call: checks, partitioner, metadata"),
+    (r"^caller: (record format|CRC)|the C encoder", "record encoding"),
+    (r"^caller: (RecordAccumulator|buffer pool)", "accumulator append (Java: batch, lock)"),
+    (r"^caller: the record's future|Future protocol \(our handle",
+     "the record's future: make, wait, complete (ours: all of it)"),
+    (r"^sender thread: completing", "completing records: futures, callbacks, wake-ups (Java)"),
+    (r"Future protocol / gather", "asyncio's gather (ours)"),
+    (r"^sender thread: (drain|CRC)", "drain and close batches (Java)"),
+    (r"^sender thread: (Sender|request|metrics|selector)|sender task",
+     "sender: requests, responses, network client"),
+    (r"^caller: (JVM|native|other Java)", "caller thread: JVM runtime, native code"),
+    (r"^sender thread: (JVM|native|other Java)", "sender thread: JVM runtime, native code"),
+    (r"kernel: futex|kernel: scheduler", "kernel: parking, waking, context switches"),
+    (r"kernel", "kernel: socket I/O, epoll, page faults, syscalls"),
+]
+
+
+def by_role(components: dict[str, float]) -> dict[str, float]:
+    roles: collections.Counter[str] = collections.Counter()
+    for name, us in components.items():
+        role = next((r for pattern, r in ROLES if re.search(pattern, name)), "other")
+        roles[role] += us
+    return roles
+
+
+def side_by_side(java_components: dict[str, float], ours: dict[str, float]) -> str:
+    java_roles, our_roles = by_role(java_components), by_role(ours)
+    lines = ["| per record, us of CPU | Java | aioproducer |", "|---|---:|---:|"]
+    for role in [r for _, r in ROLES] + ["other"]:
+        if role in java_roles or role in our_roles:
+            j, o = java_roles.get(role), our_roles.get(role)
+            lines.append(f"| {role} | {'-' if j is None else f'{j:.2f}'} | "
+                         f"{'-' if o is None else f'{o:.2f}'} |")
+    lines.append(f"| all | {sum(java_roles.values()):.2f} | {sum(our_roles.values()):.2f} |")
+    return "\n".join(lines)
 
 
 def table(title: str, components: dict[str, float], total: float) -> str:
@@ -453,7 +504,9 @@ def main() -> None:
                   f"{r['load'][0][0]:.1f} -> {r['load'][1][0]:.1f})\n")
             print(table("Java", r["java"]["components_us"], r["java"]["cpu_run_us"]) + "\n")
             print(table("aioproducer", r["ours"]["components_us"], r["ours"]["cpu_run_us"])
-                  + "\n", flush=True)
+                  + "\n")
+            print(side_by_side(r["java"]["components_us"], r["ours"]["components_us"]) + "\n",
+                  flush=True)
 
 
 if __name__ == "__main__":
