@@ -12,8 +12,8 @@ five client processes, one after another:
   Flight Recorder (the steady state alone: which Java methods, inlined frames included).
 - aioproducer, plain: clients.py's CPU per record over its run (`cpu_run`).
 - aioproducer under py-spy with native frames (which Python functions; the samples inside the
-  event loop's run only), and under perf (the kernel and the C encoder, which py-spy sees
-  badly: see SYSCALLS and C_ENCODER).
+  event loop's run only), and under perf (the kernel and the C encoder, which py-spy
+  overstates on a busy machine: see SYSCALLS).
 
 CPU per record by component is a plain run's CPU per record times the profiled runs' share of
 the component: shares move less with the machine's load than times do. Prints the tables
@@ -363,8 +363,9 @@ C_ENCODER = ("writer_", "murmur2", "py_murmur2", "partition_for_key", "py_partit
              "partition_of", "put_", "varint_size", "uvarint_size", "zigzag", "prefix_size",
              "optional_bytes")
 # py-spy's samples in system calls: it counts a thread that waits for a core as running, and
-# a busy machine preempts it mostly on the way out of a system call, so these are replaced
-# by perf's kernel figures, which count only time on a core.
+# a busy machine preempts it mostly on the way out of a system call, so these (and the C
+# encoder, which it also overstated 3-10x) are replaced by perf's figures, which count only
+# time on a core.
 SYSCALLS = ("socket writes", "socket reads", "event loop: polling")
 
 
