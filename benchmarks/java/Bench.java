@@ -2,7 +2,7 @@
 // with the same records and settings; benchmarks/java.py compiles it against kafka-clients.
 //
 //   java -cp LIB/*:CLASSES Bench SHAPE --bootstrap B --topic T --records N [--warmup W]
-//        [--keyless] [--acks 1|all] [--rate R] [--threads N]
+//        [--keyless] [--acks 1|all] [--rate R] [--threads N] [--jfr FILE]
 //
 // Shapes: async (send() with a callback per record, then flush()), latency (send().get() one
 // at a time, each at its slot of --rate a second or when the previous one is acknowledged,
@@ -10,14 +10,19 @@
 // each calling send().get() in a loop: clients.py's concurrent shape, 1,000 tasks awaiting
 // send()). The first --warmup records are sent the same way and flushed before the clock
 // starts: JIT warm-up and the first connections are reported apart from the steady state.
-// Prints one JSON line, as clients.py does.
+// Prints one JSON line, as clients.py does, with each thread's CPU over the steady state
+// (benchmarks/yardstick_profile.py splits Java's CPU per record by thread with it); --jfr
+// records the steady state alone with Java Flight Recorder into FILE.
 
 import java.lang.management.ManagementFactory;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
+import java.time.Duration;
 import java.util.ArrayList;
+import java.util.HashMap;
 import java.util.List;
+import java.util.Map;
 import java.util.Properties;
 import java.util.Random;
 import java.util.concurrent.atomic.AtomicLong;
@@ -28,8 +33,11 @@ import org.apache.kafka.clients.producer.KafkaProducer;
 import org.apache.kafka.clients.producer.ProducerRecord;
 import org.apache.kafka.common.serialization.ByteArraySerializer;
 
+import jdk.jfr.Configuration;
+import jdk.jfr.Recording;
+
 public final class Bench {
-    private String shape, bootstrap, topic, acks = "1";
+    private String shape, bootstrap, topic, acks = "1", jfr;
     private int records, warmup, threads = 1000;
     private boolean keyless;
     private double rate = 1000;
@@ -51,6 +59,7 @@ public final class Bench {
                 case "--acks" -> b.acks = argv[++i];
                 case "--rate" -> b.rate = Double.parseDouble(argv[++i]);
                 case "--threads" -> b.threads = Integer.parseInt(argv[++i]);
+                case "--jfr" -> b.jfr = argv[++i];
                 default -> throw new IllegalArgumentException("unknown argument " + argv[i]);
             }
         }
@@ -78,17 +87,35 @@ public final class Bench {
         double startup = (System.currentTimeMillis() - jvmStartMs) / 1e3;  // JVM start to records made
         List<Double> latencies = new ArrayList<>();
         double warmupSeconds, seconds;
-        long cpuBefore;
+        long cpuBefore, t1, t2;
+        Map<String, long[]> threadsBefore, threadsAfter;
+        long[] processBefore, processAfter;
+        Recording recording = null;
         try (KafkaProducer<byte[], byte[]> producer =
                  new KafkaProducer<>(props, new ByteArraySerializer(), new ByteArraySerializer())) {
             long t0 = System.nanoTime();
             phase(producer, 0, warmup, null);
             producer.flush();
-            long t1 = System.nanoTime();
+            if (jfr != null) {
+                // The profile settings, but every running thread sampled each millisecond.
+                recording = new Recording(Configuration.getConfiguration("profile"));
+                recording.enable("jdk.ExecutionSample").withPeriod(Duration.ofMillis(1));
+                recording.start();
+            }
+            threadsBefore = threadTicks();
+            processBefore = processTicks();
+            t1 = System.nanoTime();
             cpuBefore = processCpuNanos();
             phase(producer, warmup, total, latencies);
             producer.flush();
-            long t2 = System.nanoTime();
+            t2 = System.nanoTime();
+            threadsAfter = threadTicks();
+            processAfter = processTicks();
+            if (recording != null) {
+                recording.stop();
+                recording.dump(Path.of(jfr));
+                recording.close();
+            }
             warmupSeconds = (t1 - t0) / 1e9;
             seconds = (t2 - t1) / 1e9;
         }
@@ -104,6 +131,32 @@ public final class Bench {
            .append(", \"cpu\": ").append(cpuAfter / 1e9)
            .append(", \"cpu_run\": ").append((cpuAfter - cpuBefore) / 1e9)
            .append(", \"rss_mb\": ").append(peakRssMb())
+           .append(", \"steady_ns\": [").append(t1).append(", ").append(t2).append("]")
+           .append(", \"threads\": {");
+        // Each thread's user and system CPU seconds over the steady state, summed by name;
+        // "(exited)" is what threads that ended before its end used (the process's figure,
+        // which keeps theirs, less the living threads').
+        Map<String, double[]> byName = new HashMap<>();
+        long[] living = {0, 0};
+        for (Map.Entry<String, long[]> entry : threadsAfter.entrySet()) {
+            long[] before = threadsBefore.getOrDefault(entry.getKey(), new long[] {0, 0, 0});
+            long[] after = entry.getValue();
+            double[] sum = byName.computeIfAbsent(threadName(entry.getKey()), k -> new double[2]);
+            for (int k = 0; k < 2; k++) {
+                sum[k] += (after[k] - before[k]) / TICKS;
+                living[k] += after[k] - before[k];
+            }
+        }
+        byName.put("(exited)", new double[] {
+            (processAfter[0] - processBefore[0] - living[0]) / TICKS,
+            (processAfter[1] - processBefore[1] - living[1]) / TICKS});
+        String sep = "";
+        for (Map.Entry<String, double[]> entry : byName.entrySet()) {
+            out.append(sep).append('"').append(entry.getKey().replace("\"", "'")).append("\": [")
+               .append(entry.getValue()[0]).append(", ").append(entry.getValue()[1]).append(']');
+            sep = ", ";
+        }
+        out.append("}")
            .append(", \"latencies\": [");
         for (int i = 0; i < latencies.size(); i++) {
             out.append(i == 0 ? "" : ", ").append(latencies.get(i));
@@ -163,6 +216,40 @@ public final class Bench {
     private static long processCpuNanos() {
         return ((com.sun.management.OperatingSystemMXBean)
                 ManagementFactory.getOperatingSystemMXBean()).getProcessCpuTime();
+    }
+
+    private static final double TICKS = 100.0;  // USER_HZ, the unit of /proc's CPU times
+
+    /** Each living thread's user and system CPU ticks, by "tid name" (from /proc). */
+    private static Map<String, long[]> threadTicks() throws Exception {
+        Map<String, long[]> ticks = new HashMap<>();
+        try (var tasks = Files.list(Path.of("/proc/self/task"))) {
+            for (Path task : (Iterable<Path>) tasks::iterator) {
+                try {
+                    String name = Files.readString(task.resolve("comm")).strip();
+                    ticks.put(task.getFileName() + " " + name, statTicks(task.resolve("stat")));
+                } catch (java.io.IOException gone) {  // the thread ended meanwhile
+                }
+            }
+        }
+        return ticks;
+    }
+
+    /** The whole process's user and system CPU ticks, exited threads' included. */
+    private static long[] processTicks() throws Exception {
+        return statTicks(Path.of("/proc/self/stat"));
+    }
+
+    private static long[] statTicks(Path stat) throws Exception {
+        String line = Files.readString(stat);
+        // Fields after the parenthesised name: state is the 3rd field, utime the 14th.
+        String[] fields = line.substring(line.lastIndexOf(')') + 2).split(" ");
+        return new long[] {Long.parseLong(fields[11]), Long.parseLong(fields[12])};
+    }
+
+    /** A thread's name without its number, so that threads of one kind add up. */
+    private static String threadName(String tidAndName) {
+        return tidAndName.substring(tidAndName.indexOf(' ') + 1).replaceAll("#?[0-9]+$", "#");
     }
 
     private static double peakRssMb() throws Exception {
