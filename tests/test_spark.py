@@ -4,22 +4,17 @@ query's exactly-once writes across a killed driver."""
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
-import subprocess
-import sys
 import time
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
-from tests.support.readback import consume_all, fetch_raw_batches
+from tests.support import spark_killed_driver
+from tests.support.readback import consume_all, fetch_raw_batches, transaction_outcomes
 
 pytestmark = pytest.mark.skipif(shutil.which("java") is None,
                                 reason="PySpark needs a Java runtime (17) on PATH")
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -220,7 +215,8 @@ def test_a_failed_micro_batch_stops_the_query_before_it_is_recorded(spark, progr
             query.awaitTermination(90)
     finally:
         query.stop()
-    assert (_batch_ids(checkpoint, "offsets"), _batch_ids(checkpoint, "commits")) == ([0], [])
+    assert (spark_killed_driver.batch_ids(checkpoint, "offsets"),
+            spark_killed_driver.batch_ids(checkpoint, "commits")) == ([0], [])
     assert (progress.records.value - before[0], progress.errors.value - before[1]) == (0, 50)
 
 
@@ -341,124 +337,61 @@ def test_header_cells_are_converted_per_column():
 def _transaction_outcomes(bootstrap: str, topic: str, partitions: int
                           ) -> tuple[list[bytes], list[bytes], list[bytes]]:
     """Values of the topic's transactional records, by what became of their transaction:
-    committed, aborted, still open (decoded from the raw batches and control markers, since
-    Tansu's read_committed consumers also see aborted records)."""
-    committed: list[bytes] = []
-    aborted: list[bytes] = []
-    pending: dict[int, list[bytes]] = {}
-    for partition in range(partitions):
-        for batch in fetch_raw_batches(bootstrap, topic, partition):
-            assert batch.is_transactional, "every record is written in a transaction"
-            if batch.is_control:
-                (committed if batch.control_type == "COMMIT" else aborted).extend(
-                    pending.pop(batch.producer_id, []))
-            else:
-                pending.setdefault(batch.producer_id, []).extend(r[2] for r in batch.records)
-    return committed, aborted, [v for values in pending.values() for v in values]
+    committed, aborted, still open."""
+    outcomes = transaction_outcomes(bootstrap, topic, partitions)
+    assert outcomes.plain == [], "every record is written in a transaction"
+    return outcomes.committed, outcomes.aborted, outcomes.open
 
 
 # -- streaming: exactly once across a killed driver -------------------------------------------
 
-def _start_driver(bootstrap: str, topic: str, source: Path, checkpoint: Path, log: Path,
-                  *hold: str) -> subprocess.Popen[bytes]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "tests.support.spark_stream_job", bootstrap, topic,
-             str(source), str(checkpoint), *hold],
-            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def _batch_ids(checkpoint: Path, log: str) -> list[int]:
-    """The micro-batches in a checkpoint's offsets (planned) or commits (done) log."""
-    entries = checkpoint / log
-    return sorted(int(p.name) for p in entries.glob("[0-9]*")) if entries.exists() else []
-
-
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(300)  # two Spark drivers, each 20-40 s to start on a loaded machine
 def test_stream_is_exactly_once_across_a_killed_driver(broker, topic_factory, tmp_path):
     """A streaming query, two files of 400 lines per micro-batch, is killed (SIGKILL to the
-    driver's process group: Python, its JVM and its workers) in the middle of micro-batch 2:
+    driver's process group: Python and its JVM) in the middle of micro-batch 2:
     one of its Spark partitions has committed its transaction, the other's task is held
-    mid-partition (tests/support/spark_stream_job.py holds its rows at line 200 of f05, in a
-    step upstream of the sink). The kill waits for that state, so what the restart finds does
-    not depend on when the kill lands. Restarted from its checkpoint, the query replays
+    mid-partition (tests/support/spark_killed_driver.py holds its rows at line 200 of f05, in
+    a step upstream of the sink). The kill waits for that state, so what the restart finds
+    does not depend on when the kill lands. Restarted from its checkpoint, the query replays
     micro-batch 2: the committed partition is skipped (its 400 rows counted in
     rows_already_committed); the other's task, with the same transactional id, fences the
-    killed attempt, if it got as far as starting its producer, and writes all of f05. (As
-    run here it did not: the rows before the held one wait in the buffers between the hold's
-    Python worker and the sink's, so the sink's task is still waiting for its first Arrow
-    batch when the driver is killed; a task that has rows sends them while it waits for the
-    next batch, see test_records_are_sent_while_spark_computes_the_next_batch.) Every line
-    arrives exactly once in a committed transaction; read_committed consumers see each line
-    once."""
-    topic = topic_factory(2)
-    source, checkpoint, log = tmp_path / "in", tmp_path / "checkpoint", tmp_path / "driver.log"
-    held = tmp_path / "held"
-    source.mkdir()
-    files, per_file = 12, 400
-    expected = {f"f{f:02d}-{i:04d}".encode() for f in range(files) for i in range(per_file)}
-    start = time.time() - files
-    for f in range(files):  # oldest first: f00 and f01 make micro-batch 0, and so on
-        path = source / f"part-{f:02d}.txt"
-        path.write_text("".join(f"f{f:02d}-{i:04d}\n" for i in range(per_file)))
-        os.utime(path, (start + f, start + f))
-
-    driver = _start_driver(broker.bootstrap, topic, source, checkpoint, log, "f05-0200", str(held))
-    try:
-        deadline = time.monotonic() + 90
-        committed: list[bytes] = []
-        while not (held.exists() and len(committed) == 5 * per_file):
-            assert driver.poll() is None and time.monotonic() < deadline, \
-                f"held: {held.exists()}; committed: {len(committed)}\n{log.read_text()[-3000:]}"
-            time.sleep(0.2)
-            committed = _transaction_outcomes(broker.bootstrap, topic, 2)[0]
-        os.killpg(driver.pid, signal.SIGKILL)
-    finally:
-        if driver.poll() is None:
-            os.killpg(driver.pid, signal.SIGKILL)
-        driver.wait(30)
-    # Killed mid-stream: micro-batch 2 planned, not done; files f06 to f11 not read yet.
-    assert (_batch_ids(checkpoint, "offsets"), _batch_ids(checkpoint, "commits")) == \
-        ([0, 1, 2], [0, 1])
-    assert {v[:3] for v in committed} == {b"f00", b"f01", b"f02", b"f03", b"f04"}
-
-    driver = _start_driver(broker.bootstrap, topic, source, checkpoint, log)
-    try:
-        assert driver.wait(120) == 0, log.read_text()[-3000:]
-    finally:
-        if driver.poll() is None:
-            os.killpg(driver.pid, signal.SIGKILL)
-            driver.wait(30)
-
-    assert '"errors": 0, "rows_already_committed": 400' in log.read_text(), \
+    killed attempt, if it got as far as starting its producer, and writes all of f05. (With
+    lines of a few bytes it did not: the rows before the held one wait in the buffers
+    between the hold's Python worker and the sink's, so the sink's task is still waiting for
+    its first Arrow batch when the driver is killed; tests/real_kafka/test_spark.py runs the
+    same with lines of 1 kB, which reach the sink's task before the kill.) Every line arrives
+    exactly once in a committed transaction; read_committed consumers see each line once."""
+    topic = topic_factory(spark_killed_driver.PARTITIONS)
+    run = spark_killed_driver.run(broker.bootstrap, topic, tmp_path,
+                                  aborted_visible=broker.is_embedded)
+    # Killed mid-stream: micro-batch 2 planned, not done; only f00 to f04 committed.
+    [kill] = run.kills
+    assert (kill.planned, kill.done) == ([0, 1, 2], [0, 1])
+    assert kill.files_written == ["f00", "f01", "f02", "f03", "f04"]
+    assert run.report["errors"] == 0 and run.report["rows_already_committed"] == 400, \
         "the replayed micro-batch 2 found f04's partition committed, and skipped it"
-    assert _batch_ids(checkpoint, "commits") == list(range(files // 2))
-    committed, aborted, open_ = _transaction_outcomes(broker.bootstrap, topic, 2)
-    assert open_ == [], "the restart fenced and aborted the killed driver's transactions"
+    assert spark_killed_driver.batch_ids(tmp_path / "checkpoint", "commits") == [0, 1, 2, 3]
+    assert run.raw is not None and run.raw.open == [], \
+        "the restart fenced and aborted the killed driver's transactions"
     # What the held task had sent (if its producer sent any before the kill) was aborted.
-    assert {v[:3] for v in aborted} <= {b"f05"}
-    counts = Counter(committed)
-    assert set(counts) == expected and set(counts.values()) == {1}, \
-        f"{len(counts)} distinct of {len(expected)}; duplicated: {sum(counts.values()) - len(counts)}"
+    assert {v[:3] for v in run.raw.aborted} <= {b"f05"}
+    counts = Counter(spark_killed_driver.line_id(v) for v in run.raw.committed)
+    assert set(counts) == run.expected and set(counts.values()) == {1}, \
+        f"{len(counts)} distinct of {len(run.expected)}; duplicated: {run.duplicates}"
     # Tansu's read_committed consumers also see aborted records; Kafka's do not.
-    wanted = counts + Counter(aborted) if broker.is_embedded else counts
-    consumed = consume_all(broker.bootstrap, topic, expected=sum(wanted.values()), timeout=60,
-                           isolation_level="read_committed")
-    read = Counter(r.value for r in consumed)
-    assert read == wanted, _where_reading_stopped(broker.bootstrap, topic, consumed)
+    wanted = counts + Counter(run.raw.aborted) if broker.is_embedded else counts
+    assert run.read_committed == wanted, _where_reading_stopped(broker.bootstrap, topic,
+                                                                run.read_committed)
 
 
-def _where_reading_stopped(bootstrap: str, topic: str, consumed: list) -> str:
-    """For a failed read-back: per partition, the last offset read and the raw batches after
-    it (producer id, epoch, control type), to tell a stuck last stable offset from a lost
-    read."""
-    lines = []
-    for partition in (0, 1):
-        last = max((r.offset for r in consumed if r.partition == partition), default=-1)
-        after = [(b.base_offset, b.producer_id, b.producer_epoch, b.control_type or len(b.records))
-                 for b in fetch_raw_batches(bootstrap, topic, partition)
-                 if b.base_offset + len(b.records) > last][:12]
-        lines.append(f"partition {partition}: read up to offset {last}; then {after}")
+def _where_reading_stopped(bootstrap: str, topic: str, read: Counter[bytes]) -> str:
+    """For a failed read-back: what was read, and per partition the raw batches (producer
+    id, epoch, control type or record count), to tell a stuck last stable offset from a
+    lost read."""
+    lines = [f"read {sum(read.values())} records, {len(read)} distinct"]
+    for partition in range(spark_killed_driver.PARTITIONS):
+        batches = [(b.base_offset, b.producer_id, b.producer_epoch,
+                    b.control_type or len(b.records))
+                   for b in fetch_raw_batches(bootstrap, topic, partition)]
+        lines.append(f"partition {partition}: {batches[:40]}")
     return "\n".join(lines)

@@ -85,6 +85,7 @@ class RawBatch:
     control_type: str | None
     records: list  # (offset, key, value, headers)
     size: int  # bytes, as stored (as written, on a broker that keeps batches as they come)
+    next_offset: int  # the offset after the batch's last
 
 
 def assert_contiguous_sequences(batches: list[RawBatch], context: str = "") -> None:
@@ -132,10 +133,11 @@ def _read(sock: socket.socket, n: int) -> bytes:
     return b"".join(chunks)
 
 
-def fetch_raw_batches(bootstrap: str, topic: str, partition: int) -> list[RawBatch]:
-    """Every batch of a partition as stored, control batches included, decoded by kafka-python."""
+def fetch_raw_batches(bootstrap: str, topic: str, partition: int,
+                      offset: int = 0) -> list[RawBatch]:
+    """Every batch of a partition as stored, from `offset`, control batches included,
+    decoded by kafka-python."""
     batches: list[RawBatch] = []
-    offset = 0
     for _ in range(10_000):
         high_watermark, data = _fetch_v4(bootstrap, topic, partition, offset)
         if offset >= high_watermark or not data:
@@ -155,9 +157,56 @@ def fetch_raw_batches(bootstrap: str, topic: str, partition: int) -> list[RawBat
                 batch.base_offset, batch.producer_id, batch.producer_epoch, batch.base_sequence,
                 batch.is_transactional, batch.is_control_batch, control_type,
                 [(r.offset, r.key, r.value, list(r.headers)) for r in items],
-                batch.size_in_bytes))
-            offset = batch.base_offset + batch.last_offset_delta + 1
+                batch.size_in_bytes, batch.base_offset + batch.last_offset_delta + 1))
+            offset = batches[-1].next_offset
             progressed = True
         if not progressed:
             break
     return batches
+
+
+@dataclass(frozen=True)
+class Outcomes:
+    """A topic's record values by what became of them, decoded from the raw batches and
+    control markers (Tansu's read_committed consumers also see aborted records): in
+    transactions committed, aborted, not ended yet; and written outside any transaction."""
+
+    committed: list[bytes]
+    aborted: list[bytes]
+    open: list[bytes]
+    plain: list[bytes]
+
+
+class OutcomeReader:
+    """Outcomes of a topic's records, read on from where the last read() stopped (a run
+    watched while it writes is read once, not once per look)."""
+
+    def __init__(self, bootstrap: str, topic: str, partitions: int) -> None:
+        self._bootstrap, self._topic = bootstrap, topic
+        self._next = [0] * partitions  # offset to read from, per partition
+        self._committed: list[bytes] = []
+        self._aborted: list[bytes] = []
+        self._plain: list[bytes] = []
+        # A transaction's records in a partition are followed there by its marker.
+        self._pending: dict[tuple[int, int], list[bytes]] = {}
+
+    def read(self) -> Outcomes:
+        for partition, offset in enumerate(self._next):
+            for batch in fetch_raw_batches(self._bootstrap, self._topic, partition, offset):
+                values = [r[2] for r in batch.records]
+                key = (partition, batch.producer_id)
+                if batch.is_control:
+                    (self._committed if batch.control_type == "COMMIT" else self._aborted
+                     ).extend(self._pending.pop(key, []))
+                elif batch.is_transactional:
+                    self._pending.setdefault(key, []).extend(values)
+                else:
+                    self._plain.extend(values)
+                self._next[partition] = batch.next_offset
+        return Outcomes(list(self._committed), list(self._aborted),
+                        [v for values in self._pending.values() for v in values],
+                        list(self._plain))
+
+
+def transaction_outcomes(bootstrap: str, topic: str, partitions: int) -> Outcomes:
+    return OutcomeReader(bootstrap, topic, partitions).read()

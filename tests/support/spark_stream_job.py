@@ -1,17 +1,23 @@
-"""A Structured Streaming driver for the exactly-once test, run as its own process so that
-the test can kill it: every text file under SOURCE becomes records of TOPIC (the line as key
-and value), two files per micro-batch (oldest first), through the aioproducer data source,
-until the files are all written (availableNow); then prints the sink's counters as JSON.
+"""A Structured Streaming driver for the killed-driver runs (tests/support/spark_killed_driver.py),
+run as its own process so that it can be killed: every text file under SOURCE becomes
+records of TOPIC (the line as key and value), two files per micro-batch (oldest first),
+through the aioproducer data source or Spark's own Kafka sink, until the files are all
+written (availableNow); then prints the data source's counters as JSON.
 
-    python -m tests.support.spark_stream_job BOOTSTRAP TOPIC SOURCE CHECKPOINT [HOLD_AT SIGNAL]
+    python -m tests.support.spark_stream_job BOOTSTRAP TOPIC SOURCE CHECKPOINT
+        [--hold PREFIX --signal PATH] [--sink aioproducer|kafka] [--jars JARS]
 
-With HOLD_AT (a line of the input), the task whose partition holds that line stops before
-it: at the Arrow batch (100 rows) that holds it, it creates the file SIGNAL and waits (150 s
-at most) for the test to kill the driver. The rows before that batch do not reach the sink's
-task meanwhile (they wait in the buffers between this step's Python worker and the sink's):
-it is still waiting for its first Arrow batch.
+With --hold, the task whose partition holds a line starting with PREFIX stops before it: at
+the Arrow batch (100 rows) that holds it, it creates the file SIGNAL and waits (150 s at
+most) for the driver to be killed. The batches before it go on to the sink's task only as
+far as the buffers between this step's Python worker and the sink let them: lines of a few
+bytes wait there (the sink's task has no rows yet when the driver is killed), lines of a few
+kB fill the buffers and reach the sink (its task has sent them, in an open transaction).
+`--sink kafka` writes with Spark's `format("kafka")` (its jars given with --jars, as
+spark.jars takes them).
 """
 
+import argparse
 import json
 import os
 import sys
@@ -22,7 +28,7 @@ from pyspark.sql import SparkSession
 from aioproducer.integrations.spark import register
 
 
-def hold_at(line: str | None, signal: str | None) -> Callable[[Iterator], Iterator]:
+def hold_at(prefix: str | None, signal: str | None) -> Callable[[Iterator], Iterator]:
     def step(batches: Iterator) -> Iterator:
         import pathlib
         import time
@@ -30,29 +36,40 @@ def hold_at(line: str | None, signal: str | None) -> Callable[[Iterator], Iterat
         import pyarrow.compute as pc
 
         for batch in batches:
-            if line is not None and pc.any(pc.equal(batch.column("value"), line)).as_py():
+            if prefix is not None and pc.any(pc.starts_with(batch.column("value"),
+                                                            pattern=prefix)).as_py():
                 pathlib.Path(signal).touch()
-                time.sleep(150)  # killed long before (the test gives up after 90 s)
+                time.sleep(150)  # killed long before (the runs give up after 120 s)
             yield batch
     return step
 
 
-def main(bootstrap: str, topic: str, source: str, checkpoint: str, hold: str | None = None,
-         signal: str | None = None) -> None:
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    for name in ("bootstrap", "topic", "source", "checkpoint"):
+        parser.add_argument(name)
+    parser.add_argument("--hold")
+    parser.add_argument("--signal")
+    parser.add_argument("--sink", choices=["aioproducer", "kafka"], default="aioproducer")
+    parser.add_argument("--jars")
+    args = parser.parse_args()
+
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    spark = (SparkSession.builder.master("local[2]").appName("aioproducer-exactly-once")
-             .config("spark.ui.enabled", "false")
-             .config("spark.sql.execution.arrow.maxRecordsPerBatch", "100")
-             .getOrCreate())
+    builder = (SparkSession.builder.master("local[2]").appName("aioproducer-killed-driver")
+               .config("spark.ui.enabled", "false")
+               .config("spark.sql.execution.arrow.maxRecordsPerBatch", "100"))
+    if args.jars:
+        builder = builder.config("spark.jars", args.jars)
+    spark = builder.getOrCreate()
     progress = register(spark)
-    lines = spark.readStream.option("maxFilesPerTrigger", 2).text(source)
+    lines = spark.readStream.option("maxFilesPerTrigger", 2).text(args.source)
     # The same plan with or without a hold (a replay must split its rows as before).
     query = (lines.selectExpr("value AS key", "value")
-             .mapInArrow(hold_at(hold, signal), "key string, value string")
-             .writeStream.format("aioproducer")
-             .option("kafka.bootstrap.servers", bootstrap)
-             .option("topic", topic)
-             .option("checkpointLocation", checkpoint)
+             .mapInArrow(hold_at(args.hold, args.signal), "key string, value string")
+             .writeStream.format(args.sink)
+             .option("kafka.bootstrap.servers", args.bootstrap)
+             .option("topic", args.topic)
+             .option("checkpointLocation", args.checkpoint)
              .trigger(availableNow=True)
              .start())
     query.awaitTermination()
@@ -62,4 +79,4 @@ def main(bootstrap: str, topic: str, source: str, checkpoint: str, hold: str | N
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:7])
+    main()
