@@ -304,10 +304,13 @@ class ProducerConfig:
                      "partitioner_adaptive_partitioning_enable", "partitioner_ignore_keys"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False, not {getattr(self, name)!r}")
-        if self.metadata_recovery_strategy not in _RECOVERY_STRATEGIES:
+        strategy = self.metadata_recovery_strategy.lower() \
+            if isinstance(self.metadata_recovery_strategy, str) else None  # any case, as Java
+        if strategy not in _RECOVERY_STRATEGIES:
             raise ConfigError(f"metadata_recovery_strategy must be one of "
                               f"{', '.join(_RECOVERY_STRATEGIES)}, not "
                               f"{self.metadata_recovery_strategy!r}")
+        changes["metadata_recovery_strategy"] = strategy
         if self.compression_type not in _CODECS:
             raise ConfigError(f"compression_type must be one of {', '.join(_CODECS)}, not "
                               f"{self.compression_type!r}")

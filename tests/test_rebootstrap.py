@@ -199,7 +199,7 @@ def test_bad_recovery_settings_are_refused(settings, message):
 
 def test_recovery_settings_from_properties():
     config = ProducerConfig.from_properties({
-        "bootstrap.servers": "localhost:9092", "metadata.recovery.strategy": "none",
+        "bootstrap.servers": "localhost:9092", "metadata.recovery.strategy": "NONE",
         "metadata.recovery.rebootstrap.trigger.ms": "60000"})
     assert config.metadata_recovery_strategy == "none"
     assert config.metadata_recovery_rebootstrap_trigger_ms == 60000

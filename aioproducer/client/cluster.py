@@ -127,6 +127,7 @@ class Cluster:
         self._refresh_failed = LogEvery(log, logging.WARNING, 30)  # an outage's, every 30 s
         self._bad_address = LogEvery(log, logging.WARNING, 30)
         self._not_recovering = LogEvery(log, logging.WARNING, 30)  # metadata_recovery "none"
+        self._refused = LogEvery(log, logging.WARNING, 30)  # another cluster's metadata
         self._used_at: dict[str, float] = {}
         self._loop = asyncio.get_running_loop()
         self.brokers: dict[int, Broker] = {}
@@ -153,6 +154,7 @@ class Cluster:
         self.rebootstraps = 0  # for metrics (KIP-899, KIP-1102)
         # Bumped by each rebootstrap: a connection begun before one is not kept after it.
         self._generation = 0
+        self._refresh_generation = 0  # the generation the running (or last) fetch began in
         # KIP-1102: when the first fetch since the last metadata answer began (None: none is
         # waited for), and the timer that rebootstraps if none has come trigger_ms later.
         self._unanswered_since: float | None = None
@@ -253,19 +255,27 @@ class Cluster:
             if self._unanswered_since is None:
                 self._unanswered_since = self._attempted_at
                 self._arm_rebootstrap_timer()
+            self._refresh_generation = self._generation
             self._refresh = self._tasks.spawn(
                 self._fetch_metadata(), f"aioproducer-metadata-{self._config.client_id}")
             self._refresh.add_done_callback(self._refresh_done)
         return self._refresh
 
     def _refresh_done(self, task: asyncio.Task[None]) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            if self._updated_at != float("-inf"):  # (the first fetch's failure fails start())
-                self._refresh_failed("metadata refresh failed: %s", task.exception())
+        exc = None if task.cancelled() else task.exception()
+        if exc is not None:
+            # Not the first fetch's failure (it fails start()), nor one a rebootstrap cut
+            # short (its WARNING said why); another cluster's answer has a line of its own,
+            # not lost among an outage's.
+            if self._updated_at != float("-inf") and self._refresh_generation == self._generation:
+                said = self._refused if isinstance(exc, InconsistentClusterIdError) \
+                    else self._refresh_failed
+                said("metadata refresh failed: %s", exc)
             self._refresh_backoff.failed()
-        elif not task.cancelled() and not self._refresh_failed.quiet():
+        elif not task.cancelled() and not (self._refresh_failed.quiet() and self._refused.quiet()):
             log.warning("metadata refresh works again")
             self._refresh_failed.reset()
+            self._refused.reset()
         self.on_change()
 
     async def topic(self, topic: str, timeout: float) -> TopicInfo:
@@ -514,7 +524,11 @@ class Cluster:
     # -- connections -----------------------------------------------------------------------
 
     def ready_connection(self, node_id: int) -> BrokerConnection | None:
-        """The connection to `node_id` if it is up; otherwise start connecting and say None."""
+        """The connection to `node_id` if it is up; otherwise start connecting and say None
+        (None at once for -1, no leader: not a bootstrap server's connection, whose ids are
+        negative too)."""
+        if node_id < 0:
+            return None
         conn = self._connections.get(node_id)
         if conn is not None and not conn.closed:
             return conn
