@@ -24,6 +24,7 @@ import ipaddress
 import logging
 import random
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable, Iterable, Mapping
 
 from ..config import ProducerConfig, ssl_context_for
@@ -154,7 +155,6 @@ class Cluster:
         self.rebootstraps = 0  # for metrics (KIP-899, KIP-1102)
         # Bumped by each rebootstrap: a connection begun before one is not kept after it.
         self._generation = 0
-        self._refresh_generation = 0  # the generation the running (or last) fetch began in
         # KIP-1102: when the first fetch since the last metadata answer began (None: none is
         # waited for), and the timer that rebootstraps if none has come trigger_ms later.
         self._unanswered_since: float | None = None
@@ -255,19 +255,18 @@ class Cluster:
             if self._unanswered_since is None:
                 self._unanswered_since = self._attempted_at
                 self._arm_rebootstrap_timer()
-            self._refresh_generation = self._generation
             self._refresh = self._tasks.spawn(
                 self._fetch_metadata(), f"aioproducer-metadata-{self._config.client_id}")
-            self._refresh.add_done_callback(self._refresh_done)
+            self._refresh.add_done_callback(partial(self._refresh_done, self._generation))
         return self._refresh
 
-    def _refresh_done(self, task: asyncio.Task[None]) -> None:
+    def _refresh_done(self, generation: int, task: asyncio.Task[None]) -> None:
         exc = None if task.cancelled() else task.exception()
         if exc is not None:
             # Not the first fetch's failure (it fails start()), nor one a rebootstrap cut
             # short (its WARNING said why); another cluster's answer has a line of its own,
             # not lost among an outage's.
-            if self._updated_at != float("-inf") and self._refresh_generation == self._generation:
+            if self._updated_at != float("-inf") and generation == self._generation:
                 said = self._refused if isinstance(exc, InconsistentClusterIdError) \
                     else self._refresh_failed
                 said("metadata refresh failed: %s", exc)
