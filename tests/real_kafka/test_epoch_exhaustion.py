@@ -29,6 +29,7 @@ from tests.support.readback import consume_all, fetch_raw_batches
 
 EXHAUSTED = 32766  # Kafka's TransactionMetadata: an epoch at Short.MAX_VALUE - 1 is spent
 WINDOW = 500  # InitProducerId requests in flight at once
+COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR = 14, 15, 16
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +56,17 @@ async def bump_epoch_to(kafka: ApacheKafka, transactional_id: str, epoch: int) -
                                           request_timeout=120, connect_timeout=10)
     body = {"transactional_id": transactional_id, "transaction_timeout_ms": 60000}
     try:
-        first = await conn.request(ApiKey.INIT_PRODUCER_ID, body)
+        for _ in range(300):  # FindCoordinator makes the transaction log on first use
+            found = await conn.request(ApiKey.FIND_COORDINATOR,
+                                       {"key_type": 1, "coordinator_keys": [transactional_id]})
+            if found["coordinators"][0]["error_code"]:
+                await asyncio.sleep(0.1)
+                continue
+            first = await conn.request(ApiKey.INIT_PRODUCER_ID, body)
+            if first["error_code"] not in (COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR,
+                                           COORDINATOR_LOAD_IN_PROGRESS):
+                break
+            await asyncio.sleep(0.1)
         assert first["error_code"] == 0, first
         producer_id, reached = first["producer_id"], first["producer_epoch"]
         while reached < epoch:
