@@ -76,6 +76,7 @@ class ProducerSettingsBase(TypedDict, total=False):
     metadata_recovery_strategy: str
     metadata_recovery_rebootstrap_trigger_ms: int
     allow_auto_create_topics: bool
+    enable_metrics_push: bool
     transactional_id: str | None
     transaction_timeout_ms: int
     on_delivery_error: Callable[[BaseException, str, int, int], object] | None
@@ -150,6 +151,9 @@ class ProducerConfig:
     metadata_recovery_strategy: str = "rebootstrap"
     metadata_recovery_rebootstrap_trigger_ms: int = 300000
     allow_auto_create_topics: bool = True
+    # KIP-714: push the producer's metrics to a broker that asks for them (one whose operator
+    # set up a telemetry plugin and a client-metrics subscription), as the Java client does.
+    enable_metrics_push: bool = True
     transactional_id: str | None = None
     transaction_timeout_ms: int = 60000
     # A Serializer (given the topic and headers too) or a plain (obj) -> bytes callable.
@@ -300,7 +304,8 @@ class ProducerConfig:
                 raise ConfigError(f"security_protocol={protocol} needs "
                                   "sasl_username and sasl_password")
         self._check_tls(protocol)
-        for name in ("enable_idempotence", "allow_auto_create_topics", "ssl_check_hostname",
+        for name in ("enable_idempotence", "allow_auto_create_topics", "enable_metrics_push",
+                     "ssl_check_hostname",
                      "partitioner_adaptive_partitioning_enable", "partitioner_ignore_keys"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False, not {getattr(self, name)!r}")

@@ -25,9 +25,11 @@ from ._internal.lifecycle import CLOSED, CLOSING, FAILED, NEW, STARTED, STARTING
 from ._internal.metrics import ProducerMetrics
 from ._internal.observer import Observer
 from ._internal.sender import Sender
+from ._internal.telemetry_samples import TelemetrySamples
 from ._internal.transaction_flow import TransactionFlow
 from ._internal.transactions import TransactionManager
 from .client.cluster import Cluster
+from .client.telemetry import ClientTelemetry
 from .client.tasks import TaskSet, cancelling
 from .config import ProducerConfig, ProducerSettingsBase
 from .errors import ConfigError, KafkaConnectionError, ProducerClosedError, \
@@ -131,6 +133,7 @@ class Producer(Generic[K, V]):
         self._txn: TransactionManager | None = None
         self._observer: Observer | None = None
         self._transactions: TransactionFlow | None = None  # with a transactional_id
+        self._telemetry: ClientTelemetry | None = None  # enable_metrics_push (KIP-714)
         self._tasks = TaskSet()  # every task of this producer's, whoever spawns it
         self._closing: asyncio.Task[None] | None = None
         self._close_deadline: CloseDeadline | None = None
@@ -227,6 +230,16 @@ class Producer(Generic[K, V]):
         if lifecycle.state is not STARTING:  # close() came as the metadata did
             raise ProducerClosedError("the producer was closed while it started")
         lifecycle.bind_to_running_loop()
+        if config.enable_metrics_push:
+            # KIP-714's resource attributes of a producer, as the Java client sets them (the
+            # broker adds client_id, the software's name and version, and the address).
+            resource = {"transactional_id": config.transactional_id} \
+                if config.transactional_id is not None else {}
+            self._telemetry = ClientTelemetry(
+                cluster, self._tasks, TelemetrySamples(config, cluster, accumulator, sender,
+                                                       observer),
+                resource, config.client_id)
+            self._telemetry.start()
         self._sender_task = self._tasks.spawn(
             sender.run(), f"aioproducer-sender-{config.client_id}", reported=True)
         # Weakly: no task of its own keeps the producer, so one dropped unclosed is collected
@@ -323,6 +336,10 @@ class Producer(Generic[K, V]):
         # The sender is done: no record may be left awaiting it.
         accumulator.fail_unresolved(ProducerClosedError(
             "the producer closed before these records could be sent"))
+        if self._telemetry is not None:  # KIP-714's last push, within close()'s timeout
+            final = self._telemetry.stop()
+            if final is not None and not await deadline.wait({final}):
+                final.cancel()
         await self._stop_tasks()
         lifecycle.become(CLOSED)
         if self._observer is not None:
@@ -439,7 +456,9 @@ class Producer(Generic[K, V]):
         raise here; delivery errors are raised by the returned future.
         """
         appended = self._intake.append(topic, value, key, partition, timestamp_ms, headers,
-                                       False)
+                                       False, False, RecordFuture)
+        if isinstance(appended, RecordFuture):
+            return appended
         return RecordFuture(*(appended if isinstance(appended, tuple) else await appended))
 
     async def enqueue_many(self, topic: str,

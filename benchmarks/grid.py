@@ -2,6 +2,7 @@
 number of partitions and against the record size, one line per client, in one run.
 
     python benchmarks/grid.py [--repeat N] [--scale F] [--points P,...] [--clients C,...]
+                              [--broker embedded|kafka]
     ./dev grid ...
 
 Points: 100-byte values on 6, 100, 1,000, 3,000 and 10,000 partitions (`p6` ... `p10000`);
@@ -13,7 +14,10 @@ off: `aioproducer` (`futs = [await enqueue() ...]; await asyncio.gather(*futs)`)
 produce() and poll(0) per record, then flush()), `aiokafka` (`await send()` per record, the
 futures gathered; a tenth of the records: it is 20-80x slower per record here).
 
-Each run: a fresh embedded broker and topic, the client in a fresh process (clients.py),
+Each run: a fresh embedded broker and topic (`--broker kafka`: one 1-node Apache Kafka for the
+whole run, aioproducer.testing.ApacheKafka, warmed up by an untimed write of 150k records,
+and a fresh topic, deleted after), the client in a
+fresh process (clients.py),
 timing its produce phase and its CPU (no interpreter start), then the records are counted
 back; a wrong count is an error, not a point. Per round every client runs once at every
 point, the order of the clients turning from round to round; ratios are taken within a
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -37,7 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from aioproducer.testing import EmbeddedBroker  # noqa: E402
+from aioproducer.testing import ApacheKafka, EmbeddedBroker  # noqa: E402
 from run import cpu_model  # noqa: E402
 
 PARTITIONS = (6, 100, 1000, 3000, 10_000)
@@ -65,23 +70,42 @@ def points() -> dict[str, tuple[int, int]]:
     return grid
 
 
-def run_one(client: str, partitions: int, size: int, records: int, uvloop: bool) -> dict:
+def run_one(client: str, partitions: int, size: int, records: int, uvloop: bool,
+            kafka: ApacheKafka | None) -> dict:
+    topic = f"grid-{partitions}-{size}-{client}-{time.monotonic_ns()}"
+    if kafka is None:
+        with EmbeddedBroker() as broker:
+            broker.create_topic(topic, partitions)
+            return measure(client, broker.bootstrap, topic, size, records, uvloop)
+    # KRaft's controller refuses an operation of more than 10,000 records ("excessively
+    # large batch operation"): a topic of 10,000 partitions is made in two steps.
+    kafka.create_topic(topic, min(partitions, 5000))
+    try:
+        if partitions > 5000:
+            kafka.run_tool("org.apache.kafka.tools.TopicCommand", "--bootstrap-server",
+                           kafka.bootstrap, "--alter", "--topic", topic,
+                           "--partitions", str(partitions))
+        return measure(client, kafka.bootstrap, topic, size, records, uvloop)
+    finally:  # 10,000 partitions a run: one node keeps only the topic in use
+        kafka.run_tool("org.apache.kafka.tools.TopicCommand", "--bootstrap-server",
+                       kafka.bootstrap, "--delete", "--topic", topic)
+
+
+def measure(client: str, bootstrap: str, topic: str, size: int, records: int,
+            uvloop: bool) -> dict:
     name, scenario, _ = CLIENTS[client]
-    with EmbeddedBroker() as broker:
-        topic = f"grid-{partitions}-{size}-{client}"
-        broker.create_topic(topic, partitions)
-        cmd = [sys.executable, str(ROOT / "benchmarks" / "clients.py"), name, scenario,
-               "--bootstrap", broker.bootstrap, "--topic", topic, "--records", str(records),
-               "--value-size", str(size), "--defaults",
-               *(["--uvloop"] if uvloop and name != "confluent-sync" else [])]
-        try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        except subprocess.TimeoutExpired:
-            return {"error": "timed out"}
-        if done.returncode:
-            return {"error": done.stderr.strip().splitlines()[-1] if done.stderr else "failed"}
-        result = json.loads(done.stdout.strip().splitlines()[-1])
-        counted = asyncio.run(count_back(broker.bootstrap, topic, records))
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "clients.py"), name, scenario,
+           "--bootstrap", bootstrap, "--topic", topic, "--records", str(records),
+           "--value-size", str(size), "--defaults",
+           *(["--uvloop"] if uvloop and name != "confluent-sync" else [])]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        return {"error": "timed out"}
+    if done.returncode:
+        return {"error": done.stderr.strip().splitlines()[-1] if done.stderr else "failed"}
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    counted = asyncio.run(count_back(bootstrap, topic, records))
     if counted != records:
         return {"error": f"counted {counted} of {records} records back"}
     result.pop("latencies", None)
@@ -133,7 +157,8 @@ def summarize(runs: dict[tuple[str, str], list[dict]], names: list[str],
     return summary
 
 
-def table(summary, grid, names, clients, args, started: str, load: str) -> str:
+def table(summary, grid, names, clients, args, started: str, load: str,
+          broker: str) -> str:
     def fmt(value: float | None, spec: str) -> str:
         return "-" if value is None else format(value, spec)
 
@@ -143,9 +168,9 @@ def table(summary, grid, names, clients, args, started: str, load: str) -> str:
         "",
         f"`python benchmarks/grid.py {' '.join(sys.argv[1:])}`".replace(" `", "`"),
         "",
-        f"started {started}; {cpu_model()}, {os.cpu_count()} cores; embedded Tansu broker; "
+        f"started {started}; {cpu_model()}, {os.cpu_count()} cores; {broker}; "
         f"{args.repeat} round(s), each client in a fresh process, clients alternated; "
-        f"load average at the start {load} (a shared machine: other work ran beside).",
+        f"load average at the start {load} (1, 5 and 15 minutes; 2 is both cores busy).",
         "",
         "Each client's defaults but linger 5 ms, acks=1, idempotence off (our batch_size: "
         "see the README's Settings). Throughput in records/s (MB/s), client CPU per record "
@@ -174,7 +199,7 @@ def table(summary, grid, names, clients, args, started: str, load: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(summary, grid, names, clients, path: Path) -> None:
+def plot(summary, grid, names, clients, path: Path, broker: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -208,7 +233,7 @@ def plot(summary, grid, names, clients, path: Path) -> None:
     axes[1][0].set_title("CPU per record against partitions")
     axes[1][1].set_title("CPU per record against record size")
     fig.suptitle("aioproducer, confluent-kafka and aiokafka as the work grows "
-                 "(embedded broker, each client's defaults, linger 5 ms, acks=1)")
+                 f"({broker}, each client's defaults, linger 5 ms, acks=1)")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
@@ -221,6 +246,8 @@ def main() -> None:
     parser.add_argument("--points", default="", help="comma-separated: p6,p100,...,s1000,...")
     parser.add_argument("--clients", default="", help="comma-separated: " + ",".join(CLIENTS))
     parser.add_argument("--no-uvloop", action="store_true")
+    parser.add_argument("--broker", choices=("embedded", "kafka"), default="embedded",
+                        help="the embedded Tansu broker, or a 1-node Apache Kafka")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "grid"),
                         help="path of the results without .md/.png/.json")
     args = parser.parse_args()
@@ -233,25 +260,35 @@ def main() -> None:
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     runs: dict[tuple[str, str], list[dict]] = {}
-    for round_ in range(args.repeat):
-        for index, point in enumerate(names):
-            partitions, size = grid[point]
-            turn = (round_ + index) % len(clients)
-            for client in clients[turn:] + clients[:turn]:
-                records = max(int(RECORDS_BY_SIZE[size] * args.scale * CLIENTS[client][2]), 20)
-                result = run_one(client, partitions, size, records, uvloop)
-                runs.setdefault((point, client), []).append(result)
-                shown = result.get("error") or (f"{result['rec_s']:,.0f} rec/s, "
-                                                f"{result['us_cpu']:.2f} us CPU/rec")
-                print(f"round {round_ + 1} {point:>9} {client:<17} {records:>7} {shown}",
-                      flush=True)
+    with contextlib.ExitStack() as stack:
+        kafka = (stack.enter_context(ApacheKafka(heap_mb=1024)) if args.broker == "kafka"
+                 else None)
+        broker = (f"Apache Kafka {kafka.version}, 1 node" if kafka
+                  else "embedded Tansu broker")
+        if kafka is not None:  # the JVM's warm-up, untimed: or the first client pays for it
+            run_one("aioproducer-bulk", 6, 1000, 150_000, uvloop, kafka)
+        for round_ in range(args.repeat):
+            for index, point in enumerate(names):
+                partitions, size = grid[point]
+                turn = (round_ + index) % len(clients)
+                for client in clients[turn:] + clients[:turn]:
+                    records = max(int(RECORDS_BY_SIZE[size] * args.scale * CLIENTS[client][2]), 20)
+                    try:
+                        result = run_one(client, partitions, size, records, uvloop, kafka)
+                    except Exception as failed:  # one point's failure keeps the others
+                        result = {"error": f"{type(failed).__name__}: {failed}"}
+                    runs.setdefault((point, client), []).append(result)
+                    shown = result.get("error") or (f"{result['rec_s']:,.0f} rec/s, "
+                                                    f"{result['us_cpu']:.2f} us CPU/rec")
+                    print(f"round {round_ + 1} {point:>9} {client:<17} {records:>7} {shown}",
+                          flush=True)
     summary = summarize(runs, names, clients)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    text = table(summary, grid, names, clients, args, started, load)
+    text = table(summary, grid, names, clients, args, started, load, broker)
     out.with_suffix(".json").write_text(json.dumps(
         {f"{p} {c}": r for (p, c), r in runs.items()}, indent=1))
-    plot(summary, grid, names, clients, out.with_suffix(".png"))
+    plot(summary, grid, names, clients, out.with_suffix(".png"), broker)
     text += f"\n![the grid]({out.with_suffix('.png').name})\n"
     out.with_suffix(".md").write_text(text)
     print(text)

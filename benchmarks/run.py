@@ -358,7 +358,7 @@ def report(args: argparse.Namespace, repeat: int, uvloop: bool, brokers: list[st
            if brokers != ["embedded"] else "")
         + " Load average (1, 5, 15 min) at the start and after each round: "
         + "; ".join(" ".join(f"{x:.1f}" for x in avg) for avg in load)
-        + " (2 cores shared with other work: the figures are from a busy machine).", "",
+        + " (2 is both cores busy; the run's own brokers and clients count).", "",
         "| scenario | client | records | msgs/s | MB/s | CPU s / 1M msgs | p50 / p99 ms | peak RSS MB |",
         "|---|---|---:|---:|---:|---:|---:|---:|",
     ]

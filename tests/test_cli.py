@@ -324,6 +324,40 @@ async def test_the_reader_goes_on_after_its_connection_is_cut(proxied_broker, ca
     assert f"reading {topic}: " in caplog.text and "(retrying)" in caplog.text
 
 
+async def test_the_reader_waits_for_a_leader_not_ready_yet(proxied_broker, caplog):
+    """Just after a topic grows, Kafka may answer ListOffsets with NOT_LEADER_OR_FOLLOWER
+    for a partition whose leader is not ready (seen at 10,000 partitions): the reader
+    retries it after fresh metadata, with a warning, and reads every record."""
+    from kafka.protocol.consumer import ListOffsetsResponse
+
+    topic = f"t-{uuid.uuid4().hex[:12]}"
+    proxied_broker.create_topic(topic, 2)
+    for partition in (0, 1):
+        librdkafka_produce(proxied_broker.bootstrap, topic, [(None, b"v%d" % partition, [])],
+                           partition=partition)
+    refused: list[int] = []
+
+    def not_ready(response):
+        if len(refused) >= 2:
+            return None
+        refused.append(1)
+        for answer in response.topics[0].partitions:
+            if answer.partition_index == 1:
+                answer.error_code = 6  # NOT_LEADER_OR_FOLLOWER
+        return response
+    proxied_broker.proxy.rewrite_responses(ListOffsetsResponse, not_ready)
+    config = ProducerConfig.from_properties({"bootstrap.servers": proxied_broker.bootstrap})
+    got = []
+    async with TopicReader(config, topic, from_beginning=True) as reader:
+        for _ in range(20):
+            got += await reader.fetch(max_wait=0.2)
+            if len(got) >= 2:
+                break
+    assert len(refused) == 2
+    assert sorted((r.partition, r.value) for r in got) == [(0, b"v0"), (1, b"v1")]
+    assert "NOT_LEADER_OR_FOLLOWER" in caplog.text and "(retrying)" in caplog.text
+
+
 def test_consume_timeout_holds_when_the_broker_goes_silent(proxied_broker):
     """--timeout ends the command even while a Fetch waits for a broker that stopped
     answering (whose request timeout, 30 s, is far longer)."""

@@ -640,7 +640,7 @@ async def test_idle_topics_are_forgotten_and_come_back(broker, topic_factory):
             await asyncio.sleep(0.05)
         known = producer._cluster.topics
         assert busy in known and idle not in known, "the idle topic's metadata is still fetched"
-        assert idle not in producer._accumulator._open
+        assert idle not in producer._accumulator.appendable
         assert (await producer.send(idle, b"again", partition=0)).offset == 1
     assert [r.value for r in consume_all(broker.bootstrap, idle, 2)] == [b"once", b"again"]
 

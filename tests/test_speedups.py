@@ -8,10 +8,12 @@ again with AIOPRODUCER_PURE_PYTHON=1.
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import gc
 import os
 import random
+import sys
 import weakref
 from typing import NamedTuple
 
@@ -404,3 +406,170 @@ def test_the_c_produce_encoder_holds_what_a_lookup_may_free():
         body = {"transactional_id": None, "acks": -1, "timeout_ms": 1000,
                 "topic_data": [{"name": "t", "partition_data": [partition]}]}
         assert _c.encode_produce(9, 1, "c", body) is None
+
+
+# -- a record's future: its append, the Future protocol asyncio calls, its callbacks ---------
+
+class _Outcome(NamedTuple):  # RecordMetadata's shape
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int
+
+
+class _FakeBatch:
+    """What a RecordFuture asks of its batch: its asyncio future, pieces, topic, partition,
+    watch(); and, split, metadata() and exception_for() per record."""
+
+    def __init__(self, future, pieces=None) -> None:
+        self.future = future
+        self.pieces = pieces
+        self.topic, self.partition = "t", 4
+        self.watched: list = []
+        self._untracked: list = []
+
+    def watch(self, record) -> None:
+        self.watched.append(record)
+
+    def metadata(self, delta, timestamp):
+        return ("split", delta, timestamp)
+
+    def exception_for(self, delta):
+        return KeyError(delta)
+
+
+def _future_class(impl):
+    class Future(impl.RecordFields):
+        __slots__ = ()
+        _metadata_type = _Outcome
+    return Future
+
+
+@pytest.mark.parametrize("impl", BOTH, ids=["python", "c"])
+def test_append_record_appends_to_the_open_batch_and_makes_the_future(impl):
+    Future = _future_class(impl)
+    writers = [None, impl.RecordWriter(1000, 200), None]
+    batches = [None, "batch-1", None]
+    alike = impl.RecordWriter(1000, 200)
+    futures = []
+    for i in range(10):
+        future = impl.append_record(batches, writers, 1, 1000 + i, b"k", b"v" * 20,
+                                    b"\x02\x02h\x02v" if i == 3 else None, Future)
+        if future is None:
+            break
+        assert alike.try_append(1000 + i, b"k", b"v" * 20, b"\x02\x02h\x02v" if i == 3 else None)
+        futures.append(future)
+    assert 1 < len(futures) < 10  # full at 200 bytes: None, and nothing appended
+    assert writers[1].count == len(futures) and writers[1].seal() == alike.seal()
+    assert [(type(f), f._batch, f._offset_delta, f._timestamp) for f in futures] == \
+        [(Future, "batch-1", i, 1000 + i) for i in range(len(futures))]
+    for partition in (0, 2, 3, -1):  # no open batch, or no such partition
+        assert impl.append_record(batches, writers, partition, 0, b"k", b"v", None,
+                                  Future) is None
+    with pytest.raises(TypeError):
+        impl.append_record(batches, writers, 1, 0, "text", b"v", None, Future)
+    with pytest.raises(TypeError):
+        impl.append_record(batches, writers[:2], 1, 0, b"k", b"v", None, Future)
+
+
+@needs_c
+def test_the_c_future_registers_with_its_batch_as_its_constructor_does():
+    Future = _future_class(_c)
+    batch = _FakeBatch(None)
+    future = _c.append_record([batch], [_c.RecordWriter(0, 1 << 20)], 0, 5, None, b"v", None,
+                              Future)
+    assert batch._untracked == [future] and not gc.is_tracked(future)
+
+
+@pytest.mark.parametrize("impl", BOTH, ids=["python", "c"])
+async def test_the_future_protocol_asks_the_batch(impl):
+    loop = asyncio.get_running_loop()
+    Future = _future_class(impl)
+    pending = _FakeBatch(loop.create_future())
+    record = Future(pending, 3, 1234)
+    assert (record.done(), record.cancelled(), record.get_loop()) == (False, False, loop)
+    for ask in (record.result, record.exception):
+        with pytest.raises(asyncio.InvalidStateError):
+            ask()
+    pending.future.set_result((100, -1))
+    assert record.done() and not record.cancelled() and record.exception() is None
+    result = record.result()
+    assert type(result) is _Outcome and result == ("t", 4, 103, 1234)
+    pending.future = loop.create_future()
+    pending.future.set_result((-1, 777))  # acks=0 (no offset); log-append time
+    assert record.result() == ("t", 4, -1, 777)
+    failed = _FakeBatch(loop.create_future())
+    failed.future.set_exception(ValueError("refused"))
+    with pytest.raises(ValueError, match="refused"):
+        Future(failed, 0, 0).result()
+    assert isinstance(Future(failed, 0, 0).exception(), ValueError)
+    cancelled = _FakeBatch(loop.create_future())
+    cancelled.future.cancel("why")
+    assert Future(cancelled, 0, 0).cancelled()
+    with pytest.raises(asyncio.CancelledError, match="why"):
+        Future(cancelled, 0, 0).result()
+    split = _FakeBatch(loop.create_future(), pieces=[])
+    split.future.set_result((-1, -1))
+    assert Future(split, 7, 99).result() == ("split", 7, 99)
+    assert Future(split, 7, 99).exception().args == (7,)
+
+
+@pytest.mark.parametrize("impl", BOTH, ids=["python", "c"])
+async def test_done_callbacks_are_kept_then_run_in_order_in_their_contexts(impl):
+    Future = _future_class(impl)
+    var = contextvars.ContextVar("var", default="unset")
+    batch = _FakeBatch(asyncio.get_running_loop().create_future())
+    record = Future(batch, 0, 0)
+    seen = []
+
+    def saw(tag):
+        def callback(future):
+            assert future is record
+            seen.append((tag, var.get()))
+            var.set("changed by " + tag)  # in its own copy: the next one does not see it
+        return callback
+
+    var.set("first")
+    record.add_done_callback(saw("a"))
+    assert batch.watched == [record]  # the batch is told once, at the first callback
+    var.set("second")
+    record.add_done_callback(saw("b"))
+    given = contextvars.copy_context()
+    given.run(var.set, "given")
+    record.add_done_callback(saw("c"), context=given)
+    assert batch.watched == [record]
+    with pytest.raises(TypeError):
+        record.add_done_callback(saw("d"), contxt=given)
+    reported = []
+    impl.run_callbacks(lambda *args: reported.append(args), [record])
+    assert seen == [("a", "first"), ("b", "second"), ("c", "given")]
+    assert given[var] == "changed by c"  # that very context, as asyncio runs it
+    assert var.get() == "second" and not reported
+    impl.run_callbacks(lambda *args: reported.append(args), [record])  # each ran once
+    assert len(seen) == 3 and record._callback is None and not record._more_callbacks
+
+
+@pytest.mark.parametrize("impl", BOTH, ids=["python", "c"])
+async def test_what_a_done_callback_raises_is_reported_and_the_rest_run(impl):
+    Future = _future_class(impl)
+    loop = asyncio.get_running_loop()
+    records = [Future(_FakeBatch(loop.create_future()), i, 0) for i in range(3)]
+    ran = []
+
+    def fails(future):
+        raise ValueError(future._offset_delta)
+
+    records[0].add_done_callback(fails)
+    records[0].add_done_callback(ran.append)
+    records[1].add_done_callback(ran.append)
+    reported = []
+    impl.run_callbacks(lambda *args: reported.append(args), records)
+    assert ran == records[:2]
+    [(record, fn, error)] = reported
+    assert record is records[0] and fn is fails and type(error) is ValueError
+    assert error.__traceback__ is not None
+    records[2].add_done_callback(lambda future: sys.exit(3))
+    records[2].add_done_callback(ran.append)
+    with pytest.raises(SystemExit):  # (as asyncio's loop lets it through)
+        impl.run_callbacks(lambda *args: reported.append(args), [records[2]])
+    assert len(reported) == 1

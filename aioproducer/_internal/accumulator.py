@@ -75,8 +75,9 @@ class RecordAccumulator:
         self._codec = codec
         self.buffer_memory = self.memory_available = config.buffer_memory
         self._max_block = config.max_block_ms / 1000
-        # Records waiting for memory, in arrival order; what the head gathered meanwhile.
-        self._line: deque[WaitingRecord] = deque()
+        # Records waiting for memory, in arrival order (while any waits, new records join
+        # them: the intake's fast path reads it); what the head gathered meanwhile.
+        self.line: deque[WaitingRecord] = deque()
         self._gathered = 0
         self._serving = False
         self._line_timer: asyncio.TimerHandle | None = None
@@ -96,9 +97,10 @@ class RecordAccumulator:
         # 10,000 partitions queued, two scans per round were a tenth of the CPU).
         self._expiry_floor = float("inf")
         # Per topic, each partition's open batch and its writer, for appends without a tuple
-        # key (enqueue_many's compiled loop reads them too). A batch leaves these lists when
-        # it is closed for appends or leaves its queue.
-        self._open: dict[str, tuple[list[ProducerBatch | None], list[BatchWriter | None]]] = {}
+        # key (the intake's fast path and enqueue_many's compiled loop read them too). A
+        # batch leaves these lists when it is closed for appends or leaves its queue.
+        self.appendable: dict[str, tuple[list[ProducerBatch | None],
+                                         list[BatchWriter | None]]] = {}
         self._batches_created = 0
         self.incomplete: set[ProducerBatch] = set()
         # Final outcomes, for Producer.metrics() (a split batch counts as its pieces).
@@ -121,13 +123,13 @@ class RecordAccumulator:
         """Append to the partition's open batch if it has room (the record is then the
         batch's last); None means a new batch is needed, or records wait in line for memory
         (`waiting`): they go first. `headers` come encoded."""
-        if self._line:
+        if self.line:
             return None
         return self._append_to_open(topic, partition, timestamp, key, value, headers)
 
     def _append_to_open(self, topic: str, partition: int, timestamp: int, key: bytes | None,
                         value: bytes | None, headers: bytes | None) -> ProducerBatch | None:
-        open_ = self._open.get(topic)
+        open_ = self.appendable.get(topic)
         if open_ is not None and partition < len(open_[0]):
             batch = open_[0][partition]
             if batch is not None:
@@ -161,9 +163,9 @@ class RecordAccumulator:
                                                                   list[BatchWriter | None]]:
         """Each partition's open batch and its writer (None where there is none): the lists
         the accumulator keeps up to date, as enqueue_many's loop reads them."""
-        open_ = self._open.get(topic)
+        open_ = self.appendable.get(topic)
         if open_ is None:
-            open_ = self._open[topic] = ([], [])
+            open_ = self.appendable[topic] = ([], [])
         batches, writers = open_
         if len(batches) != partitions:  # the topic grew (or, never in Kafka, shrank)
             del batches[partitions:], writers[partitions:]
@@ -175,7 +177,7 @@ class RecordAccumulator:
         """A record did not fit in the partition's open batch: take no more appends into it
         (the Java client's closeForRecordAppends) and let the sender ship it now. False if
         the partition had no open batch."""
-        open_ = self._open.get(topic)
+        open_ = self.appendable.get(topic)
         batch = open_[0][partition] if open_ is not None and partition < len(open_[0]) else None
         if open_ is None or batch is None:
             return False
@@ -193,14 +195,14 @@ class RecordAccumulator:
     def waiting(self) -> int:
         """How many records wait in line for memory (new records then join the line, and
         the sender sends batches at once, ignoring linger)."""
-        return len(self._line)
+        return len(self.line)
 
     def _short_of_memory(self) -> bool:
         """A record in line waits for memory that is not there: then every batch goes now,
         lingered or not, to free it. A turn enqueue() holds after closing a full batch
         (turn_soon), and the records behind it that the free memory covers, are no shortage:
         sending their batches early made batches of one record each under load."""
-        for waiting in self._line:
+        for waiting in self.line:
             if not waiting.granted:
                 return waiting.memory - self._gathered > self.memory_available
         return False
@@ -209,7 +211,7 @@ class RecordAccumulator:
         """Reserve a new batch's memory if it is free and nobody waits for memory before us."""
         if self.closing:
             raise closed_while_buffering()
-        if self._line or size > self.memory_available:
+        if self.line or size > self.memory_available:
             return False
         self.memory_available -= size
         return True
@@ -217,7 +219,7 @@ class RecordAccumulator:
     def release(self, size: int) -> None:
         """Give back memory (of a finished batch, or reserved for one not opened after all)."""
         self.memory_available += size
-        if self._line and not self._serving:  # (serving: its loop sees the memory)
+        if self.line and not self._serving:  # (serving: its loop sees the memory)
             self._serve_line()
 
     def join_line(self, topic: str, partition: int, timestamp: int, key: bytes | None,
@@ -233,8 +235,8 @@ class RecordAccumulator:
                                 partitions, self._loop.time() + self._max_block, self._pending)
         if not for_send:
             waiting.turn = self._loop.create_future()
-        self._line.append(waiting)
-        if self._line_timer is None and not self._line[0].granted:
+        self.line.append(waiting)
+        if self._line_timer is None and not self.line[0].granted:
             self._line_timer = self._loop.call_at(waiting.deadline, self._expire_line)
         return waiting
 
@@ -250,7 +252,7 @@ class RecordAccumulator:
                                 partitions, self._loop.time() + self._max_block, self._pending)
         turn = waiting.turn = self._loop.create_future()
         waiting.granted = True
-        self._line.append(waiting)
+        self.line.append(waiting)
         self._loop.call_soon(_grant, turn)
         return waiting
 
@@ -260,8 +262,8 @@ class RecordAccumulator:
             assert waiting.failure is not None
             raise waiting.failure
         waiting.granted = False
-        assert self._line[0] is waiting
-        self._line.popleft()
+        assert self.line[0] is waiting
+        self.line.popleft()
         try:
             batch = self._append_to_open(waiting.topic, waiting.partition, waiting.timestamp,
                                          waiting.key, waiting.value, waiting.headers)
@@ -284,7 +286,7 @@ class RecordAccumulator:
         the line drops it when it gets there)."""
         if waiting.granted:
             waiting.granted = False
-            self._line.popleft()
+            self.line.popleft()
             self.release(waiting.memory)
 
     def _serve_line(self) -> None:
@@ -294,7 +296,7 @@ class RecordAccumulator:
             self._serve_in_order()
         finally:
             self._serving = False
-        line = self._line
+        line = self.line
         if not line:
             self.memory_available += self._gathered
             self._gathered = 0
@@ -302,7 +304,7 @@ class RecordAccumulator:
             self._line_timer = self._loop.call_at(line[0].deadline, self._expire_line)
 
     def _serve_in_order(self) -> None:
-        line = self._line
+        line = self.line
         while line:
             waiting = line[0]
             if waiting.granted:
@@ -337,7 +339,7 @@ class RecordAccumulator:
     def _expire_line(self) -> None:
         """Fail the records that waited max_block_ms (the head's deadline comes first)."""
         self._line_timer = None
-        line, now = self._line, self._loop.time()
+        line, now = self.line, self._loop.time()
         while line and line[0].deadline <= now and not line[0].granted:
             waiting = line.popleft()
             waiting.fail(BufferExhaustedError(
@@ -348,7 +350,7 @@ class RecordAccumulator:
         self._serve_line()  # (what the expired head gathered goes to the next; a new timer)
 
     def _fail_line(self, exc: BaseException) -> None:
-        line, self._line = self._line, deque()
+        line, self.line = self.line, deque()
         if self._line_timer is not None:
             self._line_timer.cancel()
             self._line_timer = None
@@ -522,7 +524,7 @@ class RecordAccumulator:
 
     def _unlist(self, batch: ProducerBatch) -> None:
         """The batch left its queue: it is no longer its partition's open batch."""
-        batches, writers = self._open.get(batch.topic) or ([], [])
+        batches, writers = self.appendable.get(batch.topic) or ([], [])
         if batch.partition < len(batches) and batches[batch.partition] is batch:
             batches[batch.partition] = writers[batch.partition] = None
 
@@ -709,7 +711,7 @@ class RecordAccumulator:
         batch fetches the topic's metadata again.)"""
         if any(batch.topic == topic for batch in self.incomplete):
             return False
-        self._open.pop(topic, None)
+        self.appendable.pop(topic, None)
         for tp in [tp for tp in self._drained_bytes if tp[0] == topic]:
             del self._drained_bytes[tp]
         return True

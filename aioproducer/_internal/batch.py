@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Generator, Iterator, NamedTuple, Sequence, \
     TypeAlias, Union, overload
 
-from .._speedups import RecordFields, new_tuple, same_context
+from .._speedups import RecordFields, new_tuple, run_callbacks
 
 if TYPE_CHECKING:
     from ..protocol.records import BatchWriter
@@ -38,7 +39,7 @@ class RecordMetadata(NamedTuple):
     timestamp_ms: int
 
 
-# What a done callback runs in: a copy of a snapshot (see _snapshot), or, held in a 1-tuple,
+# What a done callback runs in: a copy of a snapshot (see _speedups), or, held in a 1-tuple,
 # the context it was given.
 _HeldContext: TypeAlias = Union[contextvars.Context, tuple[contextvars.Context]]
 
@@ -265,7 +266,9 @@ if TYPE_CHECKING:  # to type checkers an asyncio.Future, as asyncio treats it (s
     _RecordFutureBase = asyncio.Future[RecordMetadata]
     _BulkFutureBase = asyncio.Future["BulkMetadata"]
 else:
-    _RecordFutureBase = RecordFields  # its fields, in C where compiled
+    # Its fields, and the Future protocol asyncio calls (done, result, exception, cancelled,
+    # get_loop, add_done_callback): in C where compiled.
+    _RecordFutureBase = RecordFields
     _BulkFutureBase = asyncio.Future
 
 
@@ -285,6 +288,7 @@ class RecordFuture(_RecordFutureBase):
 
     __slots__ = ()  # the fields are RecordFields' (in C: out of the garbage collector's way)
     _asyncio_future_blocking = False  # asyncio's mark of a future (it never yields itself)
+    _metadata_type = RecordMetadata  # what RecordFields.result() makes
 
     if TYPE_CHECKING:
         _batch: ProducerBatch | WaitingRecord | _Decided
@@ -316,36 +320,6 @@ class RecordFuture(_RecordFutureBase):
         """The same as `await record_future`."""
         return await self
 
-    def get_loop(self) -> asyncio.AbstractEventLoop:
-        return self._batch.future.get_loop()
-
-    def done(self) -> bool:
-        return self._batch.future.done()
-
-    def cancelled(self) -> bool:
-        return self._batch.future.cancelled()
-
-    def result(self) -> RecordMetadata:
-        """The metadata if acknowledged; raises the failure, CancelledError if cancelled, or
-        InvalidStateError if pending."""
-        batch = self._batch
-        if batch.pieces is not None:
-            return batch.metadata(self._offset_delta, self._timestamp)
-        # ProducerBatch.metadata() inlined (asyncio.gather reads every record's result).
-        base_offset, log_append_time = batch.future.result()
-        return _new_metadata(RecordMetadata, (
-            batch.topic, batch.partition,
-            base_offset + self._offset_delta if base_offset >= 0 else -1,
-            log_append_time if log_append_time >= 0 else self._timestamp))
-
-    def exception(self) -> BaseException | None:
-        """The failure, or None if acknowledged; raises as `result()` does when cancelled or
-        pending."""
-        batch = self._batch
-        if batch.pieces is None:  # (asyncio.gather asks twice per record: the common case)
-            return batch.future.exception()
-        return batch.exception_for(self._offset_delta)
-
     def cancel(self, msg: Any | None = None) -> bool:
         """Stop following the record (it is still sent if buffered); False if already done.
         Tasks awaiting it get CancelledError(msg), after its callbacks, as from an asyncio
@@ -358,27 +332,6 @@ class RecordFuture(_RecordFutureBase):
         self.get_loop().call_soon(_run_callbacks, [self])
         batch.unfollowed(self, msg)  # type: ignore[union-attr]
         return True
-
-    def add_done_callback(self, fn: Callable[["RecordFuture"], object], *,
-                          context: contextvars.Context | None = None) -> None:
-        """Call `fn(self)` once the record is acknowledged, failed or cancelled (soon, from
-        the loop, in `context` or a copy of the current one, as asyncio futures do)."""
-        global _snapshot
-        held: _HeldContext
-        if context is None:
-            current = contextvars.copy_context()
-            if not same_context(current, _snapshot):
-                _snapshot = current
-            held = _snapshot
-        else:
-            held = (context,)  # run in that very context, as asyncio does
-        if self._callback is None and not self._more_callbacks:
-            self._callback, self._context = fn, held
-            self._batch.watch(self)  # (watched twice: run once)
-        elif self._more_callbacks is None:
-            self._more_callbacks = [(fn, held)]
-        else:
-            self._more_callbacks.append((fn, held))
 
     def remove_done_callback(self, fn: Callable[["RecordFuture"], object]) -> int:
         """Remove every `fn` callback not yet run; return how many were removed."""
@@ -584,43 +537,15 @@ def _ready(result: RecordMetadata) -> Generator[Any, None, RecordMetadata]:
     yield  # (a generator)
 
 
-# The context a done callback added without one runs in a copy of, as with asyncio's futures.
-# Records given callbacks in one context share this snapshot, where each would otherwise keep
-# a Context of its own, for the garbage collector to walk until its batch is done (gather over
-# 500k records: 500k). It is never entered, so it stays as it was copied.
-_snapshot = contextvars.copy_context()
-
-
-def _run_callbacks(records: list[RecordFuture]) -> None:
-    """Run the done callbacks of a batch's records (or of a cancelled one): one loop callback
-    for them all, each in its own context, in the order they were added; an error is
-    reported as the loop reports those of its own callbacks. (Inline: this is per record.)"""
-    for record in records:
-        fn, more = record._callback, record._more_callbacks
-        if fn is not None:
-            context = record._context
-            record._callback = record._context = None
-            try:
-                (context[0] if isinstance(context, tuple)
-                 else context.copy()).run(fn, record)  # type: ignore[union-attr]
-            except (SystemExit, KeyboardInterrupt):
-                raise
-            except BaseException as exc:
-                _report(record, fn, exc)
-        if more:
-            record._more_callbacks = None
-            for fn, context in more:
-                try:
-                    (context[0] if isinstance(context, tuple) else context.copy()).run(fn, record)
-                except (SystemExit, KeyboardInterrupt):
-                    raise
-                except BaseException as exc:
-                    _report(record, fn, exc)
-
-
 def _report(record: RecordFuture, fn: Callable[[Any], object], exc: BaseException) -> None:
     record.get_loop().call_exception_handler({
         "message": f"Exception in callback {fn!r}", "exception": exc, "future": record})
+
+
+# Run the done callbacks of a batch's records (or of a cancelled one): one loop callback for
+# them all, each in its own context, in the order they were added; an error is reported as
+# the loop reports those of its own callbacks. (In C where compiled: this is per record.)
+_run_callbacks: Callable[[list[RecordFuture]], None] = partial(run_callbacks, _report)
 
 
 class BulkFuture(_BulkFutureBase):

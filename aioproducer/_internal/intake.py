@@ -14,7 +14,7 @@ import struct
 import time
 from functools import partial
 from threading import get_ident
-from typing import Any, Callable, Coroutine, Iterable, Sequence
+from typing import Any, Callable, Coroutine, Iterable, Sequence, TypeVar, overload
 
 from ..client.cluster import Cluster, TopicInfo
 from ..config import ProducerConfig
@@ -22,7 +22,7 @@ from ..errors import InvalidRecordError, RecordTooLargeError
 from ..hooks import DeliveryCallback
 from ..protocol.records import Headers, record_size_upper_bound
 from ..serializers import MutableHeaders
-from .._speedups import DONE, append_many
+from .._speedups import DONE, append_many, append_record
 from .accumulator import RecordAccumulator
 from .arguments import BYTES_TYPES, as_bytes, bad_partition, check_topic_name, \
     checked_headers, checked_timestamp, encode_checked_headers, iterate_records, serialize, \
@@ -38,6 +38,7 @@ from .transactions import TransactionManager
 Appended = tuple[ProducerBatch | WaitingRecord, int, int]
 # A record's key, value and headers, serialized and checked (the headers as serializers left them).
 KeyValue = tuple[bytes | None, bytes | None, Headers | None]
+_Future = TypeVar("_Future", bound=RecordFuture)  # what append() makes in its common case
 _CHUNK = 10_000  # enqueue_many takes its records this many at a time
 _DELTA = struct.Struct("=i")  # an offset delta in a BulkFuture (as the speed-up writes them)
 
@@ -91,7 +92,10 @@ class RecordIntake:
         if lifecycle.state is not STARTED or get_ident() != lifecycle.thread or \
                 not lifecycle.loop_running():
             return self._send_when_awaited(topic, value, key, partition, timestamp_ms, headers)
-        appended = self.append(topic, value, key, partition, timestamp_ms, headers, True)
+        appended = self.append(topic, value, key, partition, timestamp_ms, headers, True,
+                               False, Sending)
+        if isinstance(appended, Sending):
+            return appended
         if isinstance(appended, tuple):
             sending = Sending(*appended)
             if type(appended[0]) is WaitingRecord:
@@ -161,13 +165,28 @@ class RecordIntake:
             appended[0].record = record
         return await record
 
+    @overload
     def append(self, topic: str, value: Any, key: Any, partition: int | None,
                timestamp_ms: int | None, headers: Headers | None, eager: bool,
-               serialized: bool = False) -> Appended | Coroutine[Any, Any, Appended]:
+               serialized: bool = False, make: None = None
+               ) -> Appended | Coroutine[Any, Any, Appended]: ...
+
+    @overload
+    def append(self, topic: str, value: Any, key: Any, partition: int | None,
+               timestamp_ms: int | None, headers: Headers | None, eager: bool,
+               serialized: bool, make: type[_Future]
+               ) -> _Future | Appended | Coroutine[Any, Any, Appended]: ...
+
+    def append(self, topic: str, value: Any, key: Any, partition: int | None,
+               timestamp_ms: int | None, headers: Headers | None, eager: bool,
+               serialized: bool = False, make: type[_Future] | None = None
+               ) -> _Future | Appended | Coroutine[Any, Any, Appended]:
         """(batch, offset delta, timestamp) of the appended record, or, when the topic's
         metadata, an async serializer or (unless `eager`, as for send()) a new batch is
         needed, a coroutine that returns them. `serialized`: the key and value are already
-        the serializers' bytes."""
+        the serializers' bytes. With `make` (a RecordFuture class), a record that goes into
+        its partition's open batch (the common case) comes back as `make`'s future, made
+        by the same C call that appends it."""
         lifecycle = self._lifecycle
         if lifecycle.state is not STARTED:
             lifecycle.raise_not_started()
@@ -206,8 +225,16 @@ class RecordIntake:
         else:
             partition, sticky = self._partitioner.partition(topic, leaders), True
 
-        batch = self._accumulator.try_append(
-            topic, partition, timestamp_ms, key, value, encoded_headers)
+        accumulator = self._accumulator
+        if make is not None and not accumulator.line:
+            open_ = accumulator.appendable.get(topic)
+            if open_ is not None:
+                future = append_record(open_[0], open_[1], partition, timestamp_ms, key, value,
+                                       encoded_headers, make)
+                if future is not None:
+                    return future  # type: ignore[no-any-return]
+        batch = accumulator.try_append(topic, partition, timestamp_ms, key, value,
+                                       encoded_headers)
         if batch is None:
             return self._append_new(topic, partition, sticky, leaders, timestamp_ms,
                                     key, value, encoded_headers, eager)

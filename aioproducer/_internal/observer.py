@@ -44,6 +44,30 @@ class _Histogram:
         return Histogram(LATENCY_BOUNDS_S, tuple(self.counts), self.sum, sum(self.counts))
 
 
+class Window:
+    """Count, sum and maximum since the last `take()`: the averages and maxima of the last
+    push interval that client telemetry (KIP-714) reports."""
+
+    __slots__ = ("count", "sum", "max")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.sum = self.max = 0.0
+
+    def observe(self, value: float) -> None:
+        self.count += 1
+        self.sum += value
+        if value > self.max:
+            self.max = value
+
+    def take(self) -> tuple[int, float, float]:
+        """(count, sum, max) since the last take, and start again."""
+        taken = self.count, self.sum, self.max
+        self.count = 0
+        self.sum = self.max = 0.0
+        return taken
+
+
 def overridden(hooks: Sequence[ProducerHooks], name: str) -> list[Callable[..., Any]]:
     """The bound `name` methods of the hooks that override it (and did not set it to None
     on the instance: a hook's way to say it needs none of these calls after all)."""
@@ -64,6 +88,11 @@ class Observer:
         self._topics: dict[str, _Counts] = {}
         self._request_latency = _Histogram()
         self._record_latency = _Histogram()
+        # Since the last telemetry push: produce round trips per broker, batches' time in
+        # the accumulator (creation to drain, each send of it), the longest throttle.
+        self.node_latency: dict[int, Window] = {}
+        self.queue_time = Window()
+        self.throttle_max_ms = 0
         self._hooks = {name: overridden(hooks, name) for name in HOOK_METHODS}
         self._on_ack = self._hooks["on_ack"]
         self._on_error = self._hooks["on_error"]
@@ -108,12 +137,17 @@ class Observer:
             _call(hook, topic, partition, record_count, error)
 
     def throttled(self, node_id: int, throttle_time_ms: int) -> None:
+        self.throttle_max_ms = max(self.throttle_max_ms, throttle_time_ms)
         for hook in self._on_throttle:
             _call(hook, node_id, throttle_time_ms)
 
     def responded(self, node_id: int, latency_s: float, error: BaseException | None) -> None:
         if error is None:
             self._request_latency.observe(latency_s)
+            window = self.node_latency.get(node_id)
+            if window is None:
+                window = self.node_latency[node_id] = Window()
+            window.observe(latency_s)
         for hook in self._on_request:
             _call(hook, node_id, latency_s, error)
 

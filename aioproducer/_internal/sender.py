@@ -243,7 +243,10 @@ class Sender:
         txn = self._txn
         topic_data: dict[str, list[dict[str, Any]]] = {}
         size = 0
+        now = self._loop.time()
+        queue_time = self._observer.queue_time
         for batch in batches:
+            queue_time.observe(now - batch.created)
             if txn is not None:
                 records = batch.writer.encode(producer_id=batch.producer_id,
                                               producer_epoch=batch.producer_epoch,

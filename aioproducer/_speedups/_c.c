@@ -9,6 +9,10 @@
  *   murmur2(data) -> int                  Kafka's Utils.murmur2, signed 32-bit
  *   partition_for_key(key, n) -> int      toPositive(murmur2(key)) % n
  *   append_many(...)                      enqueue_many's loop: partition, append, remember
+ *   append_record(...) -> future | None   enqueue()'s and send()'s append and record future
+ *   RecordFields                          a record future's fields, and the Future protocol
+ *                                         asyncio calls on it (done, result, callbacks...)
+ *   run_callbacks(report, records)        run records' done callbacks
  *   encode_produce(...) -> bytes | None   a whole Produce request frame
  *   decode_produce(...) -> dict | None    a Produce response body
  *
@@ -442,7 +446,7 @@ static PyTypeObject RecordWriterType = {
     .tp_members = writer_members,
 };
 
-/* -- RecordFuture's fields ---------------------------------------------------------------- */
+/* -- RecordFuture: its fields and the Future protocol asyncio calls on it ------------------- */
 
 /* A RecordFuture per record is what a caller of enqueue() holds, often hundreds of thousands
    of them: tracked by the garbage collector, each full collection walks them all (a third of
@@ -454,34 +458,36 @@ static PyTypeObject RecordWriterType = {
    all to the collector (_track) if it fails (the exception's traceback may come to hold frames
    that hold them). A future of anything else (a record waiting in line for memory) is
    tracked from the start, and so is one cancelled. (A producer abandoned unclosed, its loop
-   gone, leaves its pending batches and their futures to the end of the process.) */
+   gone, leaves its pending batches and their futures to the end of the process.)
 
-static PyObject *s_untracked;  /* "_untracked", interned at import */
+   asyncio.gather calls seven methods on every record's future (get_loop, add_done_callback,
+   then cancelled and exception twice, and result): as Python methods they were a fifth of
+   enqueue + gather's CPU, so the part of the protocol asyncio calls is here, in C. Each asks
+   the record's batch (or what stands in for it: a WaitingRecord, a _Decided) as the Python
+   methods of _py.RecordFields do: its asyncio future, its `pieces` (a split batch answers for
+   each record), its topic and partition. */
+
+static PyObject *s_untracked, *s_future, *s_pieces, *s_topic, *s_partition,
+    *s_metadata_type, *s_metadata, *s_exception_for, *s_watch, *s_watchers, *s_done,
+    *s_cancelled, *s_get_loop, *s_result, *s_exception, *s_context;  /* interned at import */
 
 typedef struct {
     PyObject_HEAD
     PyObject *batch, *offset_delta, *timestamp, *callback, *context, *more_callbacks;
 } RecordFields;
 
+static PyTypeObject RecordFieldsType;
+
+/* A new instance of `type` (RecordFields or a subclass) following `batch`. */
 static PyObject *
-fields_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+make_fields(PyTypeObject *type, PyObject *batch, PyObject *offset_delta, PyObject *timestamp)
 {
-    PyObject *batch, *offset_delta, *timestamp;
-    if (kwargs != NULL && PyDict_GET_SIZE(kwargs)) {
-        PyErr_SetString(PyExc_TypeError, "RecordFuture takes no keyword arguments");
-        return NULL;
-    }
-    if (!PyArg_UnpackTuple(args, "RecordFuture", 3, 3, &batch, &offset_delta, &timestamp))
-        return NULL;
     RecordFields *self = (RecordFields *)type->tp_alloc(type, 0);
     if (self == NULL)
         return NULL;
-    Py_INCREF(batch);
-    self->batch = batch;
-    Py_INCREF(offset_delta);
-    self->offset_delta = offset_delta;
-    Py_INCREF(timestamp);
-    self->timestamp = timestamp;
+    self->batch = Py_NewRef(batch);
+    self->offset_delta = Py_NewRef(offset_delta);
+    self->timestamp = Py_NewRef(timestamp);
     PyObject *untracked = PyObject_GetAttr(batch, s_untracked);
     if (untracked == NULL) {
         if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
@@ -502,6 +508,19 @@ fields_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     else
         Py_DECREF(untracked);
     return (PyObject *)self;
+}
+
+static PyObject *
+fields_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    PyObject *batch, *offset_delta, *timestamp;
+    if (kwargs != NULL && PyDict_GET_SIZE(kwargs)) {
+        PyErr_SetString(PyExc_TypeError, "RecordFuture takes no keyword arguments");
+        return NULL;
+    }
+    if (!PyArg_UnpackTuple(args, "RecordFuture", 3, 3, &batch, &offset_delta, &timestamp))
+        return NULL;
+    return make_fields(type, batch, offset_delta, timestamp);
 }
 
 static int
@@ -542,9 +561,311 @@ fields_track(PyObject *self, PyObject *unused)
     Py_RETURN_NONE;
 }
 
+/* The record's batch, held (NULL and AttributeError if it has none: a cleared future). */
+static PyObject *
+batch_of(RecordFields *self)
+{
+    if (self->batch == NULL || self->batch == Py_None) {
+        PyErr_SetString(PyExc_AttributeError, "this RecordFuture follows no batch");
+        return NULL;
+    }
+    return Py_NewRef(self->batch);
+}
+
+/* `method()` of the batch's asyncio future. */
+static PyObject *
+ask_batch_future(RecordFields *self, PyObject *method)
+{
+    PyObject *batch = batch_of(self);
+    if (batch == NULL)
+        return NULL;
+    PyObject *future = PyObject_GetAttr(batch, s_future);
+    Py_DECREF(batch);
+    if (future == NULL)
+        return NULL;
+    PyObject *answer = PyObject_CallMethodNoArgs(future, method);
+    Py_DECREF(future);
+    return answer;
+}
+
+/* 1 if the batch was split (it answers for each record: batch.pieces is not None), 0 if
+   not, -1 on error. */
+static int
+is_split(PyObject *batch)
+{
+    PyObject *pieces = PyObject_GetAttr(batch, s_pieces);
+    if (pieces == NULL)
+        return -1;
+    int split = pieces != Py_None;
+    Py_DECREF(pieces);
+    return split;
+}
+
+static PyObject *
+fields_done(RecordFields *self, PyObject *unused)
+{
+    return ask_batch_future(self, s_done);
+}
+
+static PyObject *
+fields_cancelled(RecordFields *self, PyObject *unused)
+{
+    return ask_batch_future(self, s_cancelled);
+}
+
+static PyObject *
+fields_get_loop(RecordFields *self, PyObject *unused)
+{
+    return ask_batch_future(self, s_get_loop);
+}
+
+static PyObject *
+fields_exception(RecordFields *self, PyObject *unused)
+{
+    PyObject *batch = batch_of(self), *answer = NULL;
+    if (batch == NULL)
+        return NULL;
+    int split = is_split(batch);
+    if (split == 0)
+        answer = ask_batch_future(self, s_exception);
+    else if (split == 1)
+        answer = PyObject_CallMethodOneArg(batch, s_exception_for, self->offset_delta);
+    Py_DECREF(batch);
+    return answer;
+}
+
+/* An instance of tuple subclass `cls` holding items[0:n], untracked by the garbage collector
+   when no item can hold a reference (as the collector does for plain tuples). */
+static PyObject *
+new_tuple_of(PyTypeObject *cls, PyObject *const *items, Py_ssize_t n)
+{
+    PyObject *self = cls->tp_alloc(cls, n);
+    if (self == NULL)
+        return NULL;
+    int atomic = 1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyTuple_SET_ITEM(self, i, Py_NewRef(items[i]));
+        if (PyObject_IS_GC(items[i]))
+            atomic = 0;
+    }
+    if (atomic && PyObject_GC_IsTracked(self))
+        PyObject_GC_UnTrack(self);
+    return self;
+}
+
+/* The record's RecordMetadata (the type is the future class's `_metadata_type`). */
+static PyObject *
+fields_result(RecordFields *self, PyObject *unused)
+{
+    PyObject *batch = batch_of(self);
+    if (batch == NULL)
+        return NULL;
+    PyObject *future = NULL, *outcome = NULL, *cls = NULL, *items[4] = {NULL, NULL, NULL, NULL};
+    PyObject *answer = NULL;
+    int split = is_split(batch);
+    if (split < 0)
+        goto done;
+    if (split) {
+        answer = PyObject_CallMethodObjArgs(batch, s_metadata, self->offset_delta,
+                                            self->timestamp, NULL);
+        goto done;
+    }
+    if ((future = PyObject_GetAttr(batch, s_future)) == NULL ||
+        (outcome = PyObject_CallMethodNoArgs(future, s_result)) == NULL)
+        goto done;
+    if (!PyTuple_Check(outcome) || PyTuple_GET_SIZE(outcome) != 2) {
+        PyErr_SetString(PyExc_TypeError, "a batch's outcome is (base_offset, log_append_time)");
+        goto done;
+    }
+    PyObject *base_offset = PyTuple_GET_ITEM(outcome, 0);
+    PyObject *log_append_time = PyTuple_GET_ITEM(outcome, 1);
+    long long base = PyLong_AsLongLong(base_offset);
+    if (base == -1 && PyErr_Occurred())
+        goto done;
+    long long appended = PyLong_AsLongLong(log_append_time);
+    if (appended == -1 && PyErr_Occurred())
+        goto done;
+    cls = PyObject_GetAttr((PyObject *)Py_TYPE(self), s_metadata_type);
+    if (cls == NULL)
+        goto done;
+    if (!PyType_Check(cls) || !PyType_IsSubtype((PyTypeObject *)cls, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "_metadata_type must be a tuple subclass");
+        goto done;
+    }
+    if ((items[0] = PyObject_GetAttr(batch, s_topic)) == NULL ||
+        (items[1] = PyObject_GetAttr(batch, s_partition)) == NULL ||
+        (items[2] = base >= 0 ? PyNumber_Add(base_offset, self->offset_delta)
+                              : PyLong_FromLong(-1)) == NULL)
+        goto done;
+    items[3] = Py_NewRef(appended >= 0 ? log_append_time : self->timestamp);
+    answer = new_tuple_of((PyTypeObject *)cls, items, 4);
+done:
+    for (int i = 0; i < 4; i++)
+        Py_XDECREF(items[i]);
+    Py_XDECREF(cls);
+    Py_XDECREF(outcome);
+    Py_XDECREF(future);
+    Py_DECREF(batch);
+    return answer;
+}
+
+/* Whether two contextvars.Context hold the very same values: 1, 0, or -1 on error. */
+static int
+contexts_same(PyObject *a, PyObject *b)
+{
+    if (a == b)
+        return 1;
+    Py_ssize_t n = PyObject_Length(a);
+    if (n < 0)
+        return -1;
+    Py_ssize_t m = PyObject_Length(b);
+    if (m < 0)
+        return -1;
+    if (n != m)
+        return 0;
+    if (n == 0)
+        return 1;
+    PyObject *keys = PyObject_GetIter(a);
+    if (keys == NULL)
+        return -1;
+    int same = 1;
+    PyObject *key;
+    while (same && (key = PyIter_Next(keys)) != NULL) {
+        PyObject *in_a = PyObject_GetItem(a, key);
+        PyObject *in_b = in_a == NULL ? NULL : PyObject_GetItem(b, key);
+        Py_DECREF(key);
+        if (in_b == NULL) {
+            Py_XDECREF(in_a);
+            if (!PyErr_ExceptionMatches(PyExc_KeyError)) {
+                Py_DECREF(keys);
+                return -1;
+            }
+            PyErr_Clear();
+            same = 0;
+            break;
+        }
+        same = in_a == in_b;
+        Py_DECREF(in_a);
+        Py_DECREF(in_b);
+    }
+    Py_DECREF(keys);
+    return PyErr_Occurred() ? -1 : same;
+}
+
+/* What a done callback added without a context runs in a copy of: records given callbacks in
+   one context share this snapshot, where each would otherwise keep a Context of its own for
+   the garbage collector to walk until its batch is done (gather over 500k records: 500k). It
+   is never entered, so it stays as it was copied. */
+static PyObject *snapshot;
+
+static PyObject *
+fields_add_done_callback(RecordFields *self, PyObject *const *args, Py_ssize_t nargs,
+                         PyObject *kwnames)
+{
+    Py_ssize_t keywords = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    if (nargs != 1 || keywords > 1 ||
+        (keywords == 1 && PyUnicode_Compare(PyTuple_GET_ITEM(kwnames, 0), s_context) != 0)) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "add_done_callback(fn, /, *, context=None)");
+        return NULL;
+    }
+    PyObject *fn = args[0], *context = keywords ? args[1] : Py_None, *held;
+    if (context == Py_None) {
+        PyObject *current = PyContext_CopyCurrent();
+        if (current == NULL)
+            return NULL;
+        int same = snapshot == NULL ? 0 : contexts_same(current, snapshot);
+        if (same < 0) {
+            Py_DECREF(current);
+            return NULL;
+        }
+        if (same)
+            Py_DECREF(current);
+        else
+            Py_XSETREF(snapshot, current);
+        held = Py_NewRef(snapshot);
+    }
+    else if ((held = PyTuple_Pack(1, context)) == NULL)  /* that very context, as asyncio */
+        return NULL;
+    int first = self->callback == NULL || self->callback == Py_None;
+    if (first && self->more_callbacks != NULL) {
+        int more = PyObject_IsTrue(self->more_callbacks);
+        if (more < 0) {
+            Py_DECREF(held);
+            return NULL;
+        }
+        first = !more;
+    }
+    if (first) {
+        Py_XSETREF(self->callback, Py_NewRef(fn));
+        Py_XSETREF(self->context, held);
+        PyObject *batch = batch_of(self);
+        if (batch == NULL)
+            return NULL;
+        /* ProducerBatch.watch()'s common case inline (gather: every record after a batch's
+           first): the batch has a list of watched records already. */
+        PyObject *watchers = PyObject_GetAttr(batch, s_watchers);
+        if (watchers == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
+                Py_DECREF(batch);
+                return NULL;
+            }
+            PyErr_Clear();
+        }
+        int listed = watchers != NULL && PyList_CheckExact(watchers);
+        int failed = listed && PyList_Append(watchers, (PyObject *)self) < 0;
+        Py_XDECREF(watchers);
+        if (!listed) {
+            PyObject *watched = PyObject_CallMethodOneArg(batch, s_watch, (PyObject *)self);
+            failed = watched == NULL;
+            Py_XDECREF(watched);
+        }
+        Py_DECREF(batch);
+        if (failed)
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    PyObject *entry = PyTuple_Pack(2, fn, held);
+    Py_DECREF(held);
+    if (entry == NULL)
+        return NULL;
+    int failed;
+    if (self->more_callbacks == NULL || self->more_callbacks == Py_None) {
+        PyObject *more = PyList_New(1);
+        failed = more == NULL;
+        if (more != NULL) {
+            PyList_SET_ITEM(more, 0, entry);
+            Py_XSETREF(self->more_callbacks, more);
+            entry = NULL;
+        }
+    }
+    else
+        failed = PyList_Append(self->more_callbacks, entry) < 0;
+    Py_XDECREF(entry);
+    if (failed)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef fields_methods[] = {
     {"_track", fields_track, METH_NOARGS,
      "Hand this future to the garbage collector (see the comment in _c.c)."},
+    {"done", (PyCFunction)fields_done, METH_NOARGS,
+     "Whether the record has its outcome (or the future was cancelled)."},
+    {"cancelled", (PyCFunction)fields_cancelled, METH_NOARGS,
+     "Whether the future was cancelled (it stopped following its record)."},
+    {"get_loop", (PyCFunction)fields_get_loop, METH_NOARGS, "The producer's event loop."},
+    {"result", (PyCFunction)fields_result, METH_NOARGS,
+     "The metadata if acknowledged; raises the failure, CancelledError if cancelled, or\n"
+     "InvalidStateError if pending."},
+    {"exception", (PyCFunction)fields_exception, METH_NOARGS,
+     "The failure, or None if acknowledged; raises as result() does when cancelled or\n"
+     "pending."},
+    {"add_done_callback", (PyCFunction)(void (*)(void))fields_add_done_callback,
+     METH_FASTCALL | METH_KEYWORDS,
+     "add_done_callback(fn, /, *, context=None)\n\n"
+     "Call fn(self) once the record is acknowledged, failed or cancelled (soon, from the loop,\n"
+     "in `context` or a copy of the current one, as asyncio futures do)."},
     {NULL}
 };
 
@@ -561,8 +882,8 @@ static PyMemberDef fields_members[] = {
 static PyTypeObject RecordFieldsType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "aioproducer._speedups._c.RecordFields",
-    .tp_doc = "The fields of a RecordFuture, untracked by the garbage collector until they may "
-              "be in a reference cycle.",
+    .tp_doc = "A RecordFuture's fields and the part of asyncio's Future protocol asyncio calls, "
+              "untracked by the garbage collector until the future may be in a reference cycle.",
     .tp_basicsize = sizeof(RecordFields),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
     .tp_new = fields_new,
@@ -573,6 +894,115 @@ static PyTypeObject RecordFieldsType = {
     .tp_members = fields_members,
 };
 
+/* Run one done callback: fn(record) in `held` (a 1-tuple: that very context; else a copy of
+   the snapshot it holds). 0 if it ran (what it raised reported by `report`), -1 if it raised
+   SystemExit or KeyboardInterrupt, or the report failed. */
+static int
+run_callback(PyObject *record, PyObject *fn, PyObject *held, PyObject *report)
+{
+    PyObject *context, *result = NULL;
+    if (PyTuple_Check(held) && PyTuple_GET_SIZE(held) == 1)
+        context = Py_NewRef(PyTuple_GET_ITEM(held, 0));
+    else
+        context = PyContext_Copy(held);
+    if (context != NULL) {
+        if (PyContext_Enter(context) == 0) {
+            result = PyObject_CallOneArg(fn, record);
+            if (PyContext_Exit(context) < 0)
+                Py_CLEAR(result);
+        }
+        Py_DECREF(context);
+    }
+    if (result != NULL) {
+        Py_DECREF(result);
+        return 0;
+    }
+    if (PyErr_ExceptionMatches(PyExc_SystemExit) ||
+        PyErr_ExceptionMatches(PyExc_KeyboardInterrupt))
+        return -1;
+#if PY_VERSION_HEX >= 0x030C0000
+    PyObject *error = PyErr_GetRaisedException();
+#else
+    PyObject *type, *error, *traceback;
+    PyErr_Fetch(&type, &error, &traceback);
+    PyErr_NormalizeException(&type, &error, &traceback);
+    if (traceback != NULL)
+        PyException_SetTraceback(error, traceback);
+    Py_XDECREF(type);
+    Py_XDECREF(traceback);
+#endif
+    PyObject *reported = PyObject_CallFunctionObjArgs(report, record, fn, error, NULL);
+    Py_XDECREF(error);
+    if (reported == NULL)
+        return -1;
+    Py_DECREF(reported);
+    return 0;
+}
+
+static PyObject *
+py_run_callbacks(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (!takes_args(nargs, 2, "run_callbacks(report, records)"))
+        return NULL;
+    PyObject *report = args[0], *records = args[1];
+    if (!PyList_CheckExact(records)) {
+        PyErr_SetString(PyExc_TypeError, "run_callbacks takes a list of records' futures");
+        return NULL;
+    }
+    Py_INCREF(records);
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(records); i++) {
+        PyObject *item = Py_NewRef(PyList_GET_ITEM(records, i));
+        if (!PyObject_TypeCheck(item, &RecordFieldsType)) {
+            Py_DECREF(item);
+            PyErr_SetString(PyExc_TypeError, "run_callbacks takes a list of records' futures");
+            goto error;
+        }
+        RecordFields *record = (RecordFields *)item;
+        PyObject *fn = record->callback, *held = record->context;
+        PyObject *more = Py_XNewRef(record->more_callbacks);
+        int failed = 0;
+        if (fn != NULL && fn != Py_None) {
+            record->callback = record->context = NULL;  /* (read as None) */
+            failed = held == NULL ? (PyErr_SetString(PyExc_TypeError, "a callback without "
+                                                     "its context"), -1)
+                                  : run_callback(item, fn, held, report);
+            Py_DECREF(fn);
+            Py_XDECREF(held);
+        }
+        if (!failed && more != NULL && more != Py_None) {
+            int any = PyObject_IsTrue(more);
+            failed = any < 0;
+            if (any > 0) {
+                Py_CLEAR(record->more_callbacks);
+                if (!PyList_Check(more)) {
+                    PyErr_SetString(PyExc_TypeError, "_more_callbacks must be a list");
+                    failed = 1;
+                }
+                for (Py_ssize_t j = 0; !failed && j < PyList_GET_SIZE(more); j++) {
+                    PyObject *entry = Py_NewRef(PyList_GET_ITEM(more, j));
+                    if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 2) {
+                        PyErr_SetString(PyExc_TypeError, "a callback is (fn, context)");
+                        failed = 1;
+                    }
+                    else
+                        failed = run_callback(item, PyTuple_GET_ITEM(entry, 0),
+                                              PyTuple_GET_ITEM(entry, 1), report) < 0;
+                    Py_DECREF(entry);
+                }
+            }
+        }
+        Py_XDECREF(more);
+        Py_DECREF(item);
+        if (failed)
+            goto error;
+    }
+    Py_DECREF(records);
+    Py_RETURN_NONE;
+error:
+    Py_DECREF(records);
+    return NULL;
+}
+
 /* Whether two contextvars.Context hold the very same values: identity, not ==, which a
    value may not answer (a numpy array) or answer slowly, and which would let a callback run
    with an equal object in place of the one set. */
@@ -581,41 +1011,12 @@ py_same_context(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     if (!takes_args(nargs, 2, "same_context(a, b)"))
         return NULL;
-    PyObject *a = args[0], *b = args[1];
-    if (!PyContext_CheckExact(a) || !PyContext_CheckExact(b)) {
+    if (!PyContext_CheckExact(args[0]) || !PyContext_CheckExact(args[1])) {
         PyErr_SetString(PyExc_TypeError, "same_context takes two contextvars.Context");
         return NULL;
     }
-    if (a == b)
-        Py_RETURN_TRUE;
-    Py_ssize_t n = PyObject_Length(a);
-    if (n < 0 || n != PyObject_Length(b))
-        return n < 0 ? NULL : Py_NewRef(Py_False);
-    PyObject *keys = PyObject_GetIter(a);
-    if (keys == NULL)
-        return NULL;
-    int same = 1;
-    PyObject *key;
-    while (same && (key = PyIter_Next(keys)) != NULL) {
-        PyObject *in_a = PyObject_GetItem(a, key);
-        PyObject *in_b = in_a == NULL ? NULL : PyObject_GetItem(b, key);
-        Py_DECREF(key);
-        if (in_b == NULL) {
-            Py_XDECREF(in_a);
-            if (!PyErr_ExceptionMatches(PyExc_KeyError)) {
-                Py_DECREF(keys);
-                return NULL;
-            }
-            PyErr_Clear();
-            same = 0;
-            break;
-        }
-        same = in_a == in_b;
-        Py_DECREF(in_a);
-        Py_DECREF(in_b);
-    }
-    Py_DECREF(keys);
-    if (PyErr_Occurred())
+    int same = contexts_same(args[0], args[1]);
+    if (same < 0)
         return NULL;
     return Py_NewRef(same ? Py_True : Py_False);
 }
@@ -630,28 +1031,81 @@ py_new_tuple(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     if (!takes_args(nargs, 2, "new_tuple(cls, items)"))
         return NULL;
-    PyTypeObject *cls = (PyTypeObject *)args[0];
-    PyObject *items = args[1];
-    if (!PyType_Check(args[0]) || !PyType_IsSubtype(cls, &PyTuple_Type) ||
-        !PyTuple_CheckExact(items)) {
+    if (!PyType_Check(args[0]) || !PyType_IsSubtype((PyTypeObject *)args[0], &PyTuple_Type) ||
+        !PyTuple_CheckExact(args[1])) {
         PyErr_SetString(PyExc_TypeError, "new_tuple takes a tuple subclass and a tuple");
         return NULL;
     }
-    Py_ssize_t n = PyTuple_GET_SIZE(items);
-    PyObject *self = cls->tp_alloc(cls, n);
-    if (self == NULL)
+    return new_tuple_of((PyTypeObject *)args[0], &PyTuple_GET_ITEM(args[1], 0),
+                        PyTuple_GET_SIZE(args[1]));
+}
+
+/* -- append_record: enqueue()'s and send()'s common case ------------------------------------ */
+
+static PyObject *
+py_append_record(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (!takes_args(nargs, 8, "append_record(batches, writers, partition, timestamp, key, "
+                    "value, headers, future_type)"))
         return NULL;
-    int atomic = 1;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *item = PyTuple_GET_ITEM(items, i);
-        Py_INCREF(item);
-        PyTuple_SET_ITEM(self, i, item);
-        if (PyObject_IS_GC(item))
-            atomic = 0;
+    PyObject *batches = args[0], *writers = args[1], *future_type = args[7];
+    if (!PyList_CheckExact(batches) || !PyList_CheckExact(writers) ||
+        PyList_GET_SIZE(batches) != PyList_GET_SIZE(writers)) {
+        PyErr_SetString(PyExc_TypeError, "append_record takes lists of batches and writers, "
+                        "one entry per partition");
+        return NULL;
     }
-    if (atomic && PyObject_GC_IsTracked(self))
-        PyObject_GC_UnTrack(self);
-    return self;
+    if (!PyType_Check(future_type) ||
+        !PyType_IsSubtype((PyTypeObject *)future_type, &RecordFieldsType)) {
+        PyErr_SetString(PyExc_TypeError, "append_record makes RecordFields subclasses");
+        return NULL;
+    }
+    Py_ssize_t partition = PyLong_AsSsize_t(args[2]);
+    if (partition == -1 && PyErr_Occurred())
+        return NULL;
+    long long timestamp = PyLong_AsLongLong(args[3]);
+    if (timestamp == -1 && PyErr_Occurred())
+        return NULL;
+    if (partition < 0 || partition >= PyList_GET_SIZE(writers))
+        Py_RETURN_NONE;
+    PyObject *writer = PyList_GET_ITEM(writers, partition);
+    if (writer == Py_None)
+        Py_RETURN_NONE;
+    if (!PyObject_TypeCheck(writer, &RecordWriterType)) {
+        PyErr_SetString(PyExc_TypeError, "writers must hold RecordWriter or None");
+        return NULL;
+    }
+    const char *data[3];
+    Py_ssize_t length[3];
+    for (int i = 0; i < 3; i++) {
+        PyObject *given = args[4 + i];
+        if (given == Py_None) {
+            data[i] = NULL;
+            length[i] = 0;
+        }
+        else if (PyBytes_CheckExact(given)) {
+            data[i] = PyBytes_AS_STRING(given);
+            length[i] = PyBytes_GET_SIZE(given);
+        }
+        else {
+            PyErr_SetString(PyExc_TypeError, "append_record takes key, value and headers as "
+                            "bytes or None");
+            return NULL;
+        }
+    }
+    /* No Python code runs from the list reads to here: the lists are as they were. */
+    RecordWriter *w = (RecordWriter *)writer;
+    int appended = writer_append(w, timestamp, data[0], length[0], data[1], length[1],
+                                 data[2], length[2]);
+    if (appended <= 0)
+        return appended < 0 ? NULL : Py_NewRef(Py_None);
+    PyObject *batch = Py_NewRef(PyList_GET_ITEM(batches, partition));
+    PyObject *delta = PyLong_FromSsize_t(w->count - 1);
+    PyObject *future = delta == NULL ? NULL
+        : make_fields((PyTypeObject *)future_type, batch, delta, args[3]);
+    Py_XDECREF(delta);
+    Py_DECREF(batch);
+    return future;
 }
 
 /* -- append_many -------------------------------------------------------------------------- */
@@ -1209,6 +1663,17 @@ static PyMethodDef module_methods[] = {
     {"same_context", (PyCFunction)(void (*)(void))py_same_context, METH_FASTCALL,
      "same_context(a, b) -> bool\n\n"
      "Whether two contextvars.Context hold the very same values (identity, not ==)."},
+    {"run_callbacks", (PyCFunction)(void (*)(void))py_run_callbacks, METH_FASTCALL,
+     "run_callbacks(report, records)\n\n"
+     "Run the done callbacks of records' futures (a batch's, or a cancelled one), each in its\n"
+     "own context, in the order they were added; report(record, fn, exc) what one raises\n"
+     "(but SystemExit and KeyboardInterrupt, which propagate)."},
+    {"append_record", (PyCFunction)(void (*)(void))py_append_record, METH_FASTCALL,
+     "append_record(batches, writers, partition, timestamp, key, value, headers,\n"
+     "              future_type) -> future | None\n\n"
+     "Append a record (key, value and encoded headers as bytes or None) to its partition's\n"
+     "open batch and make its future, future_type(batch, offset_delta, timestamp); None when\n"
+     "the partition has no open batch or the record does not fit in it."},
     {"new_tuple", (PyCFunction)(void (*)(void))py_new_tuple, METH_FASTCALL,
      "new_tuple(cls, items) -> cls\n\n"
      "tuple.__new__(cls, items) for a tuple subclass, untracked by the garbage collector when\n"
@@ -1254,7 +1719,12 @@ PyInit__c(void)
         {&s_log_append_time_ms, "log_append_time_ms"},
         {&s_log_start_offset, "log_start_offset"}, {&s_record_errors, "record_errors"},
         {&s_error_message, "error_message"}, {&s_throttle_time_ms, "throttle_time_ms"},
-        {&s_untracked, "_untracked"},
+        {&s_untracked, "_untracked"}, {&s_future, "future"}, {&s_pieces, "pieces"},
+        {&s_topic, "topic"}, {&s_partition, "partition"}, {&s_metadata_type, "_metadata_type"},
+        {&s_metadata, "metadata"}, {&s_exception_for, "exception_for"}, {&s_watch, "watch"},
+        {&s_watchers, "_watchers"},
+        {&s_done, "done"}, {&s_cancelled, "cancelled"}, {&s_get_loop, "get_loop"},
+        {&s_result, "result"}, {&s_exception, "exception"}, {&s_context, "context"},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if (*names[i].name == NULL &&

@@ -6,8 +6,9 @@ tests hold both to the same bytes and partitions: change one, change the other.
 
 from __future__ import annotations
 
+import contextvars
 import struct
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import crc32c
 
@@ -85,12 +86,17 @@ _MISSING = object()
 
 
 class RecordFields:
-    """The fields of a RecordFuture. The C one keeps a record's future out of the garbage
+    """The fields of a RecordFuture and the part of asyncio's Future protocol asyncio calls
+    on it (gather calls get_loop, add_done_callback, cancelled, exception and result on every
+    record's future). Each asks the record's batch, or what stands in for it (a WaitingRecord,
+    a _Decided): its asyncio future, its `pieces` (a split batch answers for each record),
+    its topic and partition. The C one also keeps a record's future out of the garbage
     collector's sight while it cannot be in a reference cycle (see _c.c); this one is tracked
     like any object, so it need not register with its batch."""
 
     __slots__ = ("_batch", "_offset_delta", "_timestamp", "_callback", "_context",
                  "_more_callbacks")
+    _metadata_type: Any  # the RecordMetadata class, set by the subclass
 
     def __init__(self, batch: Any, offset_delta: int, timestamp: int) -> None:
         self._batch = batch
@@ -102,6 +108,90 @@ class RecordFields:
 
     def _track(self) -> None:
         """Tracked already."""
+
+    def done(self) -> bool:
+        return bool(self._batch.future.done())
+
+    def cancelled(self) -> bool:
+        return bool(self._batch.future.cancelled())
+
+    def get_loop(self) -> Any:
+        return self._batch.future.get_loop()
+
+    def result(self) -> Any:
+        """The metadata if acknowledged; raises the failure, CancelledError if cancelled, or
+        InvalidStateError if pending."""
+        batch = self._batch
+        if batch.pieces is not None:
+            return batch.metadata(self._offset_delta, self._timestamp)
+        base_offset, log_append_time = batch.future.result()
+        return new_tuple(self._metadata_type, (
+            batch.topic, batch.partition,
+            base_offset + self._offset_delta if base_offset >= 0 else -1,
+            log_append_time if log_append_time >= 0 else self._timestamp))
+
+    def exception(self) -> BaseException | None:
+        """The failure, or None if acknowledged; raises as `result()` does when cancelled or
+        pending."""
+        batch = self._batch
+        if batch.pieces is None:
+            return batch.future.exception()  # type: ignore[no-any-return]
+        return batch.exception_for(self._offset_delta)  # type: ignore[no-any-return]
+
+    def add_done_callback(self, fn: Callable[[Any], object], /, *,
+                          context: contextvars.Context | None = None) -> None:
+        """Call `fn(self)` once the record is acknowledged, failed or cancelled (soon, from
+        the loop, in `context` or a copy of the current one, as asyncio futures do)."""
+        global _snapshot
+        held: contextvars.Context | tuple[contextvars.Context]
+        if context is None:
+            current = contextvars.copy_context()
+            if not same_context(current, _snapshot):
+                _snapshot = current
+            held = _snapshot
+        else:
+            held = (context,)  # run in that very context, as asyncio does
+        if self._callback is None and not self._more_callbacks:
+            self._callback, self._context = fn, held
+            self._batch.watch(self)  # (watched twice: run once)
+        elif self._more_callbacks is None:
+            self._more_callbacks = [(fn, held)]
+        else:
+            self._more_callbacks.append((fn, held))
+
+
+# The context a done callback added without one runs in a copy of, as with asyncio's futures.
+# Records given callbacks in one context share this snapshot, where each would otherwise keep
+# a Context of its own, for the garbage collector to walk until its batch is done (gather over
+# 500k records: 500k). It is never entered, so it stays as it was copied.
+_snapshot = contextvars.copy_context()
+
+
+def run_callbacks(report: Callable[[Any, Any, BaseException], object],
+                  records: list[Any]) -> None:
+    """Run the done callbacks of records' futures (a batch's, or a cancelled one), each in
+    its own context, in the order they were added; `report(record, fn, exc)` what one raises
+    (but SystemExit and KeyboardInterrupt, which propagate)."""
+    for record in records:
+        fn, more = record._callback, record._more_callbacks
+        if fn is not None:
+            context = record._context
+            record._callback = record._context = None
+            try:
+                (context[0] if isinstance(context, tuple) else context.copy()).run(fn, record)
+            except (SystemExit, KeyboardInterrupt):
+                raise
+            except BaseException as exc:
+                report(record, fn, exc)
+        if more:
+            record._more_callbacks = None
+            for fn, context in more:
+                try:
+                    (context[0] if isinstance(context, tuple) else context.copy()).run(fn, record)
+                except (SystemExit, KeyboardInterrupt):
+                    raise
+                except BaseException as exc:
+                    report(record, fn, exc)
 
 
 class RecordWriter:
@@ -223,6 +313,26 @@ def append_many(records: list[Any], start: int, batches: list[Any], writers: lis
         out_batches.append(batches[p])
         out_deltas += pack(writer.count - 1)
     return len(records), DONE, -1
+
+
+def append_record(batches: list[Any], writers: list[Any], partition: int, timestamp: int,
+                  key: bytes | None, value: bytes | None, headers: bytes | None,
+                  future_type: Any) -> Any:
+    """Append a record (key, value and encoded headers as bytes or None) to its partition's
+    open batch and make its future, `future_type(batch, offset_delta, timestamp)`; None when
+    the partition has no open batch or the record does not fit in it."""
+    if len(batches) != len(writers):
+        raise TypeError("append_record takes lists of batches and writers, one entry per "
+                        "partition")
+    for given in (key, value, headers):
+        if given is not None and type(given) is not bytes:
+            raise TypeError("append_record takes key, value and headers as bytes or None")
+    if not 0 <= partition < len(writers):
+        return None
+    writer = writers[partition]
+    if writer is None or not writer.try_append(timestamp, key, value, headers):
+        return None
+    return future_type(batches[partition], writer.count - 1, timestamp)
 
 
 def encode_produce(version: int, correlation_id: int, client_id: str | None,

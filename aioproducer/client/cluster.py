@@ -159,6 +159,7 @@ class Cluster:
         # waited for), and the timer that rebootstraps if none has come trigger_ms later.
         self._unanswered_since: float | None = None
         self._rebootstrap_timer: asyncio.TimerHandle | None = None
+        self.connections_created = 0  # for client telemetry (KIP-714)
         self._closed: asyncio.Future[None] = self._loop.create_future()  # done at close()
         self._ssl_context = ssl_context_for(config)
         # Bootstrap servers get negative ids, as in the Java client, until metadata names them.
@@ -612,6 +613,7 @@ class Cluster:
             raise KafkaConnectionError(f"{conn.address}: connected after the producer "
                                        "rebootstrapped, and no longer known")
         self._backoff.pop(broker.node_id, None)
+        self.connections_created += 1
         conn.on_close = self._connection_closed
         self._connections[broker.node_id] = conn
         if conn.features_epoch >= self.features_epoch:  # the newest a broker told (KIP-584)

@@ -35,6 +35,8 @@ class ApiKey(enum.IntEnum):
     TXN_OFFSET_COMMIT = 28
     SASL_AUTHENTICATE = 36
     OFFSET_FETCH = 9  # a group's committed offsets (the Spark sink's committed batch ids)
+    GET_TELEMETRY_SUBSCRIPTIONS = 71  # KIP-714: what metrics the broker wants, how often
+    PUSH_TELEMETRY = 72
 
 
 # (lowest, highest) version we implement, and the first flexible version (99: none).
@@ -54,6 +56,8 @@ CLIENT_VERSIONS: dict[ApiKey, tuple[int, int]] = {
     ApiKey.FETCH: (4, 12),  # 4: RecordBatch v2 and isolation; 13+ name topics by id only
     ApiKey.LIST_OFFSETS: (1, 7),  # 1: one offset per partition
     ApiKey.OFFSET_FETCH: (1, 7),  # 8+ ask for several groups at once
+    ApiKey.GET_TELEMETRY_SUBSCRIPTIONS: (0, 0),
+    ApiKey.PUSH_TELEMETRY: (0, 0),
 }
 # Transactions V2 (KIP-890 part 2): from these versions a broker takes the request as part of
 # a V2 transaction (Produce adds its partitions implicitly, TxnOffsetCommit its group, EndTxn
@@ -68,6 +72,7 @@ FLEXIBLE_FROM: dict[ApiKey, int] = {
     ApiKey.INIT_PRODUCER_ID: 2, ApiKey.ADD_PARTITIONS_TO_TXN: 3, ApiKey.ADD_OFFSETS_TO_TXN: 3,
     ApiKey.END_TXN: 3, ApiKey.TXN_OFFSET_COMMIT: 3, ApiKey.SASL_AUTHENTICATE: 2,
     ApiKey.FETCH: 12, ApiKey.LIST_OFFSETS: 6, ApiKey.OFFSET_FETCH: 6,
+    ApiKey.GET_TELEMETRY_SUBSCRIPTIONS: 0, ApiKey.PUSH_TELEMETRY: 0,
 }
 
 _REQUESTS: dict[ApiKey, tuple[F, ...]] = {
@@ -195,6 +200,15 @@ _REQUESTS: dict[ApiKey, tuple[F, ...]] = {
         F("group_id", "string"),
         F("topics", (F("name", "string"), F("partition_indexes", "[int32]")), nullable_from=2),
         F("require_stable", "bool", (7, 99)),
+    ),
+    # The zero UUID first: the broker assigns this client instance its id.
+    ApiKey.GET_TELEMETRY_SUBSCRIPTIONS: (F("client_instance_id", "uuid"),),
+    ApiKey.PUSH_TELEMETRY: (
+        F("client_instance_id", "uuid"),
+        F("subscription_id", "int32"),
+        F("terminating", "bool"),
+        F("compression_type", "int8"),
+        F("metrics", "bytes"),  # OTLP MetricsData (protocol/otlp.py), compressed as said
     ),
 }
 
@@ -382,6 +396,19 @@ _RESPONSES: dict[ApiKey, tuple[F, ...]] = {
         )),
         F("error_code", "int16", (2, 99)),
     ),
+    ApiKey.GET_TELEMETRY_SUBSCRIPTIONS: (
+        F("throttle_time_ms", "int32"),
+        F("error_code", "int16"),
+        F("client_instance_id", "uuid"),
+        F("subscription_id", "int32"),
+        F("accepted_compression_types", "[int8]", max_items=256),
+        F("push_interval_ms", "int32"),
+        F("telemetry_max_bytes", "int32"),
+        F("delta_temporality", "bool"),
+        # Prefixes of metric names: [] none, [""] or ["*"] all.
+        F("requested_metrics", "[string]", max_items=10_000),
+    ),
+    ApiKey.PUSH_TELEMETRY: (F("throttle_time_ms", "int32"), F("error_code", "int16")),
 }
 
 _HEADER = struct.Struct(">ihhi")  # size, api_key, api_version, correlation_id

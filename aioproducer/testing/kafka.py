@@ -240,6 +240,9 @@ class ApacheKafka:
     validator: any unsigned token with a subject), with `tls=True` an SSL one (certificates
     made here; `ssl_client_auth` "required" by default). `bootstrap_for(listener)` gives each
     listener's address list; `reauth_ms` sets `connections.max.reauth.ms` (KIP-368).
+    `broker_config` adds or overrides broker properties; `classpath` adds jars or class
+    directories to the nodes' (and tools') class path: a plugin of your own, such as a
+    `metric.reporters` class (tests/real_kafka/test_telemetry.py's telemetry receiver).
     Commands block (seconds, for those that run Kafka's tools or wait for a node): from a
     loop whose producer must keep running, call them with asyncio.to_thread.
     """
@@ -249,7 +252,8 @@ class ApacheKafka:
                  tls: bool = False, users: Mapping[str, str] | None = None,
                  ssl_client_auth: str = "required", reauth_ms: int | None = None,
                  transaction_version: int | None = None,
-                 broker_config: Mapping[str, Any] | None = None, heap_mb: int = 320,
+                 broker_config: Mapping[str, Any] | None = None,
+                 classpath: Sequence[str | os.PathLike[str]] = (), heap_mb: int = 320,
                  start_timeout: float = 120.0, keep_logs: bool | None = None) -> None:
         if not 1 <= nodes <= 9:
             raise ApacheKafkaError(f"nodes must be between 1 and 9, not {nodes}")
@@ -275,6 +279,7 @@ class ApacheKafka:
         self._reauth_ms = reauth_ms
         self._transaction_version = transaction_version
         self._broker_config = dict(broker_config or {})
+        self._classpath = [str(Path(entry).resolve()) for entry in classpath]
         self._heap_mb = heap_mb
         self._start_timeout = start_timeout
         self._keep_logs = (os.environ.get("AIOPRODUCER_KAFKA_KEEP_LOGS") == "1"
@@ -490,7 +495,7 @@ class ApacheKafka:
                 "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true",
                 f"-Dlog4j2.configurationFile={self.directory / 'log4j2.properties'}",
                 f"-Dlog4j.configuration=file:{self.directory / 'log4j.properties'}",
-                "-cp", f"{self.libs}/*", main, *args]
+                "-cp", os.pathsep.join([f"{self.libs}/*", *self._classpath]), main, *args]
 
     def _run_tool(self, main: str, *args: str, timeout: float = 120.0) -> str:
         """Run one of Kafka's command-line tools to the end, watched like the nodes."""

@@ -175,20 +175,35 @@ class TopicReader:
         return groups
 
     async def _list_offsets(self, partitions: Iterable[int], timestamp: int) -> dict[int, int]:
-        offsets = {}
-        for leader, group in self._by_leader(partitions).items():
-            conn = await self.cluster.connection(leader)
-            response = await conn.request(ApiKey.LIST_OFFSETS, {
-                "isolation_level": self._isolation,
-                "topics": [{"name": self.topic, "partitions": [
-                    {"partition_index": p, "timestamp": timestamp} for p in group]}]})
-            for topic in response["topics"]:
-                for answer in topic["partitions"]:
-                    partition = answer["partition_index"]
-                    error = _error(answer, f"ListOffsets of {self.topic}-{partition}")
-                    if error is not None:
-                        raise error
-                    offsets[partition] = answer["offset"]
+        """Each partition's offset at `timestamp`; what a retry may mend (a partition's
+        leader not ready yet, as just after a topic grows on Kafka) is retried, after a
+        backoff and fresh metadata, for up to max_block_ms."""
+        offsets: dict[int, int] = {}
+        asked = list(partitions)
+        deadline = asyncio.get_running_loop().time() + self._config.max_block_ms / 1000
+        while asked:
+            failed: dict[int, KafkaError] = {}
+            for leader, group in self._by_leader(asked).items():
+                conn = await self.cluster.connection(leader)
+                response = await conn.request(ApiKey.LIST_OFFSETS, {
+                    "isolation_level": self._isolation,
+                    "topics": [{"name": self.topic, "partitions": [
+                        {"partition_index": p, "timestamp": timestamp} for p in group]}]})
+                for topic in response["topics"]:
+                    for answer in topic["partitions"]:
+                        partition = answer["partition_index"]
+                        error = _error(answer, f"ListOffsets of {self.topic}-{partition}")
+                        if error is None:
+                            offsets[partition] = answer["offset"]
+                        else:
+                            failed[partition] = error
+            if not failed:
+                break
+            error = next(iter(failed.values()))
+            if asyncio.get_running_loop().time() >= deadline:
+                raise error
+            await self._retry_later(error)  # (raises what a retry cannot mend)
+            asked = list(failed)
         return offsets
 
     async def _fetch_at(self, offsets: dict[int, int], max_wait_ms: int,

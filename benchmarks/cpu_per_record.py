@@ -1,0 +1,77 @@
+"""aioproducer's CPU per record, in this process: enqueue + gather and enqueue_many, on an
+embedded broker (the least load-sensitive figure on a shared machine: the process's CPU
+seconds over the produce phase, not wall time). --profile SHAPE prints a cProfile of that
+shape's first round (thread CPU time) instead of timing it.
+
+    python benchmarks/cpu_per_record.py PARTITIONS [RECORDS] [--size B] [--rounds N]
+        [--shapes gather,bulk] [--profile gather|bulk] [--asyncio] [--batch-size B]
+"""
+import argparse, asyncio, cProfile, os, pstats, sys, time
+from aioproducer import Producer
+from aioproducer.testing import EmbeddedBroker
+from aioproducer._speedups import IMPLEMENTATION
+
+p = argparse.ArgumentParser()
+p.add_argument("partitions", type=int)
+p.add_argument("records", type=int, nargs="?", default=200_000)
+p.add_argument("--size", type=int, default=100)
+p.add_argument("--profile", default=None)
+p.add_argument("--rounds", type=int, default=3)
+p.add_argument("--shapes", default="gather,bulk")
+p.add_argument("--asyncio", action="store_true", help="not uvloop")
+p.add_argument("--batch-size", type=int, default=0)
+args = p.parse_args()
+value = os.urandom(args.size)
+data = [(b"key-%012d" % (i % 100_000), value) for i in range(args.records)]
+
+
+async def gather(producer, topic):
+    futs = [await producer.enqueue(topic, v, k) for k, v in data]
+    await asyncio.gather(*futs)
+
+
+async def bulk(producer, topic):
+    results = [await producer.enqueue_many(topic, data[i:i + 10_000])
+               for i in range(0, len(data), 10_000)]
+    await producer.flush()
+    for r in results:
+        await r
+
+SHAPES = {"gather": gather, "bulk": bulk}
+
+
+async def one(bootstrap, topic, shape, profile):
+    extra = {"batch_size": args.batch_size} if args.batch_size else {}
+    async with Producer(bootstrap, acks=1, linger_ms=5, **extra) as producer:
+        await producer.partitions_for(topic)
+        cpu = time.process_time()
+        if profile:
+            prof = cProfile.Profile(time.thread_time)
+            prof.enable()
+        await SHAPES[shape](producer, topic)
+        if profile:
+            prof.disable()
+        used = time.process_time() - cpu
+    return used / args.records * 1e6, (prof if profile else None)
+
+
+with EmbeddedBroker() as broker:
+    n = 0
+    for shape in args.shapes.split(","):
+        results = []
+        for r in range(args.rounds):
+            n += 1
+            topic = f"m{n}"
+            broker.create_topic(topic, args.partitions)
+            runner = asyncio.run if args.asyncio else __import__("uvloop").run
+            us, prof = runner(one(broker.bootstrap, topic, shape, args.profile == shape and r == 0))
+            if prof:
+                st = pstats.Stats(prof); st.sort_stats("tottime").print_stats(35)
+            else:
+                results.append(us)
+        if results:
+            results.sort()
+            print(f"{IMPLEMENTATION} p{args.partitions} s{args.size} {shape}: us CPU/record "
+                  f"median {results[len(results)//2]:.2f} min {results[0]:.2f} "
+                  f"({', '.join(f'{x:.2f}' for x in results)}) load {os.getloadavg()[0]:.1f}",
+                  flush=True)
