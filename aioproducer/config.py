@@ -23,6 +23,7 @@ from .serializers import Serializer, SerializerSetting
 
 _CODECS = tuple(codec.name.lower() for codec in Codec)
 _PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+_RECOVERY_STRATEGIES = ("rebootstrap", "none")
 _MAX_INT = 2**31 - 1
 # compression_level: what each codec's library accepts (gzip: zlib's -1 default and 0-9; zstd:
 # its negative fast levels up to 22; lz4 takes any int, clamped).
@@ -72,6 +73,8 @@ class ProducerSettingsBase(TypedDict, total=False):
     compression_level: int | None
     metadata_max_age_ms: int
     metadata_max_idle_ms: int
+    metadata_recovery_strategy: str
+    metadata_recovery_rebootstrap_trigger_ms: int
     allow_auto_create_topics: bool
     enable_metrics_push: bool
     transactional_id: str | None
@@ -141,6 +144,12 @@ class ProducerConfig:
     compression_level: int | None = None
     metadata_max_age_ms: int = 300000
     metadata_max_idle_ms: int = 300000  # stop fetching metadata of topics unused this long
+    # KIP-899/KIP-1102: "rebootstrap" forgets the brokers metadata named and starts again from
+    # bootstrap_servers when none of them can be reached, when none has given metadata for
+    # metadata_recovery_rebootstrap_trigger_ms, or when a broker asks (REBOOTSTRAP_REQUIRED);
+    # "none" keeps asking the known brokers.
+    metadata_recovery_strategy: str = "rebootstrap"
+    metadata_recovery_rebootstrap_trigger_ms: int = 300000
     allow_auto_create_topics: bool = True
     # KIP-714: push the producer's metrics to a broker that asks for them (one whose operator
     # set up a telemetry plugin and a client-metrics subscription), as the Java client does.
@@ -265,6 +274,7 @@ class ProducerConfig:
                           ("socket_connection_setup_timeout_max_ms", 1),
                           ("max_in_flight_requests_per_connection", 1),
                           ("metadata_max_age_ms", 0), ("metadata_max_idle_ms", 1000),
+                          ("metadata_recovery_rebootstrap_trigger_ms", 1),
                           ("transaction_timeout_ms", 1),
                           ("partitioner_availability_timeout_ms", 0)):
             _check_int(name, getattr(self, name), low)
@@ -299,6 +309,13 @@ class ProducerConfig:
                      "partitioner_adaptive_partitioning_enable", "partitioner_ignore_keys"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False, not {getattr(self, name)!r}")
+        strategy = self.metadata_recovery_strategy.lower() \
+            if isinstance(self.metadata_recovery_strategy, str) else None  # any case, as Java
+        if strategy not in _RECOVERY_STRATEGIES:
+            raise ConfigError(f"metadata_recovery_strategy must be one of "
+                              f"{', '.join(_RECOVERY_STRATEGIES)}, not "
+                              f"{self.metadata_recovery_strategy!r}")
+        changes["metadata_recovery_strategy"] = strategy
         if self.compression_type not in _CODECS:
             raise ConfigError(f"compression_type must be one of {', '.join(_CODECS)}, not "
                               f"{self.compression_type!r}")

@@ -1022,6 +1022,12 @@ class InvalidRegularExpressionError(BrokerError):
     error_code, name = 128, "INVALID_REGULAR_EXPRESSION"
 
 
+class RebootstrapRequiredError(BrokerError, RetriableError):
+    """Client metadata is stale. The client should rebootstrap to obtain new metadata."""
+
+    error_code, name = 129, "REBOOTSTRAP_REQUIRED"
+
+
 class ErrorClass(enum.Enum):
     """KIP-1050's classes of the errors a transactional call can meet (the table above)."""
 

@@ -536,6 +536,7 @@ class Producer(Generic[K, V]):
             produce_throttle_time_max_ms=sender.throttle_time_max_ms,
             leader_redirects=sender.redirects,
             reauthentications=cluster.reauthentications,
+            rebootstraps=cluster.rebootstraps,
             state="closing" if self._lifecycle.closing and self._lifecycle.state is STARTED
             else self._lifecycle.state.value,
             records_pending=sum(batch.record_count for batch in accumulator.incomplete),

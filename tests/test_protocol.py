@@ -185,7 +185,7 @@ def test_unknown_tagged_fields_are_skipped():
         compile_reader(schema, 0, flexible=True)(bad, 0)
 
 
-@pytest.mark.parametrize("version", range(1, 13))
+@pytest.mark.parametrize("version", range(1, 14))
 def test_metadata_response_from_kafka_python(version):
     broker_cls = MetadataResponse.MetadataResponseBroker
     topic_cls = MetadataResponse.MetadataResponseTopic
@@ -201,11 +201,13 @@ def test_metadata_response_from_kafka_python(version):
         version=version, controller_id=1, topics=[topic],
         brokers=[broker_cls(version=version, node_id=111, host="h", port=9092, rack=None)],
         **({"throttle_time_ms": 0} if version >= 3 else {}),
-        **({"cluster_id": "c"} if version >= 2 else {}))
+        **({"cluster_id": "c"} if version >= 2 else {}),
+        **({"error_code": 129} if version >= 13 else {}))  # KIP-1102: REBOOTSTRAP_REQUIRED
     response.with_header(correlation_id=1)
     body = decode_response(ApiKey.METADATA, version, response.encode(header=True))
     assert body["brokers"][0]["node_id"] == 111 and body["brokers"][0]["host"] == "h"
     assert [p["leader_id"] for p in body["topics"][0]["partitions"]] == [111] * 3
+    assert body.get("error_code", 0) == (129 if version >= 13 else 0)
 
 
 @pytest.mark.parametrize("version", range(0, 6))

@@ -70,6 +70,8 @@ class ProducerMetrics:
     produce_throttle_time_max_ms: int = 0  # ... and the longest
     leader_redirects: int = 0  # batches sent on to a new leader a produce response named (KIP-951)
     reauthentications: int = 0  # SASL sessions renewed on open connections (KIP-368)
+    # times the producer went back to bootstrap_servers for metadata (KIP-899, KIP-1102)
+    rebootstraps: int = 0
     # The producer's state: "new", "starting", "started", "failed" (its sender died),
     # "closing" or "closed".
     state: str = "new"

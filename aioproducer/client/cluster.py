@@ -6,6 +6,14 @@ than `metadata_max_age_ms`.
 Concurrent refresh requests share one in-flight fetch. Connections are opened on demand, at
 most one per broker, with exponential backoff after failures; the sender asks without
 waiting (`ready_connection`) and is woken when a connection comes up.
+
+Rebootstrap (KIP-899, KIP-1102; `metadata_recovery_strategy="rebootstrap"`): the brokers a
+metadata answer named are forgotten, their connections closed, and metadata is asked of
+`bootstrap_servers` again (their names resolved anew, as at every connection) when every
+known broker failed to connect, when none has given metadata for
+`metadata_recovery_rebootstrap_trigger_ms` while metadata was wanted (they take connections
+but never answer, say), or when a broker answers REBOOTSTRAP_REQUIRED. The cluster id is kept:
+a bootstrap address that now leads to another cluster is refused.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ import ipaddress
 import logging
 import random
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable, Iterable, Mapping
 
 from ..config import ProducerConfig, ssl_context_for
@@ -27,6 +36,7 @@ from ..errors import (
     KafkaConnectionError,
     KafkaError,
     ProducerClosedError,
+    RebootstrapRequiredError,
     RequestTimeoutError,
     TopicAuthorizationFailedError,
     UnknownTopicError,
@@ -117,6 +127,8 @@ class Cluster:
         self.release_topic: Callable[[str], bool] = lambda topic: True
         self._refresh_failed = LogEvery(log, logging.WARNING, 30)  # an outage's, every 30 s
         self._bad_address = LogEvery(log, logging.WARNING, 30)
+        self._not_recovering = LogEvery(log, logging.WARNING, 30)  # metadata_recovery "none"
+        self._refused = LogEvery(log, logging.WARNING, 30)  # another cluster's metadata
         self._used_at: dict[str, float] = {}
         self._loop = asyncio.get_running_loop()
         self.brokers: dict[int, Broker] = {}
@@ -140,6 +152,13 @@ class Cluster:
                                         config.retry_backoff_max_ms / 1000)
         self._stale = True
         self.reauthentications = 0  # for metrics (KIP-368)
+        self.rebootstraps = 0  # for metrics (KIP-899, KIP-1102)
+        # Bumped by each rebootstrap: a connection begun before one is not kept after it.
+        self._generation = 0
+        # KIP-1102: when the first fetch since the last metadata answer began (None: none is
+        # waited for), and the timer that rebootstraps if none has come trigger_ms later.
+        self._unanswered_since: float | None = None
+        self._rebootstrap_timer: asyncio.TimerHandle | None = None
         self.connections_created = 0  # for client telemetry (KIP-714)
         self._closed: asyncio.Future[None] = self._loop.create_future()  # done at close()
         self._ssl_context = ssl_context_for(config)
@@ -234,19 +253,29 @@ class Cluster:
         """Start a metadata fetch unless one is running; await the task to wait for it."""
         if self._refresh is None or self._refresh.done():
             self._attempted_at = self._loop.time()
+            if self._unanswered_since is None:
+                self._unanswered_since = self._attempted_at
+                self._arm_rebootstrap_timer()
             self._refresh = self._tasks.spawn(
                 self._fetch_metadata(), f"aioproducer-metadata-{self._config.client_id}")
-            self._refresh.add_done_callback(self._refresh_done)
+            self._refresh.add_done_callback(partial(self._refresh_done, self._generation))
         return self._refresh
 
-    def _refresh_done(self, task: asyncio.Task[None]) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            if self._updated_at != float("-inf"):  # (the first fetch's failure fails start())
-                self._refresh_failed("metadata refresh failed: %s", task.exception())
+    def _refresh_done(self, generation: int, task: asyncio.Task[None]) -> None:
+        exc = None if task.cancelled() else task.exception()
+        if exc is not None:
+            # Not the first fetch's failure (it fails start()), nor one a rebootstrap cut
+            # short (its WARNING said why); another cluster's answer has a line of its own,
+            # not lost among an outage's.
+            if self._updated_at != float("-inf") and generation == self._generation:
+                said = self._refused if isinstance(exc, InconsistentClusterIdError) \
+                    else self._refresh_failed
+                said("metadata refresh failed: %s", exc)
             self._refresh_backoff.failed()
-        elif not task.cancelled() and not self._refresh_failed.quiet():
+        elif not task.cancelled() and not (self._refresh_failed.quiet() and self._refused.quiet()):
             log.warning("metadata refresh works again")
             self._refresh_failed.reset()
+            self._refused.reset()
         self.on_change()
 
     async def topic(self, topic: str, timeout: float) -> TopicInfo:
@@ -311,6 +340,12 @@ class Cluster:
             "topics": [{"name": t} for t in topics],
             "allow_auto_topic_creation": self._config.allow_auto_create_topics,
         })
+        error_code = response.get("error_code", 0)  # (Metadata v13+)
+        if error_code:
+            exc = error_for_code(error_code, f"metadata from {conn.address}")
+            if isinstance(exc, RebootstrapRequiredError):
+                self._rebootstrap(f"{conn.address} answered REBOOTSTRAP_REQUIRED")
+            raise exc
         cluster_id = response.get("cluster_id")
         if cluster_id and self.cluster_id and cluster_id != self.cluster_id:
             # After every known broker failed, the bootstrap servers led somewhere else
@@ -359,7 +394,68 @@ class Cluster:
         self._updated_at = self._loop.time()
         self._stale = False
         self._refresh_backoff.reset()
+        self._unanswered_since = None
+        if self._rebootstrap_timer is not None:
+            self._rebootstrap_timer.cancel()
+            self._rebootstrap_timer = None
         self._adopt_bootstrap_connections()
+
+    # -- rebootstrap (KIP-899, KIP-1102) -----------------------------------------------------
+
+    def _arm_rebootstrap_timer(self) -> None:
+        if self._config.metadata_recovery_strategy != "rebootstrap" or self.closed:
+            return
+        if self._rebootstrap_timer is not None:
+            self._rebootstrap_timer.cancel()
+        assert self._unanswered_since is not None
+        self._rebootstrap_timer = self._loop.call_at(
+            self._unanswered_since + self._config.metadata_recovery_rebootstrap_trigger_ms / 1000,
+            self._rebootstrap_due)
+
+    def _rebootstrap_due(self) -> None:
+        """No metadata for metadata_recovery_rebootstrap_trigger_ms though it was asked for."""
+        self._rebootstrap_timer = None
+        if self.closed or self._unanswered_since is None:
+            return
+        waited_ms = (self._loop.time() - self._unanswered_since) * 1000
+        if self.brokers:
+            self._rebootstrap(f"no broker has given metadata for {waited_ms:.0f} ms "
+                              f"(metadata_recovery_rebootstrap_trigger_ms="
+                              f"{self._config.metadata_recovery_rebootstrap_trigger_ms})")
+        else:  # the bootstrap servers are being asked already (resolved anew at each try)
+            self._unanswered_since = self._loop.time()
+            self._arm_rebootstrap_timer()
+
+    def _rebootstrap(self, reason: str) -> None:
+        """Forget the brokers metadata named, close their connections and give up connecting
+        to them, and ask bootstrap_servers for metadata next (with the "none" strategy, only
+        say why not). Records keep their place: batches in flight on the closed connections
+        are retried in order, and every partition waits for the new metadata's leader."""
+        if self._config.metadata_recovery_strategy != "rebootstrap":
+            self._not_recovering("%s; metadata_recovery_strategy='none': asking the known "
+                                 "brokers again", reason)
+            return
+        self.rebootstraps += 1
+        log.warning("rebootstrapping from bootstrap_servers %s: %s",
+                    ",".join(f"{host}:{port}" for host, port in self._config.bootstrap_addresses),
+                    reason)
+        self._generation += 1
+        self.brokers = {}
+        self.topics = {name: TopicInfo(name, (-1,) * len(info.leaders), info.error, info.epochs)
+                       for name, info in self.topics.items()}
+        for node_id in [n for n in self._connecting if n >= 0]:
+            self._connecting.pop(node_id).cancel()  # (its waiters get a KafkaConnectionError)
+        for node_id in [n for n in self._backoff if n >= 0]:
+            del self._backoff[node_id]
+        for conn in list(self._connections.values()):
+            # (_connection_closed marks the metadata stale and wakes the sender)
+            conn.close(KafkaConnectionError(f"connection to {conn.address} closed: the "
+                                            "producer rebootstrapped"))
+        self._stale = True
+        self._refresh_backoff.reset()
+        self._unanswered_since = self._loop.time()
+        self._arm_rebootstrap_timer()
+        self.on_change()
 
     def _adopt_bootstrap_connections(self) -> None:
         """A bootstrap connection to an address metadata names becomes that broker's."""
@@ -397,7 +493,10 @@ class Cluster:
         candidates.sort(key=lambda broker: self.backoff_remaining(broker.node_id) > 0)
         errors: list[str] = []
         timeouts: list[RequestTimeoutError] = []
+        generation = self._generation
         for broker in candidates:
+            if self._generation != generation:  # the others are forgotten too
+                break
             try:
                 return await self.connection(broker.node_id, broker)
             except KafkaError as exc:
@@ -410,9 +509,10 @@ class Cluster:
                 errors.append(str(exc))
                 if isinstance(exc, RequestTimeoutError):
                     timeouts.append(exc)
-        if self.brokers:
-            # Every known broker failed: start over from the bootstrap list next time.
-            self.brokers = {}
+        if self.brokers and self._generation == generation:
+            # Every known broker failed (KIP-899): start over from the bootstrap list.
+            self._rebootstrap("no broker the metadata named could be reached: "
+                              + "; ".join(errors))
         # Caused by a timeout when every one took connections but never answered: start()
         # asks again until max_block_ms (a broker still starting up, say).
         raise KafkaConnectionError("no broker reachable: " + "; ".join(errors)) \
@@ -424,7 +524,11 @@ class Cluster:
     # -- connections -----------------------------------------------------------------------
 
     def ready_connection(self, node_id: int) -> BrokerConnection | None:
-        """The connection to `node_id` if it is up; otherwise start connecting and say None."""
+        """The connection to `node_id` if it is up; otherwise start connecting and say None
+        (None at once for -1, no leader: not a bootstrap server's connection, whose ids are
+        negative too)."""
+        if node_id < 0:
+            return None
         conn = self._connections.get(node_id)
         if conn is not None and not conn.closed:
             return conn
@@ -463,11 +567,18 @@ class Cluster:
                 raise KafkaConnectionError(f"broker {node_id} is not in the metadata")
             task = self._tasks.spawn(self._open(target), f"aioproducer-open-{target.node_id}")
             self._connecting[node_id] = task
-        return await shielded(task, f"the producer was closed while it connected to broker "
-                                    f"{node_id}")
+        try:
+            return await shielded(task, f"the producer was closed while it connected to "
+                                        f"broker {node_id}")
+        except ProducerClosedError:
+            if self.closed:
+                raise
+            raise KafkaConnectionError(f"connecting to broker {node_id} was given up: the "
+                                       "producer rebootstrapped") from None
 
     async def _open(self, broker: Broker) -> BrokerConnection:
         config = self._config
+        generation = self._generation
         try:
             sasl = await self._sasl_mechanism()
             conn = await BrokerConnection.connect(
@@ -477,6 +588,8 @@ class Cluster:
                 ssl_context=self._ssl_context, sasl=sasl,
                 max_response_bytes=config.receive_message_max_bytes)
         except KafkaError:
+            if self._generation != generation:  # forgotten meanwhile: no backoff to keep
+                raise
             # A node that cannot be reached may have lost its partitions, though the metadata
             # named it: ask again (on Kafka the controller moves leaders only once the dead
             # broker's session times out, seconds after the first refresh that followed the
@@ -490,10 +603,15 @@ class Cluster:
             self._loop.call_later(delay, self.on_change)
             raise
         finally:
-            self._connecting.pop(broker.node_id, None)
+            if self._connecting.get(broker.node_id) is asyncio.current_task():
+                del self._connecting[broker.node_id]
         if self.closed:
             conn.close()
             raise ProducerClosedError("the producer is closed")
+        if self._generation != generation and broker.node_id >= 0:
+            conn.close()
+            raise KafkaConnectionError(f"{conn.address}: connected after the producer "
+                                       "rebootstrapped, and no longer known")
         self._backoff.pop(broker.node_id, None)
         self.connections_created += 1
         conn.on_close = self._connection_closed
@@ -597,6 +715,8 @@ class Cluster:
         them)."""
         if not self._closed.done():
             self._closed.set_result(None)
+        if self._rebootstrap_timer is not None:
+            self._rebootstrap_timer.cancel()
         for task in (*self._connecting.values(), self._refresh):
             if task is not None:
                 task.cancel()

@@ -42,7 +42,7 @@ class ApiKey(enum.IntEnum):
 # (lowest, highest) version we implement, and the first flexible version (99: none).
 CLIENT_VERSIONS: dict[ApiKey, tuple[int, int]] = {
     ApiKey.PRODUCE: (3, 12),
-    ApiKey.METADATA: (1, 12),
+    ApiKey.METADATA: (1, 13),
     ApiKey.FIND_COORDINATOR: (0, 4),
     ApiKey.SASL_HANDSHAKE: (0, 1),
     ApiKey.API_VERSIONS: (0, 3),
@@ -260,6 +260,7 @@ _RESPONSES: dict[ApiKey, tuple[F, ...]] = {
             F("topic_authorized_operations", "int32", (8, 99)),
         ), max_items=_MAX_TOPICS),
         F("cluster_authorized_operations", "int32", (8, 10)),
+        F("error_code", "int16", (13, 99)),  # KIP-1102: REBOOTSTRAP_REQUIRED
     ),
     ApiKey.PRODUCE: (
         F("responses", (

@@ -23,8 +23,11 @@ SASL_HANDSHAKE, API_VERSIONS, SASL_AUTHENTICATE = 17, 18, 36
 FLEXIBLE_FROM = {PRODUCE: 9, METADATA: 9, FIND_COORDINATOR: 3, API_VERSIONS: 3,
                  SASL_HANDSHAKE: 99, SASL_AUTHENTICATE: 2}
 # The versions the cluster can rewrite; ApiVersions answers advertise no more than these.
-HIGHEST = {PRODUCE: 11, METADATA: 12, FIND_COORDINATOR: 6, API_VERSIONS: 3,
+HIGHEST = {PRODUCE: 11, METADATA: 13, FIND_COORDINATOR: 6, API_VERSIONS: 3,
            SASL_HANDSHAKE: 1, SASL_AUTHENTICATE: 2}
+# Versions the cluster speaks above what the real broker behind it may: a request in one is
+# forwarded in the version below (the same body), and the answer given the fields it adds.
+ABOVE_UPSTREAM = {METADATA: 13}
 
 _INTS = {"int8": struct.Struct(">b"), "int16": struct.Struct(">h"),
          "int32": struct.Struct(">i"), "int64": struct.Struct(">q")}
@@ -100,6 +103,7 @@ METADATA_RESPONSE = (
         F("topic_authorized_operations", "int32", (8, 99)),
     )),
     F("cluster_authorized_operations", "int32", (8, 10)),
+    F("error_code", "int16", (13, 99)),  # KIP-1102: the top-level error (REBOOTSTRAP_REQUIRED)
 )
 FIND_COORDINATOR_RESPONSE = (
     F("throttle_time_ms", "int32", (1, 99)),

@@ -12,7 +12,8 @@ through untouched, so what a client writes is stored by the real broker as writt
 
 Faults on command (thread-safe, from sync or async tests): move a partition's leader, stop
 and start a node, slow a node, throttle it (KIP-219), fail requests with any error code, cut
-connections, or a seeded `chaos()` schedule of all of these. Each listener may require TLS and
+connections, ask clients to rebootstrap (KIP-1102), or a seeded `chaos()` schedule of all of
+these. Each listener may require TLS and
 SASL (PLAIN, SCRAM-SHA-256/512, OAUTHBEARER), with session lifetimes (KIP-368).
 
 The cluster runs its own event loop in a daemon thread, so it keeps serving while a test's
@@ -54,6 +55,7 @@ HOST = "127.0.0.1"
 LEADER_NOT_AVAILABLE = 5
 NOT_LEADER_OR_FOLLOWER = 6
 COORDINATOR_NOT_AVAILABLE = 15
+REBOOTSTRAP_REQUIRED = 129
 UNSUPPORTED_SASL_MECHANISM = 33
 ILLEGAL_SASL_STATE = 34
 SASL_AUTHENTICATION_FAILED = 58
@@ -119,6 +121,7 @@ class ClusterStats:
     # a request other than SaslAuthenticate between SaslHandshake and the exchange's end,
     # first or re-authentication (KIP-368): the node closed the connection, as Kafka does
     requests_during_authentication: int = 0
+    rebootstraps_required: int = 0  # Metadata answers with REBOOTSTRAP_REQUIRED (KIP-1102)
 
 
 @dataclass
@@ -155,13 +158,15 @@ class SimulatedCluster:
     broker of its own, stopped with the cluster). `listeners`: name to Listener, each node
     listening once per listener; Metadata advertises the listener a client came in on
     (`bootstrap(name)`; `bootstrap_servers` is the first's). `racks`: each node's rack.
-    `lifetime`: seconds after which the cluster stops itself.
+    `lifetime`: seconds after which the cluster stops itself. `cluster_id`: the id Metadata
+    answers give (default: the real broker's), so that two clusters in front of one broker
+    can be told apart as two Kafka clusters would be.
     """
 
     def __init__(self, nodes: int = 3, *, upstream: EmbeddedBroker | str | None = None,
                  listeners: Mapping[str, Listener] | None = None,
                  racks: Sequence[str | None] | None = None,
-                 lifetime: float = 900.0) -> None:
+                 lifetime: float = 900.0, cluster_id: str | None = None) -> None:
         if nodes < 1:
             raise ConfigError(f"a cluster needs at least one node, not {nodes}")
         if racks is not None and len(racks) != nodes:
@@ -177,6 +182,8 @@ class SimulatedCluster:
         self._nodes = {i: _Node(i, racks[i - 1] if racks else None) for i in range(1, nodes + 1)}
         self._partitions: dict[PartitionKey, _Partition] = {}
         self._faults: dict[int | PartitionKey, _Fault] = {}
+        self._rebootstrap_asks: dict[int | None, int] = {}  # node (None: any) -> answers left
+        self._cluster_id = cluster_id
         self._scram = {name: ScramCredentials(listener.users)
                        for name, listener in self._listeners.items()}
         self._stats = ClusterStats()
@@ -392,6 +399,18 @@ class SimulatedCluster:
             raise ConfigError(f"times must be at least 1, not {times}")
         self._run_in_loop(lambda: self._faults.__setitem__(target, _Fault(error_code, times)))
 
+    def require_rebootstrap(self, node_id: int | None = None, times: int = 1) -> None:
+        """Answer the next `times` Metadata requests of version 13 or later (to node
+        `node_id`, or to any) with the top-level error REBOOTSTRAP_REQUIRED (KIP-1102), no
+        brokers and no topics: the client should forget the brokers it knows and ask its
+        bootstrap servers again. (Apache Kafka 4.4 itself never sends this in a Metadata
+        answer; the error is there for brokers to come.)"""
+        if node_id is not None:
+            self._node(node_id)
+        if times < 1:
+            raise ConfigError(f"times must be at least 1, not {times}")
+        self._run_in_loop(lambda: self._rebootstrap_asks.__setitem__(node_id, times))
+
     def cut(self, node_id: int) -> None:
         """Cut every client connection the node has open now (it stays up)."""
         node = self._node(node_id)
@@ -498,6 +517,18 @@ class SimulatedCluster:
             del self._faults[target]
         self._stats.injected_errors += 1
         return fault.error_code
+
+    def _take_rebootstrap(self, node_id: int) -> bool:
+        for target in (node_id, None):
+            left = self._rebootstrap_asks.get(target)
+            if left:
+                if left > 1:
+                    self._rebootstrap_asks[target] = left - 1
+                else:
+                    del self._rebootstrap_asks[target]
+                self._stats.rebootstraps_required += 1
+                return True
+        return False
 
     def _coordinator(self, key: str) -> _Node | None:
         ids = list(self._nodes)
@@ -657,8 +688,9 @@ class _Connection:
         if api == wire.PRODUCE:
             self._produce(header, frame)
         elif api == wire.METADATA:
-            self._reply(self._forward(header, frame, wire.METADATA_RESPONSE,
-                                      self._rewrite_metadata))
+            self._reply(self._forward(
+                header, frame, wire.METADATA_RESPONSE,
+                lambda body: self._rewrite_metadata(body, header.api_version)))
         elif api == wire.FIND_COORDINATOR:
             request = wire.decode(FIND_COORDINATOR_REQUEST, frame, header.api_version,
                                   header.is_flexible, header.body_offset)
@@ -698,27 +730,40 @@ class _Connection:
                        schema: tuple[wire.Field, ...] = (),
                        rewrite: Callable[[dict[str, Any]], None] | None = None) -> _Reply:
         """Forward a request; the response gets the client's correlation id back and, with a
-        `rewrite`, is decoded by `schema`, changed and encoded again."""
-        response = await self._send_upstream(frame)
+        `rewrite`, is decoded by `schema`, changed and encoded again. A version above what
+        the real broker speaks (wire.ABOVE_UPSTREAM) goes to it one below."""
         api, version = header.api_key, header.api_version
+        upstream_version = version
+        if version >= wire.ABOVE_UPSTREAM.get(api, 99):
+            upstream_version = wire.ABOVE_UPSTREAM[api] - 1
+            frame = frame[:2] + struct.pack(">h", upstream_version) + frame[4:]
+        response = await self._send_upstream(frame)
         if rewrite is None:
             return _Reply(struct.pack(">ii", len(response), header.correlation_id)
                           + response[4:])
-        offset = wire.response_body_offset(api, version, response)
+        offset = wire.response_body_offset(api, upstream_version, response)
         is_flexible = wire.flexible(api, version)
         if api == wire.API_VERSIONS and struct.unpack_from(">h", response, offset)[0]:
             # An error (say, a version the broker does not know) is answered in v0: as it is.
             return _Reply(struct.pack(">ii", len(response), header.correlation_id)
                           + response[4:])
-        body = wire.decode(schema, response, version, is_flexible, offset)
+        body = wire.decode(schema, response, upstream_version,
+                           wire.flexible(api, upstream_version), offset)
         rewrite(body)
         return _Reply(wire.response_frame(api, version, header.correlation_id,
                                           wire.encode(schema, body, version, is_flexible)))
 
     # -- rewriting the real broker's answers -------------------------------------------------
 
-    def _rewrite_metadata(self, body: dict[str, Any]) -> None:
+    def _rewrite_metadata(self, body: dict[str, Any], version: int) -> None:
         cluster = self.cluster
+        if cluster._cluster_id is not None:
+            body["cluster_id"] = cluster._cluster_id
+        body["error_code"] = 0
+        if version >= 13 and cluster._take_rebootstrap(self.node.node_id):
+            body.update(error_code=REBOOTSTRAP_REQUIRED, brokers=[], topics=[],
+                        controller_id=-1)
+            return
         live = cluster._live()
         body["brokers"] = [cluster._endpoint(node, self.listener_name) for node in live]
         body["controller_id"] = live[0].node_id if live else -1
@@ -760,8 +805,10 @@ class _Connection:
                 offered.setdefault(api, {"api_key": api, "min_version": 0, "max_version": 0})
         for api, highest in wire.HIGHEST.items():
             if api in offered:
+                # (what the cluster speaks above the real broker, it offers whatever that has)
+                above = offered[api]["max_version"] >= wire.ABOVE_UPSTREAM.get(api, 99) - 1
                 offered[api]["max_version"] = highest if api in (
-                    wire.SASL_HANDSHAKE, wire.SASL_AUTHENTICATE) else \
+                    wire.SASL_HANDSHAKE, wire.SASL_AUTHENTICATE) or above else \
                     min(offered[api]["max_version"], highest)
         body["api_keys"] = sorted(offered.values(), key=lambda entry: entry["api_key"])
 

@@ -23,7 +23,7 @@ import threading
 import time
 import weakref
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Mapping, Sequence, TypeVar
@@ -228,6 +228,7 @@ class _Node:
     log: Path
     process: subprocess.Popen[bytes] | None = None
     paused: bool = False
+    changes: dict[str, Any] = field(default_factory=dict)  # start_node(config=...)'s
 
 
 class ApacheKafka:
@@ -378,10 +379,13 @@ class ApacheKafka:
             ports = {name: _free_port() for name in ["CONTROLLER", *self.listeners]}
             self._nodes.append(_Node(node_id, ports, self.directory / f"node-{node_id}.properties",
                                      self.directory / f"node-{node_id}.log"))
-        voters = ",".join(f"{n.node_id}@127.0.0.1:{n.ports['CONTROLLER']}" for n in self._nodes)
         for node in self._nodes:
-            node.config.write_text("".join(f"{key}={value}\n" for key, value in
-                                           self._properties(node, voters).items()))
+            self._write_config(node)
+
+    def _write_config(self, node: _Node) -> None:
+        voters = ",".join(f"{n.node_id}@127.0.0.1:{n.ports['CONTROLLER']}" for n in self._nodes)
+        properties = {**self._properties(node, voters), **node.changes}
+        node.config.write_text("".join(f"{key}={value}\n" for key, value in properties.items()))
 
     def _properties(self, node: _Node, voters: str) -> dict[str, Any]:
         assert self.directory is not None
@@ -698,13 +702,22 @@ class ApacheKafka:
             os.killpg(node.process.pid, signal.SIGCONT)
             node.paused = False
 
-    def start_node(self, node_id: int, wait: bool = True, timeout: float = 120.0) -> None:
+    def start_node(self, node_id: int, wait: bool = True, timeout: float = 120.0,
+                   config: Mapping[str, Any] | None = None) -> None:
         """Start a stopped or killed node again, on its ports and data; with `wait`, until it
-        is registered again and every node takes writes."""
+        is registered again and every node takes writes. `config`: broker properties changed
+        for this node from now on (`advertised.listeners`: a broker that comes back at
+        another address)."""
         with self._lock:
             node = self._node(node_id)
             if node.process is not None:
+                if config:
+                    raise ApacheKafkaError(f"node {node_id} is running: stop it before "
+                                           "changing its config")
                 return
+            if config:
+                node.changes.update(config)
+                self._write_config(node)
             self._launch(node)
         if wait:
             self._wait_ready(timeout, [node_id])
