@@ -379,7 +379,7 @@ class FaultProxy:
                     body = response.encode(header=True)
                     frame = struct.pack(">i", len(body)) + body
             writer.write(frame)
-            order.write_own()  # answers held only for this one
+            order.write_own()  # (answers now due that only this one held back)
             await writer.drain()
 
 
