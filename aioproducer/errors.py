@@ -207,7 +207,8 @@ class DuplicateSequenceNumberError(KafkaError):
 
 
 class UnknownProducerIdError(KafkaError):
-    """The broker no longer knows our producer id (its state expired or was lost)."""
+    """The broker no longer knows our producer id (its state expired or was lost). Apache
+    Kafka 3.9 and 4.4 never send it: a leader without state takes any sequence instead."""
 
 
 # -- Kafka's error codes (clients/.../common/protocol/Errors.java) ----------------------------

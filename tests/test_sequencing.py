@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from aioproducer._internal.batch import ProducerBatch
-from aioproducer._internal.sequencing import Sequencer
+from aioproducer._internal.sequencing import QUIET_S, Sequencer
 from aioproducer.protocol.records import BatchWriter
 
 
@@ -98,6 +98,38 @@ async def test_one_batch_at_a_time_until_the_partition_acknowledges_one_under_th
     third = _batch(1)
     seq.assign(third)
     assert not seq.may_send(third)
+
+
+async def test_a_partition_quiet_for_a_while_sends_one_batch_until_it_is_acknowledged():
+    """Kafka drops a producer's state on a partition once its last batch is
+    producer.id.expiration.ms old, and then takes any sequence: after QUIET_S without an
+    acknowledgement the next batch goes alone again (on Kafka 4.4, a first batch refused
+    unwritten after the state was dropped was overtaken by the next ones:
+    tests/real_kafka/test_recovery.py)."""
+    now = [0.0]
+    seq = Sequencer(max_in_flight=5, clock=lambda: now[0])
+    seq.start(1, 0)
+    batches = [_batch(1) for _ in range(6)]
+    for batch in batches:
+        seq.assign(batch)
+    a, b, c, d, e, f = batches
+    seq.sent(a)
+    seq.resolved(a)
+    seq.acked(a)
+    now[0] += QUIET_S / 2
+    seq.sent(b)
+    assert seq.may_send(c)  # a pause shorter than QUIET_S: pipelined at once
+    seq.resolved(b)
+    seq.acked(b)
+    now[0] += QUIET_S * 2
+    seq.sent(c)
+    assert not seq.may_send(d)  # quiet for longer: alone until acknowledged
+    seq.resolved(c)
+    seq.acked(c)
+    seq.sent(d)
+    assert seq.may_send(e)
+    seq.sent(e)
+    assert seq.may_send(f)
 
 
 async def test_split_pieces_take_their_batch_numbers_and_place():

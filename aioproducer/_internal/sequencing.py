@@ -4,27 +4,43 @@ The broker keeps, per producer id and partition, the sequence numbers of the las
 wrote, so a retried batch it already has is answered DUPLICATE_SEQUENCE_NUMBER instead of
 being written twice, and a gap is answered OUT_OF_ORDER_SEQUENCE_NUMBER. The client numbers
 each batch when it is first drained, keeps up to `max_in_flight_requests_per_connection` of
-them in flight (one, until the partition acknowledged one under the current producer id and
-epoch: Kafka takes any sequence from a producer it has no state for), sends a retried batch
-only when nothing else of its partition is in flight,
-and re-queues retries in sequence order. A numbered batch that fails for good without an
-acknowledgement has used up its sequence numbers whether or not the broker wrote it; what to
-do about that (a new epoch) is the transaction manager's call.
+them in flight, sends a retried batch only when nothing else of its partition is in flight,
+and re-queues retries in sequence order.
+
+A leader that keeps no state for the producer (none yet, or dropped after
+producer.id.expiration.ms) takes any sequence: had the first batch then been refused
+unwritten while the next went through, the retried first would land after it (or be refused
+as out of order). So a partition carries one batch until it has acknowledged one under the
+current producer id and epoch, and again after it acknowledged nothing for QUIET_S.
+
+A numbered batch that fails for good without an acknowledgement has used up its sequence
+numbers whether or not the broker wrote it; what to do about that (a new epoch) is the
+transaction manager's call.
 """
 
 from __future__ import annotations
 
+import time
+from typing import Callable
+
 from .batch import ProducerBatch, TopicPartition
 
 _SEQUENCE_WRAP = 1 << 31
+# A partition that acknowledged nothing for this long may have been forgotten by its leader
+# (Kafka drops a producer's state once its last batch is producer.id.expiration.ms old: a
+# day by default, at least a second anywhere sane). Its next batch goes alone until
+# acknowledged, which costs a burst after a pause one round trip, nothing in a steady stream.
+QUIET_S = 1.0
 
 
 class Sequencer:
     """The producer id and epoch, each partition's next sequence number, and its batches
     numbered but not yet acknowledged or failed, in order."""
 
-    def __init__(self, max_in_flight: int) -> None:
+    def __init__(self, max_in_flight: int,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._max_in_flight = max_in_flight
+        self._clock = clock
         self.producer_id = -1
         self.producer_epoch = -1
         self._next_sequence: dict[TopicPartition, int] = {}
@@ -33,6 +49,9 @@ class Sequencer:
         # failed yet, in sequence order (a dict as an ordered set).
         self._unacked: dict[TopicPartition, dict[ProducerBatch, None]] = {}
         self._in_flight: dict[TopicPartition, list[ProducerBatch]] = {}
+        self._acked_at: dict[TopicPartition, float] = {}  # each partition's last ack, by clock
+        # Partitions whose leader may keep no state for us: one batch in flight until an ack.
+        self._unconfirmed: set[TopicPartition] = set()
 
     @property
     def has_producer_id(self) -> bool:
@@ -45,6 +64,8 @@ class Sequencer:
         self._next_sequence.clear()
         self._acked_up_to.clear()
         self._unacked.clear()
+        self._acked_at.clear()
+        self._unconfirmed.clear()
 
     def may_send(self, batch: ProducerBatch) -> bool:
         """Whether `batch` may go on the wire now without breaking its partition's order."""
@@ -57,11 +78,8 @@ class Sequencer:
             # A retry goes only when nothing else of its partition is in flight; after a
             # producer id reset, nothing goes until the old id's batches are resolved.
             return False
-        if (batch.topic, batch.partition) not in self._acked_up_to:
-            # Until the partition acknowledges a batch under this id, Apache Kafka has no
-            # state for us there and writes any sequence: had the first batch failed (a topic
-            # just created: NOT_LEADER_OR_FOLLOWER) while the next went through, the retried
-            # first would land after it, or be refused as out of order. One at a time.
+        if (batch.topic, batch.partition) in self._unconfirmed:
+            # Its leader may have no state for us (see the module's docstring): one at a time.
             return False
         return len(in_flight) < self._max_in_flight
 
@@ -95,7 +113,12 @@ class Sequencer:
                                  for b in (pieces if old is batch else (old,))}
 
     def sent(self, batch: ProducerBatch) -> None:
-        in_flight = self._in_flight.setdefault((batch.topic, batch.partition), [])
+        tp = (batch.topic, batch.partition)
+        in_flight = self._in_flight.setdefault(tp, [])
+        if not in_flight:
+            acked_at = self._acked_at.get(tp)
+            if acked_at is None or self._clock() - acked_at > QUIET_S:
+                self._unconfirmed.add(tp)  # never acknowledged under this id, or long ago
         in_flight.append(batch)
         in_flight.sort(key=_sequence_order)
 
@@ -112,6 +135,8 @@ class Sequencer:
             return False
         tp = (batch.topic, batch.partition)
         self._acked_up_to[tp] = (batch.base_sequence + batch.record_count) % _SEQUENCE_WRAP
+        self._acked_at[tp] = self._clock()
+        self._unconfirmed.discard(tp)
         self._unacked.get(tp, {}).pop(batch, None)
         return self.gap_left(batch)
 

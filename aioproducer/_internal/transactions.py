@@ -3,8 +3,10 @@
 Idempotence: the producer id and epoch come from InitProducerId (here); the sequence numbers
 are kept by `Sequencer` (sequencing.py). When the sequence state is lost (an unknown producer
 id, a real gap, a failed batch with nothing after it to show that the broker has it) an
-idempotent producer takes a new epoch or producer id and numbers its batches afresh, as the
-Java client does (KIP-360); a transactional one gets a new epoch when it aborts.
+idempotent producer starts a new session (KIP-360) and numbers its batches afresh: Apache
+Kafka answers its InitProducerId with a new producer id (the Java client bumps the epoch of
+its id itself; Tansu fences a bumped epoch it did not hand out); a transactional one gets a
+new epoch when it aborts.
 
 Transactions (KIP-98): the transaction coordinator, found with FindCoordinator, hands out the
 producer id and epoch for a `transactional_id` (fencing older producers with the same id),
@@ -194,8 +196,10 @@ class TransactionManager:
 
     def init_request(self) -> dict[str, Any]:
         """InitProducerId for an idempotent producer: after lost sequence state, ask to keep
-        the producer id with the next epoch (KIP-360), so the broker can still tell our old
-        batches from new ones; otherwise (or if the broker refused that) a new producer id."""
+        the producer id with the next epoch (KIP-360's request); otherwise (or if the broker
+        refused that, as Tansu does) a new producer id. Apache Kafka's coordinator answers an
+        idempotent producer with a new producer id at epoch 0 either way (it bumps epochs
+        for transactional ids only: TransactionCoordinator.handleInitProducerId)."""
         producer_id, epoch = self._bump_from or (-1, -1)
         return {"transactional_id": None,
                 "transaction_timeout_ms": self._config.transaction_timeout_ms,
@@ -248,8 +252,8 @@ class TransactionManager:
             self._needs_epoch_bump = True
             self.abortable(exc)
             return
-        log.warning("producer id %d epoch %d lost its sequence state (%s): bumping the epoch",
-                    self.producer_id, self.producer_epoch, exc)
+        log.warning("producer id %d epoch %d lost its sequence state (%s): starting a new "
+                    "session (KIP-360)", self.producer_id, self.producer_epoch, exc)
         self._bump_from = (self.producer_id, self.producer_epoch)
         self.sequencer.start(-1, -1)
 

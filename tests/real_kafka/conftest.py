@@ -11,13 +11,17 @@ from typing import Any, Callable
 
 import pytest
 
+from tests.support.producer_state import CHECK_INTERVAL
+
 # SASL sessions end after this long and the client must re-authenticate (KIP-368).
 REAUTH_MS = 4000
 
 
 @pytest.fixture(scope="session")
 def apache_kafka_options() -> dict[str, Any]:
-    return {"sasl": True, "tls": True, "reauth_ms": REAUTH_MS}
+    # Idle producers' state is checked for expiry every half second (default 10 minutes), so
+    # a test that lowers producer.id.expiration.ms sees it dropped (test_recovery.py).
+    return {"sasl": True, "tls": True, "reauth_ms": REAUTH_MS, "broker_config": CHECK_INTERVAL}
 
 
 @pytest.fixture

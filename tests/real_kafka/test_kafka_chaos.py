@@ -16,20 +16,31 @@ transactional one stream: no error reaches the application, nothing is lost, dup
 reordered, every transaction commits. Each record's wait (enqueue to acknowledgement) is
 printed as p50/p99/max, for all records and for those enqueued while a node was down.
 
+KIP-951 on a real leader election: a partition's leadership moves while the old leader
+stays up; the producer goes to the new leader named in the refusal, with no metadata request
+in between.
+
 The soak (10 minutes and more) and the full roll (every node SIGTERM, then every node
 SIGKILL) are benchmarks/kafka_soak.py; the figures are printed (`-s`). The three nodes are this module's alone: stopped when it ends."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import uuid
 
 import pytest
 
+from aioproducer import Producer
+
 from aioproducer.testing import ApacheKafka, ApacheKafkaUnavailable
 from aioproducer.testing.pytest_plugin import REQUIRE_ENV
-from tests.support.kafka_chaos import (KEYS, SETTINGS, FaultPlan, StreamResult, check,
-                                       run_streams, summary, value)
+from aioproducer.protocol.messages import ApiKey
+from tests.support.kafka_chaos import (KEYS, SETTINGS, TOPIC_CONFIG, FaultPlan, StreamResult,
+                                       check, run_streams, summary, value)
+from tests.support.leadership import (WireLog, leader_and_replicas, move_leader, named_leader,
+                                      produce_to)
+from tests.support.readback import consume_all
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -129,3 +140,54 @@ async def test_rolling_restart_passes_unnoticed_by_both_streams(kafka3):
             assert result.unknown == set() and found.torn_transactions == []
             assert len(result.committed) >= 10
         assert result.records >= 500, run.name
+
+
+async def test_a_leader_election_redirects_the_producer_without_a_metadata_request(
+        kafka3, monkeypatch):
+    """KIP-951 on a real election: while an idempotent producer streams to a partition
+    (replication factor 3), its leadership moves to another replica and the old leader stays
+    up. The old leader refuses the next produce requests NOT_LEADER_OR_FOLLOWER, naming the
+    new leader in CurrentLeader; the producer's next produce request for that partition goes
+    to the new leader with no Metadata request written in between, well before
+    retry_backoff_ms would have let a retry go. librdkafka reads every record once, in
+    order."""
+    topic = f"kip951-{uuid.uuid4().hex[:8]}"
+    kafka3.create_topic(topic, 1, replication_factor=3, config=TOPIC_CONFIG)
+    old, replicas = leader_and_replicas(kafka3.bootstrap, topic)
+    new = next(r for r in replicas if r != old)
+    address = {n: kafka3.bootstrap_for("PLAINTEXT", [n]) for n in range(3)}
+    wire = WireLog().install(monkeypatch)
+    futures = []
+    async with Producer(kafka3.bootstrap, acks="all", linger_ms=2, retry_backoff_ms=5_000,
+                        retry_backoff_max_ms=5_000, delivery_timeout_ms=60_000) as producer:
+        done = asyncio.Event()
+
+        async def stream() -> None:
+            for i in range(50_000):  # ~2 records a millisecond, until told to stop
+                futures.append(await producer.enqueue(topic, b"%06d" % i, partition=0))
+                if done.is_set():
+                    return
+                if i % 4 == 3:
+                    await asyncio.sleep(0.002)
+
+        writer = asyncio.create_task(stream())
+        await asyncio.sleep(0.5)
+        started = len(wire.events)
+        await asyncio.to_thread(move_leader, kafka3.bootstrap, topic, 0, new)
+        await asyncio.sleep(0.5)
+        done.set()
+        await writer
+        await asyncio.gather(*futures)
+        redirects = producer.metrics().leader_redirects
+    refused = wire.first(started, lambda e: e.address == address[old]
+                         and named_leader(e, topic, 0) is not None)
+    assert refused is not None, "the old leader refused nothing"
+    assert named_leader(wire.events[refused], topic, 0) == new  # Kafka named the new leader
+    moved = wire.first(refused, lambda e: produce_to(e, address[new], topic, 0))
+    assert moved is not None, "nothing was produced to the new leader"
+    between = wire.events[refused:moved]
+    assert [e for e in between if e.out and e.api_key == ApiKey.METADATA] == []
+    assert wire.events[moved].at - wire.events[refused].at < 1.0  # not after a 5 s backoff
+    assert redirects >= 1
+    got = consume_all(kafka3.bootstrap, topic, expected=len(futures))
+    assert [r.value for r in got] == [b"%06d" % i for i in range(len(futures))]

@@ -111,17 +111,24 @@ async def test_send_offsets_to_transaction_with_a_real_groups_metadata(apache_ka
 
 async def test_an_idempotent_producer_goes_on_after_its_records_are_deleted(apache_kafka,
                                                                          make_topic):
-    """DeleteRecords removes every record, and with them the broker's state for the producer
-    id on the partition (where brokers before KIP-360 answered UNKNOWN_PRODUCER_ID). Kafka
-    4.x takes the next sequence as it is: the producer goes on, nothing lost or doubled."""
+    """DeleteRecords removes every record, but not the broker's state for the producer id on
+    the partition (Kafka keeps producers when the log start offset moves; brokers before
+    KIP-360 dropped them and answered UNKNOWN_PRODUCER_ID): DescribeProducers still shows
+    the last sequence, and the producer goes on from it, nothing lost or doubled."""
+    from tests.support.producer_state import active_producers
+
     topic = make_topic()
     async with Producer(apache_kafka.bootstrap, linger_ms=0) as producer:
         for i in range(5):
             await producer.send(topic, b"before-%d" % i)
         apache_kafka.delete_records(topic, 0, -1)  # -1: up to the high watermark
+        [kept] = active_producers(apache_kafka.bootstrap, topic)
         for i in range(5):
             await producer.send(topic, b"after-%d" % i)
+        [state] = active_producers(apache_kafka.bootstrap, topic)
         assert producer.metrics().records_failed == 0
+    assert kept.last_sequence == 4 and (state.producer_id, state.last_sequence) == (
+        kept.producer_id, 9)
     got = consume_all(apache_kafka.bootstrap, topic, expected=5)
     assert [r.value for r in got] == [b"after-%d" % i for i in range(5)]
     assert [r.offset for r in got] == list(range(5, 10))

@@ -31,6 +31,8 @@ from aioproducer.protocol.framing import Framing
 from aioproducer.protocol.messages import TXN_V2_FROM, ApiKey, pick_version
 from aioproducer.testing import ApacheKafka, ApacheKafkaUnavailable
 from aioproducer.testing.pytest_plugin import REQUIRE_ENV
+from tests.support.producer_state import (CHECK_INTERVAL, active_producers,
+                                          producer_ids_expiring_after, wait_forgotten)
 from tests.support.readback import consume_all
 
 # A broker-side cap below our default transaction_timeout_ms, to provoke
@@ -44,7 +46,7 @@ def kafka(request: pytest.FixtureRequest) -> Iterator[ApacheKafka]:
     or Maven, failed under AIOPRODUCER_REQUIRE_KAFKA=1, as the plugin's apache_kafka)."""
     cluster = ApacheKafka(transaction_version=request.param, broker_config={
         "transaction.max.timeout.ms": _MAX_TIMEOUT_MS,
-        "transaction.abort.timed.out.transaction.cleanup.interval.ms": 500})
+        "transaction.abort.timed.out.transaction.cleanup.interval.ms": 500, **CHECK_INTERVAL})
     try:
         cluster.start()
     except ApacheKafkaUnavailable as exc:
@@ -107,6 +109,34 @@ async def test_commits_and_aborts_are_what_read_committed_sees(kafka, requests_s
         assert sent.get(ApiKey.ADD_PARTITIONS_TO_TXN, 0) >= 3
     got = _committed(kafka, topic, 6)
     assert sorted(got) == sorted(b"t%d-p%d" % (i, p) for i in (0, 1, 3) for p in range(2))
+
+
+async def test_a_transactional_producer_idle_past_producer_id_expiration(kafka):
+    """Between two transactions the leader drops the producer's state (idle past
+    producer.id.expiration.ms; a transaction still open there is never dropped). V1 goes
+    on under the same epoch, numbered on mid-sequence, which Kafka takes as it is (no state
+    to check it against); V2 starts each transaction at sequence 0 under a new epoch (what
+    Kafka 4.4 demands of a V2 producer it keeps no state for). Both transactions commit,
+    read_committed sees each record once, in order."""
+    topic = _topic(kafka)
+    values = [b"%04d" % i + b"." * 60 for i in range(600)]
+    async with Producer(kafka.bootstrap, transactional_id=_tid(), batch_size=1024,
+                        linger_ms=0, max_in_flight_requests_per_connection=5) as producer:
+        async with producer.transaction():
+            await asyncio.gather(*[await producer.enqueue(topic, v, partition=0)
+                                   for v in values[:300]])
+        [before] = active_producers(kafka.bootstrap, topic)
+        with producer_ids_expiring_after(kafka.bootstrap, 1000):
+            await asyncio.to_thread(wait_forgotten, kafka.bootstrap, topic, before.producer_id)
+        async with producer.transaction():
+            await asyncio.gather(*[await producer.enqueue(topic, v, partition=0)
+                                   for v in values[300:]])
+        [after] = active_producers(kafka.bootstrap, topic)
+        assert producer.metrics().records_failed == 0
+    assert after.producer_id == before.producer_id
+    if not _v2(kafka):
+        assert (after.epoch, after.last_sequence) == (before.epoch, 599)
+    assert _committed(kafka, topic, 600) == values
 
 
 async def test_a_second_producer_fences_the_first(kafka):

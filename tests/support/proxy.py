@@ -3,13 +3,16 @@
 It runs its own event loop in a thread, so it keeps forwarding while a test's loop is busy
 and works from sync tests as well. Faults: cut every connection now, cut after N more bytes
 (mid-frame), stall responses, refuse connections (broker "down"), send garbage, throttle,
-a broker's size limit on record batches (which Tansu does not have), and answers changed
-(error codes Tansu never sends, an older broker's ApiVersions).
+a broker's size limit on record batches (which Tansu does not have), answers changed
+(error codes Tansu never sends, an older broker's ApiVersions), Produce requests lost on the
+way (answered here, never forwarded, the connection kept), and fronting a real broker
+(its Metadata and FindCoordinator answers name the proxy, so every connection comes here).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import os
 import ssl
 import struct
@@ -20,6 +23,7 @@ from kafka.protocol.producer import ProduceRequest, ProduceResponse
 
 _PRODUCE = 0
 _MESSAGE_TOO_LARGE = 10
+_NOT_ENOUGH_REPLICAS = 19
 Rewrite = Callable[[Any], Any]  # a decoded response -> the one to send instead, or None
 
 
@@ -46,6 +50,10 @@ class FaultProxy:
         self._rewrites: dict[int, tuple[Any, Rewrite]] = {}
         self.refused_batches = 0
         self.rewritten = 0  # responses changed by a rewrite function
+        # lose_produce(): [Produce requests still to forward, then how many to lose, the
+        # error code to answer them with]; None: lose nothing.
+        self._lose: list[int] | None = None
+        self.lost: list[tuple[str, int]] = []  # (topic, partition) of each batch lost
 
     def start(self) -> "FaultProxy":
         self._thread.start()
@@ -130,6 +138,42 @@ class FaultProxy:
         else:
             self._rewrites[response_cls.API_KEY] = (response_cls, rewrite)
 
+    def lose_produce(self, count: int = 1, after: int = 0,
+                     error_code: int = _NOT_ENOUGH_REPLICAS) -> None:
+        """Lose `count` Produce requests, after the next `after` ones (counted over every
+        connection): the broker never sees them, the connection stays up, and the proxy
+        answers each itself with `error_code` for every partition (by default
+        NOT_ENOUGH_REPLICAS: refused unwritten, as a leader does while its ISR is short),
+        while the requests behind it go through. Each answer keeps its request's place in
+        the connection's order, held until the broker answers a later request (so that one
+        was on the wire before the client read the answer) or for 1 s. Applies to
+        connections made afterwards (forwarded frame by frame, as rewrite_responses); not
+        for acks=0, whose requests get no answer."""
+        self._lose = [after, count, error_code]
+
+    def front(self) -> None:
+        """Front the broker: its Metadata and FindCoordinator answers name this proxy where
+        they name the broker's port, so a client bootstrapped here makes every connection
+        here (the broker advertises its own address). For one broker: others named keep
+        their addresses. Applies to connections made afterwards."""
+        from kafka.protocol.metadata import FindCoordinatorResponse, MetadataResponse
+
+        def here(entries: Any) -> None:
+            for entry in entries:
+                if entry.port == self.upstream_port:
+                    entry.host, entry.port = "127.0.0.1", self.port
+
+        def metadata(response: Any) -> Any:
+            here(response.brokers)
+            return response
+
+        def coordinator(response: Any) -> Any:
+            here(response.coordinators if response.version >= 4 else [response])
+            return response
+
+        self.rewrite_responses(MetadataResponse, metadata)
+        self.rewrite_responses(FindCoordinatorResponse, coordinator)
+
     # -- inside the proxy's loop -----------------------------------------------------------
 
     def _call(self, coroutine: Any, timeout: float = 5) -> Any:
@@ -175,11 +219,13 @@ class FaultProxy:
         self.connections_accepted += 1
         pair = (writer, up_writer)
         self._pairs.add(pair)
-        if self._message_max_bytes is not None or self._rewrites:
+        if self._message_max_bytes is not None or self._rewrites or self._lose is not None:
             rewrites = dict(self._rewrites)
             asked: dict[int, tuple[int, int, list[tuple[str, int]]]] = {}
-            pipes = (self._requests(reader, up_writer, self._message_max_bytes, rewrites, asked),
-                     self._responses(up_reader, writer, rewrites, asked))
+            order = _Order(writer)
+            pipes = (self._requests(reader, up_writer, self._message_max_bytes, rewrites, asked,
+                                    order),
+                     self._responses(up_reader, writer, rewrites, asked, order))
         else:
             pipes = (self._pipe(reader, up_writer, "up", pair),
                      self._pipe(up_reader, writer, "down", pair))
@@ -222,13 +268,20 @@ class FaultProxy:
 
     async def _requests(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                         limit: int | None, rewrites: dict[int, tuple[Any, Rewrite]],
-                        asked: dict[int, tuple[int, int, list[tuple[str, int]]]]) -> None:
+                        asked: dict[int, tuple[int, int, list[tuple[str, int]]]],
+                        order: "_Order") -> None:
         """Client to broker, frame by frame: take batches over `limit` out of Produce
-        requests, and note by correlation id which responses to change (api key, version,
-        partitions to answer with MESSAGE_TOO_LARGE)."""
+        requests, note by correlation id which responses to change (api key, version,
+        partitions to answer with MESSAGE_TOO_LARGE), and lose the requests lose_produce()
+        says (answered here)."""
         while True:
             frame = await _read_frame(reader)
             api_key, version, correlation_id = struct.unpack_from(">hhi", frame, 4)
+            lost_code = self._losing() if api_key == _PRODUCE else None
+            if lost_code is not None:
+                self._answer_lost(frame, version, correlation_id, lost_code, order)
+                continue
+            order.outstanding.append(correlation_id)
             too_large: list[tuple[str, int]] = []
             if api_key == _PRODUCE and limit is not None:
                 request = ProduceRequest.decode(frame[4:], version=version, header=True)
@@ -249,11 +302,54 @@ class FaultProxy:
             writer.write(frame)
             await writer.drain()
 
+    def _losing(self) -> int | None:
+        """The error code to answer this Produce request with, if lose_produce() takes it
+        (counted here); None: forward it."""
+        lose = self._lose
+        if lose is None:
+            return None
+        if lose[0] > 0:
+            lose[0] -= 1
+            return None
+        lose[1] -= 1
+        if lose[1] == 0:
+            self._lose = None
+        return lose[2]
+
+    def _answer_lost(self, frame: bytes, version: int, correlation_id: int, code: int,
+                     order: "_Order") -> None:
+        """The proxy's own answer to a Produce request it did not forward, held in its place."""
+        request = ProduceRequest.decode(frame[4:], version=version, header=True)
+        topic_cls = ProduceResponse.TopicProduceResponse
+        partition_cls = topic_cls.PartitionProduceResponse
+        responses = []
+        for topic in request.topic_data:
+            partitions = []
+            for partition in topic.partition_data:
+                self.lost.append((topic.name, partition.index))
+                partitions.append(partition_cls(
+                    version=version, index=partition.index, error_code=code, base_offset=-1,
+                    log_append_time_ms=-1, log_start_offset=-1, record_errors=[],
+                    error_message=None))
+            responses.append(topic_cls(version=version, name=topic.name,
+                                       partition_responses=partitions))
+        response = ProduceResponse(version=version, responses=responses, throttle_time_ms=0)
+        response.with_header(correlation_id=correlation_id)
+        body = response.encode(header=True)
+        order.own[correlation_id] = struct.pack(">i", len(body)) + body
+
+        def due() -> None:
+            order.due.add(correlation_id)
+            order.write_own()
+        asyncio.get_running_loop().call_later(1.0, due)
+
     async def _responses(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                          rewrites: dict[int, tuple[Any, Rewrite]],
-                         asked: dict[int, tuple[int, int, list[tuple[str, int]]]]) -> None:
-        """Broker to client: add the refused partitions to their Produce responses, and pass
-        the responses to rewrite through their functions."""
+                         asked: dict[int, tuple[int, int, list[tuple[str, int]]]],
+                         order: "_Order") -> None:
+        """Broker to client: add the refused partitions to their Produce responses, pass
+        the responses to rewrite through their functions, and put the proxy's own answers
+        (to lost requests) in their places."""
         topic_cls = ProduceResponse.TopicProduceResponse
         partition_cls = topic_cls.PartitionProduceResponse
         while True:
@@ -261,6 +357,9 @@ class FaultProxy:
             while self._stalled:
                 await asyncio.sleep(0.01)
             (correlation_id,) = struct.unpack_from(">i", frame, 4)
+            if order.outstanding and order.outstanding[0] == correlation_id:
+                order.outstanding.popleft()
+            order.write_own(before=correlation_id)
             if correlation_id in asked:
                 api_key, version, too_large = asked.pop(correlation_id)
                 response_cls, rewrite = rewrites.get(api_key, (ProduceResponse, None))
@@ -280,7 +379,34 @@ class FaultProxy:
                     body = response.encode(header=True)
                     frame = struct.pack(">i", len(body)) + body
             writer.write(frame)
+            order.write_own()  # (answers now due that only this one held back)
             await writer.drain()
+
+
+class _Order:
+    """One proxied connection's requests the broker has yet to answer, oldest first, and the
+    proxy's own answers to requests it lost (correlation id -> frame): each is written in
+    its request's place, before the broker's answer to a later request, or once it is due
+    (held long enough) and nothing older is unanswered."""
+
+    def __init__(self, client: asyncio.StreamWriter) -> None:
+        self.client = client
+        self.outstanding: collections.deque[int] = collections.deque()
+        self.own: dict[int, bytes] = {}
+        self.due: set[int] = set()
+
+    def write_own(self, before: int | None = None) -> None:
+        """Before the broker's answer to request `before`: the held answers to older
+        requests. Otherwise: those due, up to the first request still unanswered."""
+        for correlation_id in sorted(self.own):
+            if before is not None:
+                if correlation_id > before:
+                    return
+            elif correlation_id not in self.due or \
+                    (self.outstanding and self.outstanding[0] < correlation_id):
+                return  # (in order: none after it either)
+            self.client.write(self.own.pop(correlation_id))
+            self.due.discard(correlation_id)
 
 
 def refuse_producer_ids(error_code: int) -> Rewrite:
