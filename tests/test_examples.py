@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from tests.support.ports import free_port
-from tests.support.processes import run_in_own_group
+from tests.support.processes import run_in_own_group, start_interruptible
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 README = EXAMPLES.parent / "README.md"
@@ -62,6 +62,21 @@ def test_a_timed_out_example_leaves_no_process_behind():
     while _is_running(child):
         assert time.monotonic() < deadline, f"the script's child {child} outlived the timeout"
         time.sleep(0.05)
+
+
+def test_a_command_stopped_with_ctrl_c_gets_it_though_the_suite_ignores_it():
+    """A test's Ctrl-C reaches the command it started when the suite runs as a background job
+    of a script (`./dev test ... &`, whose shell starts it with SIGINT ignored, which every
+    process under it inherits): there Python in the child takes SIGINT as KeyboardInterrupt
+    as in a terminal, not as nothing (the consume and produce Ctrl-C tests hung there)."""
+    show = "import signal; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        child = start_interruptible([sys.executable, "-c", show], stdout=subprocess.PIPE)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    out, _ = child.communicate(timeout=30)
+    assert out == b"True\n"
 
 
 def _is_running(pid: int) -> bool:
@@ -320,9 +335,9 @@ def test_cli_produce_sends_what_a_pipe_gave_while_it_waits_and_stops_on_ctrl_c(b
     waiting for more; Ctrl-C stops reading, and the command says where to resume."""
     from tests.support.readback import consume_all
 
-    cli = subprocess.Popen([sys.executable, "-m", "aioproducer", "produce", topic,
-                            "--bootstrap-servers", broker.bootstrap],
-                           stdin=subprocess.PIPE, stderr=subprocess.PIPE)
+    cli = start_interruptible([sys.executable, "-m", "aioproducer", "produce", topic,
+                               "--bootstrap-servers", broker.bootstrap],
+                              stdin=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         cli.stdin.write(b"a\nb\nc\n")
         cli.stdin.flush()
