@@ -25,6 +25,9 @@ from tests.support.simulated import require_embedded
 if os.environ.get("CI") == "true":
     os.environ.setdefault("AIOPRODUCER_REQUIRE_KAFKA", "1")
 
+# The JVM settings of every Spark application the tests start, scripts' too (spark-defaults).
+os.environ.setdefault("SPARK_CONF_DIR", str(Path(__file__).parent / "support" / "spark-conf"))
+
 
 class ExternalCluster:
     """A Kafka cluster the user points the suite at with AIOPRODUCER_BOOTSTRAP."""
