@@ -12,6 +12,7 @@ import contextlib
 import os
 import sys
 import tempfile
+import time
 
 from pyspark.sql import SparkSession
 
@@ -19,7 +20,8 @@ from aioproducer.integrations.spark import register
 from aioproducer.testing import EmbeddedBroker
 
 
-def run(bootstrap: str, checkpoint: str, seconds: int = 10) -> None:
+def run(bootstrap: str, checkpoint: str, seconds: float = 10) -> None:
+    """Stream for `seconds`, and until a micro-batch with rows was written."""
     # The executors' Python must have aioproducer: here, this interpreter (docs/spark.md).
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     # A local run binds to loopback: no warning that the host's name resolves to 127.0.1.1.
@@ -36,6 +38,12 @@ def run(bootstrap: str, checkpoint: str, seconds: int = 10) -> None:
                  .option("checkpointLocation", checkpoint)
                  .start())
         query.awaitTermination(seconds)
+        # The first micro-batch with rows also starts Spark's Python workers: on a busy
+        # machine it may end after `seconds`. Stopping before then would show nothing.
+        deadline = time.monotonic() + 120
+        while not any(batch.numInputRows for batch in query.recentProgress) \
+                and query.isActive and time.monotonic() < deadline:
+            query.awaitTermination(0.5)
         query.stop()
         for batch in query.recentProgress:
             print(f"micro-batch {batch.batchId}: {batch.numInputRows} records")
@@ -52,4 +60,4 @@ if __name__ == "__main__":
             broker.create_topic("ticks", 2)
             bootstrap = broker.bootstrap
         checkpoint = stack.enter_context(tempfile.TemporaryDirectory())
-        run(bootstrap, checkpoint, seconds=int(os.environ.get("EXAMPLE_SECONDS", "10")))
+        run(bootstrap, checkpoint, seconds=float(os.environ.get("EXAMPLE_SECONDS", "10")))

@@ -25,6 +25,9 @@ from tests.support.simulated import require_embedded
 if os.environ.get("CI") == "true":
     os.environ.setdefault("AIOPRODUCER_REQUIRE_KAFKA", "1")
 
+# The JVM settings of every Spark application the tests start, scripts' too (spark-defaults).
+os.environ.setdefault("SPARK_CONF_DIR", str(Path(__file__).parent / "support" / "spark-conf"))
+
 
 class ExternalCluster:
     """A Kafka cluster the user points the suite at with AIOPRODUCER_BOOTSTRAP."""
@@ -143,14 +146,22 @@ FAST = {
 
 # -- running in parallel (pytest-xdist, --dist loadgroup) ------------------------------------
 
-# Tests that start something heavy share one worker per kind, so a run holds one Spark JVM
-# and one real Kafka cluster at a time, not one per worker: the Spark session's tests, the
-# Spark jobs run as scripts, and the real-Kafka tier (tests/real_kafka: a JVM per node). The
-# packaging tests build from the checkout (its egg-info): two workers at once broke a build.
-_GROUP_BY_FIXTURE = {"spark": "spark", "spark_home": "spark-jobs"}
-_GROUP_BY_TEST = {"test_examples.py::test_spark_streaming_example": "spark-jobs",
-                  "test_packaging.py::": "packaging"}
+# Tests that start something heavy share one worker per kind, so a run holds one Spark
+# session's JVM and one real Kafka cluster at a time, not one per worker: the tests of the
+# Spark session, and the real-Kafka tier (tests/real_kafka: a JVM per node). The packaging
+# tests build from the checkout (its egg-info): two workers at once broke a build. (A Spark
+# job run as a script is a process tree of its own: those run beside each other.)
+_GROUP_BY_FIXTURE = {"spark": "spark"}
+_GROUP_BY_TEST = {"test_packaging.py::": "packaging"}
 _REAL_KAFKA = Path(__file__).parent / "real_kafka"
+# The tests of a minute or more on two busy cores, started first: xdist hands out the groups
+# (the largest first), then the other tests in collection order, and one of these started
+# late would be what the run waits for at its end.
+_LONG = ("test_spark_cluster.py::", "test_examples.py::test_spark_streaming_example",
+         "test_spark.py::test_stream_is_exactly_once_across_a_killed_driver",
+         "test_buffer_memory.py::test_ten_thousand_partitions_with_default_settings",
+         "test_faults.py::test_soak_random_faults_reconcile",
+         "test_typing.py::test_package_and_user_code_type_check", "test_docs.py::")
 
 
 def _group(item: pytest.Item) -> str | None:
@@ -161,15 +172,34 @@ def _group(item: pytest.Item) -> str | None:
                 next((g for t, g in _GROUP_BY_TEST.items() if t in item.nodeid), None))
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
-def pytest_collection_modifyitems(items):
-    """The fast tier's marker, and each heavy test's xdist group."""
+_GROUP = pytest.StashKey[str]()
+
+
+@pytest.hookimpl(wrapper=True)  # around xdist's, which puts each group in its node ids
+def pytest_collection_modifyitems(config, items):
+    """The fast tier's marker, each heavy test's xdist group, and the long tests first.
+
+    Then refuse to run without the groups: pytest-xdist 3.8's loadgroup writes the group
+    into a node id field that pytest 9.2 no longer reads (pytest-xdist#1386), and every
+    worker started a Spark session of its own and the packaging tests built at once."""
     for item in items:
         if item.path.name in FAST:
             item.add_marker(pytest.mark.fast)
         group = _group(item)
         if group:
             item.add_marker(pytest.mark.xdist_group(group))
+            item.stash[_GROUP] = group
+    items.sort(key=lambda item: not any(long in item.nodeid for long in _LONG))
+    yield
+    if hasattr(config, "workerinput") and config.getvalue("loadgroup"):
+        lost = [item.nodeid for item in items
+                if _GROUP in item.stash and not item.nodeid.endswith("@" + item.stash[_GROUP])]
+        if lost:
+            # (Not a UsageError: xdist shows a worker's internal error, and loses that.)
+            raise RuntimeError(
+                f"pytest-xdist left {len(lost)} tests that must share a worker out of their "
+                f"groups ({lost[0]} the first; pytest-xdist#1386): install the pytest that "
+                f"pyproject.toml's test extra names, or run with -n 0")
 
 
 # -- cancellation under asyncio and anyio --------------------------------------------------

@@ -19,6 +19,7 @@ from aioproducer.protocol.compression import Codec
 from aioproducer.protocol.records import read_batches, visible_records
 from aioproducer.tools.reader import TopicReader
 from tests.support.ports import free_port
+from tests.support.processes import start_interruptible
 from tests.support.readback import _fetch_v4, consume_all
 
 # What librdkafka writes: headers (duplicate names, a null value, bytes), null and empty keys
@@ -234,7 +235,7 @@ def test_consume_from_an_unreachable_broker_fails_with_the_reason():
 
 def test_consume_stops_on_ctrl_c_and_says_how_many(broker, topic):
     librdkafka_produce(broker.bootstrap, topic, [(None, b"one", [])])
-    consume = subprocess.Popen(
+    consume = start_interruptible(
         [sys.executable, "-m", "aioproducer", "consume", topic, "--bootstrap-servers",
          broker.bootstrap, "--from-beginning"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:

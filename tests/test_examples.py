@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from tests.support.ports import free_port
-from tests.support.processes import run_in_own_group
+from tests.support.processes import run_in_own_group, start_interruptible
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 README = EXAMPLES.parent / "README.md"
@@ -64,6 +64,21 @@ def test_a_timed_out_example_leaves_no_process_behind():
         time.sleep(0.05)
 
 
+def test_a_command_stopped_with_ctrl_c_gets_it_though_the_suite_ignores_it():
+    """A test's Ctrl-C reaches the command it started when the suite runs as a background job
+    of a script (`./dev test ... &`, whose shell starts it with SIGINT ignored, which every
+    process under it inherits): there Python in the child takes SIGINT as KeyboardInterrupt
+    as in a terminal, not as nothing (the consume and produce Ctrl-C tests hung there)."""
+    show = "import signal; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        child = start_interruptible([sys.executable, "-c", show], stdout=subprocess.PIPE)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    out, _ = child.communicate(timeout=30)
+    assert out == b"True\n"
+
+
 def _is_running(pid: int) -> bool:
     """Alive and not a zombie waiting for its (new) parent to reap it."""
     try:
@@ -76,8 +91,9 @@ def _is_running(pid: int) -> bool:
 @pytest.mark.timeout(270)  # above the run's own 240 s, which kills the JVM too
 def test_spark_streaming_example():
     pytest.importorskip("pyspark", reason="install the spark extra: aioproducer[spark]")
-    # Long enough for the first micro-batch with rows: the first starts its Python workers.
-    out = _run("spark_streaming.py", timeout=240, EXAMPLE_SECONDS="20")
+    # One second, then the example goes on until a micro-batch with rows was written (the
+    # first starts Spark's Python workers, which takes longer on a loaded machine).
+    out = _run("spark_streaming.py", timeout=240, EXAMPLE_SECONDS="1")
     written = [int(n) for n in re.findall(r"^micro-batch \d+: (\d+) records$", out, re.M)]
     assert sum(written) > 0, out  # (a stop that cut the first batch short printed only 0)
     confirmed = re.search(r"^(\d+) records confirmed by Kafka$", out, re.M)
@@ -320,9 +336,9 @@ def test_cli_produce_sends_what_a_pipe_gave_while_it_waits_and_stops_on_ctrl_c(b
     waiting for more; Ctrl-C stops reading, and the command says where to resume."""
     from tests.support.readback import consume_all
 
-    cli = subprocess.Popen([sys.executable, "-m", "aioproducer", "produce", topic,
-                            "--bootstrap-servers", broker.bootstrap],
-                           stdin=subprocess.PIPE, stderr=subprocess.PIPE)
+    cli = start_interruptible([sys.executable, "-m", "aioproducer", "produce", topic,
+                               "--bootstrap-servers", broker.bootstrap],
+                              stdin=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         cli.stdin.write(b"a\nb\nc\n")
         cli.stdin.flush()

@@ -17,9 +17,10 @@ pytestmark = pytest.mark.skipif(shutil.which("java") is None,
                                 reason="PySpark needs a Java runtime (17) on PATH")
 
 
-@pytest.fixture(scope="module", autouse=True)
+@pytest.fixture(scope="module")
 def progress(spark):
-    """format("aioproducer") registered; the counters its tasks add to."""
+    """format("aioproducer") registered; the counters its tasks add to. (Only the tests that
+    write through Spark ask for it: the others run without the session's worker.)"""
     from aioproducer.integrations.spark import register
 
     return register(spark)
@@ -64,6 +65,7 @@ def test_columns_as_for_sparks_kafka_sink(spark, progress, broker, topic_factory
     assert progress.errors.value == errors_before
 
 
+@pytest.mark.usefixtures("progress")
 def test_topic_column_routes_rows_and_the_topic_option_wins(spark, broker, topic_factory):
     from pyspark.sql import functions as F
 
@@ -85,6 +87,7 @@ _CLASH = (r"ConfigError: exactlyOnce writes each Spark partition in a Kafka tran
           r"flight\); ")
 
 
+@pytest.mark.usefixtures("progress")
 @pytest.mark.parametrize("columns, options, message", [
     (["CAST(id AS STRING) AS v"], {}, r"InvalidRecordError: no 'value' column: the columns are v"),
     (["id AS value"], {}, r"InvalidRecordError: value column 'value' is bigint: it must be "
@@ -127,6 +130,7 @@ def test_bad_columns_and_options_fail_before_any_task(spark, broker, topic, colu
     assert _jobs_run(spark) == jobs
 
 
+@pytest.mark.usefixtures("progress")
 @pytest.mark.parametrize("columns, options, message", [
     (["id AS value"], {}, r"InvalidRecordError: value column 'value' is bigint"),
     (["CAST(id AS STRING) AS value"], {"topic": None}, r"ConfigError: no topic"),
