@@ -152,7 +152,9 @@ FAST = {
 # tests build from the checkout (its egg-info): two workers at once broke a build. (A Spark
 # job run as a script is a process tree of its own: those run beside each other.)
 _GROUP_BY_FIXTURE = {"spark": "spark"}
-_GROUP_BY_TEST = {"test_packaging.py::": "packaging"}
+_GROUP_BY_TEST = {"test_packaging.py::": "packaging",
+                  # (its page starts three Apache Kafka nodes: one cluster at a time)
+                  "test_doc_python_blocks[docs/guides/kafka.md]": "kafka"}
 _REAL_KAFKA = Path(__file__).parent / "real_kafka"
 # The tests of a minute or more on two busy cores, started first: xdist hands out the groups
 # (the largest first), then the other tests in collection order, and one of these started

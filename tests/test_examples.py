@@ -233,8 +233,11 @@ async def test_doc_python_blocks(page, broker, topic_factory, tmp_path):
             exec("\n".join(imports), namespace)
             exec("async def snippet():\n" +
                  "".join(f"    {line}\n" for line in block.splitlines()), namespace)
+            # (a hang guard, not a speed check: a block that starts Apache Kafka, three JVMs
+            # on the testing guide's page, takes ~20 s on an idle 2-core machine)
+            limit = 180 if "ApacheKafka(" in block else 30
             try:
-                await asyncio.wait_for(namespace["snippet"](), 30)
+                await asyncio.wait_for(namespace["snippet"](), limit)
             except BaseException as exc:
                 raise AssertionError(f"{page}: python block {number} of {len(blocks)} failed: "
                                      f"{exc!r}") from exc
