@@ -177,21 +177,21 @@ def run_callbacks(report: Callable[[Any, Any, BaseException], object],
         if fn is not None:
             context = record._context
             record._callback = record._context = None
-            try:
-                (context[0] if isinstance(context, tuple) else context.copy()).run(fn, record)
-            except (SystemExit, KeyboardInterrupt):
-                raise
-            except BaseException as exc:
-                report(record, fn, exc)
+            _run_callback(report, record, fn, context)
         if more:
             record._more_callbacks = None
             for fn, context in more:
-                try:
-                    (context[0] if isinstance(context, tuple) else context.copy()).run(fn, record)
-                except (SystemExit, KeyboardInterrupt):
-                    raise
-                except BaseException as exc:
-                    report(record, fn, exc)
+                _run_callback(report, record, fn, context)
+
+
+def _run_callback(report: Callable[[Any, Any, BaseException], object], record: Any,
+                  fn: Any, context: Any) -> None:
+    try:
+        (context[0] if isinstance(context, tuple) else context.copy()).run(fn, record)
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException as exc:
+        report(record, fn, exc)
 
 
 class RecordWriter:

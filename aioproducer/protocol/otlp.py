@@ -13,6 +13,8 @@ from __future__ import annotations
 import struct
 from typing import Iterable, Mapping, NamedTuple, Sequence
 
+from .primitives import encode_uvarint
+
 # AggregationTemporality of a Sum.
 DELTA = 1
 CUMULATIVE = 2
@@ -42,21 +44,12 @@ class Point(NamedTuple):
     time_ns: int
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def _key(field: int, wire_type: int) -> bytes:
-    return _varint(field << 3 | wire_type)
+    return encode_uvarint(field << 3 | wire_type)
 
 
 def _message(field: int, body: bytes) -> bytes:
-    return _key(field, 2) + _varint(len(body)) + body
+    return _key(field, 2) + encode_uvarint(len(body)) + body
 
 
 def _string(field: int, text: str) -> bytes:
@@ -82,7 +75,7 @@ def _metric(point: Point, temporality: int) -> bytes:
     aggregation_temporality=2, is_monotonic=3}}."""
     data = _message(1, _data_point(point))
     if point.sample.kind == "sum":
-        body = _message(7, data + _key(2, 0) + _varint(temporality) + _key(3, 0) + b"\x01")
+        body = _message(7, data + _key(2, 0) + encode_uvarint(temporality) + _key(3, 0) + b"\x01")
     else:
         body = _message(5, data)
     return _string(1, point.sample.name) + body
