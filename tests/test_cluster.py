@@ -790,11 +790,14 @@ def test_a_request_during_a_sasl_exchange_closes_the_connection(broker):
 async def test_nothing_but_sasl_is_written_while_a_connection_reauthenticates(broker):
     """KIP-368: a transactional producer that fetches metadata every few milliseconds
     (metadata_max_age_ms=0) and commits transaction after transaction, over connections
-    whose sessions last 300 ms, so they re-authenticate again and again. Every request the
-    producer makes meanwhile (metadata, transaction requests, produce) waits until the
-    exchange ends: the nodes, which hang up on anything but SaslAuthenticate in it, see
-    none, and every committed record arrives."""
-    with oauth_cluster(broker, session_lifetime_ms=300) as cluster:
+    whose sessions last 1 s, so they re-authenticate again and again (about three times
+    each in 3 s). Every request the producer makes meanwhile (metadata, transaction
+    requests, produce) waits until the exchange ends: the nodes, which hang up on anything
+    but SaslAuthenticate in it, see none, no session expires, and every committed record
+    arrives. (Re-authentication starts at 85-95% of a session, as the Java client's: with
+    300 ms sessions that left 15-45 ms, less than one scheduling delay of the 2-core CI
+    machine running four test workers, and a session expired there once.)"""
+    with oauth_cluster(broker, session_lifetime_ms=1000) as cluster:
         topic = new_topic(cluster, 3)
         committed = 0
         async with Producer(cluster.bootstrap_servers, security_protocol="SASL_PLAINTEXT",
@@ -803,8 +806,8 @@ async def test_nothing_but_sasl_is_written_while_a_connection_reauthenticates(br
                             metadata_max_age_ms=0, retry_backoff_ms=5,
                             linger_ms=1) as producer:
             loop = asyncio.get_running_loop()
-            end = loop.time() + 2.0
-            while loop.time() < end and committed < 5000:
+            end = loop.time() + 3.0
+            while loop.time() < end and committed < 9000:
                 async with producer.transaction():
                     for i in range(6):
                         await producer.enqueue(topic, b"%05d" % (committed + i), partition=i % 3)
