@@ -38,8 +38,19 @@ def hold_at(prefix: str | None, signal: str | None) -> Callable[[Iterator], Iter
         for batch in batches:
             if prefix is not None and pc.any(pc.starts_with(batch.column("value"),
                                                             pattern=prefix)).as_py():
+                # Held until the run kills the driver. This Python worker is in a process
+                # group of its own and outlives the driver: had it slept on, it would wake
+                # and commit the held rows while the restarted driver replays them (a race
+                # the restart wins or loses with the machine's load). So it dies with its
+                # daemon, which ends when the killed JVM closes its stdin.
+                import os
+
+                daemon = os.getppid()
                 pathlib.Path(signal).touch()
-                time.sleep(150)  # killed long before (the runs give up after 120 s)
+                deadline = time.monotonic() + 150  # (the runs give up after 120 s)
+                while os.getppid() == daemon and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                os._exit(1)
             yield batch
     return step
 
