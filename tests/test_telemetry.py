@@ -131,9 +131,10 @@ def test_enable_metrics_push_is_a_validated_setting() -> None:
 
 @pytest.mark.parametrize("enabled", [True, False])
 async def test_a_broker_without_telemetry_gets_none(broker, topic, caplog, enabled) -> None:
-    """The embedded broker does not advertise GetTelemetrySubscriptions (it closes the
-    connection of a client that sends an API it lacks): the producer sends no telemetry
-    request, on by default or off, and its records and its close() go as always."""
+    """The embedded broker advertises GetTelemetrySubscriptions but not PushTelemetry (and
+    closes the connection of a client that sends an API it lacks): the producer, which pushes
+    only to a broker with both, sends no telemetry request, on by default or off, and its
+    records and its close() go as always."""
     if not getattr(broker, "is_embedded", False):
         pytest.skip("about a broker without KIP-714 (the embedded one)")
     with caplog.at_level(logging.DEBUG, "aioproducer"):

@@ -26,6 +26,7 @@ from aioproducer.protocol.messages import ApiKey
 from aioproducer.testing import ApacheKafka, ApacheKafkaUnavailable
 from aioproducer.testing.pytest_plugin import REQUIRE_ENV
 from tests.support.readback import consume_all, fetch_raw_batches
+from tests.support.transactions import COMMITTED_VALUES, commit_abort_commit
 
 EXHAUSTED = 32766  # Kafka's TransactionMetadata: an epoch at Short.MAX_VALUE - 1 is spent
 WINDOW = 500  # InitProducerId requests in flight at once
@@ -93,22 +94,14 @@ async def test_a_spent_epoch_brings_a_new_producer_id_and_the_transactions_go_on
     async with Producer(kafka.bootstrap, transactional_id=tid, linger_ms=5) as producer:
         # Its own InitProducerId took the epoch to the last one that is not spent.
         seen.append((producer.metrics().producer_id, producer.metrics().producer_epoch))
-        for i in range(4):
-            producer.begin_transaction()
-            for p in range(2):
-                await producer.send(topic, b"t%d-p%d" % (i, p), partition=p)
-            if i == 2:
-                await producer.abort_transaction()
-            else:
-                await producer.commit_transaction()
-            seen.append((producer.metrics().producer_id, producer.metrics().producer_epoch))
+        seen += await commit_abort_commit(producer, topic, lambda: (
+            producer.metrics().producer_id, producer.metrics().producer_epoch))
     new_id = seen[1][0]
     assert seen == [(old_id, EXHAUSTED), (new_id, 0), (new_id, 1), (new_id, 2), (new_id, 3)]
     assert new_id != old_id
     got = await asyncio.to_thread(consume_all, kafka.bootstrap, topic, 6, 20,
                                   "read_committed")
-    assert sorted(r.value for r in got) == \
-        sorted(b"t%d-p%d" % (i, p) for i in (0, 1, 3) for p in range(2))
+    assert sorted(r.value for r in got) == COMMITTED_VALUES
     # The first transaction's batches under the old id at the spent epoch's predecessor,
     # the next ones under the new id, each numbered from zero.
     # Each transaction's markers at the epoch after its own (V2's bump); the spent one's

@@ -20,8 +20,10 @@ abort.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -78,6 +80,24 @@ async def _send_all(producer: Producer, topic: str, values: list[bytes],
     await asyncio.gather(*futures)
     await asyncio.sleep(0)  # (each future's callbacks have run)
     return max(ended)
+
+
+@contextlib.asynccontextmanager
+async def _behind_a_proxy(apache_kafka, retries: Retries,
+                          transactional_prefix: str | None) -> AsyncIterator[
+                              tuple[FaultProxy, Producer]]:
+    """A FLOW producer whose every connection to the broker goes through a FaultProxy (and
+    in a transaction begun, if `transactional_prefix`)."""
+    broker_port = int(apache_kafka.bootstrap.rsplit(":", 1)[1])
+    with FaultProxy(broker_port, free_port()) as proxy:
+        proxy.front()
+        extra = ({"transactional_id": f"{transactional_prefix}-{uuid.uuid4().hex[:8]}"}
+                 if transactional_prefix else {})
+        async with Producer(f"127.0.0.1:{proxy.port}", hooks=[retries], **FLOW,
+                            **extra) as producer:
+            if transactional_prefix:
+                producer.begin_transaction()
+            yield proxy, producer
 
 
 @pytest.mark.parametrize("how", ["idle", "old-timestamps"])
@@ -159,25 +179,19 @@ async def test_a_lost_produce_request_is_an_out_of_order_gap_retried_in_order(
     producer id and epoch, and read_committed librdkafka reads each record once, in order
     (the transaction commits: the gap is no error of it)."""
     topic = make_topic()
-    broker_port = int(apache_kafka.bootstrap.rsplit(":", 1)[1])
     values = [b"%05d" % i + b"." * 60 for i in range(2000)]
     retries = Retries()
-    with FaultProxy(broker_port, free_port()) as proxy:
-        proxy.front()
-        extra = {"transactional_id": f"lost-{uuid.uuid4().hex[:8]}"} if transactional else {}
-        async with Producer(f"127.0.0.1:{proxy.port}", hooks=[retries], **FLOW,
-                            **extra) as producer:
-            if transactional:
-                producer.begin_transaction()
-            started = time.monotonic()
-            longest = await _send_all(producer, topic, values[:1])  # (then five in flight)
-            proxy.lose_produce(after=3)
-            longest = max(longest, await _send_all(producer, topic, values[1:], paced=True))
-            if transactional:
-                await producer.commit_transaction()
-            states = active_producers(apache_kafka.bootstrap, topic)
-            metrics = producer.metrics()
-        elapsed = time.monotonic() - started
+    async with _behind_a_proxy(apache_kafka, retries, "lost" if transactional else None) as (
+            proxy, producer):
+        started = time.monotonic()
+        longest = await _send_all(producer, topic, values[:1])  # (then five in flight)
+        proxy.lose_produce(after=3)
+        longest = max(longest, await _send_all(producer, topic, values[1:], paced=True))
+        if transactional:
+            await producer.commit_transaction()
+        states = active_producers(apache_kafka.bootstrap, topic)
+        metrics = producer.metrics()
+    elapsed = time.monotonic() - started
     assert proxy.lost == [(topic, 0)]
     assert retries.count(NotEnoughReplicasError) == 1
     assert retries.count(OutOfOrderSequenceNumberError) >= 1, retries.errors
@@ -208,39 +222,33 @@ async def test_a_batch_refused_for_good_leaves_a_real_gap_closed_by_a_new_sessio
     raise TransactionFailedError); the abort starts a new epoch and the next transaction
     commits; read_committed sees only it."""
     topic = make_topic()
-    broker_port = int(apache_kafka.bootstrap.rsplit(":", 1)[1])
     values = [b"%05d" % i + b"." * 60 for i in range(2000)]
     retries = Retries()
-    with FaultProxy(broker_port, free_port()) as proxy:
-        proxy.front()
-        extra = {"transactional_id": f"gap-{uuid.uuid4().hex[:8]}"} if transactional else {}
-        async with Producer(f"127.0.0.1:{proxy.port}", hooks=[retries], **FLOW,
-                            **extra) as producer:
-            if transactional:
-                producer.begin_transaction()
-            await producer.send(topic, values[0], partition=0)
-            before = producer.metrics()
-            proxy.lose_produce(after=3, error_code=_INVALID_RECORD)
-            futures = []
-            for i, value in enumerate(values[1:]):
-                if i % 10 == 9:
-                    await asyncio.sleep(0.001)  # (paced, as _send_all's)
-                try:
-                    futures.append(await producer.enqueue(topic, value, partition=0))
-                except TransactionFailedError:
-                    assert transactional  # the transaction failed: nothing more goes in it
-                    break
-            outcomes = [None] + await asyncio.wait_for(
-                asyncio.gather(*futures, return_exceptions=True), 30)
-            if transactional:
-                with pytest.raises(TransactionFailedError):
-                    await producer.commit_transaction()
-                await producer.abort_transaction()
-                async with producer.transaction():
-                    await producer.send(topic, b"next", partition=0)
-            else:
-                states = active_producers(apache_kafka.bootstrap, topic)
-                now = producer.metrics()
+    async with _behind_a_proxy(apache_kafka, retries, "gap" if transactional else None) as (
+            proxy, producer):
+        await producer.send(topic, values[0], partition=0)
+        before = producer.metrics()
+        proxy.lose_produce(after=3, error_code=_INVALID_RECORD)
+        futures = []
+        for i, value in enumerate(values[1:]):
+            if i % 10 == 9:
+                await asyncio.sleep(0.001)  # (paced, as _send_all's)
+            try:
+                futures.append(await producer.enqueue(topic, value, partition=0))
+            except TransactionFailedError:
+                assert transactional  # the transaction failed: nothing more goes in it
+                break
+        outcomes = [None] + await asyncio.wait_for(
+            asyncio.gather(*futures, return_exceptions=True), 30)
+        if transactional:
+            with pytest.raises(TransactionFailedError):
+                await producer.commit_transaction()
+            await producer.abort_transaction()
+            async with producer.transaction():
+                await producer.send(topic, b"next", partition=0)
+        else:
+            states = active_producers(apache_kafka.bootstrap, topic)
+            now = producer.metrics()
     assert proxy.lost == [(topic, 0)]
     failed = [i for i, o in enumerate(outcomes) if isinstance(o, BaseException)]
     assert retries.count(OutOfOrderSequenceNumberError) >= 1, retries.errors

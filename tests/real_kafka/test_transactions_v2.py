@@ -34,6 +34,7 @@ from aioproducer.testing.pytest_plugin import REQUIRE_ENV
 from tests.support.producer_state import (CHECK_INTERVAL, active_producers,
                                           producer_ids_expiring_after, wait_forgotten)
 from tests.support.readback import consume_all
+from tests.support.transactions import COMMITTED_VALUES, commit_abort_commit
 
 # A broker-side cap below our default transaction_timeout_ms, to provoke
 # INVALID_TRANSACTION_TIMEOUT (invalid configuration).
@@ -89,15 +90,8 @@ async def test_commits_and_aborts_are_what_read_committed_sees(kafka, requests_s
             kafka.transaction_version
         epochs = [producer.metrics().producer_epoch]
         started = len(requests_sent)
-        for i in range(4):
-            producer.begin_transaction()
-            for p in range(2):
-                await producer.send(topic, b"t%d-p%d" % (i, p), partition=p)
-            if i == 2:
-                await producer.abort_transaction()
-            else:
-                await producer.commit_transaction()
-            epochs.append(producer.metrics().producer_epoch)
+        epochs += await commit_abort_commit(producer, topic,
+                                            lambda: producer.metrics().producer_epoch)
         assert producer.metrics().transaction_version == (2 if _v2(kafka) else 1)
     sent = _kinds(requests_sent[started:])
     if _v2(kafka):
@@ -108,7 +102,7 @@ async def test_commits_and_aborts_are_what_read_committed_sees(kafka, requests_s
         assert len(set(epochs)) == 1, epochs
         assert sent.get(ApiKey.ADD_PARTITIONS_TO_TXN, 0) >= 3
     got = _committed(kafka, topic, 6)
-    assert sorted(got) == sorted(b"t%d-p%d" % (i, p) for i in (0, 1, 3) for p in range(2))
+    assert sorted(got) == COMMITTED_VALUES
 
 
 async def test_a_transactional_producer_idle_past_producer_id_expiration(kafka):
