@@ -9,6 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+# mypy over the package takes 30-60 s on a quiet machine and past the suite's 120 s guard
+# on a loaded one (four test workers and the real-Kafka tier beside it); each mypy run keeps
+# its own 300 s limit.
+pytestmark = pytest.mark.timeout(600)
+
 ROOT = Path(__file__).resolve().parent.parent
 
 USER_CODE = """
