@@ -75,6 +75,7 @@ class ProducerSettingsBase(TypedDict, total=False):
     metadata_max_idle_ms: int
     metadata_recovery_strategy: str
     metadata_recovery_rebootstrap_trigger_ms: int
+    metadata_cluster_check_enable: bool
     allow_auto_create_topics: bool
     enable_metrics_push: bool
     transactional_id: str | None
@@ -150,6 +151,11 @@ class ProducerConfig:
     # "none" keeps asking the known brokers.
     metadata_recovery_strategy: str = "rebootstrap"
     metadata_recovery_rebootstrap_trigger_ms: int = 300000
+    # KIP-1242: tell each broker, when connecting, which cluster and node id the metadata said
+    # is there; a broker that is not it (an address reused by another broker or cluster)
+    # answers REBOOTSTRAP_REQUIRED instead of taking requests meant for another. Needs a
+    # broker with ApiVersions v5 (Kafka 4.4) and the "rebootstrap" strategy.
+    metadata_cluster_check_enable: bool = True
     allow_auto_create_topics: bool = True
     # KIP-714: push the producer's metrics to a broker that asks for them (one whose operator
     # set up a telemetry plugin and a client-metrics subscription), as the Java client does.
@@ -305,6 +311,7 @@ class ProducerConfig:
                                   "sasl_username and sasl_password")
         self._check_tls(protocol)
         for name in ("enable_idempotence", "allow_auto_create_topics", "enable_metrics_push",
+                     "metadata_cluster_check_enable",
                      "ssl_check_hostname",
                      "partitioner_adaptive_partitioning_enable", "partitioner_ignore_keys"):
             if not isinstance(getattr(self, name), bool):

@@ -83,11 +83,13 @@ BODIES = {
     ApiKey.LIST_OFFSETS: (ListOffsetsRequest, {"isolation_level": 1, "topics": [
         {"name": "t", "partitions": [{"partition_index": 1, "timestamp": -2}]}]}),
 }
-# kafka-python has no schema for KIP-714's two requests: Apache Kafka's broker reads them in
-# tests/real_kafka/test_telemetry.py.
+# kafka-python has no schema for KIP-714's two requests nor ApiVersions v5 (KIP-1242):
+# Apache Kafka's broker reads them in tests/real_kafka/test_telemetry.py and
+# test_rebootstrap.py.
 CASES = [(api, version) for api, (low, high) in CLIENT_VERSIONS.items()
          if api not in (ApiKey.GET_TELEMETRY_SUBSCRIPTIONS, ApiKey.PUSH_TELEMETRY)
-         for version in range(low, high + 1)]
+         for version in range(low, high + 1)
+         if (api, version) != (ApiKey.API_VERSIONS, 5)]
 
 
 @pytest.mark.parametrize("api,version", CASES, ids=[f"{a.name}-v{v}" for a, v in CASES])

@@ -193,6 +193,8 @@ async def test_with_the_none_strategy_the_producer_stays_with_the_brokers_it_kno
      "metadata_recovery_rebootstrap_trigger_ms must be between 1 and"),
     ({"metadata_recovery_rebootstrap_trigger_ms": "5000"},
      "metadata_recovery_rebootstrap_trigger_ms must be an int"),
+    ({"metadata_cluster_check_enable": "no"},
+     "metadata_cluster_check_enable must be True or False"),
 ])
 def test_bad_recovery_settings_are_refused(settings, message):
     with pytest.raises(ConfigError, match=message):
@@ -202,9 +204,11 @@ def test_bad_recovery_settings_are_refused(settings, message):
 def test_recovery_settings_from_properties():
     config = ProducerConfig.from_properties({
         "bootstrap.servers": "localhost:9092", "metadata.recovery.strategy": "NONE",
-        "metadata.recovery.rebootstrap.trigger.ms": "60000"})
+        "metadata.recovery.rebootstrap.trigger.ms": "60000",
+        "metadata.cluster.check.enable": "false"})
     assert config.metadata_recovery_strategy == "none"
     assert config.metadata_recovery_rebootstrap_trigger_ms == 60000
+    assert config.metadata_cluster_check_enable is False
     defaults = ProducerConfig.from_kwargs(bootstrap_servers="localhost:9092")
-    assert (defaults.metadata_recovery_strategy,
-            defaults.metadata_recovery_rebootstrap_trigger_ms) == ("rebootstrap", 300000)
+    assert (defaults.metadata_recovery_strategy, defaults.metadata_recovery_rebootstrap_trigger_ms,
+            defaults.metadata_cluster_check_enable) == ("rebootstrap", 300000, True)

@@ -159,6 +159,11 @@ class Cluster:
         # waited for), and the timer that rebootstraps if none has come trigger_ms later.
         self._unanswered_since: float | None = None
         self._rebootstrap_timer: asyncio.TimerHandle | None = None
+        # KIP-1242: whether connections to the brokers metadata named ask them to check that
+        # they are that broker of this cluster: once a broker showed it speaks ApiVersions v5.
+        self._check_where = config.metadata_cluster_check_enable and \
+            config.metadata_recovery_strategy == "rebootstrap"
+        self._brokers_check_where = False
         self.connections_created = 0  # for client telemetry (KIP-714)
         self._closed: asyncio.Future[None] = self._loop.create_future()  # done at close()
         self._ssl_context = ssl_context_for(config)
@@ -444,7 +449,9 @@ class Cluster:
         self.topics = {name: TopicInfo(name, (-1,) * len(info.leaders), info.error, info.epochs)
                        for name, info in self.topics.items()}
         for node_id in [n for n in self._connecting if n >= 0]:
-            self._connecting.pop(node_id).cancel()  # (its waiters get a KafkaConnectionError)
+            task = self._connecting.pop(node_id)
+            if task is not asyncio.current_task():  # (one that asked for this ends itself)
+                task.cancel()  # (its waiters get a KafkaConnectionError)
         for node_id in [n for n in self._backoff if n >= 0]:
             del self._backoff[node_id]
         for conn in list(self._connections.values()):
@@ -579,6 +586,7 @@ class Cluster:
     async def _open(self, broker: Broker) -> BrokerConnection:
         config = self._config
         generation = self._generation
+        check = self._check_where and self._brokers_check_where and broker.node_id >= 0
         try:
             sasl = await self._sasl_mechanism()
             conn = await BrokerConnection.connect(
@@ -586,19 +594,25 @@ class Cluster:
                 request_timeout=config.request_timeout_ms / 1000,
                 connect_timeout=self._setup_timeout(broker.node_id),
                 ssl_context=self._ssl_context, sasl=sasl,
-                max_response_bytes=config.receive_message_max_bytes)
-        except KafkaError:
+                max_response_bytes=config.receive_message_max_bytes,
+                expected_cluster_id=self.cluster_id if check else None)
+        except KafkaError as exc:
             if self._generation != generation:  # forgotten meanwhile: no backoff to keep
                 raise
+            failures = self._backoff.get(broker.node_id, _Backoff()).failures
+            if isinstance(exc, RebootstrapRequiredError):
+                # The address metadata gave leads to another broker or cluster (KIP-1242).
+                self._rebootstrap(str(exc))
             # A node that cannot be reached may have lost its partitions, though the metadata
             # named it: ask again (on Kafka the controller moves leaders only once the dead
             # broker's session times out, seconds after the first refresh that followed the
-            # lost connection). The Java client does the same.
+            # lost connection). The Java client does the same. (After a rebootstrap the
+            # backoff stays: the bootstrap servers may name that address again.)
             self._stale = True
             backoff = self._backoff.setdefault(broker.node_id, _Backoff())
-            delay = exponential_backoff(config.reconnect_backoff_ms / 1000, backoff.failures,
+            delay = exponential_backoff(config.reconnect_backoff_ms / 1000, failures,
                                         config.reconnect_backoff_max_ms / 1000)
-            backoff.failures += 1
+            backoff.failures = failures + 1
             backoff.not_before = self._loop.time() + delay
             self._loop.call_later(delay, self.on_change)
             raise
@@ -613,6 +627,8 @@ class Cluster:
             raise KafkaConnectionError(f"{conn.address}: connected after the producer "
                                        "rebootstrapped, and no longer known")
         self._backoff.pop(broker.node_id, None)
+        self._brokers_check_where = self._brokers_check_where or \
+            conn.broker_ranges.get(ApiKey.API_VERSIONS, (0, 0))[1] >= 5
         self.connections_created += 1
         conn.on_close = self._connection_closed
         self._connections[broker.node_id] = conn

@@ -25,6 +25,7 @@ from ..errors import (
     CorruptMessageError,
     KafkaConnectionError,
     KafkaError,
+    RebootstrapRequiredError,
     RequestTimeoutError,
     error_for_code,
 )
@@ -104,9 +105,12 @@ class BrokerConnection(asyncio.Protocol):
                       request_timeout: float, connect_timeout: float,
                       ssl_context: ssl.SSLContext | None = None,
                       sasl: SaslMechanism | None = None,
-                      max_response_bytes: int = MAX_RESPONSE_BYTES) -> "BrokerConnection":
+                      max_response_bytes: int = MAX_RESPONSE_BYTES,
+                      expected_cluster_id: str | None = None) -> "BrokerConnection":
         """Open the socket (TLS if given a context), negotiate API versions, authenticate
-        (SASL if given a mechanism); raise KafkaConnectionError or AuthenticationError."""
+        (SASL if given a mechanism); raise KafkaConnectionError or AuthenticationError.
+        With `expected_cluster_id`, ask the broker to check that it is `node_id` of that
+        cluster (KIP-1242): RebootstrapRequiredError if it is not."""
         loop = asyncio.get_running_loop()
         conn = cls(node_id, host, port, client_id, request_timeout, max_response_bytes)
         try:
@@ -131,7 +135,7 @@ class BrokerConnection(asyncio.Protocol):
                 "running there? (check bootstrap_servers)"
             ) from exc
         try:
-            await conn._negotiate_versions()
+            await conn._negotiate_versions(expected_cluster_id)
             if sasl is not None:
                 await conn.authenticate(sasl)
         except BaseException:
@@ -193,9 +197,13 @@ class BrokerConnection(asyncio.Protocol):
         for api_key, body, on_response, version in held:
             self.send(api_key, body, on_response, version=version)
 
-    async def _negotiate_versions(self) -> None:
-        body = {"client_software_name": "aioproducer", "client_software_version": __version__}
-        version = CLIENT_VERSIONS[ApiKey.API_VERSIONS][1]
+    async def _negotiate_versions(self, expected_cluster_id: str | None) -> None:
+        body = {"client_software_name": "aioproducer", "client_software_version": __version__,
+                "cluster_id": expected_cluster_id, "node_id": self.node_id}
+        # v5 only to check where we are (asked only of a cluster known to speak it): some
+        # brokers close the connection on a version they lack instead of answering
+        # UNSUPPORTED_VERSION (Tansu does on v5).
+        version = CLIENT_VERSIONS[ApiKey.API_VERSIONS][1] if expected_cluster_id else 3
         response = await self.request(ApiKey.API_VERSIONS, body, version=version)
         if response["error_code"] == BrokerUnsupportedVersionError.error_code:
             # The broker answers with its own range in a v0 body; retry at its highest.
@@ -203,6 +211,11 @@ class BrokerConnection(asyncio.Protocol):
                       for k in response["api_keys"]}
             version = pick_version(ApiKey.API_VERSIONS, ranges.get(ApiKey.API_VERSIONS))
             response = await self.request(ApiKey.API_VERSIONS, body, version=version)
+        if response["error_code"] == RebootstrapRequiredError.error_code:
+            raise RebootstrapRequiredError(
+                f"{self.address} is not broker {self.node_id} of cluster "
+                f"{expected_cluster_id!r}, as the metadata said (KIP-1242: it answered "
+                "ApiVersions with REBOOTSTRAP_REQUIRED)")
         if response["error_code"]:
             raise error_for_code(response["error_code"], f"ApiVersions from {self.address}")
         self.broker_ranges = {k["api_key"]: (k["min_version"], k["max_version"])

@@ -45,7 +45,7 @@ CLIENT_VERSIONS: dict[ApiKey, tuple[int, int]] = {
     ApiKey.METADATA: (1, 13),
     ApiKey.FIND_COORDINATOR: (0, 4),
     ApiKey.SASL_HANDSHAKE: (0, 1),
-    ApiKey.API_VERSIONS: (0, 3),
+    ApiKey.API_VERSIONS: (0, 5),
     ApiKey.CREATE_TOPICS: (0, 7),
     ApiKey.INIT_PRODUCER_ID: (0, 5),
     ApiKey.ADD_PARTITIONS_TO_TXN: (0, 3),  # 4+ batch several transactions (and crash Tansu)
@@ -79,6 +79,9 @@ _REQUESTS: dict[ApiKey, tuple[F, ...]] = {
     ApiKey.API_VERSIONS: (
         F("client_software_name", "string", (3, 99)),
         F("client_software_version", "string", (3, 99)),
+        # KIP-1242: the cluster and node the client means to reach (null and -1: unknown).
+        F("cluster_id", "string", (5, 99), nullable_from=5),
+        F("node_id", "int32", (5, 99), default=-1),
     ),
     ApiKey.METADATA: (
         F("topics", (

@@ -1,13 +1,16 @@
-"""KIP-1102's rebootstrap trigger on Apache Kafka 4.4: the address a broker advertised
-vanishes (a host whose packets are dropped: connections, open and new, stay silent), the
-broker comes back advertising another one, and the bootstrap address leads to it. The producer
-leaves the vanished address after metadata_recovery_rebootstrap_trigger_ms, not after
-request_timeout_ms and socket_connection_setup_timeout_ms, and every acknowledged record is
-read back once, in order, with confluent-kafka's consumer.
+"""Rebootstrapping on Apache Kafka 4.4, every acknowledged record read back once, in order,
+with confluent-kafka's consumer.
 
-(REBOOTSTRAP_REQUIRED cannot be provoked here: Kafka 4.4 sends it only in ApiVersions v5
-answers (KIP-1242), never in Metadata. tests/test_rebootstrap.py has it on the simulated
-cluster.)"""
+KIP-1102's trigger: the address a broker advertised vanishes (a host whose packets are
+dropped: connections, open and new, stay silent), the broker comes back advertising another
+one, and the bootstrap address leads to it. The producer leaves the vanished address after
+metadata_recovery_rebootstrap_trigger_ms, not after request_timeout_ms and
+socket_connection_setup_timeout_ms.
+
+KIP-1242: the address a broker advertised leads to a broker of another cluster (with the same
+node id and topic). Asked at connection time which cluster and node it is meant to be
+(ApiVersions v5), Kafka 4.4 answers REBOOTSTRAP_REQUIRED, the one place it sends that error
+(tests/test_rebootstrap.py has it in Metadata answers, on the simulated cluster)."""
 
 from __future__ import annotations
 
@@ -29,9 +32,10 @@ PARTITIONS = 3
 
 
 class VanishingAddress:
-    """127.0.0.1:port, relayed to a broker's port until `vanish()`; from then on a host that
-    is gone: nothing passes either way, and no connection, open or new, is answered or
-    closed. Runs in the test's event loop."""
+    """127.0.0.1:port, relayed to a broker's port (`upstream_port()`, asked at each new
+    connection) until `vanish()`; from then on a host that is gone: nothing passes either
+    way, and no connection, open or new, is answered or closed. `cut()` closes the
+    connections relayed so far. Runs in the test's event loop."""
 
     def __init__(self, upstream_port: Callable[[], int]) -> None:
         self._upstream_port = upstream_port  # asked at each connection
@@ -55,6 +59,10 @@ class VanishingAddress:
 
     def vanish(self) -> None:
         self._gone.set()
+
+    def cut(self) -> None:
+        for transport in list(self._transports):
+            transport.abort()
 
     async def _accept(self, reader: asyncio.StreamReader,
                       writer: asyncio.StreamWriter) -> None:
@@ -162,3 +170,67 @@ async def test_a_vanished_broker_address_is_left_for_the_bootstrap_servers(caplo
     for partition, numbers in by_partition.items():
         assert numbers == sorted(numbers), f"partition {partition} out of order"
     assert sorted(n for numbers in by_partition.values() for n in numbers) == list(range(450))
+
+
+def end_offset(bootstrap: str, topic: str) -> int:
+    """Partition 0's high watermark, as librdkafka reads it."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "end-offset"})
+    try:
+        return consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=20)[1]
+    finally:
+        consumer.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("check", [True, False], ids=["checked", "unchecked"])
+async def test_an_address_leading_to_another_cluster_is_refused_and_left(apache_kafka, caplog,
+                                                                         check):
+    """Cluster A's broker advertises a relay's address; the producer bootstraps through the
+    broker's own port and sends 100 records through the relay. The relay is moved to the
+    broker of another cluster B: node 0 too, with a topic of the same name, which would take
+    a Produce request meant for A. Checked (metadata_cluster_check_enable, the default),
+    B answers the producer's ApiVersions REBOOTSTRAP_REQUIRED: the producer rebootstraps
+    (and again, backing off, as A's metadata names the relay still), sends B nothing, and
+    once the relay leads back to A delivers the 200 records held meanwhile: A has the 300,
+    once, in order. Unchecked, B takes records meant for A, as Kafka clients before 4.4 let
+    it."""
+    relay_to: dict[str, ApacheKafka] = {"kafka": apache_kafka}  # (until A is made)
+    async with VanishingAddress(lambda: port_of(relay_to["kafka"].bootstrap)) as relay:
+        a = relay_to["kafka"] = own_kafka(broker_config={
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{relay.port}"})
+        await asyncio.to_thread(a.start)
+        try:
+            topic = f"misrouted-{uuid.uuid4().hex[:10]}"
+            await asyncio.to_thread(a.create_topic, topic, 1)
+            await asyncio.to_thread(apache_kafka.create_topic, topic, 1)
+            caplog.set_level(logging.WARNING, logger="aioproducer")
+            values = [b"%03d" % n for n in range(300)]
+            async with Producer(a.bootstrap, linger_ms=5, reconnect_backoff_ms=100,
+                                metadata_cluster_check_enable=check,
+                                delivery_timeout_ms=120_000) as producer:
+                await asyncio.gather(*[await producer.enqueue(topic, v) for v in values[:100]])
+                relay_to["kafka"] = apache_kafka
+                relay.cut()
+                pending = asyncio.gather(*[await producer.enqueue(topic, v)
+                                           for v in values[100:]], return_exceptions=True)
+                await asyncio.sleep(3)
+                relay_to["kafka"] = a
+                relay.cut()
+                outcomes = await asyncio.wait_for(pending, 60)
+                metrics = producer.metrics()
+            on_a = await asyncio.to_thread(consume_all, a.bootstrap, topic, 300)
+        finally:
+            await asyncio.to_thread(a.stop)
+    on_b = await asyncio.to_thread(end_offset, apache_kafka.bootstrap, topic)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    if not check:
+        assert on_b > 0, "B took no record: the unchecked case does not show the hazard"
+        return
+    assert not [o for o in outcomes if isinstance(o, BaseException)], outcomes
+    assert on_b == 0, f"{on_b} records meant for cluster A went to cluster B"
+    assert [r.value for r in on_a] == values
+    assert metrics.rebootstraps >= 1
+    assert any("REBOOTSTRAP_REQUIRED" in w and f"127.0.0.1:{relay.port} is not broker 0" in w
+               for w in warnings), warnings

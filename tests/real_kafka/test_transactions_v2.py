@@ -352,8 +352,8 @@ def requests_sent(monkeypatch: pytest.MonkeyPatch) -> list[tuple[ApiKey, int, An
 
     negotiate = BrokerConnection._negotiate_versions
 
-    async def negotiated(self: BrokerConnection) -> None:
-        await negotiate(self)
+    async def negotiated(self: BrokerConnection, expected_cluster_id: str | None) -> None:
+        await negotiate(self, expected_cluster_id)
         self._framing.ranges = self.broker_ranges  # type: ignore[attr-defined]
 
     monkeypatch.setattr(Framing, "send_request", spy)

@@ -27,10 +27,16 @@ _PREFERRED = 0
 
 
 def leader_and_replicas(bootstrap: str, topic: str, partition: int = 0) -> tuple[int, list[int]]:
-    """The partition's leader and replicas, as librdkafka's admin client reads them."""
+    """The partition's leader and replicas, as librdkafka's admin client reads them (once a
+    broker's metadata has them: just after CreateTopics, the broker asked may not yet)."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    meta = admin.list_topics(topic, timeout=10).topics[topic].partitions[partition]
-    return meta.leader, list(meta.replicas)
+    deadline = time.monotonic() + 30
+    while True:
+        meta = admin.list_topics(topic, timeout=10).topics[topic].partitions.get(partition)
+        if meta is not None and meta.leader >= 0:
+            return meta.leader, list(meta.replicas)
+        assert time.monotonic() < deadline, f"{topic}-{partition} has no leader after 30 s"
+        time.sleep(0.1)
 
 
 def move_leader(bootstrap: str, topic: str, partition: int, to: int,
