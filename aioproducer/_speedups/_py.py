@@ -393,10 +393,13 @@ class Appender:
         self._check_can_send, self._sticky = check_can_send, sticky
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        done = self._fast(args, kwargs)
-        return self._later(*args, **kwargs) if done is None else done
+        future = self._append(args, kwargs)
+        if future is None:
+            return self._later(*args, **kwargs)
+        return Ready(future) if self._ready else future
 
-    def _fast(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _append(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The record's future if it is the common case, else None."""
         if not 2 <= len(args) <= 3 or self._cluster is None or self._python_only:
             return None
         topic, value = args[0], args[1]
@@ -450,11 +453,8 @@ class Appender:
         open_ = accumulator.appendable.get(topic)
         if type(open_) is not tuple or len(open_) != 2:
             return None
-        future = append_record(open_[0], open_[1], partition, timestamp, key, value, None,
-                               self._future_type)
-        if future is None or not self._ready:
-            return future
-        return Ready(future)
+        return append_record(open_[0], open_[1], partition, timestamp, key, value, None,
+                             self._future_type)
 
 
 _UNSET: Any = object()  # (a key not given)
