@@ -684,3 +684,33 @@ async def test_a_ready_awaitable_gives_its_result_and_is_a_coroutine_to_asyncio(
     cancelled.cancel()
     with pytest.raises(asyncio.CancelledError):
         await cancelled
+
+
+@pytest.mark.parametrize("impl", BOTH, ids=["python", "c"])
+async def test_a_future_reads_its_batch_as_the_batch_class_says_now(impl):
+    """The C future reads a slotted batch's attributes from its slots (asyncio.gather has it
+    read a dozen per record); a class changed since, or another class, is read anew."""
+    loop = asyncio.get_running_loop()
+
+    class Slotted:
+        __slots__ = ("future", "pieces", "topic", "partition", "_untracked", "_watchers")
+
+        def __init__(self, future) -> None:
+            self.future, self.pieces, self.topic, self.partition = future, None, "s", 1
+            self._untracked, self._watchers = [], []
+
+    Future = _future_class(impl)
+    acknowledged = loop.create_future()
+    acknowledged.set_result((10, -1))
+    record = Future(Slotted(acknowledged), 2, 5)
+    assert record.result() == ("s", 1, 12, 5) and record.get_loop() is loop
+    failed = loop.create_future()
+    failed.set_exception(KeyError("moved"))
+    Slotted.future = property(lambda self: failed)  # the class changes: no slot read now
+    assert isinstance(record.exception(), KeyError)
+    other = _FakeBatch(acknowledged)
+    assert Future(other, 3, 7).result() == ("t", 4, 13, 7)
+    assert isinstance(record.exception(), KeyError)
+    del Slotted.future
+    with pytest.raises(AttributeError):
+        record.done()

@@ -478,6 +478,56 @@ typedef struct {
 
 static PyTypeObject RecordFieldsType;
 
+/* The batch attributes a record's future reads (asyncio.gather makes it read a dozen per
+   record), from the batch's slots where its class has them (ProducerBatch: __slots__), as
+   the member descriptors PyObject_GetAttr would find return them; else, or when a slot is
+   empty, by PyObject_GetAttr. The offsets are learnt per class and version tag (a class
+   changed since has another tag; a class without one is always asked). */
+enum { A_FUTURE, A_PIECES, A_TOPIC, A_PARTITION, A_WATCHERS, A_UNTRACKED, A_COUNT };
+static PyObject **batch_names[A_COUNT] = {&s_future, &s_pieces, &s_topic, &s_partition,
+                                          &s_watchers, &s_untracked};
+static struct {
+    PyTypeObject *type;  /* compared only, never followed */
+    unsigned int version;
+    Py_ssize_t offset[A_COUNT];  /* -1: ask PyObject_GetAttr */
+} batch_slots;
+
+static void
+learn_slots(PyTypeObject *type)
+{
+    batch_slots.type = type;
+    for (int i = 0; i < A_COUNT; i++) {
+        PyObject *found = type->tp_getattro == PyObject_GenericGetAttr
+            ? _PyType_Lookup(type, *batch_names[i]) : NULL;  /* (borrowed) */
+        PyMemberDef *member = found != NULL && Py_IS_TYPE(found, &PyMemberDescr_Type)
+            ? ((PyMemberDescrObject *)found)->d_member : NULL;
+        batch_slots.offset[i] = member != NULL && member->type == T_OBJECT_EX &&
+            !(member->flags & READ_RESTRICTED) ? member->offset : -1;
+    }
+#ifdef Py_TPFLAGS_VALID_VERSION_TAG
+    batch_slots.version = type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG
+        ? type->tp_version_tag : 0;
+#else
+    batch_slots.version = type->tp_version_tag;  /* (0: none) */
+#endif
+}
+
+/* batch.<name of `which`>, a new reference (NULL and the error as PyObject_GetAttr). */
+static PyObject *
+batch_attr(PyObject *batch, int which)
+{
+    PyTypeObject *type = Py_TYPE(batch);
+    if (type != batch_slots.type || type->tp_version_tag != batch_slots.version)
+        learn_slots(type);
+    Py_ssize_t offset = batch_slots.offset[which];
+    if (batch_slots.version != 0 && offset >= 0) {
+        PyObject *value = *(PyObject **)((char *)batch + offset);
+        if (value != NULL)
+            return Py_NewRef(value);
+    }
+    return PyObject_GetAttr(batch, *batch_names[which]);
+}
+
 /* A new instance of `type` (RecordFields or a subclass) following `batch`. */
 static PyObject *
 make_fields(PyTypeObject *type, PyObject *batch, PyObject *offset_delta, PyObject *timestamp)
@@ -488,7 +538,7 @@ make_fields(PyTypeObject *type, PyObject *batch, PyObject *offset_delta, PyObjec
     self->batch = Py_NewRef(batch);
     self->offset_delta = Py_NewRef(offset_delta);
     self->timestamp = Py_NewRef(timestamp);
-    PyObject *untracked = PyObject_GetAttr(batch, s_untracked);
+    PyObject *untracked = batch_attr(batch, A_UNTRACKED);
     if (untracked == NULL) {
         if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
             Py_DECREF(self);
@@ -579,7 +629,7 @@ ask_batch_future(RecordFields *self, PyObject *method)
     PyObject *batch = batch_of(self);
     if (batch == NULL)
         return NULL;
-    PyObject *future = PyObject_GetAttr(batch, s_future);
+    PyObject *future = batch_attr(batch, A_FUTURE);
     Py_DECREF(batch);
     if (future == NULL)
         return NULL;
@@ -593,7 +643,7 @@ ask_batch_future(RecordFields *self, PyObject *method)
 static int
 is_split(PyObject *batch)
 {
-    PyObject *pieces = PyObject_GetAttr(batch, s_pieces);
+    PyObject *pieces = batch_attr(batch, A_PIECES);
     if (pieces == NULL)
         return -1;
     int split = pieces != Py_None;
@@ -670,7 +720,7 @@ fields_result(RecordFields *self, PyObject *unused)
                                             self->timestamp, NULL);
         goto done;
     }
-    if ((future = PyObject_GetAttr(batch, s_future)) == NULL ||
+    if ((future = batch_attr(batch, A_FUTURE)) == NULL ||
         (outcome = PyObject_CallMethodNoArgs(future, s_result)) == NULL)
         goto done;
     if (!PyTuple_Check(outcome) || PyTuple_GET_SIZE(outcome) != 2) {
@@ -692,8 +742,8 @@ fields_result(RecordFields *self, PyObject *unused)
         PyErr_SetString(PyExc_TypeError, "_metadata_type must be a tuple subclass");
         goto done;
     }
-    if ((items[0] = PyObject_GetAttr(batch, s_topic)) == NULL ||
-        (items[1] = PyObject_GetAttr(batch, s_partition)) == NULL ||
+    if ((items[0] = batch_attr(batch, A_TOPIC)) == NULL ||
+        (items[1] = batch_attr(batch, A_PARTITION)) == NULL ||
         (items[2] = base >= 0 ? PyNumber_Add(base_offset, self->offset_delta)
                               : PyLong_FromLong(-1)) == NULL)
         goto done;
@@ -804,7 +854,7 @@ fields_add_done_callback(RecordFields *self, PyObject *const *args, Py_ssize_t n
             return NULL;
         /* ProducerBatch.watch()'s common case inline (gather: every record after a batch's
            first): the batch has a list of watched records already. */
-        PyObject *watchers = PyObject_GetAttr(batch, s_watchers);
+        PyObject *watchers = batch_attr(batch, A_WATCHERS);
         if (watchers == NULL) {
             if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
                 Py_DECREF(batch);
