@@ -123,9 +123,13 @@ class Producer(Generic[K, V]):
     def _renew(self) -> None:
         """The parts of a producer not started yet: a new one's, or one whose start failed."""
         self._lifecycle = Lifecycle()
-        self._intake = RecordIntake(self.config, self._lifecycle)
-        if self._intake.on_send_hooks:  # hooks that see every record: enqueue() tells them
-            self.enqueue = self._intake.enqueue_told  # type: ignore[method-assign]
+        intake = self._intake = RecordIntake(self.config, self._lifecycle)
+        # enqueue() and send() are the intake's calls, with no frame of ours between (their
+        # common case is one compiled call), unless a subclass has verbs of its own.
+        if type(self).enqueue is Producer.enqueue:
+            self.enqueue = intake.enqueue_call  # type: ignore[method-assign]
+        if type(self).send is Producer.send:
+            self.send = intake.send_call  # type: ignore[method-assign]
         self._cluster: Cluster | None = None
         self._accumulator: RecordAccumulator | None = None
         self._sender: Sender | None = None
@@ -444,22 +448,24 @@ class Producer(Generic[K, V]):
         Cancelled after the record was buffered, it is still sent: only the wait ends.
         Cancelled while in line for memory (the future, or every task awaiting it), the
         record is not sent."""
-        return self._intake.send(topic, value, key, partition, timestamp_ms, headers)
+        return self._intake.send_call(topic, value, key, partition=partition,
+                                      timestamp_ms=timestamp_ms, headers=headers)
 
-    async def enqueue(self, topic: str, value: V | None, key: K | None = None, *,
-                      partition: int | None = None, timestamp_ms: int | None = None,
-                      headers: Headers | None = None) -> RecordFuture:
+    def enqueue(self, topic: str, value: V | None, key: K | None = None, *,
+                partition: int | None = None, timestamp_ms: int | None = None,
+                headers: Headers | None = None) -> Coroutine[Any, Any, RecordFuture]:
         """Buffer one record; return a future of its RecordMetadata.
 
         Waits only for what it must: the topic's metadata the first time, and buffer memory
         when `buffer_memory` is full (both at most `max_block_ms`). Errors in the arguments
         raise here; delivery errors are raised by the returned future.
+
+        In the producer's running loop, a record that fits its partition's open batch is
+        buffered by the call itself, and what it returns is then complete: awaiting it costs
+        no coroutine and no loop turn (to `create_task()` and TaskGroups it is a coroutine).
         """
-        appended = self._intake.append(topic, value, key, partition, timestamp_ms, headers,
-                                       False, False, RecordFuture)
-        if isinstance(appended, RecordFuture):
-            return appended
-        return RecordFuture(*(appended if isinstance(appended, tuple) else await appended))
+        return self._intake.enqueue_call(topic, value, key, partition=partition,
+                                         timestamp_ms=timestamp_ms, headers=headers)
 
     async def enqueue_many(self, topic: str,
                            records: Iterable[tuple[K | None, V | None]], *,

@@ -1,10 +1,11 @@
-"""aioproducer's CPU per record, in this process: enqueue + gather and enqueue_many, on an
-embedded broker (the least load-sensitive figure on a shared machine: the process's CPU
-seconds over the produce phase, not wall time). --profile SHAPE prints a cProfile of that
-shape's first round (thread CPU time) instead of timing it.
+"""aioproducer's CPU per record, in this process: enqueue + gather and enqueue_many (and, with
+--shapes send, `gather(*(send(...) ...))`), on an embedded broker (the least load-sensitive
+figure on a shared machine: the process's CPU seconds over the produce phase, not wall
+time). --profile SHAPE prints a cProfile of that shape's first round (thread CPU time)
+instead of timing it.
 
     python benchmarks/cpu_per_record.py PARTITIONS [RECORDS] [--size B] [--rounds N]
-        [--shapes gather,bulk] [--profile gather|bulk] [--asyncio] [--batch-size B]
+        [--shapes gather,bulk,send] [--profile gather|bulk|send] [--asyncio] [--batch-size B]
 """
 import argparse, asyncio, cProfile, os, pstats, sys, time
 from aioproducer import Producer
@@ -37,7 +38,10 @@ async def bulk(producer, topic):
     for r in results:
         await r
 
-SHAPES = {"gather": gather, "bulk": bulk}
+async def send(producer, topic):
+    await asyncio.gather(*(producer.send(topic, v, k) for k, v in data))
+
+SHAPES = {"gather": gather, "bulk": bulk, "send": send}
 
 
 async def one(bootstrap, topic, shape, profile):

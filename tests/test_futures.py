@@ -79,6 +79,28 @@ async def test_send_runs_as_a_task_and_under_asyncio_run(broker, topic):
     assert sorted(task_offsets) == list(range(50)) and direct.offset == 50
 
 
+async def test_enqueue_buffers_at_the_call_and_runs_as_a_task(broker, topic):
+    """In the producer's loop, enqueue() buffers a record that fits its open batch at the
+    call, as send() does: records keep the order of the calls, whenever each is awaited; and
+    what it returns is a coroutine to create_task(), TaskGroups and gather()."""
+    async with Producer(broker.bootstrap, **SLOW) as producer:
+        first = await producer.enqueue(topic, b"0", partition=0)  # (opens the batch)
+        called_first = producer.enqueue(topic, b"1", partition=0)
+        awaited_first = await producer.enqueue(topic, b"2", partition=0)
+        futures = [first, await called_first, awaited_first]
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(producer.enqueue(topic, b"%d" % i, partition=0))
+                     for i in (3, 4)]
+        futures += [task.result() for task in tasks]
+        futures += await asyncio.gather(producer.enqueue(topic, b"5", partition=0),
+                                        asyncio.create_task(producer.enqueue(topic, b"6",
+                                                                             partition=0)))
+        assert all(type(future) is RecordFuture for future in futures)
+        metadata = await asyncio.gather(*futures)
+    assert [md.offset for md in metadata] == list(range(7))
+    assert _values(consume_all(broker.bootstrap, topic, 7)) == [b"%d" % i for i in range(7)]
+
+
 def test_run_until_complete_takes_a_record_future(broker, topic):
     loop = asyncio.new_event_loop()
     try:

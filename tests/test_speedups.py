@@ -9,11 +9,14 @@ again with AIOPRODUCER_PURE_PYTHON=1.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextvars
 import gc
 import os
 import random
 import sys
+import threading
+import types
 import weakref
 from typing import NamedTuple
 
@@ -573,3 +576,141 @@ async def test_what_a_done_callback_raises_is_reported_and_the_rest_run(impl):
     with pytest.raises(SystemExit):  # (as asyncio's loop lets it through)
         impl.run_callbacks(lambda *args: reported.append(args), [records[2]])
     assert len(reported) == 1
+
+
+class _Started:
+    """What an Appender reads of a started producer's parts: the lifecycle's state, thread
+    and running loop, the cluster's topics, the accumulator's line and open batches."""
+
+    def __init__(self, impl, loop) -> None:
+        self.state, self.thread, self.loop_running = "started", threading.get_ident(), \
+            loop.is_running
+        self.topics = {"t": types.SimpleNamespace(leaders=(1, 1, 1))}
+        self.line: collections.deque = collections.deque()
+        self.appendable = {"t": (["batch-0", "batch-1", "batch-2"],
+                                 [impl.RecordWriter(0, 300) for _ in range(3)])}
+
+
+def _appender(impl, parts, *, ready=True, python_only=False, partition_in_python=False,
+              check_can_send=None):
+    later_calls: list = []
+
+    def later(*args, **kwargs):
+        later_calls.append((args, kwargs))
+        return "later"
+
+    appender = impl.Appender(later, _future_class(impl), ready, parts, "started",
+                             lambda: 1700000000.1234, python_only, partition_in_python)
+    assert appender("t", b"v") == "later" and later_calls.pop() == (("t", b"v"), {})
+    appender.attach(parts, parts, check_can_send, lambda topic, leaders: 2)
+    return appender, later_calls
+
+
+@pytest.mark.parametrize("impl", BOTH, ids=["python", "c"])
+async def test_the_appender_appends_the_common_case_and_hands_on_the_rest(impl):
+    parts = _Started(impl, asyncio.get_running_loop())
+    appender, later_calls = _appender(impl, parts)
+    key = b"k"  # murmur2 of b"k" over 3 partitions
+    by_key = impl.partition_for_key(key, 3)
+    appended = [(await appender("t", b"v", partition=1, timestamp_ms=5), 1, 5),
+                (await appender("t", b"v", key), by_key, 1700000000123),
+                (await appender("t", None, key=key, headers=None), by_key, 1700000000123),
+                (await appender("t", b"v"), 2, 1700000000123)]  # keyless: the sticky one
+    seen = {}
+    for future, partition, timestamp in appended:
+        delta = seen[partition] = seen.get(partition, -1) + 1
+        assert (future._batch, future._offset_delta, future._timestamp) == \
+            (f"batch-{partition}", delta, timestamp)
+    assert not later_calls
+    refused = [(("t", b"v"), {"headers": [("h", b"v")]}), (("t", b"v"), {"other": 1}),
+               (("t", b"v", b"k"), {"key": b"k"}), (("t",), {}), (("t", b"v", None, 3), {}),
+               (("t", "text"), {}), (("t", b"v", bytearray(b"k")), {}), ((b"t", b"v"), {}),
+               (("unknown", b"v"), {}), (("t", b"v"), {"partition": 3}),
+               (("t", b"v"), {"partition": -1}), (("t", b"v"), {"partition": True}),
+               (("t", b"v"), {"timestamp_ms": -1}), (("t", b"v"), {"timestamp_ms": 1 << 63}),
+               (("t", b"v"), {"timestamp_ms": 1.5}), (("t", b"v" * 300), {})]
+    for args, kwargs in refused:
+        assert appender(*args, **kwargs) == "later"
+        assert later_calls.pop() == (args, kwargs)
+    for change in ("state", "thread", "loop", "line", "topic"):
+        parts = _Started(impl, asyncio.get_running_loop())
+        if change == "state":
+            parts.state = "closing"
+        elif change == "thread":
+            parts.thread += 1
+        elif change == "loop":
+            parts.loop_running = lambda: False
+        elif change == "line":
+            parts.line.append("waiting")
+        else:
+            parts.topics["t"] = types.SimpleNamespace(leaders=())
+        appender, later_calls = _appender(impl, parts)
+        assert appender("t", b"v", b"k") == "later" and len(later_calls) == 1, change
+    for settings in ({"python_only": True}, {"partition_in_python": True},
+                     {"check_can_send": _raises}):
+        appender, later_calls = _appender(impl, _Started(impl, asyncio.get_running_loop()),
+                                          **settings)
+        assert appender("t", b"v") == "later" and len(later_calls) == 1, settings
+    appender, _ = _appender(impl, _Started(impl, asyncio.get_running_loop()),
+                            partition_in_python=True, check_can_send=lambda: None)
+    assert (await appender("t", b"v", partition=0))._batch == "batch-0"
+
+
+def _raises():
+    raise RuntimeError("not in a transaction")
+
+
+@pytest.mark.parametrize("impl", BOTH, ids=["python", "c"])
+async def test_a_ready_awaitable_gives_its_result_and_is_a_coroutine_to_asyncio(impl):
+    parts = _Started(impl, asyncio.get_running_loop())
+    sending, _ = _appender(impl, parts, ready=False)
+    future = sending("t", b"v", partition=0)
+    assert isinstance(future, impl.RecordFields)  # send(): the future itself
+    ready = impl.Ready("result")
+    assert await ready == "result" and await ready == "result"
+    assert asyncio.iscoroutine(ready) and not asyncio.isfuture(ready)
+    assert await asyncio.create_task(impl.Ready("task")) == "task"
+    assert await asyncio.gather(impl.Ready(1), impl.Ready(2)) == [1, 2]
+    with pytest.raises(StopIteration) as stop:
+        impl.Ready((1, 2)).send(None)
+    assert stop.value.value == (1, 2)
+    for thrown in (KeyError("k"), KeyError):
+        with pytest.raises(KeyError):
+            ready.throw(thrown)
+    with pytest.raises(KeyError, match="given"):
+        ready.throw(KeyError, KeyError("given"))
+    assert ready.close() is None
+    cancelled = asyncio.create_task(impl.Ready("never"))
+    cancelled.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+
+
+@pytest.mark.parametrize("impl", BOTH, ids=["python", "c"])
+async def test_a_future_reads_its_batch_as_the_batch_class_says_now(impl):
+    """The C future reads a slotted batch's attributes from its slots (asyncio.gather has it
+    read a dozen per record); a class changed since, or another class, is read anew."""
+    loop = asyncio.get_running_loop()
+
+    class Slotted:
+        __slots__ = ("future", "pieces", "topic", "partition", "_untracked", "_watchers")
+
+        def __init__(self, future) -> None:
+            self.future, self.pieces, self.topic, self.partition = future, None, "s", 1
+            self._untracked, self._watchers = [], []
+
+    Future = _future_class(impl)
+    acknowledged = loop.create_future()
+    acknowledged.set_result((10, -1))
+    record = Future(Slotted(acknowledged), 2, 5)
+    assert record.result() == ("s", 1, 12, 5) and record.get_loop() is loop
+    failed = loop.create_future()
+    failed.set_exception(KeyError("moved"))
+    Slotted.future = property(lambda self: failed)  # the class changes: no slot read now
+    assert isinstance(record.exception(), KeyError)
+    other = _FakeBatch(acknowledged)
+    assert Future(other, 3, 7).result() == ("t", 4, 13, 7)
+    assert isinstance(record.exception(), KeyError)
+    del Slotted.future
+    with pytest.raises(AttributeError):
+        record.done()

@@ -3,7 +3,9 @@ future. Check it, serialize it, pick its partition, and append it to a batch; or
 what it needs first (the topic's metadata, buffer memory).
 
 The common case is a plain call with no await: a coroutine per record (and a handle per
-record, in send) was a tenth of a send's cost with 1,000 tasks sending.
+record, in send) was a tenth of a send's cost with 1,000 tasks sending. In a started producer
+it is one compiled call, the speed-up's Appender: the producer's enqueue() and send() are
+those calls, and everything else (and every error) comes here, to the methods of the same names.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from ..errors import InvalidRecordError, RecordTooLargeError
 from ..hooks import DeliveryCallback
 from ..protocol.records import Headers, record_size_upper_bound
 from ..serializers import MutableHeaders
-from .._speedups import DONE, append_many, append_record
+from .._speedups import DONE, Appender, append_many, append_record
 from .accumulator import RecordAccumulator
 from .arguments import BYTES_TYPES, as_bytes, bad_partition, check_topic_name, \
     checked_headers, checked_timestamp, encode_checked_headers, iterate_records, serialize, \
@@ -69,8 +71,20 @@ class RecordIntake:
         # Hooks that see every record (the rest see batches, through the Observer). Without
         # them send() costs nothing more: the told variant replaces it only where needed.
         self.on_send_hooks = overridden(config.hooks, "on_send")
+        # The producer's enqueue() and send(): the common case in one compiled call (an
+        # Appender, given the parts by attach()), the rest by the methods of those names. With
+        # on_send hooks, the told variants.
+        self.enqueue_call: Callable[..., Coroutine[Any, Any, RecordFuture]]
+        self.send_call: Callable[..., Coroutine[Any, Any, RecordMetadata]]
+        self._appenders: tuple[Appender, ...] = ()
         if self.on_send_hooks:
             self.send = self._send_told  # type: ignore[method-assign]
+            self.enqueue_call, self.send_call = self.enqueue_told, self._send_told
+        else:
+            common = (lifecycle, STARTED, time.time, self._serializing, self._partition_in_python)
+            self._appenders = (Appender(self.enqueue, RecordFuture, True, *common),
+                               Appender(self.send, Sending, False, *common))
+            self.enqueue_call, self.send_call = self._appenders
 
     def attach(self, cluster: Cluster, accumulator: RecordAccumulator,
                txn: TransactionManager | None, node_unavailable: Callable[[int], bool]) -> None:
@@ -79,11 +93,15 @@ class RecordIntake:
             self._config.batch_size, self._config.partitioner_adaptive_partitioning_enable,
             accumulator.queued, accumulator.drained_bytes, node_unavailable)
         self._txn = txn if txn is not None and txn.is_transactional else None
+        for appender in self._appenders:
+            appender.attach(cluster, accumulator,
+                            None if self._txn is None else self._txn.check_can_send,
+                            self._partitioner.partition)
 
     # -- the verbs' entries ----------------------------------------------------------------
 
-    def send(self, topic: str, value: Any, key: Any, partition: int | None,
-             timestamp_ms: int | None, headers: Headers | None
+    def send(self, topic: str, value: Any, key: Any = None, *, partition: int | None = None,
+             timestamp_ms: int | None = None, headers: Headers | None = None
              ) -> Coroutine[Any, Any, RecordMetadata]:
         """send(): in the producer's running loop, append now and return a future that is
         also a coroutine; else (or before the topic's metadata is known) a coroutine that
@@ -103,16 +121,17 @@ class RecordIntake:
             return sending
         return _send_appended(appended)
 
-    def _send_told(self, topic: str, value: Any, key: Any, partition: int | None,
-                   timestamp_ms: int | None, headers: Headers | None
-                   ) -> Coroutine[Any, Any, RecordMetadata]:
+    def _send_told(self, topic: str, value: Any, key: Any = None, *,
+                   partition: int | None = None, timestamp_ms: int | None = None,
+                   headers: Headers | None = None) -> Coroutine[Any, Any, RecordMetadata]:
         """send() with on_send hooks: they see the record first, then are told its fate."""
         headers, told = self.tell_send(topic, key, value, headers)
         if told is None:
-            return RecordIntake.send(self, topic, value, key, partition, timestamp_ms, headers)
+            return RecordIntake.send(self, topic, value, key, partition=partition,
+                                     timestamp_ms=timestamp_ms, headers=headers)
         try:
-            sending = RecordIntake.send(self, topic, value, key, partition, timestamp_ms,
-                                        headers)
+            sending = RecordIntake.send(self, topic, value, key, partition=partition,
+                                        timestamp_ms=timestamp_ms, headers=headers)
         except BaseException as exc:  # refused at the call: told so at once
             deliver(told, None, exc)
             raise
@@ -121,11 +140,22 @@ class RecordIntake:
             return sending
         return _told_when_awaited(sending, told)
 
+    async def enqueue(self, topic: str, value: Any, key: Any = None, *,
+                      partition: int | None = None, timestamp_ms: int | None = None,
+                      headers: Headers | None = None) -> RecordFuture:
+        """Producer.enqueue() beyond the Appender's common case: a record that waits for
+        the topic's metadata, a serializer, a new batch or buffer memory, or is refused."""
+        appended = self.append(topic, value, key, partition, timestamp_ms, headers, False,
+                               False, RecordFuture)
+        if isinstance(appended, RecordFuture):
+            return appended
+        return RecordFuture(*(appended if isinstance(appended, tuple) else await appended))
+
     async def enqueue_told(self, topic: str, value: Any, key: Any = None, *,
                            partition: int | None = None, timestamp_ms: int | None = None,
                            headers: Headers | None = None) -> RecordFuture:
         """Producer.enqueue() where on_send hooks see every record (it takes the place of
-        the producer's own, which appends inline)."""
+        the Appender)."""
         headers, told = self.tell_send(topic, key, value, headers)
         try:
             appended = self.append(topic, value, key, partition, timestamp_ms, headers, False)

@@ -478,6 +478,56 @@ typedef struct {
 
 static PyTypeObject RecordFieldsType;
 
+/* The batch attributes a record's future reads (asyncio.gather makes it read a dozen per
+   record), from the batch's slots where its class has them (ProducerBatch: __slots__), as
+   the member descriptors PyObject_GetAttr would find return them; else, or when a slot is
+   empty, by PyObject_GetAttr. The offsets are learnt per class and version tag (a class
+   changed since has another tag; a class without one is always asked). */
+enum { A_FUTURE, A_PIECES, A_TOPIC, A_PARTITION, A_WATCHERS, A_UNTRACKED, A_COUNT };
+static PyObject **batch_names[A_COUNT] = {&s_future, &s_pieces, &s_topic, &s_partition,
+                                          &s_watchers, &s_untracked};
+static struct {
+    PyTypeObject *type;  /* compared only, never followed */
+    unsigned int version;
+    Py_ssize_t offset[A_COUNT];  /* -1: ask PyObject_GetAttr */
+} batch_slots;
+
+static void
+learn_slots(PyTypeObject *type)
+{
+    batch_slots.type = type;
+    for (int i = 0; i < A_COUNT; i++) {
+        PyObject *found = type->tp_getattro == PyObject_GenericGetAttr
+            ? _PyType_Lookup(type, *batch_names[i]) : NULL;  /* (borrowed) */
+        PyMemberDef *member = found != NULL && Py_IS_TYPE(found, &PyMemberDescr_Type)
+            ? ((PyMemberDescrObject *)found)->d_member : NULL;
+        batch_slots.offset[i] = member != NULL && member->type == T_OBJECT_EX &&
+            !(member->flags & READ_RESTRICTED) ? member->offset : -1;
+    }
+#ifdef Py_TPFLAGS_VALID_VERSION_TAG
+    batch_slots.version = type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG
+        ? type->tp_version_tag : 0;
+#else
+    batch_slots.version = type->tp_version_tag;  /* (0: none) */
+#endif
+}
+
+/* batch.<name of `which`>, a new reference (NULL and the error as PyObject_GetAttr). */
+static PyObject *
+batch_attr(PyObject *batch, int which)
+{
+    PyTypeObject *type = Py_TYPE(batch);
+    if (type != batch_slots.type || type->tp_version_tag != batch_slots.version)
+        learn_slots(type);
+    Py_ssize_t offset = batch_slots.offset[which];
+    if (batch_slots.version != 0 && offset >= 0) {
+        PyObject *value = *(PyObject **)((char *)batch + offset);
+        if (value != NULL)
+            return Py_NewRef(value);
+    }
+    return PyObject_GetAttr(batch, *batch_names[which]);
+}
+
 /* A new instance of `type` (RecordFields or a subclass) following `batch`. */
 static PyObject *
 make_fields(PyTypeObject *type, PyObject *batch, PyObject *offset_delta, PyObject *timestamp)
@@ -488,7 +538,7 @@ make_fields(PyTypeObject *type, PyObject *batch, PyObject *offset_delta, PyObjec
     self->batch = Py_NewRef(batch);
     self->offset_delta = Py_NewRef(offset_delta);
     self->timestamp = Py_NewRef(timestamp);
-    PyObject *untracked = PyObject_GetAttr(batch, s_untracked);
+    PyObject *untracked = batch_attr(batch, A_UNTRACKED);
     if (untracked == NULL) {
         if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
             Py_DECREF(self);
@@ -579,7 +629,7 @@ ask_batch_future(RecordFields *self, PyObject *method)
     PyObject *batch = batch_of(self);
     if (batch == NULL)
         return NULL;
-    PyObject *future = PyObject_GetAttr(batch, s_future);
+    PyObject *future = batch_attr(batch, A_FUTURE);
     Py_DECREF(batch);
     if (future == NULL)
         return NULL;
@@ -593,7 +643,7 @@ ask_batch_future(RecordFields *self, PyObject *method)
 static int
 is_split(PyObject *batch)
 {
-    PyObject *pieces = PyObject_GetAttr(batch, s_pieces);
+    PyObject *pieces = batch_attr(batch, A_PIECES);
     if (pieces == NULL)
         return -1;
     int split = pieces != Py_None;
@@ -670,7 +720,7 @@ fields_result(RecordFields *self, PyObject *unused)
                                             self->timestamp, NULL);
         goto done;
     }
-    if ((future = PyObject_GetAttr(batch, s_future)) == NULL ||
+    if ((future = batch_attr(batch, A_FUTURE)) == NULL ||
         (outcome = PyObject_CallMethodNoArgs(future, s_result)) == NULL)
         goto done;
     if (!PyTuple_Check(outcome) || PyTuple_GET_SIZE(outcome) != 2) {
@@ -692,8 +742,8 @@ fields_result(RecordFields *self, PyObject *unused)
         PyErr_SetString(PyExc_TypeError, "_metadata_type must be a tuple subclass");
         goto done;
     }
-    if ((items[0] = PyObject_GetAttr(batch, s_topic)) == NULL ||
-        (items[1] = PyObject_GetAttr(batch, s_partition)) == NULL ||
+    if ((items[0] = batch_attr(batch, A_TOPIC)) == NULL ||
+        (items[1] = batch_attr(batch, A_PARTITION)) == NULL ||
         (items[2] = base >= 0 ? PyNumber_Add(base_offset, self->offset_delta)
                               : PyLong_FromLong(-1)) == NULL)
         goto done;
@@ -804,7 +854,7 @@ fields_add_done_callback(RecordFields *self, PyObject *const *args, Py_ssize_t n
             return NULL;
         /* ProducerBatch.watch()'s common case inline (gather: every record after a batch's
            first): the batch has a list of watched records already. */
-        PyObject *watchers = PyObject_GetAttr(batch, s_watchers);
+        PyObject *watchers = batch_attr(batch, A_WATCHERS);
         if (watchers == NULL) {
             if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
                 Py_DECREF(batch);
@@ -1642,6 +1692,469 @@ done:
     return body;
 }
 
+/* -- Appender: enqueue()'s and send()'s common case in one call ------------------------------
+
+   `producer.enqueue(topic, value, key)` and `producer.send(...)` are this object's call in a
+   started producer: every check of the intake's append() (state, thread, loop, transaction,
+   topic metadata, types, timestamp, partition) and the append itself, with no Python frame.
+   Anything uncommon (a keyword it does not know, headers, serializers, a topic without
+   metadata, a record that needs a new batch or waits for memory, and every error) goes to
+   `later`, the Python path, with the very same arguments: it checks everything again and
+   raises what it raises, so only the common case is here. send() gets the future itself;
+   enqueue() gets it in a Ready, an awaitable that is already complete (no coroutine per
+   record). _py.Appender is the same in Python. */
+
+static PyObject *s_state, *s_thread, *s_loop_running, *s_topics, *s_leaders, *s_line,
+    *s_appendable, *s_key, *s_timestamp_ms, *s_headers;  /* interned at import */
+
+/* What enqueue() returns for a record it appended at once: awaiting it gives the record's
+   future with no frame and no loop turn. A coroutine to asyncio (send, throw and close), so
+   create_task(), TaskGroups and gather() take it as they take an `async def` call. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *result;
+} Ready;
+
+static PyTypeObject ReadyType;
+
+/* A Ready of `result` (a new reference, taken). */
+static PyObject *
+make_ready(PyObject *result)
+{
+    Ready *self = PyObject_GC_New(Ready, &ReadyType);
+    if (self == NULL) {
+        Py_DECREF(result);
+        return NULL;
+    }
+    self->result = result;
+    PyObject_GC_Track(self);
+    return (PyObject *)self;
+}
+
+static PyObject *
+ready_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    PyObject *result;
+    if ((kwargs != NULL && PyDict_GET_SIZE(kwargs)) ||
+        !PyArg_UnpackTuple(args, "Ready", 1, 1, &result)) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "Ready(result)");
+        return NULL;
+    }
+    return make_ready(Py_NewRef(result));
+}
+
+static int
+ready_traverse(Ready *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->result);
+    return 0;
+}
+
+static int
+ready_clear(Ready *self)
+{
+    Py_CLEAR(self->result);
+    return 0;
+}
+
+static void
+ready_dealloc(Ready *self)
+{
+    PyObject_GC_UnTrack(self);
+    Py_CLEAR(self->result);
+    PyObject_GC_Del(self);
+}
+
+static PyObject *
+ready_self(PyObject *self)
+{
+    return Py_NewRef(self);
+}
+
+/* `await ready`: the result at once, as a returning coroutine gives it (no exception). */
+static PySendResult
+ready_am_send(Ready *self, PyObject *arg, PyObject **result)
+{
+    *result = Py_NewRef(self->result == NULL ? Py_None : self->result);
+    return PYGEN_RETURN;
+}
+
+/* A step as a generator takes it (create_task(), `yield from`): StopIteration(result). */
+static PyObject *
+ready_next(Ready *self)
+{
+    PyObject *stop = PyObject_CallOneArg(PyExc_StopIteration,
+                                         self->result == NULL ? Py_None : self->result);
+    if (stop != NULL) {
+        PyErr_SetObject(PyExc_StopIteration, stop);
+        Py_DECREF(stop);
+    }
+    return NULL;
+}
+
+static PyObject *
+ready_send(Ready *self, PyObject *value)
+{
+    return ready_next(self);
+}
+
+/* throw(exc) or throw(type[, value[, traceback]]): raised as given (nothing to clean up). */
+static PyObject *
+ready_throw(Ready *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs < 1 || nargs > 3) {
+        PyErr_SetString(PyExc_TypeError, "throw(exception[, value[, traceback]])");
+        return NULL;
+    }
+    PyObject *type = args[0], *value = nargs > 1 ? args[1] : Py_None;
+    if (PyExceptionInstance_Check(type))
+        PyErr_SetObject((PyObject *)Py_TYPE(type), type);
+    else if (!PyExceptionClass_Check(type))
+        PyErr_SetString(PyExc_TypeError, "exceptions must be classes or instances deriving "
+                        "from BaseException");
+    else if (PyExceptionInstance_Check(value))
+        PyErr_SetObject((PyObject *)Py_TYPE(value), value);
+    else
+        PyErr_SetObject(type, value);
+    return NULL;
+}
+
+static PyObject *
+ready_close(PyObject *self, PyObject *unused)
+{
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef ready_methods[] = {
+    {"send", (PyCFunction)ready_send, METH_O,
+     "One step as a coroutine: StopIteration with the result."},
+    {"throw", (PyCFunction)(void (*)(void))ready_throw, METH_FASTCALL,
+     "Raise the exception given (nothing to clean up)."},
+    {"close", ready_close, METH_NOARGS, "Nothing to stop."},
+    {NULL}
+};
+
+static PyAsyncMethods ready_async = {
+    .am_await = ready_self,
+    .am_send = (sendfunc)ready_am_send,
+};
+
+static PyTypeObject ReadyType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "aioproducer._speedups._c.Ready",
+    .tp_doc = "Ready(result): an awaitable that is complete, and a coroutine to asyncio.",
+    .tp_basicsize = sizeof(Ready),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = ready_new,
+    .tp_dealloc = (destructor)ready_dealloc,
+    .tp_traverse = (traverseproc)ready_traverse,
+    .tp_clear = (inquiry)ready_clear,
+    .tp_as_async = &ready_async,
+    .tp_iter = ready_self,
+    .tp_iternext = (iternextfunc)ready_next,
+    .tp_methods = ready_methods,
+};
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *later;        /* the Python path, called with the same arguments */
+    PyObject *future_type;  /* what append_record makes: RecordFuture, Sending */
+    PyObject *lifecycle, *started, *clock;  /* the producer's Lifecycle, STARTED, time.time */
+    int ready;              /* the future in a Ready (enqueue), or bare (send) */
+    int python_only;        /* serializers or a custom partitioner: always `later` */
+    int partition_in_python;  /* a record without a partition goes to `later` */
+    /* From attach(): the Cluster, the RecordAccumulator, the transaction's check_can_send
+       (None if not transactional) and the sticky partitioner's partition. */
+    PyObject *cluster, *accumulator, *check_can_send, *sticky;
+    vectorcallfunc vectorcall;
+} Appender;
+
+static PyTypeObject AppenderType;
+
+static int
+appender_traverse(Appender *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->later);
+    Py_VISIT(self->future_type);
+    Py_VISIT(self->lifecycle);
+    Py_VISIT(self->started);
+    Py_VISIT(self->clock);
+    Py_VISIT(self->cluster);
+    Py_VISIT(self->accumulator);
+    Py_VISIT(self->check_can_send);
+    Py_VISIT(self->sticky);
+    return 0;
+}
+
+static int
+appender_clear(Appender *self)
+{
+    Py_CLEAR(self->later);
+    Py_CLEAR(self->future_type);
+    Py_CLEAR(self->lifecycle);
+    Py_CLEAR(self->started);
+    Py_CLEAR(self->clock);
+    Py_CLEAR(self->cluster);
+    Py_CLEAR(self->accumulator);
+    Py_CLEAR(self->check_can_send);
+    Py_CLEAR(self->sticky);
+    return 0;
+}
+
+static void
+appender_dealloc(Appender *self)
+{
+    PyObject_GC_UnTrack(self);
+    appender_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* Whether `name` (a keyword given) is `known` (interned: almost always the same object). */
+static inline int
+is_name(PyObject *name, PyObject *known)
+{
+    return name == known || (PyUnicode_Check(name) && PyUnicode_Compare(name, known) == 0);
+}
+
+/* The common case: the appended record's future (in a Ready for enqueue), or NULL: with an
+   error set, that error; without, "not the common case: ask `later`". No Python code with
+   side effects runs before the append but the transaction's check and the sticky
+   partitioner's choice, which `later` asks again and gets the same answer. */
+static PyObject *
+appender_fast(Appender *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    if (nargs < 2 || nargs > 3 || self->cluster == NULL || self->python_only)
+        return NULL;
+    PyObject *topic = args[0], *value = args[1], *key = nargs > 2 ? args[2] : NULL;
+    PyObject *partition = Py_None, *timestamp = Py_None;
+    Py_ssize_t keywords = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    for (Py_ssize_t i = 0; i < keywords; i++) {
+        PyObject *name = PyTuple_GET_ITEM(kwnames, i), *given = args[nargs + i];
+        if (key == NULL && is_name(name, s_key))
+            key = given;
+        else if (is_name(name, s_partition))
+            partition = given;
+        else if (is_name(name, s_timestamp_ms))
+            timestamp = given;
+        else if (!(given == Py_None && is_name(name, s_headers)))
+            return NULL;  /* headers, or what `later` refuses */
+    }
+    if (key == NULL)
+        key = Py_None;
+    if (!PyUnicode_CheckExact(topic) ||
+        (key != Py_None && !PyBytes_CheckExact(key)) ||
+        (value != Py_None && !PyBytes_CheckExact(value)))
+        return NULL;
+
+    /* The lifecycle: started, and called from its loop's thread with the loop running. */
+    PyObject *got = PyObject_GetAttr(self->lifecycle, s_state);
+    if (got == NULL)
+        return NULL;
+    int started = got == self->started;
+    Py_DECREF(got);
+    if (!started)
+        return NULL;
+    if ((got = PyObject_GetAttr(self->lifecycle, s_thread)) == NULL)
+        return NULL;
+    int here = PyLong_CheckExact(got) &&
+        PyLong_AsUnsignedLong(got) == PyThread_get_thread_ident();
+    Py_DECREF(got);
+    if (PyErr_Occurred())
+        PyErr_Clear();
+    if (!here)
+        return NULL;
+    if ((got = PyObject_GetAttr(self->lifecycle, s_loop_running)) == NULL)
+        return NULL;
+    PyObject *running = PyObject_CallNoArgs(got);
+    Py_DECREF(got);
+    if (running == NULL)
+        return NULL;
+    int is_running = running == Py_True;
+    Py_DECREF(running);
+    if (!is_running)
+        return NULL;
+    if (self->check_can_send != Py_None) {
+        PyObject *can = PyObject_CallNoArgs(self->check_can_send);
+        if (can == NULL) {
+            if (PyErr_ExceptionMatches(PyExc_Exception))
+                PyErr_Clear();  /* `later` raises it */
+            return NULL;
+        }
+        Py_DECREF(can);
+    }
+
+    /* The topic's leaders. */
+    PyObject *topics = PyObject_GetAttr(self->cluster, s_topics);
+    if (topics == NULL)
+        return NULL;
+    PyObject *info = PyDict_CheckExact(topics) ? PyDict_GetItemWithError(topics, topic) : NULL;
+    Py_XINCREF(info);
+    Py_DECREF(topics);
+    if (info == NULL)
+        return NULL;
+    PyObject *leaders = PyObject_GetAttr(info, s_leaders);
+    Py_DECREF(info);
+    if (leaders == NULL)
+        return NULL;
+    Py_ssize_t count = PyTuple_CheckExact(leaders) ? PyTuple_GET_SIZE(leaders) : 0;
+    PyObject *stamp = NULL, *chosen = NULL, *open = NULL, *future = NULL;
+    if (count == 0)
+        goto done;
+
+    /* The timestamp: now (as int(time.time() * 1000)), or one given in Kafka's int64. */
+    if (timestamp == Py_None) {
+        PyObject *now = PyObject_CallNoArgs(self->clock);
+        if (now == NULL)
+            goto done;
+        double seconds = PyFloat_AsDouble(now);
+        Py_DECREF(now);
+        if (seconds == -1.0 && PyErr_Occurred())
+            goto done;
+        if ((stamp = PyLong_FromDouble(seconds * 1000.0)) == NULL)
+            goto done;
+    }
+    else {
+        int overflow = 0;
+        long long given = PyLong_CheckExact(timestamp)
+            ? PyLong_AsLongLongAndOverflow(timestamp, &overflow) : -1;
+        if (given < 0 || overflow)
+            goto done;
+        stamp = Py_NewRef(timestamp);
+    }
+
+    /* The partition: given, by murmur2 of the key, or the topic's sticky one. */
+    if (partition != Py_None) {
+        Py_ssize_t p = PyLong_CheckExact(partition) ? PyLong_AsSsize_t(partition) : -1;
+        if (p == -1 && PyErr_Occurred())
+            PyErr_Clear();
+        if (p < 0 || p >= count)
+            goto done;
+        chosen = Py_NewRef(partition);
+    }
+    else if (self->partition_in_python)
+        goto done;
+    else if (key != Py_None) {
+        chosen = PyLong_FromSsize_t(partition_of(
+            (const unsigned char *)PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), count));
+        if (chosen == NULL)
+            goto done;
+    }
+    else {
+        PyObject *call[2] = {topic, leaders};
+        if ((chosen = PyObject_Vectorcall(self->sticky, call, 2, NULL)) == NULL)
+            goto done;
+    }
+
+    /* Into the partition's open batch, unless records wait in line for memory. */
+    PyObject *line = PyObject_GetAttr(self->accumulator, s_line);
+    if (line == NULL)
+        goto done;
+    int queued = PyObject_IsTrue(line);
+    Py_DECREF(line);
+    if (queued != 0)
+        goto done;
+    PyObject *appendable = PyObject_GetAttr(self->accumulator, s_appendable);
+    if (appendable == NULL)
+        goto done;
+    open = PyDict_CheckExact(appendable) ? PyDict_GetItemWithError(appendable, topic) : NULL;
+    Py_XINCREF(open);
+    Py_DECREF(appendable);
+    if (open == NULL || !PyTuple_CheckExact(open) || PyTuple_GET_SIZE(open) != 2)
+        goto done;
+    PyObject *append[8] = {PyTuple_GET_ITEM(open, 0), PyTuple_GET_ITEM(open, 1), chosen, stamp,
+                           key, value, Py_None, self->future_type};
+    future = py_append_record(NULL, append, 8);
+    if (future == Py_None)
+        Py_CLEAR(future);  /* no open batch, or no room in it */
+    else if (future != NULL && self->ready)
+        future = make_ready(future);
+done:
+    Py_XDECREF(open);
+    Py_XDECREF(chosen);
+    Py_XDECREF(stamp);
+    Py_DECREF(leaders);
+    return future;
+}
+
+static PyObject *
+appender_vectorcall(Appender *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    PyObject *done = appender_fast(self, args, PyVectorcall_NARGS(nargsf), kwnames);
+    if (done != NULL || PyErr_Occurred())
+        return done;
+    return PyObject_Vectorcall(self->later, args, nargsf, kwnames);
+}
+
+static PyObject *
+appender_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    PyObject *later, *future_type, *lifecycle, *started, *clock;
+    int ready, python_only, partition_in_python;
+    static char *names[] = {"later", "future_type", "ready", "lifecycle", "started", "clock",
+                            "python_only", "partition_in_python", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOpOOOpp:Appender", names, &later,
+                                     &future_type, &ready, &lifecycle, &started, &clock,
+                                     &python_only, &partition_in_python))
+        return NULL;
+    if (!PyType_Check(future_type) ||
+        !PyType_IsSubtype((PyTypeObject *)future_type, &RecordFieldsType)) {
+        PyErr_SetString(PyExc_TypeError, "Appender makes RecordFields subclasses");
+        return NULL;
+    }
+    Appender *self = (Appender *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    self->later = Py_NewRef(later);
+    self->future_type = Py_NewRef(future_type);
+    self->lifecycle = Py_NewRef(lifecycle);
+    self->started = Py_NewRef(started);
+    self->clock = Py_NewRef(clock);
+    self->ready = ready;
+    self->python_only = python_only;
+    self->partition_in_python = partition_in_python;
+    self->vectorcall = (vectorcallfunc)appender_vectorcall;
+    return (PyObject *)self;
+}
+
+static PyObject *
+appender_attach(Appender *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (!takes_args(nargs, 4, "attach(cluster, accumulator, check_can_send, sticky)"))
+        return NULL;
+    Py_XSETREF(self->cluster, Py_NewRef(args[0]));
+    Py_XSETREF(self->accumulator, Py_NewRef(args[1]));
+    Py_XSETREF(self->check_can_send, Py_NewRef(args[2]));
+    Py_XSETREF(self->sticky, Py_NewRef(args[3]));
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef appender_methods[] = {
+    {"attach", (PyCFunction)(void (*)(void))appender_attach, METH_FASTCALL,
+     "attach(cluster, accumulator, check_can_send, sticky): the parts a started producer\n"
+     "has (check_can_send None unless transactional; sticky: the sticky partitioner's\n"
+     "partition(topic, leaders)). Until then every call goes to `later`."},
+    {NULL}
+};
+
+static PyTypeObject AppenderType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "aioproducer._speedups._c.Appender",
+    .tp_doc = "Appender(later, future_type, ready, lifecycle, started, clock, python_only,\n"
+              "         partition_in_python)\n\n"
+              "Called as enqueue() or send() is: appends a record in the common case and\n"
+              "returns its future (in a Ready if `ready`); else returns later(*args, **kwargs).",
+    .tp_basicsize = sizeof(Appender),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_vectorcall_offset = offsetof(Appender, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_new = appender_new,
+    .tp_dealloc = (destructor)appender_dealloc,
+    .tp_traverse = (traverseproc)appender_traverse,
+    .tp_clear = (inquiry)appender_clear,
+    .tp_methods = appender_methods,
+};
+
 /* -- the module --------------------------------------------------------------------------- */
 
 static PyMethodDef module_methods[] = {
@@ -1701,6 +2214,8 @@ PyInit__c(void)
         return NULL;
     if (PyType_Ready(&RecordFieldsType) < 0)
         return NULL;
+    if (PyType_Ready(&ReadyType) < 0 || PyType_Ready(&AppenderType) < 0)
+        return NULL;
     if (crc32c_function == NULL) {
         PyObject *crc32c = PyImport_ImportModule("crc32c");
         if (crc32c == NULL)
@@ -1725,6 +2240,10 @@ PyInit__c(void)
         {&s_watchers, "_watchers"},
         {&s_done, "done"}, {&s_cancelled, "cancelled"}, {&s_get_loop, "get_loop"},
         {&s_result, "result"}, {&s_exception, "exception"}, {&s_context, "context"},
+        {&s_state, "state"}, {&s_thread, "thread"}, {&s_loop_running, "loop_running"},
+        {&s_topics, "topics"}, {&s_leaders, "leaders"}, {&s_line, "line"},
+        {&s_appendable, "appendable"}, {&s_key, "key"}, {&s_timestamp_ms, "timestamp_ms"},
+        {&s_headers, "headers"},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if (*names[i].name == NULL &&
@@ -1733,7 +2252,8 @@ PyInit__c(void)
     PyObject *module = PyModule_Create(&module_def);
     if (module == NULL)
         return NULL;
-    if (PyModule_AddType(module, &RecordFieldsType) < 0) {
+    if (PyModule_AddType(module, &RecordFieldsType) < 0 ||
+        PyModule_AddType(module, &ReadyType) < 0 || PyModule_AddType(module, &AppenderType) < 0) {
         Py_DECREF(module);
         return NULL;
     }

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import contextvars
 import struct
-from typing import Any, Callable, Mapping
+from threading import get_ident
+from typing import Any, Callable, Generator, Mapping
 
 import crc32c
 
@@ -333,6 +334,130 @@ def append_record(batches: list[Any], writers: list[Any], partition: int, timest
     if writer is None or not writer.try_append(timestamp, key, value, headers):
         return None
     return future_type(batches[partition], writer.count - 1, timestamp)
+
+
+class Ready:
+    """What enqueue() returns for a record it appended at once: an awaitable that is already
+    complete, and a coroutine to asyncio (send, throw, close: create_task() takes it)."""
+
+    __slots__ = ("_result",)
+
+    def __init__(self, result: Any) -> None:
+        self._result = result
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        return self._result
+        yield  # (a generator)
+
+    __iter__ = __await__
+
+    def send(self, value: Any) -> Any:
+        raise StopIteration(self._result)
+
+    def throw(self, exc: Any, value: Any = None, traceback: Any = None) -> Any:
+        """Raise the exception given (nothing to clean up)."""
+        if isinstance(exc, BaseException):
+            raise exc
+        if isinstance(value, BaseException):
+            raise value
+        raise exc() if value is None else exc(value)
+
+    def close(self) -> None:
+        """Nothing to stop."""
+
+
+class Appender:
+    """enqueue()'s and send()'s common case in one call (see _c.c): append the record and
+    return its future (in a Ready if `ready`), or, for anything else, `later(*args,
+    **kwargs)`, the Python path, which checks everything again."""
+
+    def __init__(self, later: Callable[..., Any], future_type: Any, ready: bool,
+                 lifecycle: Any, started: Any, clock: Callable[[], float], python_only: bool,
+                 partition_in_python: bool) -> None:
+        self._later = later
+        self._future_type = future_type
+        self._ready = ready
+        self._lifecycle = lifecycle
+        self._started = started
+        self._clock = clock
+        self._python_only = python_only
+        self._partition_in_python = partition_in_python
+        self._cluster: Any = None
+        self._accumulator: Any = None
+        self._check_can_send: Callable[[], None] | None = None
+        self._sticky: Callable[[str, Any], int] | None = None
+
+    def attach(self, cluster: Any, accumulator: Any, check_can_send: Callable[[], None] | None,
+               sticky: Callable[[str, Any], int]) -> None:
+        self._cluster, self._accumulator = cluster, accumulator
+        self._check_can_send, self._sticky = check_can_send, sticky
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        future = self._append(args, kwargs)
+        if future is None:
+            return self._later(*args, **kwargs)
+        return Ready(future) if self._ready else future
+
+    def _append(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The record's future if it is the common case, else None."""
+        if not 2 <= len(args) <= 3 or self._cluster is None or self._python_only:
+            return None
+        topic, value = args[0], args[1]
+        key = args[2] if len(args) > 2 else _UNSET
+        partition = timestamp = None
+        for name, given in kwargs.items():
+            if name == "key" and key is _UNSET:
+                key = given
+            elif name == "partition":
+                partition = given
+            elif name == "timestamp_ms":
+                timestamp = given
+            elif not (name == "headers" and given is None):
+                return None
+        if key is _UNSET:
+            key = None
+        if type(topic) is not str or (key is not None and type(key) is not bytes) or \
+                (value is not None and type(value) is not bytes):
+            return None
+        lifecycle = self._lifecycle
+        if lifecycle.state is not self._started or lifecycle.thread != get_ident() or \
+                lifecycle.loop_running() is not True:
+            return None
+        if self._check_can_send is not None:
+            try:
+                self._check_can_send()
+            except Exception:  # the Python path raises it
+                return None
+        info = self._cluster.topics.get(topic)
+        leaders = info.leaders if info is not None else ()
+        count = len(leaders) if type(leaders) is tuple else 0
+        if count == 0:
+            return None
+        if timestamp is None:
+            timestamp = int(self._clock() * 1000)
+        elif type(timestamp) is not int or not 0 <= timestamp < 1 << 63:
+            return None
+        if partition is not None:
+            if type(partition) is not int or not 0 <= partition < count:
+                return None
+        elif self._partition_in_python:
+            return None
+        elif key is not None:
+            partition = partition_for_key(key, count)
+        else:
+            assert self._sticky is not None
+            partition = self._sticky(topic, leaders)
+        accumulator = self._accumulator
+        if accumulator.line:
+            return None
+        open_ = accumulator.appendable.get(topic)
+        if type(open_) is not tuple or len(open_) != 2:
+            return None
+        return append_record(open_[0], open_[1], partition, timestamp, key, value, None,
+                             self._future_type)
+
+
+_UNSET: Any = object()  # (a key not given)
 
 
 def encode_produce(version: int, correlation_id: int, client_id: str | None,
