@@ -99,7 +99,7 @@ def test_record_writer_same_bytes(limit):
         for payload in (records, rng.randbytes(rng.randrange(0, 500))):  # as sent or compressed
             header = (rng.choice([0, 1, 4, 0x14]), rng.choice([-1, 0, 2**63 - 1]),
                       rng.choice([-1, 0, 32767]), rng.choice([-1, 0, 2**31 - 1]))
-            assert c.frame(payload, *header) == py.frame(payload, *header)
+            assert c.header(payload, *header) == py.header(payload, *header)
         # Sealed: no more appends, and nothing changes. Sealed again (the accumulator seals a
         # retried batch it expires or fails): no records.
         assert not c.try_append(base, None, b"x", None)
@@ -178,6 +178,14 @@ PRODUCE_VERSIONS = range(messages.CLIENT_VERSIONS[ApiKey.PRODUCE][0],
                          messages.CLIENT_VERSIONS[ApiKey.PRODUCE][1] + 1)
 
 
+def _batch_parts(rng: random.Random, size: int) -> tuple[bytes, memoryview]:
+    """A batch as the sender gives it: its header, and its sealed records (a memoryview)."""
+    writer = _c.RecordWriter(0, 1 << 30)
+    writer.try_append(0, None, rng.randbytes(size), None)
+    payload = writer.seal()
+    return writer.header(payload, 0, -1, -1, -1), payload
+
+
 def _random_produce_body(rng: random.Random) -> dict:
     return {
         "transactional_id": rng.choice([None, "", "txn-é" * rng.randrange(1, 40)]),
@@ -188,7 +196,9 @@ def _random_produce_body(rng: random.Random) -> dict:
              "partition_data": [
                  {"index": rng.choice([0, 5, 2**31 - 1]),
                   "records": rng.choice([None, b"", rng.randbytes(rng.randrange(1, 300)),
-                                         rng.randbytes(rng.randrange(16_000, 40_000))])}
+                                         rng.randbytes(rng.randrange(16_000, 40_000)),
+                                         _batch_parts(rng, rng.randrange(0, 300)),
+                                         _batch_parts(rng, rng.randrange(16_000, 40_000))])}
                  for _ in range(rng.randrange(0, 4))]}
             for _ in range(rng.randrange(0, 4))],
     }
@@ -226,6 +236,14 @@ def test_produce_request_same_bytes_in_both(version):
         body = _random_produce_body(rng)
         client_id = rng.choice([None, "", "aioproducer-ü"])
         frame = _c.encode_produce(version, 2**31 - 1, client_id, body)
+        payloads = [p["records"][1] for t in body["topic_data"] for p in t["partition_data"]
+                    if type(p["records"]) is tuple]
+        large = [payload for payload in payloads if len(payload) >= 16384]
+        if large:  # written where they lie: the frame is its parts, the payloads among them
+            referenced = [part for part in frame if any(part is p for p in large)]
+            assert type(frame) is list and len(referenced) == len(large)
+            assert all(type(part) is bytes for part in frame if part not in referenced)
+            frame = b"".join(frame)
         assert frame == messages._encode_request(ApiKey.PRODUCE, version, 2**31 - 1, client_id,
                                                  body)
 

@@ -248,14 +248,14 @@ class Sender:
         for batch in batches:
             queue_time.observe(now - batch.created)
             if txn is not None:
-                records = batch.writer.encode(producer_id=batch.producer_id,
-                                              producer_epoch=batch.producer_epoch,
-                                              base_sequence=batch.base_sequence,
-                                              transactional=txn.is_transactional)
+                records = batch.writer.parts(producer_id=batch.producer_id,
+                                             producer_epoch=batch.producer_epoch,
+                                             base_sequence=batch.base_sequence,
+                                             transactional=txn.is_transactional)
                 txn.sequencer.sent(batch)
             else:
-                records = batch.writer.encode()
-            size += len(records)
+                records = batch.writer.parts()
+            size += len(records[0]) + len(records[1])
             topic_data.setdefault(batch.topic, []).append(
                 {"index": batch.partition, "records": records})
             self._in_flight[batch] = None

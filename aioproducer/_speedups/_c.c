@@ -13,7 +13,8 @@
  *   RecordFields                          a record future's fields, and the Future protocol
  *                                         asyncio calls on it (done, result, callbacks...)
  *   run_callbacks(report, records)        run records' done callbacks
- *   encode_produce(...) -> bytes | None   a whole Produce request frame
+ *   encode_produce(...) -> bytes | list | None   a whole Produce request frame (large
+ *                                         batches by reference: a list of its parts)
  *   decode_produce(...) -> dict | None    a Produce response body
  *
  * The last two take only the common case (None: the generated codec in protocol/messages.py,
@@ -329,31 +330,78 @@ writer_try_append(RecordWriter *self, PyObject *const *args, Py_ssize_t nargs)
     return PyBool_FromLong(appended);
 }
 
+/* A batch's sealed records: the writer's buffer, handed over at seal() without a copy and
+ * read through the buffer protocol (seal() returns a memoryview of it: compress() reads it,
+ * header() checksums it, and the Produce request writes it to the socket as it is, see
+ * encode_produce). Freed when the last view of it goes. */
+typedef struct {
+    PyObject_HEAD
+    char *data;
+    Py_ssize_t length;
+} SealedRecords;
+
+static int
+sealed_getbuffer(SealedRecords *self, Py_buffer *view, int flags)
+{
+    return PyBuffer_FillInfo(view, (PyObject *)self, self->data ? self->data : "",
+                             self->length, 1, flags);
+}
+
+static void
+sealed_dealloc(SealedRecords *self)
+{
+    PyMem_Free(self->data);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyBufferProcs sealed_as_buffer = {(getbufferproc)sealed_getbuffer, NULL};
+
+static PyTypeObject SealedRecordsType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "aioproducer._speedups._c.SealedRecords",
+    .tp_doc = "A batch's sealed records (read them through a memoryview).",
+    .tp_basicsize = sizeof(SealedRecords),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_dealloc = (destructor)sealed_dealloc,
+    .tp_as_buffer = &sealed_as_buffer,
+};
+
 static PyObject *
 writer_seal(RecordWriter *self, PyObject *unused)
 {
-    PyObject *records = PyBytes_FromStringAndSize(self->buffer ? self->buffer : "", self->length);
+    SealedRecords *sealed = PyObject_New(SealedRecords, &SealedRecordsType);
+    if (sealed == NULL)
+        return NULL;
+    sealed->data = self->buffer;
+    sealed->length = self->length;
+    PyObject *records = PyMemoryView_FromObject((PyObject *)sealed);
+    if (records == NULL)
+        sealed->data = NULL;  /* (the writer keeps its buffer) */
+    Py_DECREF(sealed);
     if (records == NULL)
         return NULL;
     self->sealed = 1;
-    PyMem_Free(self->buffer);
     self->buffer = NULL;
-    self->length = self->capacity = 0;  /* sealed again (an expired retry): b"" */
+    self->length = self->capacity = 0;  /* sealed again (an expired retry): empty */
     return records;
 }
 
 static PyObject *crc32c_function;  /* crc32c.crc32c of the dependency: hardware CRC-32C */
 
+/* crc32c.crc32c(data, value) */
 static PyObject *
-writer_frame(RecordWriter *self, PyObject *const *args, Py_ssize_t nargs)
+crc32c_of(PyObject *data, PyObject *value)
 {
-    if (!takes_args(nargs, 5, "frame(payload, attributes, producer_id, "
+    PyObject *args[2] = {data, value};
+    return PyObject_Vectorcall(crc32c_function, args, 2, NULL);
+}
+
+static PyObject *
+writer_header(RecordWriter *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (!takes_args(nargs, 5, "header(payload, attributes, producer_id, "
                     "producer_epoch, base_sequence)"))
         return NULL;
-    if (!PyBytes_Check(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "frame() takes the payload as bytes");
-        return NULL;
-    }
     static const struct { long long low, high; const char *name; } fields[4] = {
         {-32768, 32767, "attributes"}, {INT64_MIN, INT64_MAX, "producer_id"},
         {-32768, 32767, "producer_epoch"}, {INT32_MIN, INT32_MAX, "base_sequence"},
@@ -370,15 +418,19 @@ writer_frame(RecordWriter *self, PyObject *const *args, Py_ssize_t nargs)
     }
     long long attributes = value[0], producer_id = value[1], epoch = value[2],
               base_sequence = value[3];
-    Py_ssize_t payload = PyBytes_GET_SIZE(args[0]);
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    Py_ssize_t payload = view.len;
+    PyBuffer_Release(&view);
     if (payload > INT32_MAX - BATCH_HEADER_SIZE) {
         PyErr_SetString(PyExc_OverflowError, "the batch is too large");
         return NULL;
     }
-    PyObject *frame = PyBytes_FromStringAndSize(NULL, BATCH_HEADER_SIZE + payload);
-    if (frame == NULL)
+    PyObject *header = PyBytes_FromStringAndSize(NULL, BATCH_HEADER_SIZE);
+    if (header == NULL)
         return NULL;
-    char *out = PyBytes_AS_STRING(frame);
+    char *out = PyBytes_AS_STRING(header);
     put_be(out, 0, 8);                                            /* base offset */
     put_be(out + 8, BATCH_HEADER_SIZE - 12 + payload, 4);         /* batch length */
     put_be(out + 12, (uint64_t)-1, 4);                            /* leader epoch */
@@ -391,20 +443,21 @@ writer_frame(RecordWriter *self, PyObject *const *args, Py_ssize_t nargs)
     put_be(out + 51, (uint64_t)epoch, 2);
     put_be(out + 53, (uint64_t)base_sequence, 4);
     put_be(out + 57, (uint64_t)self->count, 4);
-    memcpy(out + BATCH_HEADER_SIZE, PyBytes_AS_STRING(args[0]), payload);
-    /* The CRC covers attributes to the end, contiguous here: one call. */
-    PyObject *view = PyMemoryView_FromMemory(out + 21, BATCH_HEADER_SIZE - 21 + payload,
-                                             PyBUF_READ);
-    PyObject *crc = view ? PyObject_CallOneArg(crc32c_function, view) : NULL;
-    Py_XDECREF(view);
-    unsigned long checksum = crc ? PyLong_AsUnsignedLong(crc) : (unsigned long)-1;
+    /* The CRC covers attributes to the end of the payload: the header's part, then the
+     * payload where it lies (no copy of it next to the header). */
+    PyObject *tail = PyMemoryView_FromMemory(out + 21, BATCH_HEADER_SIZE - 21, PyBUF_READ);
+    PyObject *crc = tail ? PyObject_CallOneArg(crc32c_function, tail) : NULL;
+    Py_XDECREF(tail);
+    PyObject *whole = crc ? crc32c_of(args[0], crc) : NULL;
     Py_XDECREF(crc);
+    unsigned long checksum = whole ? PyLong_AsUnsignedLong(whole) : (unsigned long)-1;
+    Py_XDECREF(whole);
     if (PyErr_Occurred()) {
-        Py_DECREF(frame);
+        Py_DECREF(header);
         return NULL;
     }
     put_be(out + 17, checksum, 4);
-    return frame;
+    return header;
 }
 
 static PyMethodDef writer_methods[] = {
@@ -413,11 +466,12 @@ static PyMethodDef writer_methods[] = {
      "Append a record unless it would take the batch past its limit (the first record\n"
      "always fits). `headers` is the encoded header section, or None for no headers."},
     {"seal", (PyCFunction)writer_seal, METH_NOARGS,
-     "seal() -> bytes: no more appends; the encoded records."},
-    {"frame", (PyCFunction)(void (*)(void))writer_frame, METH_FASTCALL,
-     "frame(payload, attributes, producer_id, producer_epoch, base_sequence) -> bytes\n\n"
-     "The RecordBatch v2 as it goes on the wire: the 61-byte header (count and timestamps\n"
-     "from this writer, CRC-32C) and `payload`, the sealed records as sent (compressed or not)."},
+     "seal() -> memoryview: no more appends; the encoded records (not copied)."},
+    {"header", (PyCFunction)(void (*)(void))writer_header, METH_FASTCALL,
+     "header(payload, attributes, producer_id, producer_epoch, base_sequence) -> bytes\n\n"
+     "The 61-byte RecordBatch v2 header that goes before `payload` on the wire (count and\n"
+     "timestamps from this writer, the CRC-32C of both), `payload` being the sealed records\n"
+     "as sent (compressed or not)."},
     {NULL}
 };
 
@@ -1349,12 +1403,29 @@ put_no_tags(char **out, const char *end, int flexible)
     return 1;
 }
 
+/* A batch's payload of at least this many bytes goes into a Produce request by reference,
+ * not copied: the request is then a list of parts (written with one writev by the
+ * transport's writelines). Below it a copy is cheaper than a part (an object, an iovec). */
+#define REFERENCE_FROM 16384
+
+/* The payloads a request takes by reference: counted by the size walk (room 0), taken with
+ * their offsets in the copied bytes by the write walk. */
+typedef struct {
+    Py_ssize_t count, room, bytes;
+    PyObject **parts;
+    Py_ssize_t *at;
+    const char *start;  /* of the copied bytes */
+} Refs;
+
 /* Walks the body twice: to check it and add up its size (out == NULL), then to write it
- * into [out, end). Each part is checked against the room left: only the sender's plain
- * dicts come here, but a dict lookup may run a foreign key's __eq__, which could change the
- * body between the walks. Returns the size, or -1 for None (the generated codec). */
+ * into [out, end), but for the payloads `refs` takes. Each part is checked against the room
+ * left: only the sender's plain dicts come here, but a dict lookup may run a foreign key's
+ * __eq__, which could change the body between the walks. A partition's records are bytes,
+ * or a batch's (header, payload): header bytes, payload a buffer (a sealed writer's
+ * memoryview). Returns the size, references included, or -1 for None (the generated
+ * codec). */
 static Py_ssize_t
-produce_body(PyObject *body, int version, char *out, const char *end)
+produce_body(PyObject *body, int version, char *out, const char *end, Refs *refs)
 {
     int flexible = version >= PRODUCE_FLEXIBLE;
     Py_ssize_t size = 0, part, length, result = -1;
@@ -1364,6 +1435,7 @@ produce_body(PyObject *body, int version, char *out, const char *end)
     PyObject *txn = item(body, s_transactional_id), *topics = item(body, s_topic_data);
     PyObject *topic = NULL, *name_obj = NULL, *partitions = NULL, *partition = NULL,
         *records = NULL;
+    Py_buffer payload = {.obj = NULL};
     if (txn == NULL || !int_item_in(body, s_acks, -32768, 32767, &acks) ||
         !int_item_in(body, s_timeout_ms, INT32_MIN, INT32_MAX, &timeout) ||
         topics == NULL || !PyList_CheckExact(topics))
@@ -1418,25 +1490,55 @@ produce_body(PyObject *body, int version, char *out, const char *end)
             if (!int_item_in(partition, s_index, INT32_MIN, INT32_MAX, &index))
                 goto done;
             Py_XSETREF(records, item(partition, s_records));
-            if (records == NULL || (records != Py_None && !PyBytes_CheckExact(records)))
+            if (records == NULL)
                 goto done;
-            Py_ssize_t records_length = records == Py_None ? -1 : PyBytes_GET_SIZE(records);
+            PyObject *head = records;  /* (held by records) */
+            if (PyTuple_CheckExact(records)) {
+                if (PyTuple_GET_SIZE(records) != 2 ||
+                    !PyBytes_CheckExact(head = PyTuple_GET_ITEM(records, 0)))
+                    goto done;
+                if (PyObject_GetBuffer(PyTuple_GET_ITEM(records, 1), &payload,
+                                       PyBUF_SIMPLE) < 0) {
+                    PyErr_Clear();
+                    goto done;
+                }
+            } else if (records != Py_None && !PyBytes_CheckExact(records)) {
+                goto done;
+            }
+            Py_ssize_t records_length = records == Py_None ? -1 :
+                PyBytes_GET_SIZE(head) + (payload.obj ? payload.len : 0);
             if (records_length > INT32_MAX - 1)
                 goto done;
+            Py_ssize_t referenced = payload.obj && payload.len >= REFERENCE_FROM ? payload.len : 0;
             part = 4 + prefix_size(flexible, records_length, 4) +
                    (records_length > 0 ? records_length : 0) + flexible;
             size += part;
+            if (referenced && !out) {
+                refs->count++;
+                refs->bytes += referenced;
+            }
             if (out) {
-                if (end - out < part)
+                if (end - out < part - referenced)
                     goto done;
                 out = put_be(out, (uint64_t)index, 4);
                 out = put_prefix(out, flexible, records_length, 4);  /* -1: null */
                 if (records_length > 0) {
-                    memcpy(out, PyBytes_AS_STRING(records), records_length);
-                    out += records_length;
+                    memcpy(out, PyBytes_AS_STRING(head), PyBytes_GET_SIZE(head));
+                    out += PyBytes_GET_SIZE(head);
+                }
+                if (referenced) {
+                    if (refs->count >= refs->room)
+                        goto done;
+                    refs->parts[refs->count] = Py_NewRef(PyTuple_GET_ITEM(records, 1));
+                    refs->at[refs->count++] = out - refs->start;
+                } else if (payload.obj) {
+                    memcpy(out, payload.buf, payload.len);
+                    out += payload.len;
                 }
                 if (flexible) *out++ = 0;  /* no tagged fields */
             }
+            if (payload.obj)
+                PyBuffer_Release(&payload);
         }
         size += flexible;
         if (out && !put_no_tags(&out, end, flexible))
@@ -1447,6 +1549,8 @@ produce_body(PyObject *body, int version, char *out, const char *end)
         goto done;
     result = size;
 done:
+    if (payload.obj)
+        PyBuffer_Release(&payload);
     Py_XDECREF(txn);
     Py_XDECREF(topics);
     Py_XDECREF(topic);
@@ -1472,7 +1576,8 @@ py_encode_produce(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                                client_length > 32767))
         Py_RETURN_NONE;
     int flexible = version >= PRODUCE_FLEXIBLE;
-    Py_ssize_t body_size = produce_body(args[3], (int)version, NULL, NULL);
+    Refs refs = {0, 0, 0, NULL, NULL, NULL};
+    Py_ssize_t body_size = produce_body(args[3], (int)version, NULL, NULL, &refs);
     if (body_size < 0)
         Py_RETURN_NONE;
     /* size, api key, version, correlation id, client id, header tags */
@@ -1480,10 +1585,22 @@ py_encode_produce(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                              flexible;
     if (header_size + body_size - 4 > INT32_MAX)
         Py_RETURN_NONE;
-    PyObject *frame = PyBytes_FromStringAndSize(NULL, header_size + body_size);
+    Py_ssize_t copied = header_size + body_size - refs.bytes;
+    PyObject *frame = PyBytes_FromStringAndSize(NULL, copied), *result = NULL;
     if (frame == NULL)
         return NULL;
-    char *out = PyBytes_AS_STRING(frame);
+    if (refs.count) {
+        refs.parts = PyMem_Calloc(refs.count, sizeof(PyObject *));
+        refs.at = PyMem_Malloc(refs.count * sizeof(Py_ssize_t));
+        if (refs.parts == NULL || refs.at == NULL) {
+            refs.count = 0;
+            PyErr_NoMemory();
+            goto done;
+        }
+    }
+    refs.room = refs.count;
+    refs.count = 0;
+    char *out = refs.start = PyBytes_AS_STRING(frame);
     out = put_be(out, (uint64_t)(header_size + body_size - 4), 4);
     out = put_be(out, 0, 2);  /* ApiKey.PRODUCE */
     out = put_be(out, (uint64_t)version, 2);
@@ -1495,11 +1612,35 @@ py_encode_produce(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     if (flexible) *out++ = 0;
     /* A size other than the first walk's: the body changed meanwhile (see produce_body). */
-    if (produce_body(args[3], (int)version, out, out + body_size) != body_size) {
-        Py_DECREF(frame);
-        Py_RETURN_NONE;
+    if (produce_body(args[3], (int)version, out, refs.start + copied, &refs) != body_size ||
+        refs.count != refs.room) {
+        result = Py_NewRef(Py_None);
+        goto done;
     }
-    return frame;
+    if (!refs.count) {
+        result = Py_NewRef(frame);
+        goto done;
+    }
+    /* The copied bytes cut where each reference goes: [bytes, payload, bytes, ...]. */
+    result = PyList_New(0);
+    Py_ssize_t from = 0;
+    for (Py_ssize_t i = 0; result && i <= refs.count; i++) {
+        Py_ssize_t to = i < refs.count ? refs.at[i] : copied;
+        PyObject *chunk = to > from ?
+            PyBytes_FromStringAndSize(refs.start + from, to - from) : NULL;
+        if ((to > from && (chunk == NULL || PyList_Append(result, chunk) < 0)) ||
+            (i < refs.count && PyList_Append(result, refs.parts[i]) < 0))
+            Py_CLEAR(result);
+        Py_XDECREF(chunk);
+        from = to;
+    }
+done:
+    for (Py_ssize_t i = 0; i < refs.count; i++)
+        Py_XDECREF(refs.parts[i]);
+    PyMem_Free(refs.parts);
+    PyMem_Free(refs.at);
+    Py_DECREF(frame);
+    return result;
 }
 
 typedef struct {
@@ -2192,9 +2333,11 @@ static PyMethodDef module_methods[] = {
      "tuple.__new__(cls, items) for a tuple subclass, untracked by the garbage collector when\n"
      "no item can hold a reference (as the collector does for plain tuples)."},
     {"encode_produce", (PyCFunction)(void (*)(void))py_encode_produce, METH_FASTCALL,
-     "encode_produce(version, correlation_id, client_id, body) -> bytes | None\n\n"
+     "encode_produce(version, correlation_id, client_id, body) -> bytes | list | None\n\n"
      "A Produce request frame (size prefix included) as protocol/messages.py's encode_request\n"
-     "writes it, or None when the body is not the common case the sender builds."},
+     "writes it, or None when the body is not the common case the sender builds. A batch's\n"
+     "records may be its (header, payload); a payload of 16 KiB or more is not copied: the\n"
+     "frame is then the list of its parts, [bytes, payload, bytes, ...], to write in order."},
     {"decode_produce", (PyCFunction)(void (*)(void))py_decode_produce, METH_FASTCALL,
      "decode_produce(version, frame) -> dict | None\n\n"
      "A Produce response's body as protocol/messages.py's decode_response reads it, or None\n"
@@ -2210,7 +2353,7 @@ static struct PyModuleDef module_def = {
 PyMODINIT_FUNC
 PyInit__c(void)
 {
-    if (PyType_Ready(&RecordWriterType) < 0)
+    if (PyType_Ready(&RecordWriterType) < 0 || PyType_Ready(&SealedRecordsType) < 0)
         return NULL;
     if (PyType_Ready(&RecordFieldsType) < 0)
         return NULL;

@@ -255,24 +255,23 @@ class RecordWriter:
             self.max_timestamp = timestamp
         return True
 
-    def seal(self) -> bytes:
-        """No more appends; the encoded records."""
-        records = bytes(self._buffer or b"")
+    def seal(self) -> memoryview:
+        """No more appends; the encoded records (not copied)."""
+        records = memoryview(self._buffer or b"").toreadonly()
         self._buffer = None
         return records
 
-    def frame(self, payload: bytes, attributes: int, producer_id: int, producer_epoch: int,
-              base_sequence: int) -> bytes:
-        """The RecordBatch v2 as it goes on the wire: the 61-byte header (count and
-        timestamps from this writer, CRC-32C) and `payload`, the sealed records as sent
-        (compressed or not)."""
+    def header(self, payload: bytes | memoryview, attributes: int, producer_id: int,
+               producer_epoch: int, base_sequence: int) -> bytes:
+        """The 61-byte RecordBatch v2 header that goes before `payload` on the wire (count
+        and timestamps from this writer, the CRC-32C of both), `payload` being the sealed
+        records as sent (compressed or not)."""
         header = bytearray(HEADER.pack(
             0, HEADER_SIZE - 12 + len(payload), -1, 2, 0, attributes, self.count - 1,
             self.base_timestamp, self.max_timestamp, producer_id, producer_epoch,
             base_sequence, self.count))
         crc = crc32c.crc32c(payload, crc32c.crc32c(header[CRC_FROM:]))
         struct.pack_into(">I", header, 17, crc)
-        header += payload
         return bytes(header)
 
 
@@ -461,7 +460,7 @@ _UNSET: Any = object()  # (a key not given)
 
 
 def encode_produce(version: int, correlation_id: int, client_id: str | None,
-                   body: Mapping[str, Any]) -> bytes | None:
+                   body: Mapping[str, Any]) -> bytes | list[bytes | memoryview] | None:
     """The C module writes common Produce requests in one call; here None leaves every one
     to the generated codec of protocol/messages.py, which is the pure-Python twin."""
     return None

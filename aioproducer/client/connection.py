@@ -265,7 +265,10 @@ class BrokerConnection(asyncio.Protocol):
             if self._timer is None:
                 self._timer = self._loop.call_at(deadline, self._check_timeouts)
         assert self._transport is not None
-        self._transport.write(frame)
+        if isinstance(frame, bytes):
+            self._transport.write(frame)
+        else:  # large batches not copied into the request: one writev of its parts
+            self._transport.writelines(frame)
 
     def _release_throttled(self) -> None:
         """The throttle ended: write what it held, in order (held again if it grew)."""

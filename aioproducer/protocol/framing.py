@@ -15,7 +15,7 @@ from collections import deque
 from typing import Any, Mapping
 
 from ..errors import CorruptMessageError, KafkaError, UnsupportedVersionError
-from .messages import ApiKey, decode_response, encode_request
+from .messages import ApiKey, Frame, decode_response, encode_request
 
 log = logging.getLogger(__name__)
 
@@ -103,8 +103,9 @@ class Framing:
         self._buffer = bytearray()  # the start of a frame the next read completes
 
     def send_request(self, api_key: ApiKey, version: int, body: Mapping[str, Any], *,
-                     expect_response: bool = True) -> tuple[bytes, int]:
-        """The frame to write, and its correlation id. With expect_response=False (acks=0
+                     expect_response: bool = True) -> tuple[Frame, int]:
+        """The frame to write (bytes, or a list of parts to write in order: see
+        encode_request), and its correlation id. With expect_response=False (acks=0
         produce) no response is awaited: one the broker sends anyway is dropped."""
         correlation_id = self._next_correlation_id
         frame = encode_request(api_key, version, correlation_id, self.client_id, body)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import struct
 from functools import lru_cache
-from typing import Any, Mapping
+from typing import Any, Mapping, TypeAlias
 
 from .._speedups import decode_produce, encode_produce
 from ..errors import BrokerUnsupportedVersionError, UnsupportedVersionError
@@ -415,6 +415,8 @@ _RESPONSES: dict[ApiKey, tuple[F, ...]] = {
 }
 
 _HEADER = struct.Struct(">ihhi")  # size, api_key, api_version, correlation_id
+# A request as it is written: one bytes, or its parts in order (see encode_request).
+Frame: TypeAlias = "bytes | list[bytes | memoryview]"
 _INT16 = struct.Struct(">h")
 _CORRELATION = struct.Struct(">i")
 
@@ -448,8 +450,9 @@ def _response_reader(api_key: ApiKey, version: int):  # type: ignore[no-untyped-
 
 
 def encode_request(api_key: ApiKey, version: int, correlation_id: int, client_id: str | None,
-                   body: Mapping[str, Any]) -> bytes:
-    """A whole request frame, size prefix included."""
+                   body: Mapping[str, Any]) -> Frame:
+    """A whole request frame, size prefix included: bytes, or the list of its parts to write
+    in order (a Produce request whose large batches are not copied into it)."""
     if api_key == ApiKey.PRODUCE:  # in C for what the sender writes, when compiled
         frame = encode_produce(version, correlation_id, client_id, body)
         if frame is not None:

@@ -183,6 +183,9 @@ def _write_field(src: _Source, name: str, kind: str | tuple[Field, ...], nullabl
         if kind == "string":
             data = src.var("data")
             src.emit(depth, f"{data} = {item}.encode()")
+        elif kind == "records":  # bytes, or a batch's (header, payload) as the sender gives it
+            src.emit(depth, f"if type({item}) is tuple:")
+            src.emit(depth + 1, f"{item} = b''.join({item})")
         src.emit(depth, f"append(uvarint(len({data}) + 1))" if flexible else
                  f"append({src.bind(_LENGTH[kind], _INT[_LENGTH[kind]].pack)}(len({data})))")
         src.emit(depth, f"append({data})")

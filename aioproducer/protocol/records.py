@@ -30,13 +30,13 @@ Headers = Sequence[tuple[str, "bytes | None"]]
 class BatchWriter(RecordWriter):
     """Records of one RecordBatch v2: `try_append(timestamp, key, value, encoded_headers)`
     encodes each record as it comes (in C when the speed-up is built), `close()` seals and
-    compresses, `encode()` adds the header."""
+    compresses, `parts()` gives the header and the records as they go on the wire."""
 
     __slots__ = ("_payload", "_codec")
 
     def __init__(self, base_timestamp: int, limit: int) -> None:
         super().__init__(base_timestamp, limit)
-        self._payload: bytes | None = None
+        self._payload: bytes | memoryview | None = None
         self._codec = Codec.NONE
 
     def close(self, codec: Codec, level: int | None = None) -> None:
@@ -50,13 +50,23 @@ class BatchWriter(RecordWriter):
         hold the batch, and must not hold its records too)."""
         self._payload = None
 
-    def encode(self, *, producer_id: int = -1, producer_epoch: int = -1,
-               base_sequence: int = -1, transactional: bool = False) -> bytes:
-        """The batch as it goes on the wire (after close()); may be called again for a retry."""
+    def parts(self, *, producer_id: int = -1, producer_epoch: int = -1,
+              base_sequence: int = -1,
+              transactional: bool = False) -> tuple[bytes, bytes | memoryview]:
+        """The batch as it goes on the wire (after close()), in two parts: its 61-byte
+        header and its records, not copied next to each other (a Produce request writes a
+        large payload where it lies); may be called again for a retry."""
         payload = self._payload
         assert payload is not None, "close() the batch before encoding it"
         attributes = (self._codec | TRANSACTIONAL) if transactional else self._codec
-        return self.frame(payload, attributes, producer_id, producer_epoch, base_sequence)
+        return self.header(payload, attributes, producer_id, producer_epoch,
+                           base_sequence), payload
+
+    def encode(self, *, producer_id: int = -1, producer_epoch: int = -1,
+               base_sequence: int = -1, transactional: bool = False) -> bytes:
+        """The batch as one bytes (parts() joined)."""
+        return b"".join(self.parts(producer_id=producer_id, producer_epoch=producer_epoch,
+                                   base_sequence=base_sequence, transactional=transactional))
 
 
 # Zigzag varints of 0 to 63, one byte each: most header counts and lengths (a call per

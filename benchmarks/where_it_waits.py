@@ -1,0 +1,143 @@
+"""Where a produce run's wall time goes when the client is not busy (issue 42): the requests
+(batches and bytes each, how many were in flight when each was written, their latency), the
+waits of enqueue() (for its turn after closing a full batch, or in line for memory), and the
+producing thread's time on the CPU against its time runnable but not running (the run queue:
+another process, the broker's threads say, had the core).
+
+    python benchmarks/where_it_waits.py [--broker embedded|kafka] [--records N] [--size B]
+        [--shape gather|bulk] [--set name=value ...]
+
+A fresh broker (the embedded one, or one Apache Kafka node, warmed up by an untimed write of
+the same records), a topic of 6 partitions, keyed
+records of --size bytes, each client default but linger 5 ms and acks=1, uvloop. `--set`
+overrides a setting (`--set batch_size=1048576 --set enable_idempotence=false`). Counts come
+from wrapping the sender's and the intake's methods: a diagnosis, not a timing to compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import os
+import resource
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import uvloop  # noqa: E402
+
+from aioproducer import Producer  # noqa: E402
+from aioproducer._internal import accumulator, intake, sender  # noqa: E402
+from aioproducer.testing import ApacheKafka, EmbeddedBroker  # noqa: E402
+
+requests: list[tuple[int, int, int]] = []  # (batches, bytes, in flight when written)
+latencies: list[float] = []
+waits: list[tuple[float, bool]] = []  # (seconds, after closing a full batch: else in line)
+
+
+def instrument() -> None:
+    prepare = sender.Sender._prepare_produce
+    responded = sender.Sender._on_produce_response
+    append_in_turn = intake.RecordIntake._append_in_turn
+
+    def prepare_produce(self: Any, conn: Any, batches: list[Any]) -> None:
+        requests.append((len(batches), sum(b.writer.size for b in batches),
+                         conn.in_flight_produce))
+        prepare(self, conn, batches)
+
+    def on_response(self: Any, conn: Any, batches: Any, written: float, *rest: Any) -> None:
+        latencies.append(time.perf_counter() - written)
+        responded(self, conn, batches, written, *rest)
+
+    async def in_turn(self: Any, waiting: Any) -> Any:
+        start, granted = time.perf_counter(), waiting.granted
+        try:
+            return await append_in_turn(self, waiting)
+        finally:
+            waits.append((time.perf_counter() - start, granted))
+
+    sender.Sender._prepare_produce = prepare_produce  # type: ignore[method-assign]
+    sender.Sender._on_produce_response = on_response  # type: ignore[method-assign]
+    intake.RecordIntake._append_in_turn = in_turn  # type: ignore[method-assign]
+    assert accumulator  # (the line is the accumulator's: waits in it show up in in_turn)
+
+
+def scheduled() -> tuple[float, float]:
+    """This thread's seconds on the CPU and runnable but waiting (/proc schedstat)."""
+    ran, waited, _ = open(f"/proc/self/task/{threading.get_native_id()}/schedstat").read().split()
+    return int(ran) / 1e9, int(waited) / 1e9
+
+
+async def run(bootstrap: str, topic: str, args: argparse.Namespace,
+              settings: dict[str, Any]) -> None:
+    value = os.urandom(args.size)
+    data = [(b"key-%012d" % (i % 100_000), value) for i in range(args.records)]
+    async with Producer(bootstrap, acks=1, linger_ms=5, **settings) as producer:
+        if args.broker == "kafka":  # warmed up as grid.py does it: an untimed bulk write
+            await (await producer.enqueue_many("warm-up", data))
+            requests.clear(), latencies.clear(), waits.clear()
+        await producer.partitions_for(topic)
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        sched, cpu, start = scheduled(), time.process_time(), time.perf_counter()
+        if args.shape == "gather":
+            futures = [await producer.enqueue(topic, v, k) for k, v in data]
+            appended = scheduled(), time.perf_counter() - start
+            await asyncio.gather(*futures)
+        else:
+            results = [await producer.enqueue_many(topic, data[i:i + 10_000])
+                       for i in range(0, len(data), 10_000)]
+            appended = scheduled(), time.perf_counter() - start
+            await producer.flush()
+            for result in results:
+                await result
+        wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+    n = args.records
+    print(f"{args.shape}, {n} records of {args.size} B, {settings or 'defaults'}: "
+          f"{n / wall:,.0f} rec/s, {n * args.size / wall / 1e6:.0f} MB/s, "
+          f"{cpu / n * 1e6:.2f} us CPU/record, busy {cpu / wall:.0%}, "
+          f"{faults / n:.1f} page faults/record, load {os.getloadavg()[0]:.1f}")
+    (ran, runnable), appended_wall = appended
+    print(f"  appending: {appended_wall * 1e3:.0f} ms wall; the thread ran "
+          f"{(ran - sched[0]) * 1e3:.0f} ms, waited runnable {(runnable - sched[1]) * 1e3:.0f} ms")
+    turns = [w for w, granted in waits if granted]
+    line = [w for w, granted in waits if not granted]
+    print(f"  waits: {len(turns)} turns after a full batch ({sum(turns) * 1e3:.0f} ms), "
+          f"{len(line)} in line for memory ({sum(line) * 1e3:.0f} ms)")
+    print(f"  {len(requests)} requests: {statistics.mean(r[0] for r in requests):.2f} batches, "
+          f"{statistics.mean(r[1] for r in requests) / 1e3:.0f} KB each; in flight when "
+          f"written: {sorted(collections.Counter(r[2] for r in requests).items())}")
+    latencies.sort()
+    print(f"  latency (write to response) ms: p50 {latencies[len(latencies) // 2] * 1e3:.2f}, "
+          f"p90 {latencies[len(latencies) * 9 // 10] * 1e3:.2f}, max {latencies[-1] * 1e3:.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--broker", choices=("embedded", "kafka"), default="embedded")
+    parser.add_argument("--records", type=int, default=150_000)
+    parser.add_argument("--size", type=int, default=1000)
+    parser.add_argument("--shape", choices=("gather", "bulk"), default="gather")
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE")
+    args = parser.parse_args()
+    settings: dict[str, Any] = {}
+    for item in args.set:
+        name, _, text = item.partition("=")
+        settings[name] = text == "true" if text in ("true", "false") else int(text)
+    instrument()
+    broker: Any = ApacheKafka() if args.broker == "kafka" else EmbeddedBroker()
+    with broker:
+        broker.create_topic("waits", 6)
+        if args.broker == "kafka":
+            broker.create_topic("warm-up", 6)
+        uvloop.run(run(broker.bootstrap, "waits", args, settings))
+
+
+if __name__ == "__main__":
+    main()
