@@ -6,6 +6,7 @@
  *
  *   RecordWriter(base_timestamp, limit)   records of one RecordBatch v2, encoded on append,
  *                                         and the batch's header
+ *   MemoryPool(available)                 buffer_memory, which writers grow from
  *   murmur2(data) -> int                  Kafka's Utils.murmur2, signed 32-bit
  *   partition_for_key(key, n) -> int      toPositive(murmur2(key)) % n
  *   append_many(...)                      enqueue_many's loop: partition, append, remember
@@ -152,6 +153,48 @@ put_be(char *out, uint64_t n, int bytes)
     return out + bytes;
 }
 
+/* -- MemoryPool --------------------------------------------------------------------------- */
+
+/* The accumulator's buffer_memory: the bytes no batch holds. A writer given one (draw_from)
+ * raises its own limit from it when a record does not fit, so that the compiled loops need
+ * not stop for Python at every doubling of a batch's reservation (issue 42: at 10,000
+ * partitions those stops and the new batches' were half of enqueue_many's CPU). While
+ * records wait in line for memory (`paused`), no batch grows: they are served first. */
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t available;
+    char paused;
+} MemoryPool;
+
+static int
+pool_init(MemoryPool *self, PyObject *args, PyObject *kwargs)
+{
+    static char *names[] = {"available", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "n", names, &self->available))
+        return -1;
+    self->paused = 0;
+    return 0;
+}
+
+static PyMemberDef pool_members[] = {
+    {"available", T_PYSSIZET, offsetof(MemoryPool, available), 0,
+     "bytes of buffer_memory no batch holds"},
+    {"paused", T_BOOL, offsetof(MemoryPool, paused), 0,
+     "records wait in line for memory: no batch grows meanwhile"},
+    {NULL}
+};
+
+static PyTypeObject MemoryPoolType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "aioproducer._speedups._c.MemoryPool",
+    .tp_doc = "MemoryPool(available): the memory batches draw on as they grow.",
+    .tp_basicsize = sizeof(MemoryPool),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)pool_init,
+    .tp_members = pool_members,
+};
+
 /* -- RecordWriter ------------------------------------------------------------------------- */
 
 typedef struct {
@@ -165,6 +208,9 @@ typedef struct {
     Py_ssize_t size;      /* the batch on the wire, uncompressed, header included */
     Py_ssize_t limit;
     int sealed;
+    MemoryPool *pool;     /* what its limit grows from (draw_from), or NULL */
+    Py_ssize_t reserved;  /* bytes it holds of the pool (may exceed limit: a large first record) */
+    Py_ssize_t most;      /* how far its limit may grow (batch_size) */
 } RecordWriter;
 
 static PyTypeObject RecordWriterType;
@@ -192,7 +238,34 @@ static void
 writer_dealloc(RecordWriter *self)
 {
     PyMem_Free(self->buffer);
+    Py_XDECREF(self->pool);
     Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* Raise the limit so that a batch of `need` bytes fits, drawing the memory from the pool:
+ * to twice the limit (at most `most`), or, if that much is not free, to `need`. 0, drawing
+ * nothing, without a pool, while records wait in line for memory, past `most`, or when the
+ * memory is not free (the caller then closes the batch: it is sent, and frees its memory). */
+static int
+writer_grow(RecordWriter *self, Py_ssize_t need)
+{
+    MemoryPool *pool = self->pool;
+    if (pool == NULL || pool->paused || need > self->most)
+        return 0;
+    Py_ssize_t limit = self->limit > self->most - self->limit ? self->most : 2 * self->limit;
+    if (limit < need)
+        limit = need;
+    if (limit - self->reserved > pool->available) {
+        limit = need;
+        if (limit - self->reserved > pool->available)
+            return 0;
+    }
+    if (limit > self->reserved) {
+        pool->available -= limit - self->reserved;
+        self->reserved = limit;
+    }
+    self->limit = limit;
+    return 1;
 }
 
 /* Append one record; 1 if appended, 0 if the batch is full or sealed, -1 on error. The key
@@ -213,7 +286,8 @@ writer_append(RecordWriter *self, long long timestamp,
         + (value ? varint_size(value_length) + value_length : 1)
         + (headers ? headers_length : 1);
     Py_ssize_t total = varint_size(body) + body;
-    if (self->size + total > self->limit && self->count > 0)
+    if (self->size + total > self->limit && self->count > 0 &&
+        !writer_grow(self, self->size + total))
         return 0;
     if (self->length + total > self->capacity) {
         Py_ssize_t capacity = self->capacity ? self->capacity : 256;
@@ -342,6 +416,23 @@ writer_seal(RecordWriter *self, PyObject *unused)
     return records;
 }
 
+static PyObject *
+writer_draw_from(RecordWriter *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (!takes_args(nargs, 2, "draw_from(pool, most)"))
+        return NULL;
+    if (!PyObject_TypeCheck(args[0], &MemoryPoolType)) {
+        PyErr_SetString(PyExc_TypeError, "draw_from takes a MemoryPool");
+        return NULL;
+    }
+    Py_ssize_t most = PyLong_AsSsize_t(args[1]);
+    if (most == -1 && PyErr_Occurred())
+        return NULL;
+    Py_XSETREF(self->pool, (MemoryPool *)Py_NewRef(args[0]));
+    self->most = most;
+    Py_RETURN_NONE;
+}
+
 static PyObject *crc32c_function;  /* crc32c.crc32c of the dependency: hardware CRC-32C */
 
 static PyObject *
@@ -412,6 +503,10 @@ static PyMethodDef writer_methods[] = {
      "try_append(timestamp, key, value, headers) -> bool\n\n"
      "Append a record unless it would take the batch past its limit (the first record\n"
      "always fits). `headers` is the encoded header section, or None for no headers."},
+    {"draw_from", (PyCFunction)(void (*)(void))writer_draw_from, METH_FASTCALL,
+     "draw_from(pool, most)\n\n"
+     "Let try_append raise the limit, up to `most`, with memory drawn from `pool` (a\n"
+     "MemoryPool) when a record does not fit; `reserved` counts what the writer holds."},
     {"seal", (PyCFunction)writer_seal, METH_NOARGS,
      "seal() -> bytes: no more appends; the encoded records."},
     {"frame", (PyCFunction)(void (*)(void))writer_frame, METH_FASTCALL,
@@ -428,8 +523,9 @@ static PyMemberDef writer_members[] = {
     {"base_timestamp", T_LONGLONG, offsetof(RecordWriter, base_timestamp), READONLY, NULL},
     {"max_timestamp", T_LONGLONG, offsetof(RecordWriter, max_timestamp), READONLY, NULL},
     {"limit", T_PYSSIZET, offsetof(RecordWriter, limit), 0,
-     "the size past which try_append refuses a record (the accumulator raises it as the\n"
-     "batch's memory grows)"},
+     "the size past which try_append refuses a record (raised as the batch's memory grows)"},
+    {"reserved", T_PYSSIZET, offsetof(RecordWriter, reserved), 0,
+     "bytes of buffer memory the batch holds"},
     {NULL}
 };
 
@@ -1147,8 +1243,6 @@ py_append_many(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t deltas_length = PyByteArray_GET_SIZE(out_deltas);
     if (start < 0)
         start = 0;
-    if (start < n && PyByteArray_Resize(out_deltas, deltas_length + (n - start) * 4) < 0)
-        return NULL;
     int status = DONE;
     Py_ssize_t i = start, partition = -1;
     /* No Python code runs in this loop (exact bytes and tuples only), so no list changes. */
@@ -1194,6 +1288,16 @@ py_append_many(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         if (appended == 0) {
             status = NEEDS_BATCH;
             break;
+        }
+        if (deltas_length + 4 > PyByteArray_GET_SIZE(out_deltas)) {
+            /* Room for some more, not for every record left: at many partitions the loop
+             * stops for a new batch every record or two, and sizing the array for the rest
+             * of the call, then back, at each stop copied it each time. */
+            Py_ssize_t room = deltas_length / 8 + 256;
+            if (room > (n - i) * 4)
+                room = (n - i) * 4;
+            if (PyByteArray_Resize(out_deltas, deltas_length + room) < 0)
+                goto error;
         }
         if (PyList_Append(out_batches, PyList_GET_ITEM(batches, partition)) < 0)
             goto error;
@@ -1701,6 +1805,8 @@ PyInit__c(void)
         return NULL;
     if (PyType_Ready(&RecordFieldsType) < 0)
         return NULL;
+    if (PyType_Ready(&MemoryPoolType) < 0)
+        return NULL;
     if (crc32c_function == NULL) {
         PyObject *crc32c = PyImport_ImportModule("crc32c");
         if (crc32c == NULL)
@@ -1733,7 +1839,8 @@ PyInit__c(void)
     PyObject *module = PyModule_Create(&module_def);
     if (module == NULL)
         return NULL;
-    if (PyModule_AddType(module, &RecordFieldsType) < 0) {
+    if (PyModule_AddType(module, &RecordFieldsType) < 0 ||
+        PyModule_AddType(module, &MemoryPoolType) < 0) {
         Py_DECREF(module);
         return NULL;
     }
