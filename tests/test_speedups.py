@@ -147,6 +147,23 @@ def test_record_writers_grow_from_their_pool_alike():
         _c.RecordWriter(0, 100).draw_from(object(), 100)
 
 
+@pytest.mark.parametrize("impl", [_py, pytest.param(_c, marks=needs_c)], ids=["python", "c"])
+def test_watch_batches_registers_with_each_pending_batch_once(impl):
+    """An enqueue_many future goes on the `_bulks` list of each distinct batch of its
+    records that is not done, in order of first appearance; it counts them."""
+
+    class Batch:
+        def __init__(self, done, bulks):
+            self.done, self._bulks = done, bulks
+
+    earlier = object()
+    a, b, c, d = Batch(False, None), Batch(True, None), Batch(False, [earlier]), Batch(False, None)
+    bulk = object()
+    assert impl.watch_batches([a, a, b, c, a, d, c, b], bulk) == 3
+    assert (a._bulks, b._bulks, c._bulks, d._bulks) == ([bulk], None, [earlier, bulk], [bulk])
+    assert impl.watch_batches([], bulk) == 0
+
+
 def _run_append_many(impl, records, partitions, *, fixed=-1, sticky=-1, open_parts=None,
                      limit=16384):
     """One append_many call on fresh writers; everything it produced."""

@@ -20,7 +20,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Generator, Iterator, NamedTuple, \
     Sequence, TypeAlias, Union, overload
 
-from .._speedups import RecordFields, new_tuple, run_callbacks
+from .._speedups import RecordFields, new_tuple, run_callbacks, watch_batches
 
 if TYPE_CHECKING:
     from ..protocol.records import BatchWriter
@@ -570,16 +570,7 @@ class BulkFuture(_BulkFutureBase):
         self._deltas = deltas  # ... at offset delta deltas[4i:4i+4] (native int32)
         self._timestamp = timestamp
         self._failures = failures
-        pending = 0
-        for batch in dict.fromkeys(batches):  # (watching each, inline: per call and batch)
-            if not batch.done:
-                bulks = batch._bulks
-                if bulks is None:
-                    batch._bulks = [self]
-                else:
-                    bulks.append(self)
-                pending += 1
-        self._pending = pending
+        self._pending = pending = watch_batches(batches, self)  # (in C: per call and batch)
         if not pending:
             self._resolve()
 

@@ -13,26 +13,26 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # the C module has exactly _py's interface
     from ._py import DONE, MemoryPool, NEEDS_BATCH, NEEDS_PYTHON, RecordFields, RecordWriter, \
         append_many, append_record, decode_produce, encode_produce, murmur2, new_tuple, \
-        partition_for_key, run_callbacks, same_context
+        partition_for_key, run_callbacks, same_context, watch_batches
     IMPLEMENTATION: str
 elif os.environ.get("AIOPRODUCER_PURE_PYTHON", "") not in ("", "0"):
     from ._py import DONE, MemoryPool, NEEDS_BATCH, NEEDS_PYTHON, RecordFields, RecordWriter, \
         append_many, append_record, decode_produce, encode_produce, murmur2, new_tuple, \
-        partition_for_key, run_callbacks, same_context
+        partition_for_key, run_callbacks, same_context, watch_batches
     IMPLEMENTATION = "python"
 else:
     try:
         from ._c import DONE, MemoryPool, NEEDS_BATCH, NEEDS_PYTHON, RecordFields, RecordWriter, \
             append_many, append_record, decode_produce, encode_produce, murmur2, new_tuple, \
-            partition_for_key, run_callbacks, same_context
+            partition_for_key, run_callbacks, same_context, watch_batches
         IMPLEMENTATION = "c"
     except ImportError:
         from ._py import DONE, MemoryPool, NEEDS_BATCH, NEEDS_PYTHON, RecordFields, RecordWriter, \
             append_many, append_record, decode_produce, encode_produce, murmur2, new_tuple, \
-            partition_for_key, run_callbacks, same_context
+            partition_for_key, run_callbacks, same_context, watch_batches
         IMPLEMENTATION = "python"
 
 __all__ = ["DONE", "IMPLEMENTATION", "MemoryPool", "NEEDS_BATCH", "NEEDS_PYTHON",
            "RecordFields", "RecordWriter", "append_many", "append_record", "decode_produce",
            "encode_produce", "murmur2", "new_tuple", "partition_for_key", "run_callbacks",
-           "same_context"]
+           "same_context", "watch_batches"]

@@ -378,6 +378,21 @@ def append_record(batches: list[Any], writers: list[Any], partition: int, timest
     return future_type(batches[partition], writer.count - 1, timestamp)
 
 
+def watch_batches(batches: list[Any], bulk: Any) -> int:
+    """Add `bulk` to the `_bulks` list of each distinct batch in `batches` that is not
+    `done`, in order of first appearance; how many there were."""
+    pending = 0
+    for batch in dict.fromkeys(batches):
+        if not batch.done:
+            bulks = batch._bulks
+            if bulks is None:
+                batch._bulks = [bulk]
+            else:
+                bulks.append(bulk)
+            pending += 1
+    return pending
+
+
 def encode_produce(version: int, correlation_id: int, client_id: str | None,
                    body: Mapping[str, Any]) -> bytes | None:
     """The C module writes common Produce requests in one call; here None leaves every one
