@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from aioproducer._internal.batch import BulkFuture
+from aioproducer._internal.batch import BulkFuture, ProducerBatch
 from aioproducer.config import ProducerConfig
 from aioproducer.client.cluster import TopicInfo
 from aioproducer.protocol.compression import Codec
@@ -16,9 +16,11 @@ from aioproducer.protocol.records import record_size_upper_bound
 
 
 class OneBroker:
-    """All drain() asks of the cluster: which broker leads each partition of topic "t"."""
+    """All ready() and drain() ask of the cluster: which broker leads each partition of
+    topic "t", and which brokers there are."""
 
     topics = {"t": TopicInfo("t", (0,) * 4)}
+    brokers = {0: None}
 
 
 async def test_partitions_are_drained_in_turn_and_none_starves():
@@ -56,7 +58,7 @@ async def test_a_bulk_future_raises_the_first_failure_in_input_order():
     size = record_size_upper_bound(None, b"v", None)
     batches = [accumulator.open_batch("t", p, 0, None, b"v", None, size, partitions)
                for p in range(partitions)]
-    bulk = BulkFuture(batches, bytearray(4 * partitions), 0)
+    bulk = BulkFuture(batches, bytearray(4 * partitions), 0, ProducerBatch.failures)
     for batch in reversed(batches):  # the last record's batch fails first
         batch.fail(RuntimeError(f"record {batch.partition}"))
     assert str(bulk.exception()) == "record 0"
@@ -104,3 +106,57 @@ async def test_a_turn_in_line_with_memory_free_does_not_send_lingering_batches()
 
     accumulator.memory_available = 0  # the record behind the turn cannot have its batch
     assert accumulator.ready(OneBroker(), soon)[0] == {0}
+
+
+async def test_ready_sees_what_changed_since_it_found_every_batch_lingering():
+    """ready() remembers when nothing can be sendable before the earliest linger end, and
+    skips its walk of the queues until then: unless a batch is closed, queued behind
+    another or put back for a retry, or a new batch lingers less long than that."""
+    config = ProducerConfig.from_kwargs(bootstrap_servers="127.0.0.1:9092", batch_size=1024,
+                                        linger_ms=1000, enable_idempotence=False)
+    accumulator = RecordAccumulator(config, Codec.NONE, None, Observer(()))
+    size = record_size_upper_bound(None, b"v", None)
+    cluster = OneBroker()
+    assert accumulator.ready(cluster, 0.0) == (set(), float("inf"), set())  # nothing queued
+    first = accumulator.open_batch("t", 0, 0, None, b"v", None, size, 4)
+    t0 = first.created
+    assert accumulator.ready(cluster, t0 + 0.5)[0] == set()  # lingering
+    assert accumulator.ready(cluster, t0 + 1.0)[0] == {0}  # its linger is over
+    assert accumulator.ready(cluster, t0 + 0.6)[0] == set()
+    accumulator.close_for_appends("t", 0)
+    assert accumulator.ready(cluster, t0 + 0.6)[0] == {0}  # closed: sendable at once
+
+    [[taken]] = accumulator.drain(cluster, [0], 1 << 20, t0 + 0.6).values()
+    assert accumulator.ready(cluster, t0 + 0.6) == (set(), float("inf"), set())
+    second = accumulator.open_batch("t", 1, 0, None, b"v", None, size, 4)
+    ready, next_check, _ = accumulator.ready(cluster, second.created)
+    assert ready == set() and next_check == pytest.approx(1.0)  # a new batch's linger end
+    accumulator.open_batch("t", 1, 0, None, b"w", None, size, 4)  # queued behind it
+    assert accumulator.ready(cluster, second.created)[0] == {0}
+
+    [[second_taken]] = accumulator.drain(cluster, [0], 1 << 20, second.created).values()
+    assert accumulator.ready(cluster, second.created)[0] == set()
+    accumulator.reenqueue(taken, retry_at=second.created + 0.1)  # back for a retry
+    ready, next_check, _ = accumulator.ready(cluster, second.created)
+    assert ready == set() and next_check == pytest.approx(0.1)
+    assert accumulator.ready(cluster, second.created + 0.1)[0] == {0}
+
+
+async def test_ready_stops_early_only_when_no_queued_partition_can_lack_a_leader():
+    """Once every broker is ready, ready() stops walking the queues: but not while a topic
+    appended to has a partition without a leader, which it must report (the sender then
+    asks for metadata)."""
+
+    class TwoTopics:
+        topics = {"t": TopicInfo("t", (0,) * 4), "u": TopicInfo("u", (0, -1))}
+        brokers = {0: None}
+
+    config = ProducerConfig.from_kwargs(bootstrap_servers="127.0.0.1:9092", linger_ms=1000,
+                                        enable_idempotence=False)
+    accumulator = RecordAccumulator(config, Codec.NONE, None, Observer(()))
+    size = record_size_upper_bound(None, b"v", None)
+    batch = accumulator.open_batch("t", 0, 0, None, b"v", None, size, 4)
+    accumulator.close_for_appends("t", 0)  # sendable
+    accumulator.open_batch("u", 1, 0, None, b"v", None, size, 2)  # no leader
+    ready, _, unknown = accumulator.ready(TwoTopics(), batch.created)
+    assert ready == {0} and unknown == {"u"}

@@ -118,6 +118,55 @@ def test_record_writer_takes_any_bytes_like_and_refuses_others():
         _c.RecordWriter(0, 100).try_append(0, "text", b"v", None)
 
 
+@needs_c
+def test_record_writers_grow_from_their_pool_alike():
+    """A writer drawing on a MemoryPool raises its own limit when a record does not fit:
+    doubling, or just what the record needs when the double is not free, never past `most`
+    nor the pool's free bytes, and not while the pool is paused (records wait in line)."""
+    rng = random.Random(7)
+    for available in (0, 300, 700, 2500, 1 << 20):
+        for most in (200, 1024, 16384):
+            pools = _c.MemoryPool(available), _py.MemoryPool(available)
+            writers = _c.RecordWriter(0, 128), _py.RecordWriter(0, 128)
+            for pool, writer in zip(pools, writers):
+                writer.reserved = 128
+                writer.draw_from(pool, most)
+            for i in range(300):
+                if i == 150:
+                    for pool in pools:
+                        pool.paused = True
+                record = (i, rng.randbytes(8), rng.randbytes(rng.randrange(0, 60)), None)
+                c, py = (w.try_append(*record) for w in writers)
+                assert c == py, (available, most, i)
+                states = [(w.count, w.size, w.limit, w.reserved, p.available)
+                          for w, p in zip(writers, pools)]
+                assert states[0] == states[1], (available, most, i)
+                count, size, limit, reserved, free = states[0]
+                assert (size <= limit or count == 1) and limit <= max(most, 128)
+                assert reserved >= limit
+                assert reserved + free == 128 + available  # nothing made, nothing lost
+            assert writers[0].seal() == writers[1].seal()
+    with pytest.raises(TypeError):
+        _c.RecordWriter(0, 100).draw_from(object(), 100)
+
+
+@pytest.mark.parametrize("impl", [_py, pytest.param(_c, marks=needs_c)], ids=["python", "c"])
+def test_watch_batches_registers_with_each_pending_batch_once(impl):
+    """An enqueue_many future goes on the `_bulks` list of each distinct batch of its
+    records that is not done, in order of first appearance; it counts them."""
+
+    class Batch:
+        def __init__(self, done, bulks):
+            self.done, self._bulks = done, bulks
+
+    earlier = object()
+    a, b, c, d = Batch(False, None), Batch(True, None), Batch(False, [earlier]), Batch(False, None)
+    bulk = object()
+    assert impl.watch_batches([a, a, b, c, a, d, c, b], bulk) == 3
+    assert (a._bulks, b._bulks, c._bulks, d._bulks) == ([bulk], None, [earlier, bulk], [bulk])
+    assert impl.watch_batches([], bulk) == 0
+
+
 def _run_append_many(impl, records, partitions, *, fixed=-1, sticky=-1, open_parts=None,
                      limit=16384):
     """One append_many call on fresh writers; everything it produced."""

@@ -17,10 +17,10 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from functools import partial
-from typing import TYPE_CHECKING, Any, Callable, Generator, Iterator, NamedTuple, Sequence, \
-    TypeAlias, Union, overload
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Generator, Iterator, NamedTuple, \
+    Sequence, TypeAlias, Union, overload
 
-from .._speedups import RecordFields, new_tuple, run_callbacks
+from .._speedups import RecordFields, new_tuple, run_callbacks, watch_batches
 
 if TYPE_CHECKING:
     from ..protocol.records import BatchWriter
@@ -49,8 +49,12 @@ _new_metadata = new_tuple  # RecordMetadata(...) without NamedTuple's Python-lev
 class ProducerBatch:
     """Records bound for one partition, sent and acknowledged together."""
 
+    # Batches failed in this process: a BulkFuture looks for its records' failure only if
+    # this moved while they were pending (a scan of its batches per call was per record).
+    failures: ClassVar[int] = 0
+
     __slots__ = (
-        "number", "topic", "partition", "writer", "future", "created", "deadline", "reserved",
+        "number", "topic", "partition", "writer", "future", "created", "deadline",
         "attempts", "retry_at", "base_sequence", "producer_id", "producer_epoch", "done",
         "full", "_waiters", "_awaited", "_watchers", "_bulks", "pieces", "parent", "first_delta",
         "_untracked",
@@ -66,7 +70,7 @@ class ProducerBatch:
         self.future = future
         self.created = created
         self.deadline = deadline  # delivery_timeout_ms after creation
-        self.reserved = reserved  # bytes held in the buffer pool
+        writer.reserved = reserved  # bytes held of buffer_memory (the writer grows it)
         self.attempts = 0
         self.retry_at = 0.0
         self.base_sequence = -1
@@ -92,6 +96,11 @@ class ProducerBatch:
     @property
     def record_count(self) -> int:
         return self.writer.count
+
+    @property
+    def reserved(self) -> int:
+        """Bytes of buffer_memory the batch holds (its writer draws more as it grows)."""
+        return self.writer.reserved
 
     def metadata(self, offset_delta: int, timestamp: int) -> RecordMetadata:
         """A record's metadata, from its offset in the batch and its own timestamp (used
@@ -194,13 +203,6 @@ class ProducerBatch:
         watchers, self._watchers = self._watchers, None
         _run_callbacks(watchers or [])
 
-    def watch_bulk(self, bulk: BulkFuture) -> None:
-        """Tell `bulk` when this batch is done (at once: its result is ready then)."""
-        if self._bulks is None:
-            self._bulks = [bulk]
-        else:
-            self._bulks.append(bulk)
-
     def _wake_watchers(self) -> None:
         """The batch is done: run its records' callbacks, then wake the tasks awaiting them
         (in that order, as an asyncio future runs callbacks in the order they were added),
@@ -210,8 +212,10 @@ class ProducerBatch:
         if self._waiters is not None:
             self._resolve_waiters()
         bulks, self._bulks = self._bulks, None
-        for bulk in bulks or ():
-            bulk._batch_done()
+        for bulk in bulks or ():  # (BulkFuture's count, inline: this is per call and batch)
+            bulk._pending -= 1
+            if bulk._pending == 0 and not bulk.done():
+                bulk._resolve()
 
     def _resolve_waiters(self) -> None:
         waiters, awaited = self._waiters or [], self._awaited or []
@@ -248,6 +252,7 @@ class ProducerBatch:
 
     def fail(self, exc: BaseException) -> None:
         self.done = True
+        ProducerBatch.failures += 1
         for record in self._untracked or ():
             record._track()  # the failure's traceback may come to hold frames that hold them
         self._untracked = None
@@ -554,18 +559,18 @@ class BulkFuture(_BulkFutureBase):
 
     It holds, per record, a reference to its batch and its offset delta as a 4-byte int:
     no object per record until someone asks for the metadata. Cancelling it stops following
-    the records, which are still sent.
+    the records, which are still sent. It counts its pending batches, each of which counts
+    it down when done; `failures` is ProducerBatch.failures when the records' call began.
     """
 
-    def __init__(self, batches: list[ProducerBatch], deltas: bytearray, timestamp: int) -> None:
+    def __init__(self, batches: list[ProducerBatch], deltas: bytearray, timestamp: int,
+                 failures: int) -> None:
         super().__init__()
         self._batches = batches  # record i went into batches[i] ...
         self._deltas = deltas  # ... at offset delta deltas[4i:4i+4] (native int32)
         self._timestamp = timestamp
-        pending = [batch for batch in dict.fromkeys(batches) if not batch.future.done()]
-        self._pending = len(pending)
-        for batch in pending:
-            batch.watch_bulk(self)
+        self._failures = failures
+        self._pending = pending = watch_batches(batches, self)  # (in C: per call and batch)
         if not pending:
             self._resolve()
 
@@ -580,20 +585,16 @@ class BulkFuture(_BulkFutureBase):
         state = "cancelled" if self.cancelled() else "done" if self.done() else "pending"
         return f"<BulkFuture records={self.count} {state}>"
 
-    def _batch_done(self) -> None:
-        self._pending -= 1
-        if self._pending == 0 and not self.done():
-            self._resolve()
-
     def _resolve(self) -> None:
-        for batch in dict.fromkeys(self._batches):  # the first failure in input order
-            failure = self._failure_in(batch)
-            if failure is not None:
-                self.set_exception(failure)
-                # Reported as the records' failure (and by the producer's error hook), not
-                # again as "Future exception was never retrieved".
-                self.exception()
-                return
+        if ProducerBatch.failures != self._failures:  # a batch failed: maybe one of ours
+            for batch in dict.fromkeys(self._batches):  # the first failure in input order
+                failure = self._failure_in(batch)
+                if failure is not None:
+                    self.set_exception(failure)
+                    # Reported as the records' failure (and by the producer's error hook),
+                    # not again as "Future exception was never retrieved".
+                    self.exception()
+                    return
         self.set_result(BulkMetadata(self._batches, self._deltas, self._timestamp))
 
     def _failure_in(self, batch: ProducerBatch) -> BaseException | None:

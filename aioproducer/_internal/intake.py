@@ -24,7 +24,7 @@ from ..errors import InvalidRecordError, RecordTooLargeError
 from ..hooks import DeliveryCallback
 from ..protocol.records import Headers, record_size_upper_bound
 from ..serializers import MutableHeaders
-from .._speedups import DONE, Appender, append_many, append_record
+from .._speedups import DONE, NEEDS_BATCH, Appender, append_many, append_record
 from .accumulator import RecordAccumulator
 from .arguments import BYTES_TYPES, as_bytes, bad_partition, check_topic_name, \
     checked_headers, checked_timestamp, encode_checked_headers, iterate_records, serialize, \
@@ -277,6 +277,7 @@ class RecordIntake:
         out_batches: list[ProducerBatch] = []
         out_deltas = bytearray()
         stamp = 0
+        failures = ProducerBatch.failures
         try:
             lifecycle = self._lifecycle
             if lifecycle.state is not STARTED:
@@ -297,9 +298,10 @@ class RecordIntake:
                 await self._append_many(topic, chunk, count, partition, timestamp_ms,
                                         out_batches, out_deltas)
         except (Exception, asyncio.CancelledError) as exc:  # also the iterable's own errors
-            exc.accepted = BulkFuture(out_batches, out_deltas, stamp)  # type: ignore[union-attr]
+            exc.accepted = BulkFuture(  # type: ignore[union-attr]
+                out_batches, out_deltas, stamp, failures)
             raise
-        return BulkFuture(out_batches, out_deltas, stamp)
+        return BulkFuture(out_batches, out_deltas, stamp, failures)
 
     def _place(self, topic: str, key: bytes | None, leaders: Sequence[int]) -> tuple[int, bool]:
         """The partition of a record without an explicit one, with a custom partitioner or
@@ -397,8 +399,10 @@ class RecordIntake:
                     timestamp_ms: int, key: bytes | None, value: bytes | None,
                     headers: bytes | None, eager: bool) -> Appended | Coroutine[Any, Any, Appended]:
         """The record needs a new batch: check its size, close the partition's full batch,
-        move a sticky partition on (KIP-480). Then, if `eager` and the memory is free, append
-        now; else return a coroutine that does it."""
+        move a sticky partition on (KIP-480). Then, if the memory is free and `eager` or no
+        full batch was closed, append now; else return a coroutine that does it. (enqueue()
+        to many partitions opens a batch every few records: a coroutine each was a tenth of
+        its CPU at 10,000 partitions.)"""
         self._lifecycle.check_loop()
         accumulator = self._accumulator
         count = len(leaders)
@@ -419,7 +423,7 @@ class RecordIntake:
         closed = accumulator.close_for_appends(topic, partition)
         if sticky:
             partition = self._partitioner.on_new_batch(topic, leaders, partition, closed)
-        if eager:
+        if eager or not closed:
             # The new sticky partition may have a batch with room; a keyed one has none now.
             batch = accumulator.try_append(topic, partition, timestamp_ms, key, value,
                                            headers) if sticky else None
@@ -428,10 +432,11 @@ class RecordIntake:
                                                headers, memory, count)
             if batch is not None:
                 return batch, batch.writer.count - 1, timestamp_ms
-            return self._wait_in_line(topic, partition, timestamp_ms, key, value, headers,
-                                      memory, count, eager)
+            if eager:
+                return self._wait_in_line(topic, partition, timestamp_ms, key, value,
+                                          headers, memory, count, eager)
         return self._append_soon(topic, partition, timestamp_ms, key, value, headers,
-                                 memory, count, closed)
+                                 memory, count)
 
     def _wait_in_line(self, topic: str, partition: int, timestamp_ms: int,
                       key: bytes | None, value: bytes | None, headers: bytes | None,
@@ -461,26 +466,18 @@ class RecordIntake:
 
     async def _append_soon(self, topic: str, partition: int, timestamp_ms: int,
                            key: bytes | None, value: bytes | None, headers: bytes | None,
-                           memory: int, count: int, closed: bool) -> Appended:
-        """enqueue()'s append of a record that needs a new batch: with the memory free, open
-        it, or, if the record closed a full batch, take the head of the line for one loop
+                           memory: int, count: int) -> Appended:
+        """enqueue()'s append of a record that needs a new batch and closed a full one, or
+        found the memory short: with the memory free, take the head of the line for one loop
         turn first (turn_soon: the sender ships the closed batch, and no record overtakes
         this one meanwhile); else wait in line."""
         accumulator = self._accumulator
-        if not accumulator.reserve_now(memory):
-            waiting = accumulator.join_line(topic, partition, timestamp_ms, key, value,
-                                            headers, memory, count, False)
-        elif closed:
+        if accumulator.reserve_now(memory):
             waiting = accumulator.turn_soon(topic, partition, timestamp_ms, key, value,
                                             headers, memory, count)
         else:
-            try:
-                batch = accumulator.open_batch(topic, partition, timestamp_ms, key, value,
-                                               headers, memory, count)
-            except BaseException:
-                accumulator.release(memory)
-                raise
-            return batch, 0, timestamp_ms
+            waiting = accumulator.join_line(topic, partition, timestamp_ms, key, value,
+                                            headers, memory, count, False)
         return await self._append_in_turn(waiting)
 
     async def _append_many(self, topic: str, records: list[Any], count: int,
@@ -497,14 +494,25 @@ class RecordIntake:
             if not self._serializing and not self._partition_in_python and \
                     not accumulator.waiting:
                 info = self._cluster.topics.get(topic)
-                leaders = info.leaders if info is not None and len(info.leaders) == count \
+                known = info is not None and len(info.leaders) == count
+                leaders = info.leaders if info is not None and known \
                     else (-1,) * count  # (forgotten meanwhile: any partition, for now)
-                index, status, _ = append_many(
+                index, status, placed = append_many(
                     records, index, batches, writers, fixed,
                     self._partitioner.partition(topic, leaders), timestamp_ms,
                     out_batches, out_deltas)
                 if status == DONE:
                     return
+                if status == NEEDS_BATCH and known and writers[placed] is None:
+                    key, value = records[index]  # (the loop checked: bytes or None)
+                    if key is not None or fixed >= 0:  # (a sticky one may move: see append)
+                        opened = self._open_for_many(topic, placed, key, value, timestamp_ms,
+                                                     count)
+                        if opened is not None:
+                            out_batches.append(opened)
+                            out_deltas += _DELTA.pack(0)
+                            index += 1
+                            continue
             # One record the loop could not take, done the way enqueue() does it.
             record = records[index]
             try:
@@ -521,6 +529,34 @@ class RecordIntake:
             out_batches.append(batch)
             out_deltas += _DELTA.pack(delta)
             index += 1
+
+    def _open_for_many(self, topic: str, partition: int, key: bytes | None,
+                       value: bytes | None, timestamp_ms: int, count: int
+                       ) -> ProducerBatch | None:
+        """A new batch for a record enqueue_many's loop placed (bytes, its partition keyed or
+        given) where the partition has none open, if the memory is free: append()'s work
+        without the checks the loop made, or a coroutine. (At 10,000 partitions a call opens a
+        batch every record or two, and a whole append() cost ~10 us each.) None: append()
+        takes the record (to raise, or to wait in line)."""
+        lifecycle = self._lifecycle
+        if lifecycle.state is not STARTED:
+            return None
+        if self._txn is not None:
+            self._txn.check_can_send()
+        size = record_size_upper_bound(key, value, None)
+        if size > self._max_request_size or size > self._buffer_memory:
+            return None
+        accumulator = self._accumulator
+        memory = accumulator.batch_memory(size)
+        if not accumulator.reserve_now(memory):
+            return None
+        self._cluster.touch(topic)
+        try:
+            return accumulator.open_batch(topic, partition, timestamp_ms, key, value, None,
+                                          memory, count)
+        except BaseException:
+            accumulator.release(memory)
+            raise
 
 
 async def _send_appended(appending: Coroutine[Any, Any, Appended]) -> RecordMetadata:

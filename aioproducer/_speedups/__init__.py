@@ -11,28 +11,32 @@ import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the C module has exactly _py's interface
-    from ._py import DONE, NEEDS_BATCH, NEEDS_PYTHON, RecordFields, RecordWriter, append_many, \
-        append_record, decode_produce, encode_produce, murmur2, new_tuple, \
-        partition_for_key, run_callbacks, same_context, Appender, Ready
+    from ._py import (
+        DONE, NEEDS_BATCH, NEEDS_PYTHON, Appender, MemoryPool, Ready, RecordFields,
+        RecordWriter, append_many, append_record, decode_produce, encode_produce, murmur2,
+        new_tuple, partition_for_key, run_callbacks, same_context, watch_batches)
     IMPLEMENTATION: str
 elif os.environ.get("AIOPRODUCER_PURE_PYTHON", "") not in ("", "0"):
-    from ._py import DONE, NEEDS_BATCH, NEEDS_PYTHON, RecordFields, RecordWriter, append_many, \
-        append_record, decode_produce, encode_produce, murmur2, new_tuple, \
-        partition_for_key, run_callbacks, same_context, Appender, Ready
+    from ._py import (
+        DONE, NEEDS_BATCH, NEEDS_PYTHON, Appender, MemoryPool, Ready, RecordFields,
+        RecordWriter, append_many, append_record, decode_produce, encode_produce, murmur2,
+        new_tuple, partition_for_key, run_callbacks, same_context, watch_batches)
     IMPLEMENTATION = "python"
 else:
     try:
-        from ._c import DONE, NEEDS_BATCH, NEEDS_PYTHON, RecordFields, RecordWriter, append_many, \
-            append_record, decode_produce, encode_produce, murmur2, new_tuple, \
-            partition_for_key, run_callbacks, same_context, Appender, Ready
+        from ._c import (
+            DONE, NEEDS_BATCH, NEEDS_PYTHON, Appender, MemoryPool, Ready, RecordFields,
+            RecordWriter, append_many, append_record, decode_produce, encode_produce, murmur2,
+            new_tuple, partition_for_key, run_callbacks, same_context, watch_batches)
         IMPLEMENTATION = "c"
     except ImportError:
-        from ._py import DONE, NEEDS_BATCH, NEEDS_PYTHON, RecordFields, RecordWriter, append_many, \
-            append_record, decode_produce, encode_produce, murmur2, new_tuple, \
-            partition_for_key, run_callbacks, same_context, Appender, Ready
+        from ._py import (
+            DONE, NEEDS_BATCH, NEEDS_PYTHON, Appender, MemoryPool, Ready, RecordFields,
+            RecordWriter, append_many, append_record, decode_produce, encode_produce, murmur2,
+            new_tuple, partition_for_key, run_callbacks, same_context, watch_batches)
         IMPLEMENTATION = "python"
 
-__all__ = ["DONE", "IMPLEMENTATION", "NEEDS_BATCH", "NEEDS_PYTHON", "RecordFields",
-           "RecordWriter", "append_many", "append_record", "decode_produce", "encode_produce",
-           "murmur2", "new_tuple", "partition_for_key", "run_callbacks", "same_context",
-           "Appender", "Ready"]
+__all__ = ["Appender", "DONE", "IMPLEMENTATION", "MemoryPool", "NEEDS_BATCH", "NEEDS_PYTHON",
+           "Ready", "RecordFields", "RecordWriter", "append_many", "append_record",
+           "decode_produce", "encode_produce", "murmur2", "new_tuple", "partition_for_key",
+           "run_callbacks", "same_context", "watch_batches"]

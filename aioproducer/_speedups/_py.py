@@ -195,10 +195,24 @@ def _run_callback(report: Callable[[Any, Any, BaseException], object], record: A
         report(record, fn, exc)
 
 
+class MemoryPool:
+    """The accumulator's buffer_memory: the bytes no batch holds. A writer given one
+    (draw_from) raises its own limit from it when a record does not fit, so that the
+    compiled loops need not stop for Python at every doubling of a batch's reservation.
+    While records wait in line for memory (`paused`), no batch grows: they go first."""
+
+    __slots__ = ("available", "paused")
+
+    def __init__(self, available: int) -> None:
+        self.available = available
+        self.paused = False
+
+
 class RecordWriter:
     """Records of one RecordBatch v2, encoded as they are appended."""
 
-    __slots__ = ("_buffer", "base_timestamp", "max_timestamp", "count", "size", "limit")
+    __slots__ = ("_buffer", "base_timestamp", "max_timestamp", "count", "size", "limit",
+                 "reserved", "_pool", "_most")
 
     def __init__(self, base_timestamp: int, limit: int) -> None:
         self._buffer: bytearray | None = bytearray()
@@ -206,7 +220,36 @@ class RecordWriter:
         self.max_timestamp = base_timestamp
         self.count = 0
         self.size = HEADER_SIZE  # the batch on the wire, uncompressed, header included
-        self.limit = limit  # raised by the accumulator as the batch's memory grows
+        self.limit = limit  # raised as the batch's memory grows
+        self.reserved = 0  # bytes of buffer memory the batch holds
+        self._pool: MemoryPool | None = None
+        self._most = 0
+
+    def draw_from(self, pool: MemoryPool, most: int) -> None:
+        """Let try_append raise the limit, up to `most`, with memory drawn from `pool` when
+        a record does not fit; `reserved` counts what the writer holds."""
+        if not isinstance(pool, MemoryPool):
+            raise TypeError("draw_from takes a MemoryPool")
+        self._pool = pool
+        self._most = most
+
+    def _grow(self, need: int) -> bool:
+        """Raise the limit so that a batch of `need` bytes fits: to twice the limit (at most
+        `most`), or, if that much is not free, to `need`. False, drawing nothing, without a
+        pool, while records wait in line, past `most`, or when the memory is not free."""
+        pool = self._pool
+        if pool is None or pool.paused or need > self._most:
+            return False
+        limit = max(min(2 * self.limit, self._most), need)
+        if limit - self.reserved > pool.available:
+            limit = need
+            if limit - self.reserved > pool.available:
+                return False
+        if limit > self.reserved:
+            pool.available -= limit - self.reserved
+            self.reserved = limit
+        self.limit = limit
+        return True
 
     def try_append(self, timestamp: int, key: bytes | None, value: bytes | None,
                    headers: bytes | None) -> bool:
@@ -236,7 +279,7 @@ class RecordWriter:
         length = 1 + len(t) + len(o) + len(k) + key_length + len(v) + value_length + len(h)
         prefix = small[length + 1] if length < _SMALL_MAX else _varint(length)
         size = self.size + len(prefix) + length
-        if size > self.limit and count:
+        if size > self.limit and count and not self._grow(size):
             return False
         buffer += prefix
         buffer += b"\x00"  # record attributes
@@ -457,6 +500,21 @@ class Appender:
 
 
 _UNSET: Any = object()  # (a key not given)
+
+
+def watch_batches(batches: list[Any], bulk: Any) -> int:
+    """Add `bulk` to the `_bulks` list of each distinct batch in `batches` that is not
+    `done`, in order of first appearance; how many there were."""
+    pending = 0
+    for batch in dict.fromkeys(batches):
+        if not batch.done:
+            bulks = batch._bulks
+            if bulks is None:
+                batch._bulks = [bulk]
+            else:
+                bulks.append(bulk)
+            pending += 1
+    return pending
 
 
 def encode_produce(version: int, correlation_id: int, client_id: str | None,
