@@ -535,9 +535,9 @@ class RecordIntake:
                        ) -> ProducerBatch | None:
         """A new batch for a record enqueue_many's loop placed (bytes, its partition keyed or
         given) where the partition has none open, if the memory is free: append()'s work
-        without the checks the loop made, or a coroutine. (At 10,000 partitions a call opens a
-        batch every record or two, and a whole append() cost ~10 us each.) None: append()
-        takes the record (to raise, or to wait in line)."""
+        without the checks the loop made. (At 10,000 partitions a call opens a batch every
+        record or two, and a whole append() cost ~10 us each.) None: append() takes the
+        record (to raise, or to wait in line)."""
         lifecycle = self._lifecycle
         if lifecycle.state is not STARTED:
             return None
