@@ -18,10 +18,11 @@ batches of a few records, and records waited for memory at 11 us of CPU each (is
 The batches' bytes stay within `buffer_memory`; a record that needs a new batch, or more
 memory for its open one, when memory is short closes that batch (so it is sent, and frees
 its memory) and waits in line, first come first served, up to `max_block_ms`; while anyone
-waits, no batch grows (the pool is `paused`). The line is served here, synchronously, as
-batches finish: the head gathers freed memory until it has enough (a large record is not
-starved by small ones), and the records behind it go into the batch it opened while they
-fit. While anyone waits, every new record joins the line, so no record overtakes one sent
+waits, no batch grows but by the line's own records (the pool is `paused` except while the
+line is served). The line is served here, synchronously, as batches finish: the head gathers
+freed memory until it has enough (a large record is not starved by small ones), and the
+records behind it go into the batch it opened, which grows for them as memory allows (kept
+at its first 1 KiB, 500k sends gathered at once made 35k batches of ~14 records, not 5k). While anyone waits, every new record joins the line, so no record overtakes one sent
 before it to the same partition.
 """
 
@@ -293,8 +294,10 @@ class RecordAccumulator:
             self._pool.paused = bool(self.line)
 
     def _serve_line(self) -> None:
-        """Append the waiting records, in order, while memory allows."""
+        """Append the waiting records, in order, while memory allows: their batches may
+        grow (the pool unpaused), since they are the records the line holds back others for."""
         self._serving = True
+        self._pool.paused = False
         try:
             self._serve_in_order()
         finally:
