@@ -442,17 +442,16 @@ def _records_of(impl, value: bytes) -> bytes:
     return bytes(writer.seal())
 
 
-@needs_c
 def test_a_batch_writer_is_out_of_the_collectors_way():
     """At many partitions there is a writer a record: it holds nothing that could lead back
-    to it, so the garbage collector need not walk it (nor the batches' asyncio futures'
-    results)."""
+    to it, so the garbage collector need not walk it (the C one's)."""
     from aioproducer.protocol.compression import Codec
     from aioproducer.protocol.records import BatchWriter
     writer = BatchWriter(0, 100)
     assert writer.try_append(0, None, b"v", None)
     writer.close(Codec.NONE)
-    assert not gc.is_tracked(writer) and writer.parts()[1] == writer.payload
+    compiled = _speedups.IMPLEMENTATION == "c"
+    assert gc.is_tracked(writer) is not compiled and writer.parts()[1] == writer.payload
 
 
 BATCH_STARTS = {"attempts": 0, "retry_at": 0.0, "base_sequence": -1, "producer_id": -1,
