@@ -96,7 +96,7 @@ class RecordIntake:
         for appender in self._appenders:
             appender.attach(cluster, accumulator,
                             None if self._txn is None else self._txn.check_can_send,
-                            self._partitioner.partition)
+                            self._partitioner.partition, self.open_new)
 
     # -- the verbs' entries ----------------------------------------------------------------
 
@@ -506,8 +506,8 @@ class RecordIntake:
                 if status == NEEDS_BATCH and known and writers[placed] is None:
                     key, value = records[index]  # (the loop checked: bytes or None)
                     if key is not None or fixed >= 0:  # (a sticky one may move: see append)
-                        opened = self._open_for_many(topic, placed, key, value, timestamp_ms,
-                                                     count)
+                        opened = self.open_new(topic, placed, key, value, timestamp_ms,
+                                               count)
                         if opened is not None:
                             out_batches.append(opened)
                             out_deltas += _DELTA.pack(0)
@@ -530,14 +530,14 @@ class RecordIntake:
             out_deltas += _DELTA.pack(delta)
             index += 1
 
-    def _open_for_many(self, topic: str, partition: int, key: bytes | None,
-                       value: bytes | None, timestamp_ms: int, count: int
-                       ) -> ProducerBatch | None:
-        """A new batch for a record enqueue_many's loop placed (bytes, its partition keyed or
-        given) where the partition has none open, if the memory is free: append()'s work
-        without the checks the loop made. (At 10,000 partitions a call opens a batch every
-        record or two, and a whole append() cost ~10 us each.) None: append() takes the
-        record (to raise, or to wait in line)."""
+    def open_new(self, topic: str, partition: int, key: bytes | None, value: bytes | None,
+                 timestamp_ms: int, count: int) -> ProducerBatch | None:
+        """A new batch for a record that enqueue_many's loop or the Appender (enqueue(),
+        send()) placed (bytes, no headers, its partition keyed or given) where the partition
+        has none open, if the memory is free: append()'s work without the checks they made.
+        (At 10,000 partitions a batch is opened every record or two, one a record when the
+        producer yields to the loop often, and a whole append() cost ~10 us each.) None,
+        having done nothing: append() takes the record (to raise, or to wait in line)."""
         lifecycle = self._lifecycle
         if lifecycle.state is not STARTED:
             return None

@@ -213,6 +213,12 @@ typedef struct {
     MemoryPool *pool;     /* what its limit grows from (draw_from), or NULL */
     Py_ssize_t reserved;  /* bytes it holds of the pool (may exceed limit: a large first record) */
     Py_ssize_t most;      /* how far its limit may grow (batch_size) */
+    /* What goes on the wire once sealed (bytes or a memoryview of the records, compressed
+       or not: never anything that could lead back here, so the writer stays out of the
+       garbage collector's way, as at many partitions there is one a record), and its codec;
+       set by BatchWriter.close(). */
+    PyObject *payload;
+    int codec;
 } RecordWriter;
 
 static PyTypeObject RecordWriterType;
@@ -233,7 +239,23 @@ writer_init(RecordWriter *self, PyObject *args, PyObject *kwargs)
     self->size = BATCH_HEADER_SIZE;
     self->limit = limit;
     self->sealed = 0;
+    Py_CLEAR(self->payload);
+    self->codec = 0;
     return 0;
+}
+
+/* Every class made in Python is a garbage-collected type; a subclass that adds no field
+   (BatchWriter) holds nothing that could lead back to its instances, which are kept out of
+   the collector's way (at many partitions there is a writer a record, all kept by the record
+   futures users hold). */
+static PyObject *
+writer_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    PyObject *self = type->tp_alloc(type, 0);
+    if (self != NULL && PyObject_IS_GC(self) && type->tp_basicsize == sizeof(RecordWriter) &&
+        type->tp_dictoffset == 0)
+        PyObject_GC_UnTrack(self);
+    return self;
 }
 
 static void
@@ -241,6 +263,7 @@ writer_dealloc(RecordWriter *self)
 {
     PyMem_Free(self->buffer);
     Py_XDECREF(self->pool);
+    Py_XDECREF(self->payload);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -581,6 +604,9 @@ static PyMemberDef writer_members[] = {
      "the size past which try_append refuses a record (raised as the batch's memory grows)"},
     {"reserved", T_PYSSIZET, offsetof(RecordWriter, reserved), 0,
      "bytes of buffer memory the batch holds"},
+    {"payload", T_OBJECT, offsetof(RecordWriter, payload), 0,
+     "the sealed records as sent (bytes or a memoryview of them), or None"},
+    {"codec", T_INT, offsetof(RecordWriter, codec), 0, "the payload's compression codec"},
     {NULL}
 };
 
@@ -590,11 +616,181 @@ static PyTypeObject RecordWriterType = {
     .tp_doc = "Records of one RecordBatch v2, encoded as they are appended.",
     .tp_basicsize = sizeof(RecordWriter),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-    .tp_new = PyType_GenericNew,
+    .tp_new = writer_new,
     .tp_init = (initproc)writer_init,
     .tp_dealloc = (destructor)writer_dealloc,
     .tp_methods = writer_methods,
     .tp_members = writer_members,
+};
+
+/* -- BatchFields: a ProducerBatch's fields ---------------------------------------------------- */
+
+/* A batch's fields, set in one C call: at 10,000 partitions a batch may hold one record (a
+   producer that yields to the loop often), and ProducerBatch's Python __init__, 22 fields,
+   was a tenth of a batch's cost. Its methods stay Python (batch.py); the members are
+   object slots, which the record futures read by offset as they read a slotted class's. */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *number, *topic, *partition, *writer, *future, *created, *deadline, *attempts,
+        *retry_at, *base_sequence, *producer_id, *producer_epoch, *done, *full, *waiters,
+        *awaited, *watchers, *bulks, *pieces, *parent, *first_delta, *untracked;
+} BatchFields;
+
+#define BATCH_FIELD_COUNT 22  /* the PyObject pointers above, in order from `number` */
+
+static PyObject *zero_float;  /* 0.0, every new batch's retry_at */
+
+static inline PyObject **
+batch_fields(BatchFields *self)
+{
+    return &self->number;
+}
+
+static PyObject *
+batch_fields_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    PyObject *number, *topic, *partition, *writer, *future, *created, *deadline, *reserved;
+    if (kwargs != NULL && PyDict_GET_SIZE(kwargs)) {
+        PyErr_SetString(PyExc_TypeError, "ProducerBatch takes no keyword arguments");
+        return NULL;
+    }
+    if (!PyArg_UnpackTuple(args, "ProducerBatch", 8, 8, &number, &topic, &partition, &writer,
+                           &future, &created, &deadline, &reserved))
+        return NULL;
+    /* Bytes of buffer_memory the batch holds: its writer's to count (it grows them). */
+    if (PyObject_TypeCheck(writer, &RecordWriterType)) {
+        Py_ssize_t held = PyLong_AsSsize_t(reserved);
+        if (held == -1 && PyErr_Occurred())
+            return NULL;
+        ((RecordWriter *)writer)->reserved = held;
+    }
+    else if (PyObject_SetAttrString(writer, "reserved", reserved) < 0)
+        return NULL;
+    PyObject *untracked = PyList_New(0);
+    if (untracked == NULL)
+        return NULL;
+    BatchFields *self = (BatchFields *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        Py_DECREF(untracked);
+        return NULL;
+    }
+    PyObject *minus_one = PyLong_FromLong(-1), *zero = PyLong_FromLong(0);  /* (cached) */
+    self->number = Py_NewRef(number);
+    self->topic = Py_NewRef(topic);
+    self->partition = Py_NewRef(partition);
+    self->writer = Py_NewRef(writer);
+    self->future = Py_NewRef(future);
+    self->created = Py_NewRef(created);
+    self->deadline = Py_NewRef(deadline);
+    self->attempts = Py_NewRef(zero);
+    self->retry_at = Py_NewRef(zero_float);
+    self->base_sequence = Py_NewRef(minus_one);
+    self->producer_id = Py_NewRef(minus_one);
+    self->producer_epoch = Py_NewRef(minus_one);
+    self->done = Py_NewRef(Py_False);
+    self->full = Py_NewRef(Py_False);
+    self->waiters = Py_NewRef(Py_None);
+    self->awaited = Py_NewRef(Py_None);
+    self->watchers = Py_NewRef(Py_None);
+    self->bulks = Py_NewRef(Py_None);
+    self->pieces = Py_NewRef(Py_None);
+    self->parent = Py_NewRef(Py_None);
+    self->first_delta = Py_NewRef(zero);
+    self->untracked = untracked;
+    Py_DECREF(minus_one);
+    Py_DECREF(zero);
+    return (PyObject *)self;
+}
+
+static int
+batch_fields_traverse(BatchFields *self, visitproc visit, void *arg)
+{
+    PyObject **fields = batch_fields(self);
+    for (int i = 0; i < BATCH_FIELD_COUNT; i++)
+        Py_VISIT(fields[i]);
+    return 0;
+}
+
+static int
+batch_fields_clear(BatchFields *self)
+{
+    PyObject **fields = batch_fields(self);
+    for (int i = 0; i < BATCH_FIELD_COUNT; i++)
+        Py_CLEAR(fields[i]);
+    return 0;
+}
+
+static void
+batch_fields_dealloc(BatchFields *self)
+{
+    PyObject_GC_UnTrack(self);
+    batch_fields_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* An acknowledged batch (not split, nor a piece) leads to nothing that leads back to it:
+   its records' waits and callbacks are let go as they run, and what watches it later holds
+   it only until a loop callback runs. At many partitions a batch may hold one record, and
+   the batches that the record futures users keep hold were most of the collector's work. */
+static PyObject *
+batch_fields_untrack(PyObject *self, PyObject *unused)
+{
+    if (Py_TYPE(self)->tp_dictoffset == 0 && PyObject_GC_IsTracked(self))
+        PyObject_GC_UnTrack(self);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef batch_fields_methods[] = {
+    {"_untrack", (PyCFunction)batch_fields_untrack, METH_NOARGS,
+     "_untrack(): out of the garbage collector's way (an acknowledged batch)."},
+    {NULL}
+};
+
+#define BATCH_MEMBER(name, field, doc) \
+    {name, T_OBJECT_EX, offsetof(BatchFields, field), 0, doc}
+
+static PyMemberDef batch_fields_members[] = {
+    BATCH_MEMBER("number", number, "creation order (a piece's: its batch's, then its index)"),
+    BATCH_MEMBER("topic", topic, NULL),
+    BATCH_MEMBER("partition", partition, NULL),
+    BATCH_MEMBER("writer", writer, "its records (a BatchWriter)"),
+    BATCH_MEMBER("future", future, "the batch's asyncio future"),
+    BATCH_MEMBER("created", created, "loop time of its creation"),
+    BATCH_MEMBER("deadline", deadline, "delivery_timeout_ms after creation"),
+    BATCH_MEMBER("attempts", attempts, NULL),
+    BATCH_MEMBER("retry_at", retry_at, NULL),
+    BATCH_MEMBER("base_sequence", base_sequence, NULL),
+    BATCH_MEMBER("producer_id", producer_id, NULL),
+    BATCH_MEMBER("producer_epoch", producer_epoch, NULL),
+    BATCH_MEMBER("done", done, NULL),
+    BATCH_MEMBER("full", full, "a record did not fit: closed for appends, sendable now"),
+    BATCH_MEMBER("_waiters", waiters, "a future per task awaiting a record ..."),
+    BATCH_MEMBER("_awaited", awaited, "... and the record: _waiters[i] awaits _awaited[i]"),
+    BATCH_MEMBER("_watchers", watchers, "records' futures with callbacks"),
+    BATCH_MEMBER("_bulks", bulks, "enqueue_many futures with records here"),
+    BATCH_MEMBER("pieces", pieces, "what it was split into, in order"),
+    BATCH_MEMBER("parent", parent, "the batch this is a piece of"),
+    BATCH_MEMBER("first_delta", first_delta, "offset delta of a piece's first record"),
+    BATCH_MEMBER("_untracked", untracked, "its records' futures, out of the collector's way"),
+    {NULL}
+};
+
+static PyTypeObject BatchFieldsType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "aioproducer._speedups._c.BatchFields",
+    .tp_doc = "BatchFields(number, topic, partition, writer, future, created, deadline,\n"
+              "            reserved)\n\n"
+              "A ProducerBatch's fields, the rest at their starting values; `reserved` goes\n"
+              "to the writer, which counts the memory the batch holds.",
+    .tp_basicsize = sizeof(BatchFields),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_new = batch_fields_new,
+    .tp_dealloc = (destructor)batch_fields_dealloc,
+    .tp_traverse = (traverseproc)batch_fields_traverse,
+    .tp_clear = (inquiry)batch_fields_clear,
+    .tp_members = batch_fields_members,
+    .tp_methods = batch_fields_methods,
 };
 
 /* -- RecordFuture: its fields and the Future protocol asyncio calls on it ------------------- */
@@ -2180,8 +2376,9 @@ typedef struct {
     int python_only;        /* serializers or a custom partitioner: always `later` */
     int partition_in_python;  /* a record without a partition goes to `later` */
     /* From attach(): the Cluster, the RecordAccumulator, the transaction's check_can_send
-       (None if not transactional) and the sticky partitioner's partition. */
-    PyObject *cluster, *accumulator, *check_can_send, *sticky;
+       (None if not transactional), the sticky partitioner's partition, and what opens a
+       batch for a record whose partition has none (open_new). */
+    PyObject *cluster, *accumulator, *check_can_send, *sticky, *open_new;
     vectorcallfunc vectorcall;
 } Appender;
 
@@ -2199,6 +2396,7 @@ appender_traverse(Appender *self, visitproc visit, void *arg)
     Py_VISIT(self->accumulator);
     Py_VISIT(self->check_can_send);
     Py_VISIT(self->sticky);
+    Py_VISIT(self->open_new);
     return 0;
 }
 
@@ -2214,6 +2412,7 @@ appender_clear(Appender *self)
     Py_CLEAR(self->accumulator);
     Py_CLEAR(self->check_can_send);
     Py_CLEAR(self->sticky);
+    Py_CLEAR(self->open_new);
     return 0;
 }
 
@@ -2235,7 +2434,12 @@ is_name(PyObject *name, PyObject *known)
 /* The common case: the appended record's future (in a Ready for enqueue), or NULL: with an
    error set, that error; without, "not the common case: ask `later`". No Python code with
    side effects runs before the append but the transaction's check and the sticky
-   partitioner's choice, which `later` asks again and gets the same answer. */
+   partitioner's choice, which `later` asks again and gets the same answer. A keyed record
+   (or one given its partition) whose partition has no open batch gets one from open_new,
+   which opens it if the memory is free and returns it (else None, having done nothing: then
+   `later` does it all, and raises what open_new raised). At many partitions a batch is
+   opened every record or two (one record a batch when the producer yields to the loop
+   often), and `later` (a coroutine, and the intake's checks again) cost ~10 us each. */
 static PyObject *
 appender_fast(Appender *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
@@ -2314,6 +2518,7 @@ appender_fast(Appender *self, PyObject *const *args, Py_ssize_t nargs, PyObject 
         return NULL;
     Py_ssize_t count = PyTuple_CheckExact(leaders) ? PyTuple_GET_SIZE(leaders) : 0;
     PyObject *stamp = NULL, *chosen = NULL, *open = NULL, *future = NULL;
+    int sticky = 0;
     if (count == 0)
         goto done;
 
@@ -2359,6 +2564,7 @@ appender_fast(Appender *self, PyObject *const *args, Py_ssize_t nargs, PyObject 
         PyObject *call[2] = {topic, leaders};
         if ((chosen = PyObject_Vectorcall(self->sticky, call, 2, NULL)) == NULL)
             goto done;
+        sticky = 1;  /* (a new batch may move it on: `later`'s work) */
     }
 
     /* Into the partition's open batch, unless records wait in line for memory. */
@@ -2380,9 +2586,38 @@ appender_fast(Appender *self, PyObject *const *args, Py_ssize_t nargs, PyObject 
     PyObject *append[8] = {PyTuple_GET_ITEM(open, 0), PyTuple_GET_ITEM(open, 1), chosen, stamp,
                            key, value, Py_None, self->future_type};
     future = py_append_record(NULL, append, 8);
-    if (future == Py_None)
+    if (future == Py_None) {
         Py_CLEAR(future);  /* no open batch, or no room in it */
-    else if (future != NULL && self->ready)
+        PyObject *writers = PyTuple_GET_ITEM(open, 1);
+        Py_ssize_t p = PyLong_AsSsize_t(chosen);
+        if (p == -1 && PyErr_Occurred())
+            goto done;
+        if (sticky || self->open_new == NULL || self->open_new == Py_None ||
+            !PyList_CheckExact(writers) || p < 0 || p >= PyList_GET_SIZE(writers) ||
+            PyList_GET_ITEM(writers, p) != Py_None)
+            goto done;  /* a full batch to close first, or no opener: `later` */
+        PyObject *partitions = PyLong_FromSsize_t(count);
+        if (partitions == NULL)
+            goto done;
+        PyObject *call[6] = {topic, chosen, key, value, stamp, partitions};
+        PyObject *batch = PyObject_Vectorcall(self->open_new, call, 6, NULL);
+        Py_DECREF(partitions);
+        if (batch == NULL) {
+            if (PyErr_ExceptionMatches(PyExc_Exception))
+                PyErr_Clear();  /* `later` raises it */
+            goto done;
+        }
+        if (batch == Py_None) {
+            Py_DECREF(batch);
+            goto done;
+        }
+        PyObject *first = PyLong_FromLong(0);  /* the batch's first record */
+        future = first == NULL ? NULL
+            : make_fields((PyTypeObject *)self->future_type, batch, first, stamp);
+        Py_XDECREF(first);
+        Py_DECREF(batch);
+    }
+    if (future != NULL && self->ready)
         future = make_ready(future);
 done:
     Py_XDECREF(open);
@@ -2435,20 +2670,24 @@ appender_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 static PyObject *
 appender_attach(Appender *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (!takes_args(nargs, 4, "attach(cluster, accumulator, check_can_send, sticky)"))
+    if (!takes_args(nargs, 5, "attach(cluster, accumulator, check_can_send, sticky, "
+                    "open_new)"))
         return NULL;
     Py_XSETREF(self->cluster, Py_NewRef(args[0]));
     Py_XSETREF(self->accumulator, Py_NewRef(args[1]));
     Py_XSETREF(self->check_can_send, Py_NewRef(args[2]));
     Py_XSETREF(self->sticky, Py_NewRef(args[3]));
+    Py_XSETREF(self->open_new, Py_NewRef(args[4]));
     Py_RETURN_NONE;
 }
 
 static PyMethodDef appender_methods[] = {
     {"attach", (PyCFunction)(void (*)(void))appender_attach, METH_FASTCALL,
-     "attach(cluster, accumulator, check_can_send, sticky): the parts a started producer\n"
-     "has (check_can_send None unless transactional; sticky: the sticky partitioner's\n"
-     "partition(topic, leaders)). Until then every call goes to `later`."},
+     "attach(cluster, accumulator, check_can_send, sticky, open_new): the parts a started\n"
+     "producer has (check_can_send None unless transactional; sticky: the sticky\n"
+     "partitioner's partition(topic, leaders); open_new(topic, partition, key, value,\n"
+     "timestamp, partitions): a new batch holding the record, or None, or None itself).\n"
+     "Until then every call goes to `later`."},
     {NULL}
 };
 
@@ -2457,7 +2696,8 @@ static PyTypeObject AppenderType = {
     .tp_name = "aioproducer._speedups._c.Appender",
     .tp_doc = "Appender(later, future_type, ready, lifecycle, started, clock, python_only,\n"
               "         partition_in_python)\n\n"
-              "Called as enqueue() or send() is: appends a record in the common case and\n"
+              "Called as enqueue() or send() is: appends a record in the common case (its\n"
+              "partition's open batch, or a new one from open_new where none is open) and\n"
               "returns its future (in a Ready if `ready`); else returns later(*args, **kwargs).",
     .tp_basicsize = sizeof(Appender),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
@@ -2533,7 +2773,9 @@ PyInit__c(void)
 {
     if (PyType_Ready(&RecordWriterType) < 0 || PyType_Ready(&SealedRecordsType) < 0)
         return NULL;
-    if (PyType_Ready(&RecordFieldsType) < 0)
+    if (PyType_Ready(&RecordFieldsType) < 0 || PyType_Ready(&BatchFieldsType) < 0)
+        return NULL;
+    if (zero_float == NULL && (zero_float = PyFloat_FromDouble(0.0)) == NULL)
         return NULL;
     if (PyType_Ready(&ReadyType) < 0 || PyType_Ready(&AppenderType) < 0 ||
         PyType_Ready(&MemoryPoolType) < 0)
@@ -2575,6 +2817,7 @@ PyInit__c(void)
     if (module == NULL)
         return NULL;
     if (PyModule_AddType(module, &RecordFieldsType) < 0 ||
+        PyModule_AddType(module, &BatchFieldsType) < 0 ||
         PyModule_AddType(module, &ReadyType) < 0 || PyModule_AddType(module, &AppenderType) < 0 ||
         PyModule_AddType(module, &MemoryPoolType) < 0) {
         Py_DECREF(module);

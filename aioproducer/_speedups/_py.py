@@ -86,6 +86,46 @@ def same_context(a: Any, b: Any) -> bool:
 _MISSING = object()
 
 
+class BatchFields:
+    """A ProducerBatch's fields (its methods are batch.py's), the rest at their starting
+    values; `reserved` goes to the writer, which counts the memory the batch holds. In C a
+    batch's fields are set in one call (at many partitions a batch may hold one record)."""
+
+    __slots__ = ("number", "topic", "partition", "writer", "future", "created", "deadline",
+                 "attempts", "retry_at", "base_sequence", "producer_id", "producer_epoch",
+                 "done", "full", "_waiters", "_awaited", "_watchers", "_bulks", "pieces",
+                 "parent", "first_delta", "_untracked")
+
+    def __init__(self, number: tuple[int, ...], topic: str, partition: int, writer: Any,
+                 future: Any, created: float, deadline: float, reserved: int) -> None:
+        writer.reserved = reserved
+        self.number = number
+        self.topic = topic
+        self.partition = partition
+        self.writer = writer
+        self.future = future
+        self.created = created
+        self.deadline = deadline
+        self.attempts = 0
+        self.retry_at = 0.0
+        self.base_sequence = -1
+        self.producer_id = -1
+        self.producer_epoch = -1
+        self.done = False
+        self.full = False
+        self._waiters: Any = None
+        self._awaited: Any = None
+        self._watchers: Any = None
+        self._bulks: Any = None
+        self.pieces: Any = None
+        self.parent: Any = None
+        self.first_delta = 0
+        self._untracked: Any = []
+
+    def _untrack(self) -> None:
+        """The C one leaves the garbage collector an acknowledged batch (see _c.c)."""
+
+
 class RecordFields:
     """The fields of a RecordFuture and the part of asyncio's Future protocol asyncio calls
     on it (gather calls get_loop, add_done_callback, cancelled, exception and result on every
@@ -212,7 +252,7 @@ class RecordWriter:
     """Records of one RecordBatch v2, encoded as they are appended."""
 
     __slots__ = ("_buffer", "base_timestamp", "max_timestamp", "count", "size", "limit",
-                 "reserved", "_pool", "_most")
+                 "reserved", "_pool", "_most", "payload", "codec")
 
     def __init__(self, base_timestamp: int, limit: int) -> None:
         self._buffer: bytearray | None = bytearray()
@@ -224,6 +264,9 @@ class RecordWriter:
         self.reserved = 0  # bytes of buffer memory the batch holds
         self._pool: MemoryPool | None = None
         self._most = 0
+        # What goes on the wire once sealed, and its compression codec (BatchWriter.close()).
+        self.payload: bytes | memoryview | None = None
+        self.codec = 0
 
     def draw_from(self, pool: MemoryPool, most: int) -> None:
         """Let try_append raise the limit, up to `most`, with memory drawn from `pool` when
@@ -409,9 +452,11 @@ class Ready:
 
 
 class Appender:
-    """enqueue()'s and send()'s common case in one call (see _c.c): append the record and
-    return its future (in a Ready if `ready`), or, for anything else, `later(*args,
-    **kwargs)`, the Python path, which checks everything again."""
+    """enqueue()'s and send()'s common case in one call (see _c.c): append the record (to
+    its partition's open batch, or, keyed or given its partition, to a new one from
+    `open_new` where none is open) and return its future (in a Ready if `ready`), or, for
+    anything else, `later(*args, **kwargs)`, the Python path, which checks everything
+    again."""
 
     def __init__(self, later: Callable[..., Any], future_type: Any, ready: bool,
                  lifecycle: Any, started: Any, clock: Callable[[], float], python_only: bool,
@@ -428,11 +473,16 @@ class Appender:
         self._accumulator: Any = None
         self._check_can_send: Callable[[], None] | None = None
         self._sticky: Callable[[str, Any], int] | None = None
+        self._open_new: Callable[..., Any] | None = None
 
     def attach(self, cluster: Any, accumulator: Any, check_can_send: Callable[[], None] | None,
-               sticky: Callable[[str, Any], int]) -> None:
+               sticky: Callable[[str, Any], int], open_new: Callable[..., Any] | None) -> None:
+        """The parts of a started producer; `open_new(topic, partition, key, value,
+        timestamp, partitions)` opens a batch holding a record whose partition has none open
+        (None: it did nothing, and `later` takes the record)."""
         self._cluster, self._accumulator = cluster, accumulator
         self._check_can_send, self._sticky = check_can_send, sticky
+        self._open_new = open_new
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         future = self._append(args, kwargs)
@@ -479,6 +529,7 @@ class Appender:
             timestamp = int(self._clock() * 1000)
         elif type(timestamp) is not int or not 0 <= timestamp < 1 << 63:
             return None
+        sticky = False
         if partition is not None:
             if type(partition) is not int or not 0 <= partition < count:
                 return None
@@ -488,15 +539,25 @@ class Appender:
             partition = partition_for_key(key, count)
         else:
             assert self._sticky is not None
-            partition = self._sticky(topic, leaders)
+            partition, sticky = self._sticky(topic, leaders), True
         accumulator = self._accumulator
         if accumulator.line:
             return None
         open_ = accumulator.appendable.get(topic)
         if type(open_) is not tuple or len(open_) != 2:
             return None
-        return append_record(open_[0], open_[1], partition, timestamp, key, value, None,
-                             self._future_type)
+        future = append_record(open_[0], open_[1], partition, timestamp, key, value, None,
+                               self._future_type)
+        writers = open_[1]
+        if future is not None or sticky or self._open_new is None or \
+                type(writers) is not list or not 0 <= partition < len(writers) or \
+                writers[partition] is not None:
+            return future  # (None: a full batch to close first, or no opener: `later`)
+        try:
+            batch = self._open_new(topic, partition, key, value, timestamp, count)
+        except Exception:  # `later` raises it
+            return None
+        return None if batch is None else self._future_type(batch, 0, timestamp)
 
 
 _UNSET: Any = object()  # (a key not given)
