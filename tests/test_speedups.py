@@ -8,6 +8,7 @@ again with AIOPRODUCER_PURE_PYTHON=1.
 
 from __future__ import annotations
 
+import array
 import asyncio
 import collections
 import contextvars
@@ -28,6 +29,7 @@ from aioproducer.errors import CorruptMessageError
 from aioproducer.protocol import messages
 from aioproducer.protocol.messages import ApiKey
 from aioproducer.protocol.primitives import compile_writer
+from tests.support.columns import columns_of
 
 try:
     from aioproducer._speedups import _c
@@ -219,6 +221,91 @@ def test_append_many_outcomes(impl):
     assert (index, status, partition) == (0, impl.NEEDS_BATCH, 4)
     with pytest.raises(ValueError):
         impl.append_many([], 0, [None], [None, None], -1, -1, 0, [], bytearray())
+
+
+# -- Columns: enqueue_many's records in Arrow's binary layout ---------------------------------
+
+def _columns(impl, rng: random.Random, pairs: list, keyless: bool = False):
+    return columns_of(impl.Columns, rng, pairs, keyless)
+
+
+def _random_pairs(rng: random.Random, count: int, keys: list) -> list:
+    return [(rng.choice(keys), rng.choice([None, b"", rng.randbytes(rng.randrange(1, 200))]))
+            for _ in range(count)]
+
+
+@pytest.mark.parametrize("impl", BOTH, ids=["python", "c"])
+def test_columns_are_the_rows_they_lay_out(impl):
+    """Read where they lie: each row's key and value as bytes, None for a null cell (whatever
+    bytes it spans), "" for an empty one, from the slice's own rows, with 4- or 8-byte
+    offsets; without a key column every key is None. A sequence, as enqueue_many takes."""
+    rng = random.Random(3)
+    for _ in range(40):
+        pairs = _random_pairs(rng, rng.randrange(0, 60), [None, b"", b"k", rng.randbytes(20)])
+        columns = _columns(impl, rng, pairs)
+        assert len(columns) == len(pairs)
+        assert list(columns) == [columns[i] for i in range(len(pairs))] == pairs
+        if pairs:
+            assert columns[-1] == pairs[-1]
+        with pytest.raises(IndexError):
+            columns[len(pairs)]
+        keyless = _columns(impl, rng, pairs, keyless=True)
+        assert list(keyless) == [(None, v) for _, v in pairs]
+
+
+@pytest.mark.parametrize("impl", BOTH, ids=["python", "c"])
+def test_columns_refuse_buffers_they_would_read_past(impl):
+    """Checked when made, so that the compiled loop never reads outside a buffer: offsets
+    that fall, start below 0 or end past the data; buffers too short for the rows; a bad
+    offset size or first row; what is not a column or not a buffer."""
+    offsets = array.array("i", [0, 2, 5]).tobytes()
+    good = (None, offsets, b"abcde", 0, 4)
+    assert list(impl.Columns(2, good, good)) == [(b"ab", b"ab"), (b"cde", b"cde")]
+    for count, keys, values, error in [
+        (2, None, (None, array.array("i", [0, 3, 2]).tobytes(), b"abc", 0, 4), ValueError),
+        (2, None, (None, array.array("i", [-1, 0, 2]).tobytes(), b"abc", 0, 4), ValueError),
+        (2, None, (None, offsets, b"abcd", 0, 4), ValueError),  # past the data
+        (3, None, good, ValueError),  # offsets for 2 rows
+        (2, None, (None, offsets, b"abcde", 1, 4), ValueError),
+        (2, None, (b"", offsets, b"abcde", 0, 4), ValueError),  # no bitmap byte
+        (2, None, (None, offsets, b"abcde", 0, 2), ValueError),
+        (2, None, (None, offsets, b"abcde", -1, 4), ValueError),
+        (-1, None, good, ValueError),
+        (2, good, None, TypeError),
+        (2, good[:4], good, TypeError),
+        (2, None, [None, offsets, b"abcde", 0, 4], TypeError),
+        (2, None, (None, "text", b"abcde", 0, 4), TypeError),
+        (2, None, (None, offsets, b"abcde", 0.0, 4), TypeError),
+    ]:
+        with pytest.raises(error):
+            impl.Columns(count, keys, values)
+
+
+@needs_c
+def test_append_many_reads_columns_as_it_reads_tuples():
+    """The same records as Columns or as a list of tuples: the same batches, offset deltas,
+    record bytes and stops, in both implementations."""
+    rng = random.Random(17)
+    keys = [rng.randbytes(16) for _ in range(50)]
+    cases = [
+        ({}, _random_pairs(rng, 3000, keys + [b""])),
+        ({"fixed": 2}, _random_pairs(rng, 500, keys + [None])),
+        ({"sticky": 1}, _random_pairs(rng, 500, [None, keys[0]])),
+        ({"sticky": -1}, [(keys[1], b"v"), (None, b"v"), (keys[2], b"v")]),  # keyless: Python
+        ({"open_parts": {0, 1}}, [(k, b"v") for k in keys]),  # a partition without a batch
+        ({"limit": 300}, [(k, b"v" * 40) for k in keys]),  # a full batch
+    ]
+    for options, pairs in cases:
+        as_tuples = _run_append_many(_py, pairs, 6, **options)
+        for impl in (_c, _py):
+            got = _run_append_many(impl, _columns(impl, rng, pairs), 6, **options)
+            assert got == as_tuples, (impl.__name__, options)
+    keyless = _random_pairs(rng, 500, [None])
+    for impl in (_c, _py):
+        assert _run_append_many(impl, _columns(impl, rng, keyless, keyless=True), 6,
+                                sticky=3) == _run_append_many(_py, keyless, 6, sticky=3)
+    with pytest.raises(TypeError):  # the other implementation's
+        _run_append_many(_c, _columns(_py, rng, keyless), 6, sticky=3)
 
 
 # -- the Produce codec: C for the common case, the generated codec for everything --------------

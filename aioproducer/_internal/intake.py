@@ -24,7 +24,7 @@ from ..errors import InvalidRecordError, RecordTooLargeError
 from ..hooks import DeliveryCallback
 from ..protocol.records import Headers, record_size_upper_bound
 from ..serializers import MutableHeaders
-from .._speedups import DONE, NEEDS_BATCH, Appender, append_many, append_record
+from .._speedups import DONE, NEEDS_BATCH, Appender, Columns, append_many, append_record
 from .accumulator import RecordAccumulator
 from .arguments import BYTES_TYPES, as_bytes, bad_partition, check_topic_name, \
     checked_headers, checked_timestamp, encode_checked_headers, iterate_records, serialize, \
@@ -292,6 +292,10 @@ class RecordIntake:
             if partition is not None and (type(partition) is not int or
                                           not 0 <= partition < count):
                 raise bad_partition(topic, partition, count)
+            if type(records) is Columns:  # read where they lie, all in one go
+                await self._append_many(topic, records, count, partition, timestamp_ms,
+                                        out_batches, out_deltas)
+                return BulkFuture(out_batches, out_deltas, stamp, failures)
             # In chunks, so a generator of any length is fine; a list is read as the call goes.
             iterator = iterate_records(records)
             while chunk := list(itertools.islice(iterator, _CHUNK)):
@@ -480,7 +484,7 @@ class RecordIntake:
                                             headers, memory, count, False)
         return await self._append_in_turn(waiting)
 
-    async def _append_many(self, topic: str, records: list[Any], count: int,
+    async def _append_many(self, topic: str, records: list[Any] | Columns, count: int,
                            partition: int | None, timestamp_ms: int,
                            out_batches: list[ProducerBatch], out_deltas: bytearray) -> None:
         """Hand the records to the speed-up's loop; take over where it stops (a new batch is

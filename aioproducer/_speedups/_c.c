@@ -10,6 +10,8 @@
  *   murmur2(data) -> int                  Kafka's Utils.murmur2, signed 32-bit
  *   partition_for_key(key, n) -> int      toPositive(murmur2(key)) % n
  *   append_many(...)                      enqueue_many's loop: partition, append, remember
+ *   Columns(count, keys, values)          enqueue_many's records as Arrow-layout columns,
+ *                                         which append_many reads where they lie
  *   append_record(...) -> future | None   enqueue()'s and send()'s append and record future
  *   watch_batches(batches, bulk) -> int   an enqueue_many future registered with its batches
  *   RecordFields                          a record future's fields, and the Future protocol
@@ -1505,9 +1507,287 @@ py_append_record(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return future;
 }
 
+/* -- Columns: enqueue_many's records as Arrow-layout columns -------------------------------- */
+
+/* One column of binary cells in Arrow's variable-size binary layout, read where it lies:
+ * a validity bitmap (bit i of byte i / 8, least significant first; none: every cell is set),
+ * offsets (int32, or int64 for Arrow's large types, native byte order: cell i is
+ * data[offsets[i]:offsets[i + 1]]) and the data; `first` is the first row's index into the
+ * offsets and the bitmap (an Arrow slice's offset). The buffers are held until the Columns
+ * go. `present` 0: every cell is null (no key column). */
+typedef struct {
+    Py_buffer validity, offsets, data;
+    int present, has_validity, offset_size;
+    Py_ssize_t first;
+} BinaryColumn;
+
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t count;
+    BinaryColumn keys, values;
+} Columns;
+
+static PyTypeObject ColumnsType;
+
+static inline int64_t
+column_offset(const BinaryColumn *c, Py_ssize_t i)
+{
+    const char *at = (const char *)c->offsets.buf + i * c->offset_size;
+    if (c->offset_size == 8) {
+        int64_t o;
+        memcpy(&o, at, 8);
+        return o;
+    }
+    int32_t o;
+    memcpy(&o, at, 4);
+    return o;
+}
+
+/* Row `row`'s cell: its bytes and length, or NULL for a null cell. (An empty cell is "",
+ * not NULL: the data buffer of a column of empty cells may have no address.) */
+static inline const char *
+column_cell(const BinaryColumn *c, Py_ssize_t row, Py_ssize_t *length)
+{
+    *length = 0;
+    if (!c->present)
+        return NULL;
+    Py_ssize_t i = c->first + row;
+    if (c->has_validity && !((((const unsigned char *)c->validity.buf)[i >> 3] >> (i & 7)) & 1))
+        return NULL;
+    int64_t start = column_offset(c, i);
+    *length = (Py_ssize_t)(column_offset(c, i + 1) - start);
+    return c->data.buf != NULL ? (const char *)c->data.buf + start : "";
+}
+
+static void
+column_release(BinaryColumn *c)
+{
+    if (!c->present)
+        return;
+    if (c->has_validity)
+        PyBuffer_Release(&c->validity);
+    PyBuffer_Release(&c->offsets);
+    PyBuffer_Release(&c->data);
+    c->present = 0;
+}
+
+/* A column from (validity, offsets, data, first, offset_size), checked: the buffers long
+ * enough for `count` rows from `first`, the offsets from first to last rising and within the
+ * data (so no cell is read outside its buffer). `name` is for the errors. */
+static int
+column_init(BinaryColumn *c, PyObject *spec, Py_ssize_t count, const char *name)
+{
+    memset(c, 0, sizeof(*c));
+    if (!PyTuple_CheckExact(spec) || PyTuple_GET_SIZE(spec) != 5) {
+        PyErr_Format(PyExc_TypeError, "Columns' %s must be (validity, offsets, data, first, "
+                     "offset_size)%s", name, strcmp(name, "keys") ? "" : " or None");
+        return -1;
+    }
+    PyObject *validity = PyTuple_GET_ITEM(spec, 0);
+    Py_ssize_t first = PyLong_AsSsize_t(PyTuple_GET_ITEM(spec, 3));
+    if (first == -1 && PyErr_Occurred())
+        return -1;
+    Py_ssize_t offset_size = PyLong_AsSsize_t(PyTuple_GET_ITEM(spec, 4));
+    if (offset_size == -1 && PyErr_Occurred())
+        return -1;
+    if (first < 0 || (offset_size != 4 && offset_size != 8)) {
+        PyErr_Format(PyExc_ValueError, "Columns' %s: first must be >= 0 and offset_size 4 or 8",
+                     name);
+        return -1;
+    }
+    if (PyObject_GetBuffer(PyTuple_GET_ITEM(spec, 1), &c->offsets, PyBUF_SIMPLE) < 0)
+        return -1;
+    if (PyObject_GetBuffer(PyTuple_GET_ITEM(spec, 2), &c->data, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&c->offsets);
+        return -1;
+    }
+    c->present = 1;
+    if (validity != Py_None) {
+        if (PyObject_GetBuffer(validity, &c->validity, PyBUF_SIMPLE) < 0)
+            goto error;
+        c->has_validity = 1;
+    }
+    c->first = first;
+    c->offset_size = (int)offset_size;
+    Py_ssize_t offsets = c->offsets.len / offset_size;  /* (checked so, no sum overflows) */
+    if (first >= offsets || count > offsets - first - 1 ||
+        (c->has_validity && c->validity.len < (first + count + 7) / 8)) {
+        PyErr_Format(PyExc_ValueError, "Columns' %s: a buffer is too short for %zd rows from "
+                     "row %zd", name, count, first);
+        goto error;
+    }
+    int64_t previous = column_offset(c, first);
+    if (previous < 0)
+        goto bad_offsets;
+    for (Py_ssize_t i = first + 1; i <= first + count; i++) {
+        int64_t next = column_offset(c, i);
+        if (next < previous)
+            goto bad_offsets;
+        previous = next;
+    }
+    if (previous > c->data.len)
+        goto bad_offsets;
+    return 0;
+bad_offsets:
+    PyErr_Format(PyExc_ValueError, "Columns' %s: the offsets must rise from 0 or more to at "
+                 "most the data's length", name);
+error:
+    column_release(c);
+    return -1;
+}
+
+static PyObject *
+columns_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    static char *names[] = {"count", "keys", "values", NULL};
+    Py_ssize_t count;
+    PyObject *keys, *values;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "nOO", names, &count, &keys, &values))
+        return NULL;
+    if (count < 0) {
+        PyErr_SetString(PyExc_ValueError, "Columns' count must be >= 0");
+        return NULL;
+    }
+    Columns *self = (Columns *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    self->count = count;
+    if ((keys != Py_None && column_init(&self->keys, keys, count, "keys") < 0) ||
+        column_init(&self->values, values, count, "values") < 0) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    return (PyObject *)self;
+}
+
+static void
+columns_dealloc(Columns *self)
+{
+    column_release(&self->keys);
+    column_release(&self->values);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static Py_ssize_t
+columns_length(Columns *self)
+{
+    return self->count;
+}
+
+static PyObject *
+cell_bytes(const BinaryColumn *c, Py_ssize_t row)
+{
+    Py_ssize_t length;
+    const char *cell = column_cell(c, row, &length);
+    return cell == NULL ? Py_NewRef(Py_None) : PyBytes_FromStringAndSize(cell, length);
+}
+
+/* Row `row` as a (key, value) tuple of bytes or None: what the Python path takes of a row
+ * the compiled loop stops at. */
+static PyObject *
+columns_item(Columns *self, Py_ssize_t row)
+{
+    if (row < 0 || row >= self->count) {
+        PyErr_SetString(PyExc_IndexError, "Columns index out of range");
+        return NULL;
+    }
+    PyObject *key = cell_bytes(&self->keys, row);
+    if (key == NULL)
+        return NULL;
+    PyObject *value = cell_bytes(&self->values, row);
+    if (value == NULL) {
+        Py_DECREF(key);
+        return NULL;
+    }
+    PyObject *pair = PyTuple_Pack(2, key, value);
+    Py_DECREF(key);
+    Py_DECREF(value);
+    return pair;
+}
+
+static PySequenceMethods columns_as_sequence = {
+    .sq_length = (lenfunc)columns_length,
+    .sq_item = (ssizeargfunc)columns_item,
+};
+
+static PyTypeObject ColumnsType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "aioproducer._speedups._c.Columns",
+    .tp_doc = "Columns(count, keys, values): records for enqueue_many as two columns in\n"
+              "Arrow's binary layout, read where they lie; a sequence of (key, value) pairs.\n"
+              "Each column is (validity, offsets, data, first, offset_size); keys may be None.",
+    .tp_basicsize = sizeof(Columns),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = columns_new,
+    .tp_dealloc = (destructor)columns_dealloc,
+    .tp_as_sequence = &columns_as_sequence,
+    .tp_iter = PySeqIter_New,
+};
+
 /* -- append_many -------------------------------------------------------------------------- */
 
 enum { DONE = 0, NEEDS_BATCH = 1, NEEDS_PYTHON = 2 };
+
+/* One append_many call: where its records go, what it has written to out_deltas. */
+typedef struct {
+    PyObject *batches, *writers, *out_batches, *out_deltas;
+    Py_ssize_t partitions, fixed, sticky, deltas_length;
+    long long timestamp;
+} ManyCall;
+
+/* Append one record (key and value NULL when null): 1 appended; 0 the loop stops, with
+ * *status and *partition (NEEDS_BATCH: the record's partition has no writer or a full one;
+ * NEEDS_PYTHON: keyless and no sticky partition); -1 an error. `left`: records after it. */
+static inline int
+append_one(ManyCall *call, const char *k, Py_ssize_t k_length, const char *v,
+           Py_ssize_t v_length, Py_ssize_t left, int *status, Py_ssize_t *partition)
+{
+    Py_ssize_t p;
+    if (call->fixed >= 0)
+        p = call->fixed;
+    else if (k != NULL)
+        p = partition_of((const unsigned char *)k, k_length, call->partitions);
+    else if (call->sticky >= 0)
+        p = call->sticky;
+    else {
+        *status = NEEDS_PYTHON;
+        return 0;
+    }
+    PyObject *writer = PyList_GET_ITEM(call->writers, p);
+    if (writer == Py_None) {
+        *status = NEEDS_BATCH;
+        *partition = p;
+        return 0;
+    }
+    if (!PyObject_TypeCheck(writer, &RecordWriterType)) {
+        PyErr_SetString(PyExc_TypeError, "writers must hold RecordWriter or None");
+        return -1;
+    }
+    RecordWriter *w = (RecordWriter *)writer;
+    int appended = writer_append(w, call->timestamp, k, k_length, v, v_length, NULL, 0);
+    if (appended <= 0) {
+        *status = NEEDS_BATCH;
+        *partition = p;
+        return appended;
+    }
+    PyObject *out_deltas = call->out_deltas;
+    if (call->deltas_length + 4 > PyByteArray_GET_SIZE(out_deltas)) {
+        /* Room for some more, not for every record left: at many partitions the loop stops
+         * for a new batch every record or two, and sizing the array for the rest of the
+         * call, then back, at each stop copied it each time. */
+        Py_ssize_t room = call->deltas_length / 8 + 256;
+        if (room > (left + 1) * 4)
+            room = (left + 1) * 4;
+        if (PyByteArray_Resize(out_deltas, call->deltas_length + room) < 0)
+            return -1;
+    }
+    if (PyList_Append(call->out_batches, PyList_GET_ITEM(call->batches, p)) < 0)
+        return -1;
+    int32_t delta = (int32_t)(w->count - 1);
+    memcpy(PyByteArray_AS_STRING(out_deltas) + call->deltas_length, &delta, 4);
+    call->deltas_length += 4;
+    return 1;
+}
 
 static PyObject *
 py_append_many(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -1515,105 +1795,78 @@ py_append_many(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (!takes_args(nargs, 9, "append_many(records, start, batches, writers, "
                     "partition, sticky, timestamp, out_batches, out_deltas)"))
         return NULL;
-    PyObject *records = args[0], *batches = args[2], *writers = args[3];
-    PyObject *out_batches = args[7], *out_deltas = args[8];
-    Py_ssize_t start, fixed, sticky;
-    long long timestamp;
+    PyObject *records = args[0];
+    ManyCall call = {.batches = args[2], .writers = args[3], .out_batches = args[7],
+                     .out_deltas = args[8]};
+    Py_ssize_t start;
     if ((start = PyLong_AsSsize_t(args[1])) == -1 && PyErr_Occurred())
         return NULL;
-    if ((fixed = PyLong_AsSsize_t(args[4])) == -1 && PyErr_Occurred())
+    if ((call.fixed = PyLong_AsSsize_t(args[4])) == -1 && PyErr_Occurred())
         return NULL;
-    if ((sticky = PyLong_AsSsize_t(args[5])) == -1 && PyErr_Occurred())
+    if ((call.sticky = PyLong_AsSsize_t(args[5])) == -1 && PyErr_Occurred())
         return NULL;
-    if ((timestamp = PyLong_AsLongLong(args[6])) == -1 && PyErr_Occurred())
+    if ((call.timestamp = PyLong_AsLongLong(args[6])) == -1 && PyErr_Occurred())
         return NULL;
-    if (!PyList_CheckExact(records) || !PyList_CheckExact(batches) ||
-        !PyList_CheckExact(writers) || !PyList_CheckExact(out_batches) ||
-        !PyByteArray_CheckExact(out_deltas)) {
-        PyErr_SetString(PyExc_TypeError, "append_many takes lists of records, batches, writers "
-                        "and out_batches, and a bytearray of out_deltas");
+    int columns = Py_IS_TYPE(records, &ColumnsType);
+    if ((!columns && !PyList_CheckExact(records)) || !PyList_CheckExact(call.batches) ||
+        !PyList_CheckExact(call.writers) || !PyList_CheckExact(call.out_batches) ||
+        !PyByteArray_CheckExact(call.out_deltas)) {
+        PyErr_SetString(PyExc_TypeError, "append_many takes a list of records (or Columns), "
+                        "lists of batches, writers and out_batches, and a bytearray of "
+                        "out_deltas");
         return NULL;
     }
-    Py_ssize_t partitions = PyList_GET_SIZE(writers);
-    if (partitions == 0 || PyList_GET_SIZE(batches) != partitions || fixed >= partitions ||
-        sticky >= partitions) {
+    call.partitions = PyList_GET_SIZE(call.writers);
+    if (call.partitions == 0 || PyList_GET_SIZE(call.batches) != call.partitions ||
+        call.fixed >= call.partitions || call.sticky >= call.partitions) {
         PyErr_SetString(PyExc_ValueError, "batches and writers need one entry per partition");
         return NULL;
     }
-    Py_ssize_t n = PyList_GET_SIZE(records);
-    Py_ssize_t deltas_length = PyByteArray_GET_SIZE(out_deltas);
+    Py_ssize_t n = columns ? ((Columns *)records)->count : PyList_GET_SIZE(records);
+    call.deltas_length = PyByteArray_GET_SIZE(call.out_deltas);
     if (start < 0)
         start = 0;
-    int status = DONE;
+    int status = DONE, done = 1;
     Py_ssize_t i = start, partition = -1;
-    /* No Python code runs in this loop (exact bytes and tuples only), so no list changes. */
-    for (; i < n; i++) {
-        PyObject *record = PyList_GET_ITEM(records, i);
-        if (!PyTuple_CheckExact(record) || PyTuple_GET_SIZE(record) != 2) {
-            status = NEEDS_PYTHON;
-            break;
+    /* No Python code runs in this loop (exact bytes and tuples, or Columns, which do not
+     * change), so no list changes. */
+    if (columns) {
+        const Columns *c = (const Columns *)records;
+        for (; i < n; i++) {
+            Py_ssize_t k_length, v_length;
+            const char *k = column_cell(&c->keys, i, &k_length);
+            const char *v = column_cell(&c->values, i, &v_length);
+            if ((done = append_one(&call, k, k_length, v, v_length, n - i - 1, &status,
+                                   &partition)) <= 0)
+                break;
         }
-        PyObject *key = PyTuple_GET_ITEM(record, 0), *value = PyTuple_GET_ITEM(record, 1);
-        if ((key != Py_None && !PyBytes_CheckExact(key)) ||
-            (value != Py_None && !PyBytes_CheckExact(value))) {
-            status = NEEDS_PYTHON;
-            break;
-        }
-        const char *k = key == Py_None ? NULL : PyBytes_AS_STRING(key);
-        Py_ssize_t k_length = key == Py_None ? 0 : PyBytes_GET_SIZE(key);
-        if (fixed >= 0)
-            partition = fixed;
-        else if (k != NULL)
-            partition = partition_of((const unsigned char *)k, k_length, partitions);
-        else if (sticky >= 0)
-            partition = sticky;
-        else {
-            status = NEEDS_PYTHON;
-            break;
-        }
-        PyObject *writer = PyList_GET_ITEM(writers, partition);
-        if (writer == Py_None) {
-            status = NEEDS_BATCH;
-            break;
-        }
-        if (!PyObject_TypeCheck(writer, &RecordWriterType)) {
-            PyErr_SetString(PyExc_TypeError, "writers must hold RecordWriter or None");
-            goto error;
-        }
-        RecordWriter *w = (RecordWriter *)writer;
-        const char *v = value == Py_None ? NULL : PyBytes_AS_STRING(value);
-        Py_ssize_t v_length = value == Py_None ? 0 : PyBytes_GET_SIZE(value);
-        int appended = writer_append(w, timestamp, k, k_length, v, v_length, NULL, 0);
-        if (appended < 0)
-            goto error;
-        if (appended == 0) {
-            status = NEEDS_BATCH;
-            break;
-        }
-        if (deltas_length + 4 > PyByteArray_GET_SIZE(out_deltas)) {
-            /* Room for some more, not for every record left: at many partitions the loop
-             * stops for a new batch every record or two, and sizing the array for the rest
-             * of the call, then back, at each stop copied it each time. */
-            Py_ssize_t room = deltas_length / 8 + 256;
-            if (room > (n - i) * 4)
-                room = (n - i) * 4;
-            if (PyByteArray_Resize(out_deltas, deltas_length + room) < 0)
-                goto error;
-        }
-        if (PyList_Append(out_batches, PyList_GET_ITEM(batches, partition)) < 0)
-            goto error;
-        int32_t delta = (int32_t)(w->count - 1);
-        memcpy(PyByteArray_AS_STRING(out_deltas) + deltas_length, &delta, 4);
-        deltas_length += 4;
     }
-    if (PyByteArray_Resize(out_deltas, deltas_length) < 0)
+    else {
+        for (; i < n; i++) {
+            PyObject *record = PyList_GET_ITEM(records, i);
+            if (!PyTuple_CheckExact(record) || PyTuple_GET_SIZE(record) != 2) {
+                status = NEEDS_PYTHON;
+                break;
+            }
+            PyObject *key = PyTuple_GET_ITEM(record, 0), *value = PyTuple_GET_ITEM(record, 1);
+            if ((key != Py_None && !PyBytes_CheckExact(key)) ||
+                (value != Py_None && !PyBytes_CheckExact(value))) {
+                status = NEEDS_PYTHON;
+                break;
+            }
+            const char *k = key == Py_None ? NULL : PyBytes_AS_STRING(key);
+            const char *v = value == Py_None ? NULL : PyBytes_AS_STRING(value);
+            if ((done = append_one(&call, k, key == Py_None ? 0 : PyBytes_GET_SIZE(key), v,
+                                   value == Py_None ? 0 : PyBytes_GET_SIZE(value), n - i - 1,
+                                   &status, &partition)) <= 0)
+                break;
+        }
+    }
+    if (PyByteArray_Resize(call.out_deltas, call.deltas_length) < 0 || done < 0)
         return NULL;
     if (status != NEEDS_BATCH)
         partition = -1;
     return Py_BuildValue("(nin)", i, status, partition);
-error:
-    PyByteArray_Resize(out_deltas, deltas_length);
-    return NULL;
 }
 
 /* -- watch_batches: an enqueue_many future's batches ---------------------------------------- */
@@ -2720,8 +2973,9 @@ static PyMethodDef module_methods[] = {
     {"append_many", (PyCFunction)(void (*)(void))py_append_many, METH_FASTCALL,
      "append_many(records, start, batches, writers, partition, sticky, timestamp,\n"
      "            out_batches, out_deltas) -> (index, status, partition)\n\n"
-     "Append records[start:] ((key, value) tuples of bytes or None) to the writers of their\n"
-     "partitions: `partition` if it is not -1, else murmur2 of the key, else `sticky`.\n"
+     "Append records[start:] ((key, value) tuples of bytes or None, or Columns, read where\n"
+     "they lie) to the writers of their partitions: `partition` if it is not -1, else\n"
+     "murmur2 of the key, else `sticky`.\n"
      "`batches` and `writers` hold each partition's open batch and its writer, or None. For\n"
      "each record appended, add its batch to `out_batches` and its offset delta (a native\n"
      "int32) to `out_deltas`. Stop at the first record it cannot take: status 1 (NEEDS_BATCH)\n"
@@ -2778,7 +3032,7 @@ PyInit__c(void)
     if (zero_float == NULL && (zero_float = PyFloat_FromDouble(0.0)) == NULL)
         return NULL;
     if (PyType_Ready(&ReadyType) < 0 || PyType_Ready(&AppenderType) < 0 ||
-        PyType_Ready(&MemoryPoolType) < 0)
+        PyType_Ready(&MemoryPoolType) < 0 || PyType_Ready(&ColumnsType) < 0)
         return NULL;
     if (crc32c_function == NULL) {
         PyObject *crc32c = PyImport_ImportModule("crc32c");
@@ -2819,7 +3073,8 @@ PyInit__c(void)
     if (PyModule_AddType(module, &RecordFieldsType) < 0 ||
         PyModule_AddType(module, &BatchFieldsType) < 0 ||
         PyModule_AddType(module, &ReadyType) < 0 || PyModule_AddType(module, &AppenderType) < 0 ||
-        PyModule_AddType(module, &MemoryPoolType) < 0) {
+        PyModule_AddType(module, &MemoryPoolType) < 0 ||
+        PyModule_AddType(module, &ColumnsType) < 0) {
         Py_DECREF(module);
         return NULL;
     }

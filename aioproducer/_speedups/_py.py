@@ -7,9 +7,10 @@ tests hold both to the same bytes and partitions: change one, change the other.
 from __future__ import annotations
 
 import contextvars
+import operator
 import struct
 from threading import get_ident
-from typing import Any, Callable, Generator, Mapping
+from typing import Any, Callable, Generator, Iterator, Mapping
 
 import crc32c
 
@@ -361,10 +362,81 @@ class RecordWriter:
         return bytes(header)
 
 
-def append_many(records: list[Any], start: int, batches: list[Any], writers: list[Any],
-                partition: int, sticky: int, timestamp: int, out_batches: list[Any],
-                out_deltas: bytearray) -> tuple[int, int, int]:
-    """Append records[start:] ((key, value) tuples of bytes or None) to the writers of their
+class Columns:
+    """Records for enqueue_many as two columns in Arrow's variable-size binary layout, read
+    where they lie (Arrow's buffers, no object per row: see _c.c); a sequence of (key, value)
+    pairs of bytes or None. Each column is (validity, offsets, data, first, offset_size):
+    the validity bitmap (None: no null cell), the offsets (int32, or int64 for Arrow's large
+    types, native byte order), the data, the first row's index into the offsets and the
+    bitmap (an Arrow slice's offset), and 4 or 8. `keys` None: every key is null. The
+    buffers are checked here, so that no cell is read outside them."""
+
+    __slots__ = ("_count", "_keys", "_values")
+
+    def __init__(self, count: int, keys: Any, values: Any) -> None:
+        count = operator.index(count)
+        if count < 0:
+            raise ValueError("Columns' count must be >= 0")
+        self._count = count
+        self._keys = None if keys is None else _BinaryColumn(keys, count, "keys")
+        self._values = _BinaryColumn(values, count, "values")
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __getitem__(self, row: int) -> tuple[bytes | None, bytes | None]:
+        row = operator.index(row)
+        if row < 0:
+            row += self._count
+        if not 0 <= row < self._count:
+            raise IndexError("Columns index out of range")
+        keys = self._keys
+        return (None if keys is None else keys.cell(row)), self._values.cell(row)
+
+    def __iter__(self) -> Iterator[tuple[bytes | None, bytes | None]]:
+        return map(self.__getitem__, range(self._count))
+
+
+class _BinaryColumn:
+    __slots__ = ("_validity", "_offsets", "_data", "_first")
+
+    def __init__(self, spec: Any, count: int, name: str) -> None:
+        if type(spec) is not tuple or len(spec) != 5:
+            raise TypeError(f"Columns' {name} must be (validity, offsets, data, first, "
+                            f"offset_size){' or None' if name == 'keys' else ''}")
+        validity, offsets, data, first, offset_size = spec
+        first, offset_size = operator.index(first), operator.index(offset_size)
+        if first < 0 or offset_size not in (4, 8):
+            raise ValueError(f"Columns' {name}: first must be >= 0 and offset_size 4 or 8")
+        raw = memoryview(offsets).cast("B")
+        self._data = memoryview(data).cast("B")
+        self._validity = None if validity is None else memoryview(validity).cast("B")
+        n = len(raw) // offset_size
+        if first >= n or count > n - first - 1 or (
+                self._validity is not None and len(self._validity) < (first + count + 7) // 8):
+            raise ValueError(f"Columns' {name}: a buffer is too short for {count} rows from "
+                             f"row {first}")
+        self._offsets = raw[:n * offset_size].cast("i" if offset_size == 4 else "q")
+        self._first = first
+        window = self._offsets[first:first + count + 1]
+        if window[0] < 0 or window[-1] > len(self._data) or \
+                any(a > b for a, b in zip(window, window[1:])):
+            raise ValueError(f"Columns' {name}: the offsets must rise from 0 or more to at "
+                             "most the data's length")
+
+    def cell(self, row: int) -> bytes | None:
+        i = self._first + row
+        validity = self._validity
+        if validity is not None and not validity[i >> 3] >> (i & 7) & 1:
+            return None
+        return bytes(self._data[self._offsets[i]:self._offsets[i + 1]])
+
+
+def append_many(records: list[Any] | Columns, start: int, batches: list[Any],
+                writers: list[Any], partition: int, sticky: int, timestamp: int,
+                out_batches: list[Any], out_deltas: bytearray) -> tuple[int, int, int]:
+    """Append records[start:] ((key, value) tuples of bytes or None, or Columns, read where
+    they lie) to the writers of their
     partitions: `partition` if it is not -1, else murmur2 of the key, else `sticky`.
     `batches` and `writers` hold each partition's open batch and its writer, or None. For each
     record appended, add its batch to `out_batches` and its offset delta (a native int32) to
