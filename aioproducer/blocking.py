@@ -22,11 +22,12 @@ import weakref
 from collections import deque
 from concurrent.futures import Future
 from functools import partial
-from typing import Any, Callable, Generic, Iterator, Sequence, Unpack, overload
+from typing import Any, Callable, Coroutine, Generic, Iterator, Sequence, Unpack, \
+    overload
 
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
-from ._internal.batch import ProducerBatch, RecordMetadata
+from ._internal.batch import ProducerBatch, RecordFuture, RecordMetadata
 from ._internal.metrics import ProducerMetrics
 from ._internal.observer import deliver, deliver_each
 from ._internal.thread_future import ThreadFuture
@@ -96,7 +97,7 @@ class BlockingProducer(Generic[K, V]):
         self._producer: Producer[K, V] = Producer(  # type: ignore[call-overload]
             bootstrap_servers, config=config, **settings)
         self._max_block = self._producer.config.max_block_ms / 1000
-        self._queue: deque[tuple[Any, ...] | asyncio.Future[None]] = deque()
+        self._queue: deque[_Produced | asyncio.Future[None]] = deque()
         self._woken = False  # a wake-up of the pump is on its way or running
         self._room = threading.Event()
         self._room.set()
@@ -106,9 +107,8 @@ class BlockingProducer(Generic[K, V]):
         # on_send hooks run in the loop's thread, in a copy of the producing thread's context
         # (so an OpenTelemetry span there is the child of the caller's span).
         self._tells_send = bool(self._producer._intake.on_send_hooks)
-        # Per batch in flight, its records' (offset delta, timestamp, future, on_delivery).
-        self._by_batch: dict[ProducerBatch, list[tuple[int, int, ThreadFuture[
-            RecordMetadata], DeliveryCallback | None]]] = {}
+        # Per batch in flight, its records' futures, each followed by its RecordFuture.
+        self._by_batch: dict[ProducerBatch, list[_Produced | RecordFuture]] = {}
         self._portal_cm = start_blocking_portal("asyncio", _backend_options(),
                                                 name="aioproducer-blocking")
         self._portal: BlockingPortal = self._portal_cm.__enter__()
@@ -143,19 +143,20 @@ class BlockingProducer(Generic[K, V]):
         Waits (up to max_block_ms) only while 5,000 records are queued for that thread."""
         if self._closed:  # (or forked: that closes it too)
             self._check_usable()
-        future: ThreadFuture[RecordMetadata] = ThreadFuture()
+        future: _Produced = _Produced()
+        future._record = (topic, value, key, partition, timestamp_ms, headers,
+                          contextvars.copy_context() if self._tells_send else None)
+        future._on_delivery = on_delivery
         queue = self._queue
         if len(queue) >= _QUEUE_LIMIT and threading.get_ident() != self._loop_thread:
             self._wait_for_room()
-        queue.append((topic, value, key, partition, timestamp_ms, headers, future, on_delivery,
-                      contextvars.copy_context() if self._tells_send else None))
+        queue.append(future)
         if not self._woken:
             self._woken = True
-            try:
+            with contextlib.suppress(RuntimeError):  # (the loop closed: see below)
                 self._loop.call_soon_threadsafe(self._wakeup.set)
-            except RuntimeError:  # closed by another thread since the check above
-                if future.take():
-                    _fail(future, on_delivery, ProducerClosedError("the producer is closed"))
+        if self._closed:  # close() began since the check above: it may have drained already
+            self._refuse_if_left(future)
         return future
 
     def send(self, topic: str, value: V | None, key: K | None = None, *,
@@ -256,6 +257,15 @@ class BlockingProducer(Generic[K, V]):
         if self._closed:
             raise ProducerClosedError("the producer is closed: no more records can be sent")
 
+    @staticmethod
+    def _refuse_if_left(future: _Produced) -> None:
+        """Fail a record queued as close() ran (by a produce() that waited for room, or
+        raced it), unless the producer's thread took it first: the close may have drained
+        the queue already, and the future must not stay pending."""
+        if future.refuse():
+            _fail(future, ProducerClosedError(
+                "the producer was closed before this record was sent"))
+
     def _wait_for_room(self) -> None:
         """Wait until the pump has taken the queue down to half its limit (not to one below
         it: that would be a thread hop per record)."""
@@ -294,57 +304,65 @@ class BlockingProducer(Generic[K, V]):
                         break
 
     async def _hand_over_queued(self) -> None:
-        """Everything queued, to the producer, appended as enqueue() appends (no coroutine
-        per record); each batch's records' futures are resolved together when it is done."""
+        """Everything queued, to the producer, in order, as `enqueue()` takes a record (the
+        common case one compiled call: no coroutine, no loop turn); each batch's records'
+        futures are resolved together when it is done."""
         intake = self._producer._intake
-        queue, append, room = self._queue, intake.append, self._room
-        by_batch = self._by_batch
+        queue, room, by_batch = self._queue, self._room, self._by_batch
+        # With on_send hooks, the hooks see the record first, in the producing thread's context.
+        enqueue: Callable[..., Coroutine[Any, Any, RecordFuture]] = \
+            intake.enqueue if self._tells_send else intake.enqueue_call
         while queue:
-            item = queue.popleft()
-            if isinstance(item, asyncio.Future):  # a flush's or a transaction's marker
-                if not item.done():  # (not a flush that timed out)
-                    item.set_result(None)
+            future = queue.popleft()
+            if isinstance(future, asyncio.Future):  # a flush's or a transaction's marker
+                if not future.done():  # (not a flush that timed out)
+                    future.set_result(None)
                 continue
-            topic, value, key, partition, timestamp_ms, headers, future, on_delivery, \
-                context = item
-            if not future.take():
-                continue  # cancelled by its producer before it was taken: not sent
+            if not future.take():  # cancelled by its producer before it was taken: not sent
+                future._record = None
+                continue
+            topic, value, key, partition, timestamp_ms, headers, context = future._record
+            future._record = None
             try:
                 if context is not None:
                     headers, told = context.run(intake.tell_send, topic, key, value, headers)
                     if told is not None:
-                        on_delivery = told if on_delivery is None \
+                        on_delivery = future._on_delivery
+                        future._on_delivery = told if on_delivery is None \
                             else partial(deliver_each, [on_delivery, told])
-                appended = append(topic, value, key, partition, timestamp_ms, headers, False)
-                if not isinstance(appended, tuple):  # (waits for metadata or memory)
-                    appended = await appended
+                record = await enqueue(topic, value, key, partition=partition,
+                                       timestamp_ms=timestamp_ms, headers=headers)
             except asyncio.CancelledError:  # close() stopped the pump as it waited
-                _fail(future, on_delivery, ProducerClosedError(
+                _fail(future, ProducerClosedError(
                     "the producer was closed before this record was sent"))
                 raise
             except Exception as exc:
-                _fail(future, on_delivery, exc)
+                _fail(future, exc)
             else:
-                batch = appended[0]
-                assert isinstance(batch, ProducerBatch)  # (only send()'s records wait apart)
-                waiting = by_batch.get(batch)
+                batch = record._batch
+                waiting = by_batch.get(batch)  # type: ignore[arg-type]
                 if waiting is None:
+                    assert isinstance(batch, ProducerBatch)  # (enqueue() appended it)
                     waiting = by_batch[batch] = []
                     batch.future.add_done_callback(partial(self._batch_done, batch))
-                waiting.append((appended[1], appended[2], future, on_delivery))
+                waiting.append(future)
+                waiting.append(record)
             if not room.is_set() and len(queue) <= _QUEUE_LIMIT // 2:
                 room.set()  # (not at limit - 1: a thread hop per record)
         room.set()
 
     def _batch_done(self, batch: ProducerBatch, _: object) -> None:
         """Resolve the batch's records' futures (a split batch's from the piece of each)."""
-        for offset_delta, timestamp, future, on_delivery in self._by_batch.pop(batch):
-            exc = batch.exception_for(offset_delta)
+        waiting = iter(self._by_batch.pop(batch))
+        for future, record in zip(waiting, waiting):
+            assert isinstance(future, _Produced) and isinstance(record, RecordFuture)
+            exc = record.exception()
             if exc is not None:
-                _fail(future, on_delivery, exc)
+                _fail(future, exc)
                 continue
-            metadata = batch.metadata(offset_delta, timestamp)
+            metadata = record.result()
             future.resolve(metadata, None)
+            on_delivery = future._on_delivery
             if on_delivery is not None:
                 deliver(on_delivery, metadata, None)
 
@@ -380,14 +398,27 @@ class BlockingProducer(Generic[K, V]):
         error = ProducerClosedError("the producer was closed before this record was sent")
         while self._queue:
             item = self._queue.popleft()
-            if isinstance(item, tuple) and item[6].take():
-                _fail(item[6], item[7], error)
+            if isinstance(item, _Produced) and item.take():
+                _fail(item, error)
         self._room.set()
 
 
-def _fail(future: ThreadFuture[RecordMetadata], on_delivery: DeliveryCallback | None,
-          exc: BaseException) -> None:
+class _Produced(ThreadFuture[RecordMetadata]):
+    """produce()'s future, holding its record's arguments while it is queued (None once the
+    producer took it) and its on_delivery. The queue holds these alone, and each batch's
+    list these and their RecordFutures: a tuple per record in each as well was two more
+    objects per buffered record for the cyclic garbage collector to walk (its collections
+    were half the CPU of a record), and a RecordFuture held by the future's own attributes
+    made the cyclic collector track their dict too."""
+
+    _record: Any = None  # (a tuple of the arguments, or None: unpacked per record unchecked)
+    _on_delivery: DeliveryCallback | None = None
+
+
+def _fail(future: _Produced, exc: BaseException) -> None:
     future.resolve(None, exc)
+    future._record = None
+    on_delivery = future._on_delivery
     if on_delivery is not None:
         deliver(on_delivery, None, exc)
 

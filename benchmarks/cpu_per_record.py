@@ -1,14 +1,19 @@
 """aioproducer's CPU per record, in this process: enqueue + gather and enqueue_many (and, with
 --shapes send, `gather(*(send(...) ...))`; with --shapes yielding, enqueue + gather yielding
 to the loop every 100 records, as a service's tasks do: at many partitions the sender then
-drains a batch of one record per partition, so it measures the cost of a batch), on an
+drains a batch of one record per partition, so it measures the cost of a batch; tasks,
+1,000 tasks each awaiting `send()` in a loop; sync, `BlockingProducer.produce()` per record
+from one thread, then `flush()`, both threads' CPU), on an
 embedded broker (the least load-sensitive
 figure on a shared machine: the process's CPU seconds over the produce phase, not wall
 time). --profile SHAPE prints a cProfile of that shape's first round (thread CPU time)
 instead of timing it.
 
     python benchmarks/cpu_per_record.py PARTITIONS [RECORDS] [--size B] [--rounds N]
-        [--shapes gather,bulk,send,yielding] [--profile gather|bulk|send|yielding] [--asyncio] [--batch-size B]
+        [--shapes gather,bulk,send,yielding,tasks,sync] [--profile SHAPE] [--asyncio]
+        [--batch-size B]
+
+(sync's profile is two: the producing thread's, then the producer's loop thread's.)
 """
 import argparse, asyncio, cProfile, os, pstats, sys, time
 from aioproducer import Producer
@@ -53,7 +58,39 @@ async def yielding(producer, topic):
             await asyncio.sleep(0)
     await asyncio.gather(*futs)
 
-SHAPES = {"gather": gather, "bulk": bulk, "send": send, "yielding": yielding}
+
+async def tasks(producer, topic):
+    share = len(data) // 1000
+
+    async def worker(part):
+        for key, value in part:
+            await producer.send(topic, value, key)
+    await asyncio.gather(*(worker(data[i * share:(i + 1) * share]) for i in range(1000)))
+
+SHAPES = {"gather": gather, "bulk": bulk, "send": send, "yielding": yielding, "tasks": tasks}
+
+
+def sync(bootstrap, topic, profile):
+    """BlockingProducer.produce() per record, then flush(): both threads' CPU."""
+    from aioproducer import BlockingProducer
+    extra = {"batch_size": args.batch_size} if args.batch_size else {}
+    with BlockingProducer(bootstrap, acks=1, linger_ms=5, **extra) as producer:
+        producer.partitions_for(topic)
+        cpu = time.process_time()
+        if profile:
+            profs = [cProfile.Profile(time.thread_time), cProfile.Profile(time.thread_time)]
+            profs[0].enable()
+            producer._portal.call(profs[1].enable)
+        produce = producer.produce
+        for key, value in data:
+            produce(topic, value, key)
+        producer.flush()
+        if profile:
+            profs[0].disable()
+            producer._portal.call(profs[1].disable)
+        used = time.process_time() - cpu
+        batches.append(producer.metrics().batches_sent)
+    return used / len(data) * 1e6, (profs if profile else None)
 
 
 async def one(bootstrap, topic, shape, profile):
@@ -83,9 +120,14 @@ with EmbeddedBroker() as broker:
             topic = f"m{n}"
             broker.create_topic(topic, args.partitions)
             runner = asyncio.run if args.asyncio else __import__("uvloop").run
-            us, prof = runner(one(broker.bootstrap, topic, shape, args.profile == shape and r == 0))
+            profiled = args.profile == shape and r == 0
+            if shape == "sync":
+                us, prof = sync(broker.bootstrap, topic, profiled)
+            else:
+                us, prof = runner(one(broker.bootstrap, topic, shape, profiled))
             if prof:
-                st = pstats.Stats(prof); st.sort_stats("tottime").print_stats(35)
+                for p in prof if isinstance(prof, list) else [prof]:
+                    st = pstats.Stats(p); st.sort_stats("tottime").print_stats(35)
             else:
                 results.append(us)
         if results:

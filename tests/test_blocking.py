@@ -4,16 +4,18 @@ flush, close, transactions and fork behave as documented. Read back with librdka
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
 import threading
+import time
 from concurrent.futures import Future, wait
 
 import pytest
 
 from aioproducer import BlockingProducer, RecordMetadata
-from aioproducer.errors import InvalidRecordError, ProducerClosedError
+from aioproducer.errors import BufferExhaustedError, InvalidRecordError, ProducerClosedError
 from tests.support.readback import consume_all
 
 THREADS, PER_THREAD = 8, 2_000
@@ -104,6 +106,101 @@ def test_flush_times_out_and_close_fails_what_is_left(proxied_broker):
     producer.close()  # a second close returns at once
     with pytest.raises(ProducerClosedError, match="closed"):
         producer.produce("stalled", b"after")
+
+
+def test_a_full_buffer_holds_produce_back_and_nothing_accepted_is_lost(proxied_broker):
+    """The broker's answers held back: buffer_memory fills, the records behind wait in the
+    queue, and produce() raises BufferExhaustedError once it waited max_block_ms for room.
+    Once the answers flow again every record produce() accepted ends: acknowledged, in the
+    order produced, or failed with its type (one that waited in line past max_block_ms)."""
+    cluster = proxied_broker
+    cluster.create_topic("full", 1)
+    producer = BlockingProducer(cluster.bootstrap, acks=1, linger_ms=0, batch_size=16_384,
+                                buffer_memory=65_536, max_block_ms=1_000,
+                                delivery_timeout_ms=60_000)
+    futures: list[Future[RecordMetadata]] = []
+    try:
+        producer.send("full", b"first", timeout=30)
+        cluster.proxy.stall(True)
+        with pytest.raises(BufferExhaustedError, match="max_block_ms=1000"):
+            for i in range(10_000):  # the queue holds 5,000 records: it fills long before
+                futures.append(producer.produce("full", b"%06d" % i + bytes(1_000)))
+        assert 5_000 <= len(futures) < 10_000
+        cluster.proxy.stall(False)
+        producer.flush(60)
+    finally:
+        cluster.proxy.stall(False)
+        producer.close(30)
+    assert all(f.done() for f in futures), "flush() returned before every record ended"
+    failed = [f.exception() for f in futures if f.exception() is not None]
+    assert all(isinstance(exc, BufferExhaustedError) for exc in failed), failed[:3]
+    sent = [(i, f.result()) for i, f in enumerate(futures) if f.exception() is None]
+    assert len(sent) > 60, "nothing was sent once the broker answered again"
+    assert [md.offset for _, md in sent] == list(range(1, len(sent) + 1))
+    got = consume_all(cluster.bootstrap, "full", expected=1 + len(sent))
+    assert [r.value[:6] for r in got] == [b"first"] + [b"%06d" % i for i, _ in sent]
+
+
+def test_close_sends_what_threads_produced_without_a_flush(broker, topic_factory):
+    topic = topic_factory(3)
+    futures: list[list[Future[RecordMetadata]]] = [[] for _ in range(4)]
+
+    def produce(thread: int) -> None:
+        for i in range(1_000):
+            futures[thread].append(
+                producer.produce(topic, b"%d-%d" % (thread, i), key=b"thread-%d" % thread))
+
+    producer = BlockingProducer(broker.bootstrap, linger_ms=50)
+    threads = [threading.Thread(target=produce, args=(t,)) for t in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    producer.close()
+    assert all(f.done() and f.exception() is None for fs in futures for f in fs)
+    offsets = [[f.result().offset for f in fs] for fs in futures]
+    assert all(o == sorted(o) for o in offsets), "a thread's records were reordered"
+    got = consume_all(broker.bootstrap, topic, expected=4_000)
+    assert sorted(r.value for r in got) == sorted(b"%d-%d" % (t, i)
+                                                  for t in range(4) for i in range(1_000))
+
+
+def test_a_produce_waiting_for_room_as_close_runs_gets_a_future_that_ends(broker, topic):
+    """A value serializer that never finishes holds the producer's thread: 5,000 records
+    queue behind it and the next produce() waits for room. close() gives up on them all;
+    the produce() that waited returns a future that fails with ProducerClosedError, as
+    every other one does (it was queued after close() drained the queue, and stayed
+    pending for ever), and the thread's next produce() raises it."""
+    async def never_done(value: bytes) -> bytes:
+        await asyncio.sleep(3600)
+        return value
+
+    producer = BlockingProducer(broker.bootstrap, value_serializer=never_done,
+                                max_block_ms=60_000)
+    futures: list[Future[RecordMetadata]] = []
+    raised: list[BaseException] = []
+
+    def produce() -> None:
+        try:
+            for i in range(10_000):
+                futures.append(producer.produce(topic, b"%d" % i))
+        except ProducerClosedError as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=produce)
+    thread.start()
+    deadline, count = time.monotonic() + 30, -1
+    while (count < 5_000 or count != len(futures)) and time.monotonic() < deadline:
+        count = len(futures)  # (until it waits for room: 5,000 queued, 5,001 with the first)
+        time.sleep(0.3)
+    assert 5_000 <= len(futures) <= 5_001 and thread.is_alive()
+    producer.close(timeout=0.5)
+    thread.join(30)
+    assert not thread.is_alive() and len(raised) == 1
+    assert len(futures) == count + 1  # the call that waited for room returned a future
+    wait(futures, 10)
+    assert [i for i, f in enumerate(futures) if not f.done()] == []
+    assert all(isinstance(f.exception(), ProducerClosedError) for f in futures)
 
 
 def test_a_future_cancelled_before_the_producer_took_it_is_not_sent(broker, topic_factory):

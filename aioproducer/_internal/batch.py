@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from functools import partial
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Generator, Iterator, NamedTuple, \
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, NamedTuple, \
     Sequence, TypeAlias, Union, overload
 
 from .._speedups import BatchFields, RecordFields, new_tuple, run_callbacks, watch_batches
@@ -73,10 +73,8 @@ class ProducerBatch(BatchFields):
         producer_epoch: int
         done: bool
         full: bool  # a record did not fit: closed for appends, sendable now
-        # A future per task awaiting a record, and the record: _waiters[i] awaits _awaited[i].
-        _waiters: list[asyncio.Future[RecordMetadata]] | None
-        _awaited: list[RecordFuture] | None
-        _watchers: list[RecordFuture] | None  # records' futures with callbacks
+        # Records' futures with done callbacks (gather's; a Task's awaiting one: its wake-up).
+        _watchers: list[RecordFuture] | None
         _bulks: list[BulkFuture] | None  # enqueue_many futures with records here
         pieces: list[ProducerBatch] | None  # what it was split into, in order
         parent: ProducerBatch | None  # the batch this is a piece of
@@ -151,42 +149,6 @@ class ProducerBatch(BatchFields):
         else:
             self.fail(failure)
 
-    def waiter(self, record: RecordFuture) -> asyncio.Future[RecordMetadata]:
-        """A future of its own for one task awaiting `record`, resolved with the record's
-        metadata or failure when the batch is done: cancelling it (the task was cancelled)
-        cancels `record` (see _Wait) but leaves the batch, which others share, alone.
-        Resolved by complete()/fail() themselves rather than by a callback of the batch's
-        future, which would cost the waiting tasks a loop turn; an asyncio future, so the
-        Task gets the metadata with no Python frame of ours between."""
-        waiter = _Wait(loop=self.future.get_loop())
-        waiter.record = record
-        if self._waiters is None or self._awaited is None:
-            self._waiters, self._awaited = [waiter], [record]
-        else:
-            self._waiters.append(waiter)
-            self._awaited.append(record)
-        return waiter
-
-    def unfollowed(self, record: RecordFuture, msg: Any) -> None:
-        """`record` was cancelled: so are the waits for it (rare: a scan is fine)."""
-        for waiter, awaited in zip(self._waiters or (), self._awaited or ()):
-            if awaited is record:
-                waiter.cancel(msg)
-
-    def adopt(self, record: RecordFuture, waiters: list[asyncio.Future[RecordMetadata]],
-              watched: bool) -> None:
-        """`record` was appended after waiting in line for memory: take over the waits for it
-        and its callbacks (see WaitingRecord)."""
-        for waiter in waiters:
-            if not waiter.done():
-                if self._waiters is None or self._awaited is None:
-                    self._waiters, self._awaited = [waiter], [record]
-                else:
-                    self._waiters.append(waiter)
-                    self._awaited.append(record)
-        if watched:
-            self.watch(record)
-
     def watch(self, record: RecordFuture) -> None:
         """Run `record`'s done callbacks once this batch is done, or soon if it is: either
         way in one loop callback for all the records watched meanwhile (asyncio.gather over
@@ -203,41 +165,15 @@ class ProducerBatch(BatchFields):
         _run_callbacks(watchers or [])
 
     def _wake_watchers(self) -> None:
-        """The batch is done: run its records' callbacks, then wake the tasks awaiting them
-        (in that order, as an asyncio future runs callbacks in the order they were added),
-        and tell the enqueue_many futures."""
+        """The batch is done: run its records' callbacks (the tasks awaiting them wake up in
+        that same loop callback), and tell the enqueue_many futures."""
         if self._watchers is not None:
             self.future.get_loop().call_soon(self._run_watchers)
-        if self._waiters is not None:
-            self._resolve_waiters()
         bulks, self._bulks = self._bulks, None
         for bulk in bulks or ():  # (BulkFuture's count, inline: this is per call and batch)
             bulk._pending -= 1
             if bulk._pending == 0 and not bulk.done():
                 bulk._resolve()
-
-    def _resolve_waiters(self) -> None:
-        waiters, awaited = self._waiters or [], self._awaited or []
-        self._waiters = self._awaited = None
-        if self.pieces is not None or self.future.exception() is not None:
-            for waiter, record in zip(waiters, awaited):
-                if not waiter.done():
-                    failure = self.exception_for(record._offset_delta)
-                    if failure is None:
-                        waiter.set_result(self.metadata(record._offset_delta,
-                                                        record._timestamp))
-                    else:
-                        waiter.set_exception(failure)
-            return
-        # Acknowledged whole: metadata() inlined, as this is per record.
-        base_offset, log_append_time = self.future.result()
-        topic, partition = self.topic, self.partition
-        for waiter, record in zip(waiters, awaited):
-            if not waiter.done():
-                waiter.set_result(_new_metadata(RecordMetadata, (
-                    topic, partition,
-                    base_offset + record._offset_delta if base_offset >= 0 else -1,
-                    log_append_time if log_append_time >= 0 else record._timestamp)))
 
     def complete(self, base_offset: int, log_append_time: int) -> None:
         self.done = True
@@ -297,7 +233,6 @@ class RecordFuture(_RecordFutureBase):
     """
 
     __slots__ = ()  # the fields are RecordFields' (in C: out of the garbage collector's way)
-    _asyncio_future_blocking = False  # asyncio's mark of a future (it never yields itself)
     _metadata_type = RecordMetadata  # what RecordFields.result() makes
 
     if TYPE_CHECKING:
@@ -318,14 +253,6 @@ class RecordFuture(_RecordFutureBase):
         state = "cancelled" if self.cancelled() else "done" if self.done() else "pending"
         return f"<RecordFuture {self._batch.topic}-{self._batch.partition} {state}>"
 
-    def __await__(self) -> Generator[Any, None, RecordMetadata]:
-        batch = self._batch
-        if not batch.future.done():
-            return (yield from batch.waiter(self))  # type: ignore[union-attr]
-        return self.result()
-
-    __iter__ = __await__
-
     async def wait(self) -> RecordMetadata:
         """The same as `await record_future`."""
         return await self
@@ -340,7 +267,8 @@ class RecordFuture(_RecordFutureBase):
         self._batch = _Decided.cancelled(batch, msg)
         self._track()
         self.get_loop().call_soon(_run_callbacks, [self])
-        batch.unfollowed(self, msg)  # type: ignore[union-attr]
+        if isinstance(batch, WaitingRecord):
+            batch.unfollowed()
         return True
 
     def remove_done_callback(self, fn: Callable[["RecordFuture"], object]) -> int:
@@ -381,22 +309,12 @@ class Sending(RecordFuture):
 
     __slots__ = ()
 
-    def __await__(self) -> Generator[Any, None, RecordMetadata]:
-        """The waiter's own iterator while the record is pending: no frame of ours per send()
-        when the task resumes."""
-        batch = self._batch
-        if not batch.future.done():
-            return batch.waiter(self).__await__()  # type: ignore[union-attr]
-        return _ready(self.result())
-
     def send(self, value: None) -> Any:
-        """One step as a coroutine (create_task() drives it so): a waiter for the record if
-        it is pending, else its metadata (StopIteration) or its failure."""
-        batch = self._batch
-        if not batch.future.done():
-            waiter = batch.waiter(self)  # type: ignore[union-attr]
-            waiter._asyncio_future_blocking = True  # (what iterating it would set)
-            return waiter
+        """One step as a coroutine (create_task() drives it so): this future, for the Task to
+        wait on, while the record is pending; else its metadata (StopIteration) or its
+        failure."""
+        if not self._batch.future.done():
+            return self
         raise StopIteration(self.result())
 
     def throw(self, exc: Any, value: Any = None, traceback: Any = None) -> Any:
@@ -409,13 +327,13 @@ class Sending(RecordFuture):
 class WaitingRecord:
     """A record of send() or enqueue() waiting in line for buffer memory (see the
     accumulator's line), and until it is appended the stand-in for the batch its
-    RecordFuture follows: it answers "pending" and keeps the waits for the record, which
-    its batch adopts. A send() waits so with no Task, so `asyncio.gather` over sends that
-    outrun buffer_memory costs what gather over buffered ones does."""
+    RecordFuture follows: it answers "pending", and the record's done callbacks (the wake-up
+    of a Task awaiting it among them) move to its batch with it. A send() waits so with no
+    Task, so `asyncio.gather` over sends that outrun buffer_memory costs what gather over
+    buffered ones does."""
 
     __slots__ = ("topic", "partition", "timestamp", "key", "value", "headers", "memory",
-                 "partitions", "deadline", "future", "record", "turn", "granted", "failure",
-                 "_waiters")
+                 "partitions", "deadline", "future", "record", "turn", "granted", "failure")
     pieces = None
     _untracked = None  # the futures of records in line are tracked from the start (see _c.c)
 
@@ -438,44 +356,27 @@ class WaitingRecord:
         self.turn: asyncio.Future[None] | None = None
         self.granted = False
         self.failure: BaseException | None = None  # (failed after its turn came)
-        self._waiters: list[asyncio.Future[RecordMetadata]] | None = None
-
-    def waiter(self, record: RecordFuture) -> asyncio.Future[RecordMetadata]:
-        waiter = _Wait(loop=self.future.get_loop())
-        waiter.record = record
-        if self._waiters is None:
-            self._waiters = [waiter]
-        else:
-            self._waiters.append(waiter)
-        return waiter
 
     def watch(self, record: RecordFuture) -> None:
         """Nothing to do now: the record's callbacks are read when it leaves the line."""
 
-    def unfollowed(self, record: RecordFuture, msg: Any) -> None:
-        """send()'s future was cancelled: the record leaves the line, unsent."""
+    def unfollowed(self) -> None:
+        """send()'s future was cancelled (by hand, or by a Task cancelled while awaiting
+        it): the record leaves the line, unsent."""
         self.record = None
-        for waiter in self._waiters or ():
-            waiter.cancel(msg)
 
     def abandoned(self) -> bool:
-        """Nobody follows the record any more: its future was cancelled, or every task
-        awaiting it was (with no callback left), or enqueue() was: like a coroutine cancelled
-        before it buffered, the record is then not sent."""
-        record = self.record
-        if record is None:
-            return self.turn is None or self.turn.cancelled()
-        waiters = self._waiters  # (None, or one or more)
-        return waiters is not None and all(w.cancelled() for w in waiters) and \
-            record._callback is None and not record._more_callbacks
+        """Nobody follows the record any more: send()'s future was cancelled, or enqueue()
+        was: like a coroutine cancelled before it buffered, the record is then not sent."""
+        return self.record is None and (self.turn is None or self.turn.cancelled())
 
     def append_to(self, batch: ProducerBatch, offset_delta: int) -> None:
         """send()'s record went into `batch`: its future follows the batch from now on."""
         record = self.record
         assert record is not None
         record._batch, record._offset_delta = batch, offset_delta
-        batch.adopt(record, self._waiters or [],
-                    record._callback is not None or bool(record._more_callbacks))
+        if record._callback is not None or record._more_callbacks:
+            batch.watch(record)
 
     def fail(self, exc: BaseException) -> None:
         """The record is not buffered, nor sent: max_block_ms passed, or the producer closed."""
@@ -487,27 +388,8 @@ class WaitingRecord:
                 self.turn.set_exception(exc)
             return
         record._batch = _Decided.failed(self, exc)
-        for waiter in self._waiters or ():
-            if not waiter.done():
-                waiter.set_exception(exc)
         if record._callback is not None or record._more_callbacks:
             self.future.get_loop().call_soon(_run_callbacks, [record])
-
-
-class _Wait(asyncio.Future[RecordMetadata]):
-    """One task's wait for a record. A cancelled task cancels the future it awaits, this
-    one: it then cancels the record's future too, as the task would have cancelled an asyncio
-    future it awaited (asyncio.timeout, wait_for, a TaskGroup's cancellation), so every
-    wait for it ends; the record, if buffered, is still sent."""
-
-    __slots__ = ("record",)
-    record: RecordFuture
-
-    def cancel(self, msg: Any | None = None) -> bool:
-        if not super().cancel(msg):
-            return False
-        self.record.cancel(msg)
-        return True
 
 
 class _Decided:
@@ -539,12 +421,6 @@ class _Decided:
 
     def watch(self, record: RecordFuture) -> None:
         self.future.get_loop().call_soon(_run_callbacks, [record])
-
-
-def _ready(result: RecordMetadata) -> Generator[Any, None, RecordMetadata]:
-    """An awaitable's iterator that has its result already."""
-    return result
-    yield  # (a generator)
 
 
 def _report(record: RecordFuture, fn: Callable[[Any], object], exc: BaseException) -> None:

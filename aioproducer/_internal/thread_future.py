@@ -65,17 +65,26 @@ class ThreadFuture(Future[T]):
 
     def take(self) -> bool:
         """`set_running_or_notify_cancel()` without a lock: False if the future was
-        cancelled first (then the record is not sent). The producer and cancel() claim the
-        future through one atomic dict.setdefault: exactly one of them wins."""
-        if self.__dict__.setdefault("_claimed_by", "producer") == "producer":
+        cancelled first (then the record is not sent) or refused. The producer, cancel() and
+        refuse() claim the future through one atomic dict.setdefault: exactly one wins."""
+        claimed = self.__dict__.setdefault("_claimed_by", "producer")
+        if claimed == "producer":
             self._state = RUNNING
             return True
+        if claimed != "cancel":
+            return False  # refused: failed already
         with self._condition:  # cancel() won, and has set CANCELLED or is about to
             self._state = CANCELLED_AND_NOTIFIED
             for waiter in self._waiters:
                 waiter.add_cancelled(self)
             self._condition.notify_all()
         return False
+
+    def refuse(self) -> bool:
+        """Claim the future to fail it before the producer took it (its producer is
+        closing): False if the producer took it, or it was cancelled or refused already."""
+        token = object()
+        return self.__dict__.setdefault("_claimed_by", token) is token
 
     def cancel(self) -> bool:
         if self.__dict__.setdefault("_claimed_by", "cancel") != "cancel":

@@ -635,11 +635,11 @@ static PyTypeObject RecordWriterType = {
 typedef struct {
     PyObject_HEAD
     PyObject *number, *topic, *partition, *writer, *future, *created, *deadline, *attempts,
-        *retry_at, *base_sequence, *producer_id, *producer_epoch, *done, *full, *waiters,
-        *awaited, *watchers, *bulks, *pieces, *parent, *first_delta, *untracked;
+        *retry_at, *base_sequence, *producer_id, *producer_epoch, *done, *full, *watchers,
+        *bulks, *pieces, *parent, *first_delta, *untracked;
 } BatchFields;
 
-#define BATCH_FIELD_COUNT 22  /* the PyObject pointers above, in order from `number` */
+#define BATCH_FIELD_COUNT 20  /* the PyObject pointers above, in order from `number` */
 
 static PyObject *zero_float;  /* 0.0, every new batch's retry_at */
 
@@ -692,8 +692,6 @@ batch_fields_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     self->producer_epoch = Py_NewRef(minus_one);
     self->done = Py_NewRef(Py_False);
     self->full = Py_NewRef(Py_False);
-    self->waiters = Py_NewRef(Py_None);
-    self->awaited = Py_NewRef(Py_None);
     self->watchers = Py_NewRef(Py_None);
     self->bulks = Py_NewRef(Py_None);
     self->pieces = Py_NewRef(Py_None);
@@ -767,8 +765,6 @@ static PyMemberDef batch_fields_members[] = {
     BATCH_MEMBER("producer_epoch", producer_epoch, NULL),
     BATCH_MEMBER("done", done, NULL),
     BATCH_MEMBER("full", full, "a record did not fit: closed for appends, sendable now"),
-    BATCH_MEMBER("_waiters", waiters, "a future per task awaiting a record ..."),
-    BATCH_MEMBER("_awaited", awaited, "... and the record: _waiters[i] awaits _awaited[i]"),
     BATCH_MEMBER("_watchers", watchers, "records' futures with callbacks"),
     BATCH_MEMBER("_bulks", bulks, "enqueue_many futures with records here"),
     BATCH_MEMBER("pieces", pieces, "what it was split into, in order"),
@@ -1246,6 +1242,167 @@ fields_add_done_callback(RecordFields *self, PyObject *const *args, Py_ssize_t n
     Py_RETURN_NONE;
 }
 
+/* `await record_future`: the record's metadata, or its failure raised. While the record is
+   pending it yields the record's future itself, as `await` on an asyncio future yields that
+   future: the Task adds its wake-up as a done callback, which runs with the batch's other
+   callbacks (one loop callback per batch, not a handle per record), and a Task cancelled
+   meanwhile cancels the future it waits on (which stops following the record: the record is
+   still sent). No Python frame and no asyncio future per await. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *record;  /* NULL once it returned */
+    int yielded;
+} Awaiting;
+
+static PyTypeObject AwaitingType;
+
+static PyObject *
+fields_await(PyObject *self)
+{
+    Awaiting *it = PyObject_GC_New(Awaiting, &AwaitingType);
+    if (it == NULL)
+        return NULL;
+    it->record = Py_NewRef(self);
+    it->yielded = 0;
+    PyObject_GC_Track(it);
+    return (PyObject *)it;
+}
+
+static int
+awaiting_traverse(Awaiting *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->record);
+    return 0;
+}
+
+static int
+awaiting_clear(Awaiting *self)
+{
+    Py_CLEAR(self->record);
+    return 0;
+}
+
+static void
+awaiting_dealloc(Awaiting *self)
+{
+    PyObject_GC_UnTrack(self);
+    Py_CLEAR(self->record);
+    PyObject_GC_Del(self);
+}
+
+/* A step: the record's future if it is pending and not yielded yet, else its result. */
+static PySendResult
+awaiting_am_send(Awaiting *self, PyObject *arg, PyObject **result)
+{
+    RecordFields *record = (RecordFields *)self->record;
+    if (record == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "cannot reuse already awaited future");
+        return PYGEN_ERROR;
+    }
+    if (!self->yielded) {
+        PyObject *done = fields_done(record, NULL);
+        if (done == NULL)
+            return PYGEN_ERROR;
+        int is_done = PyObject_IsTrue(done);
+        Py_DECREF(done);
+        if (is_done < 0)
+            return PYGEN_ERROR;
+        if (!is_done) {
+            self->yielded = 1;
+            *result = Py_NewRef((PyObject *)record);
+            return PYGEN_NEXT;
+        }
+    }
+    PyObject *value = fields_result(record, NULL);
+    Py_CLEAR(self->record);
+    if (value == NULL)
+        return PYGEN_ERROR;
+    *result = value;
+    return PYGEN_RETURN;
+}
+
+/* The same step through the iterator protocol (`yield from`, or a tracer's SEND). */
+static PyObject *
+awaiting_next(Awaiting *self)
+{
+    PyObject *result;
+    PySendResult status = awaiting_am_send(self, Py_None, &result);
+    if (status != PYGEN_RETURN)
+        return status == PYGEN_NEXT ? result : NULL;
+    PyObject *stop = PyObject_CallOneArg(PyExc_StopIteration, result);
+    Py_DECREF(result);
+    if (stop != NULL) {
+        PyErr_SetObject(PyExc_StopIteration, stop);
+        Py_DECREF(stop);
+    }
+    return NULL;
+}
+
+static PyObject *
+awaiting_send(Awaiting *self, PyObject *value)
+{
+    return awaiting_next(self);
+}
+
+static PyObject *
+awaiting_self(PyObject *self)
+{
+    return Py_NewRef(self);
+}
+
+static PyMethodDef awaiting_methods[] = {
+    {"send", (PyCFunction)awaiting_send, METH_O,
+     "One step: the record's future while it is pending, then StopIteration(metadata)."},
+    {NULL}
+};
+
+static PyAsyncMethods awaiting_async = {
+    .am_send = (sendfunc)awaiting_am_send,
+};
+
+static PyTypeObject AwaitingType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "aioproducer._speedups._c.Awaiting",
+    .tp_doc = "What `await record_future` iterates: the future while pending, then its result.",
+    .tp_basicsize = sizeof(Awaiting),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_dealloc = (destructor)awaiting_dealloc,
+    .tp_traverse = (traverseproc)awaiting_traverse,
+    .tp_clear = (inquiry)awaiting_clear,
+    .tp_as_async = &awaiting_async,
+    .tp_iter = awaiting_self,
+    .tp_iternext = (iternextfunc)awaiting_next,
+    .tp_methods = awaiting_methods,
+};
+
+/* asyncio's mark of a future a Task waits on: always true here, as a record's future reaches
+   a Task only from its own await while pending (the Task's reset to False is ignored). */
+static PyObject *
+fields_blocking(PyObject *self, void *unused)
+{
+    Py_RETURN_TRUE;
+}
+
+static int
+fields_set_blocking(PyObject *self, PyObject *value, void *unused)
+{
+    if (value == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "cannot delete _asyncio_future_blocking");
+        return -1;
+    }
+    return 0;
+}
+
+static PyGetSetDef fields_getset[] = {
+    {"_asyncio_future_blocking", fields_blocking, fields_set_blocking,
+     "True: a Task that gets this future waits for it (asyncio's mark of a future).", NULL},
+    {NULL}
+};
+
+static PyAsyncMethods fields_async = {
+    .am_await = fields_await,
+};
+
 static PyMethodDef fields_methods[] = {
     {"_track", fields_track, METH_NOARGS,
      "Hand this future to the garbage collector (see the comment in _c.c)."},
@@ -1291,6 +1448,9 @@ static PyTypeObject RecordFieldsType = {
     .tp_clear = (inquiry)fields_clear,
     .tp_methods = fields_methods,
     .tp_members = fields_members,
+    .tp_getset = fields_getset,
+    .tp_as_async = &fields_async,
+    .tp_iter = fields_await,
 };
 
 /* Run one done callback: fn(record) in `held` (a 1-tuple: that very context; else a copy of
@@ -3027,7 +3187,8 @@ PyInit__c(void)
 {
     if (PyType_Ready(&RecordWriterType) < 0 || PyType_Ready(&SealedRecordsType) < 0)
         return NULL;
-    if (PyType_Ready(&RecordFieldsType) < 0 || PyType_Ready(&BatchFieldsType) < 0)
+    if (PyType_Ready(&RecordFieldsType) < 0 || PyType_Ready(&BatchFieldsType) < 0 ||
+        PyType_Ready(&AwaitingType) < 0)
         return NULL;
     if (zero_float == NULL && (zero_float = PyFloat_FromDouble(0.0)) == NULL)
         return NULL;

@@ -94,7 +94,7 @@ class BatchFields:
 
     __slots__ = ("number", "topic", "partition", "writer", "future", "created", "deadline",
                  "attempts", "retry_at", "base_sequence", "producer_id", "producer_epoch",
-                 "done", "full", "_waiters", "_awaited", "_watchers", "_bulks", "pieces",
+                 "done", "full", "_watchers", "_bulks", "pieces",
                  "parent", "first_delta", "_untracked")
 
     def __init__(self, number: tuple[int, ...], topic: str, partition: int, writer: Any,
@@ -114,8 +114,6 @@ class BatchFields:
         self.producer_epoch = -1
         self.done = False
         self.full = False
-        self._waiters: Any = None
-        self._awaited: Any = None
         self._watchers: Any = None
         self._bulks: Any = None
         self.pieces: Any = None
@@ -150,6 +148,25 @@ class RecordFields:
 
     def _track(self) -> None:
         """Tracked already."""
+
+    # asyncio's mark of a future a Task waits on: always true, as a record's future reaches a
+    # Task only from its own await while pending (the Task's reset to False is ignored).
+    @property
+    def _asyncio_future_blocking(self) -> bool:
+        return True
+
+    @_asyncio_future_blocking.setter
+    def _asyncio_future_blocking(self, value: bool) -> None:
+        """Ignored (see the getter)."""
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        """The metadata, or the failure raised. While pending it yields this future, as an
+        asyncio future's await does: the Task waits on it through add_done_callback."""
+        if not self.done():
+            yield self
+        return self.result()
+
+    __iter__ = __await__
 
     def done(self) -> bool:
         return bool(self._batch.future.done())
