@@ -542,9 +542,9 @@ def test_a_batch_writer_is_out_of_the_collectors_way():
 
 
 BATCH_STARTS = {"attempts": 0, "retry_at": 0.0, "base_sequence": -1, "producer_id": -1,
-                "producer_epoch": -1, "done": False, "full": False, "_waiters": None,
-                "_awaited": None, "_watchers": None, "_bulks": None, "pieces": None,
-                "parent": None, "first_delta": 0, "_untracked": []}
+                "producer_epoch": -1, "done": False, "full": False, "_watchers": None,
+                "_bulks": None, "pieces": None, "parent": None, "first_delta": 0,
+                "_untracked": []}
 
 
 async def test_an_acknowledged_batch_is_out_of_the_collectors_way():
