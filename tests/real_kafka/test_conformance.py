@@ -1,6 +1,7 @@
 """What aioproducer writes, as Apache Kafka stores it, read back by librdkafka's consumer:
-every codec, headers, timestamps, keyed and keyless records, enqueue_many, idempotence with
-five requests in flight, a quota's throttle (KIP-219), and the CLI."""
+every codec, headers, timestamps, keyed and keyless records, enqueue_many (its full batches
+several to a request), idempotence with five requests in flight, a quota's throttle
+(KIP-219), and the CLI."""
 
 from __future__ import annotations
 
@@ -65,6 +66,28 @@ async def test_idempotence_with_five_requests_in_flight(apache_kafka, make_topic
     for p in range(3):
         values = [int(r.value) for r in got if r.partition == p]
         assert values == list(range(p, n, 3))
+
+
+async def test_enqueue_many_full_batches_share_requests_in_order_once(apache_kafka, make_topic):
+    """Keyless records of one enqueue_many call, idempotent, five requests in flight: the full
+    batches go several to a request (Kafka takes one batch a partition per request), and
+    each record is stored once, in the order of the call within its partition."""
+    topic = make_topic(partitions=6)
+    n = 30_000
+    values = [b"%06d" % i + bytes(94) for i in range(n)]
+    async with Producer(apache_kafka.bootstrap, enable_idempotence=True, batch_size=4096,
+                        max_in_flight_requests_per_connection=5, linger_ms=1000) as producer:
+        metadata = await (await producer.enqueue_many(topic, [(None, v) for v in values]))
+        metrics = producer.metrics()
+    assert metrics.batches_sent >= 2.5 * metrics.produce_requests, (
+        f"{metrics.produce_requests} requests for {metrics.batches_sent} batches")
+    got = consume_all(apache_kafka.bootstrap, topic, expected=n)
+    stored = {(r.partition, r.offset): r.value for r in got}
+    assert len(got) == len(stored) == n
+    assert [stored[(md.partition, md.offset)] for md in metadata] == values
+    for p in range(6):
+        offsets = [md.offset for md in metadata if md.partition == p]
+        assert offsets == list(range(len(offsets)))
 
 
 async def test_a_producer_byte_rate_quota_throttles_and_is_honoured(apache_kafka, make_topic,
