@@ -287,6 +287,10 @@ class Sender:
             if not expect_response:
                 for batch in batches:
                     self._complete(batch, -1, -1)
+        if requests and not expect_response and self._accumulator.has_queued():
+            # At acks=0 no response wakes the sender for the batches queued behind these (a
+            # partition's next one, say): another round now, which finds what is sendable.
+            self.wake()
 
     def _on_produce_response(self, conn: BrokerConnection, batches: list[ProducerBatch],
                              written: float, response: dict[str, Any] | None,
