@@ -195,12 +195,16 @@ class Sender:
                 pass  # (its end wakes the sender)
             elif conn.in_flight_produce < self._config.max_in_flight_requests_per_connection:
                 sendable[node] = conn
+        room = False  # a broker written to this round has room for another request
         if sendable:
             drained = accumulator.drain(cluster, sendable, self._config.max_request_size, now)
+            limit = self._config.max_in_flight_requests_per_connection
             for node, batches in drained.items():
                 if waiting:
                     waiting.pop(node, None)
-                self._prepare_produce(sendable[node], batches)
+                conn = sendable[node]
+                self._prepare_produce(conn, batches)
+                room = room or conn.in_flight_produce + 1 < limit
 
         self._expire(now)
         if waiting:
@@ -210,6 +214,13 @@ class Sender:
                 if not accumulator.has_queued_for(cluster, node):
                     del waiting[node]
         next_wake = min(next_wake, accumulator.next_expiry() - now, self._next_in_flight_expiry() - now)
+        if room and accumulator.has_queued():
+            # As the Java sender polls with no timeout while it has data to send: the next
+            # round now, for the batches this request had no place for (a partition's next
+            # one; a request's worth more). Else, with batches of a request each (records
+            # of 1 MB), only a response woke the sender: one request in flight. At acks=0
+            # no response wakes it at all.
+            return 0.0
         return max(next_wake, 0.0)
 
     def node_unavailable(self, node: int) -> bool:
@@ -287,10 +298,6 @@ class Sender:
             if not expect_response:
                 for batch in batches:
                     self._complete(batch, -1, -1)
-        if requests and not expect_response and self._accumulator.has_queued():
-            # At acks=0 no response wakes the sender for the batches queued behind these (a
-            # partition's next one, say): another round now, which finds what is sendable.
-            self.wake()
 
     def _on_produce_response(self, conn: BrokerConnection, batches: list[ProducerBatch],
                              written: float, response: dict[str, Any] | None,
