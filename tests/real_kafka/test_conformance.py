@@ -69,25 +69,26 @@ async def test_idempotence_with_five_requests_in_flight(apache_kafka, make_topic
 
 
 async def test_enqueue_many_full_batches_share_requests_in_order_once(apache_kafka, make_topic):
-    """Keyless records of one enqueue_many call, idempotent, five requests in flight: the full
-    batches go several to a request (Kafka takes one batch a partition per request), and
-    each record is stored once, in the order of the call within its partition."""
+    """Keyless records of one enqueue_many call: the full batches go several to a request
+    (Kafka takes one batch a partition per request, and refuses a request with two), and each
+    record is stored once, in the order of the call within its partition. At acks=0 the
+    request count does not hang on the broker's speed (no response is awaited)."""
     topic = make_topic(partitions=6)
     n = 30_000
     values = [b"%06d" % i + bytes(94) for i in range(n)]
-    async with Producer(apache_kafka.bootstrap, enable_idempotence=True, batch_size=4096,
-                        max_in_flight_requests_per_connection=5, linger_ms=1000) as producer:
-        metadata = await (await producer.enqueue_many(topic, [(None, v) for v in values]))
+    async with Producer(apache_kafka.bootstrap, acks=0, batch_size=4096,
+                        linger_ms=1000) as producer:
+        await producer.enqueue_many(topic, [(None, v) for v in values])
+        await producer.flush()
         metrics = producer.metrics()
+        # Read back before closing: close() drops what the transport has not written yet.
+        got = await asyncio.to_thread(consume_all, apache_kafka.bootstrap, topic, n)
     assert metrics.batches_sent >= 2.5 * metrics.produce_requests, (
         f"{metrics.produce_requests} requests for {metrics.batches_sent} batches")
-    got = consume_all(apache_kafka.bootstrap, topic, expected=n)
-    stored = {(r.partition, r.offset): r.value for r in got}
-    assert len(got) == len(stored) == n
-    assert [stored[(md.partition, md.offset)] for md in metadata] == values
+    assert sorted(r.value for r in got) == values  # each once
     for p in range(6):
-        offsets = [md.offset for md in metadata if md.partition == p]
-        assert offsets == list(range(len(offsets)))
+        in_partition = [r.value for r in got if r.partition == p]
+        assert in_partition == sorted(in_partition)  # in the order of the call
 
 
 async def test_a_producer_byte_rate_quota_throttles_and_is_honoured(apache_kafka, make_topic,
