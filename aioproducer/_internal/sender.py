@@ -7,7 +7,8 @@ one ProduceRequest per broker. It never waits for a response: the response's cal
 completes the batches (or re-queues them with backoff, splits one the broker found too large,
 or fails them) and wakes the task.
 Between rounds it sleeps until the earliest deadline (linger, retry backoff, delivery
-timeout, reconnect, metadata age) or until something wakes it.
+timeout, reconnect, metadata age) or until something wakes it; not at all while a broker it
+wrote to has room for another request and batches are queued.
 
 The requests are written last, after the round's bookkeeping and the next wake-up are set:
 the broker a write wakes can be scheduled on this process's core, and then it waits until
