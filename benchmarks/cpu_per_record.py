@@ -1,11 +1,14 @@
 """aioproducer's CPU per record, in this process: enqueue + gather and enqueue_many (and, with
---shapes send, `gather(*(send(...) ...))`), on an embedded broker (the least load-sensitive
+--shapes send, `gather(*(send(...) ...))`; with --shapes yielding, enqueue + gather yielding
+to the loop every 100 records, as a service's tasks do: at many partitions the sender then
+drains a batch of one record per partition, so it measures the cost of a batch), on an
+embedded broker (the least load-sensitive
 figure on a shared machine: the process's CPU seconds over the produce phase, not wall
 time). --profile SHAPE prints a cProfile of that shape's first round (thread CPU time)
 instead of timing it.
 
     python benchmarks/cpu_per_record.py PARTITIONS [RECORDS] [--size B] [--rounds N]
-        [--shapes gather,bulk,send] [--profile gather|bulk|send] [--asyncio] [--batch-size B]
+        [--shapes gather,bulk,send,yielding] [--profile gather|bulk|send|yielding] [--asyncio] [--batch-size B]
 """
 import argparse, asyncio, cProfile, os, pstats, sys, time
 from aioproducer import Producer
@@ -41,7 +44,16 @@ async def bulk(producer, topic):
 async def send(producer, topic):
     await asyncio.gather(*(producer.send(topic, v, k) for k, v in data))
 
-SHAPES = {"gather": gather, "bulk": bulk, "send": send}
+
+async def yielding(producer, topic):
+    futs = []
+    for i, (k, v) in enumerate(data):
+        futs.append(await producer.enqueue(topic, v, k))
+        if i % 100 == 99:
+            await asyncio.sleep(0)
+    await asyncio.gather(*futs)
+
+SHAPES = {"gather": gather, "bulk": bulk, "send": send, "yielding": yielding}
 
 
 async def one(bootstrap, topic, shape, profile):
@@ -56,8 +68,11 @@ async def one(bootstrap, topic, shape, profile):
         if profile:
             prof.disable()
         used = time.process_time() - cpu
+        batches.append(producer.metrics().batches_sent)
     return used / args.records * 1e6, (prof if profile else None)
 
+
+batches = []  # acknowledged per round
 
 with EmbeddedBroker() as broker:
     n = 0
@@ -77,5 +92,6 @@ with EmbeddedBroker() as broker:
             results.sort()
             print(f"{IMPLEMENTATION} p{args.partitions} s{args.size} {shape}: us CPU/record "
                   f"median {results[len(results)//2]:.2f} min {results[0]:.2f} "
-                  f"({', '.join(f'{x:.2f}' for x in results)}) load {os.getloadavg()[0]:.1f}",
+                  f"({', '.join(f'{x:.2f}' for x in results)}) {batches[-1]} batches load "
+                  f"{os.getloadavg()[0]:.1f}",
                   flush=True)

@@ -3,11 +3,12 @@
     python benchmarks/spark_task_cpu.py --pairs 8
 
 Against one 1-node Apache Kafka, in one process, in pairs (the order alternating): the task's
-code, `write_partition()` over 50 Arrow batches of 10,000 rows of 100 B (Arrow -> a bytes
-object per cell -> a (None, value) tuple per row -> `enqueue_many()`), and the same producer
-fed the same tuples built before the clock starts: the most a columnar `enqueue_many()` (one
-that reads Arrow's buffers, with no Python object per row) could save. Prints the process's
-CPU time per row of each, and their ratio per pair. Settings as benchmarks/spark.py's.
+code, `write_partition()` over 50 Arrow batches of 10,000 rows of 100 B (Arrow's key and value
+buffers handed to `enqueue_many()` as the speed-up's Columns, read where they lie; before,
+a bytes object per cell and a (None, value) tuple per row), and the same producer fed
+(None, value) tuples built before the clock starts (the per-row objects' cost left out).
+Prints the process's CPU time per row of each, and their ratio per pair. Settings as
+benchmarks/spark.py's.
 """
 
 from __future__ import annotations

@@ -61,6 +61,25 @@ async def test_gather_of_sends_past_buffer_memory_arrives_whole_and_in_order(pro
     assert producer.metrics().buffer_memory_available == producer.config.buffer_memory
 
 
+async def test_records_served_from_the_line_fill_whole_batches(broker, topic):
+    """Sends gathered past buffer_memory wait in line, and the batches the line's records go
+    into grow to batch_size as memory allows: they stayed at a new batch's first 1 KiB while
+    anyone waited (nine records of 100 B a batch, a request and a response each), and 500k
+    sends gathered at once went at 0.6x the speed (35k batches, not 5k)."""
+    records, batch_size = 6000, 16384
+    async with Producer(broker.bootstrap, batch_size=batch_size, buffer_memory=8 * batch_size,
+                        linger_ms=5) as producer:
+        sends = [producer.send(topic, b"%05d" % i + b"v" * 95, partition=0)
+                 for i in range(records)]
+        assert producer.metrics().waiting_for_memory > 0, "no record waited: proves nothing"
+        metadata = await asyncio.wait_for(asyncio.gather(*sends), 60)
+        batches = producer.metrics().batches_sent
+    assert [m.offset for m in metadata] == list(range(records))
+    per_batch = records / batches
+    # A full batch holds ~150 of these records; the line's first 1 KiB, 9.
+    assert per_batch >= 50, f"{batches} batches for {records} records: {per_batch:.0f} each"
+
+
 async def test_a_send_cancelled_in_line_is_not_sent_and_the_rest_are(proxied_broker):
     """Cancelled while it waits for memory (its future, or every task awaiting it), a send()
     buffered nothing: it is not sent, like a coroutine cancelled before it buffered. The

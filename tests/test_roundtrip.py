@@ -9,6 +9,7 @@ import random
 import pytest
 
 from aioproducer import Producer, RecordMetadata
+from tests.support.columns import columns_of
 from tests.support.readback import (
     assert_contiguous_sequences,
     consume_all,
@@ -220,6 +221,38 @@ async def test_enqueue_many_bad_record_keeps_what_was_accepted(broker, topic):
         assert len(accepted) == 2
         assert [md.offset for md in await accepted] == [0, 1]
     assert [r.value for r in consume_all(broker.bootstrap, topic, 2)] == [b"a", b"b"]
+
+
+async def test_enqueue_many_reads_columns_where_they_lie(broker, topic_factory):
+    """Records given as the speed-up's Columns (keys and values in Arrow's binary layout, as
+    the Spark data source hands them over) arrive as the cells held them: keyed ones in the
+    Java client's partitions, null keys and values, empty ones, across many batches. A record
+    that cannot be sent ends the call as a bad tuple would: the records before it stay
+    buffered and are delivered, and `accepted` holds them."""
+    from aioproducer._speedups import Columns
+    from aioproducer.errors import RecordTooLargeError
+
+    topic, rng = topic_factory(PARTITIONS), random.Random(9)
+    pairs = [(None if i % 7 == 0 else KEYS[i % len(KEYS)],
+              None if i % 500 == 3 else b"" if i % 500 == 5 else b"col-%d" % i)
+             for i in range(20_000)]
+    async with Producer(broker.bootstrap, batch_size=4096, max_request_size=100_000
+                        ) as producer:
+        bulk = await producer.enqueue_many(topic, columns_of(Columns, rng, pairs))
+        metadata = list(await bulk)
+        too_large = [(None, b"first"), (None, b"second"), (None, b"x" * 200_000), (None, b"4")]
+        with pytest.raises(RecordTooLargeError) as caught:
+            await producer.enqueue_many(topic, columns_of(Columns, rng, too_large))
+        assert len(caught.value.accepted) == 2
+        metadata += await caught.value.accepted
+    got = {(r.partition, r.offset): r for r in consume_all(broker.bootstrap, topic, 20_002)}
+    assert len(got) == len(metadata) == 20_002
+    expected = partition_for_key_librdkafka(broker.bootstrap, topic_factory(PARTITIONS), KEYS)
+    for (key, value), md in zip(pairs + too_large[:2], metadata):
+        record = got[(md.partition, md.offset)]
+        assert (record.key, record.value) == (key, value)
+        if key is not None:
+            assert md.partition == expected[KEYS.index(key)]
 
 
 async def test_enqueue_many_takes_pairs_of_any_bytes_like(broker, topic):

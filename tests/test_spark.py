@@ -240,6 +240,83 @@ def test_batch_write_in_transactions(spark, progress, broker, topic_factory):
     assert progress.bytes.value - bytes_before == 2 * sum(len(str(i)) for i in range(500))
 
 
+@pytest.mark.usefixtures("progress")
+@pytest.mark.parametrize("large", [False, True], ids=["string", "large string"])
+def test_keys_and_values_arrive_as_the_rows_held_them(spark, broker, topic_factory, large):
+    """The key and value path (Spark's Arrow columns read by the producer where they lie):
+    null keys, keys placed by murmur2 as the Java client places them, null values (tombstones), empty ones, UTF-8 strings, binary values; with
+    Spark's Arrow strings and, with spark.sql.execution.arrow.useLargeVarTypes, its large
+    strings (8-byte offsets)."""
+    from pyspark.sql import functions as F
+
+    from aioproducer._speedups import partition_for_key
+
+    topic, rows = topic_factory(3), 2000
+    df = spark.range(rows, numPartitions=2).select(
+        F.when(F.col("id") % 4 == 0, F.lit(None))
+         .otherwise(F.concat(F.lit("ключ-"), F.col("id").cast("string"))).alias("key"),
+        F.when(F.col("id") % 5 == 0, F.lit(None)).when(F.col("id") % 5 == 1, F.lit(""))
+         .otherwise(F.concat(F.lit("v"), F.col("id").cast("string"))).cast("binary")
+         .alias("value"))
+    setting = "spark.sql.execution.arrow.useLargeVarTypes"
+    before = spark.conf.get(setting, None)
+    spark.conf.set(setting, str(large).lower())
+    try:
+        _write(df, broker.bootstrap, topic=topic)
+    finally:
+        if before is None:
+            spark.conf.unset(setting)
+        else:
+            spark.conf.set(setting, before)
+    got = consume_all(broker.bootstrap, topic, expected=rows, timeout=60)
+    assert len(got) == rows
+    by_id = {}
+    for r in got:
+        if r.key is not None:
+            n = int(r.key.decode().removeprefix("ключ-"))
+            assert r.partition == partition_for_key(r.key, 3)
+        else:
+            n = None
+        by_id.setdefault(n, []).append(r)
+    assert sorted(n for n in by_id if n is not None) == [i for i in range(rows) if i % 4]
+    for n, [r] in ((n, rs) for n, rs in by_id.items() if n is not None):
+        assert r.value == (None if n % 5 == 0 else b"" if n % 5 == 1 else b"v%d" % n)
+    keyless = by_id[None]
+    assert len(keyless) == rows // 4
+    assert sum(r.value is None for r in keyless) == rows // 20  # ids 0, 20, 40, ...
+
+
+def test_key_and_value_columns_are_read_in_arrow_layout():
+    """Spark's Arrow key and value columns as the producer reads them: string (as UTF-8) and
+    binary, their large types, a slice of a batch, nulls; other Arrow types (a view) cast."""
+    import pyarrow as pa
+
+    from aioproducer.config import ProducerConfig
+    from aioproducer.integrations.spark import WritePlan, _key_value_columns
+
+    keys = ["é", None, "", "k3", None, "k5"]
+    values = [b"v0", b"", None, b"v3", b"v4", None]
+    expected = [(None if k is None else k.encode(), v) for k, v in zip(keys, values)]
+    plan = WritePlan(ProducerConfig.from_properties({"bootstrap.servers": "127.0.0.1:9"}), "t",
+                     frozenset({"key"}))
+    types = [(pa.string(), pa.binary()), (pa.large_string(), pa.large_binary()),
+             (pa.binary(), pa.string())]
+    for key_type, value_type in types:
+        value_cells = [None if v is None else v.decode() for v in values] \
+            if pa.types.is_string(value_type) else values
+        batch = pa.record_batch([pa.array(keys, key_type), pa.array(value_cells, value_type)],
+                                names=["key", "value"])
+        assert list(_key_value_columns(batch, plan)) == expected
+        assert list(_key_value_columns(batch.slice(2, 3), plan)) == expected[2:5]
+    view = pa.record_batch([pa.array(keys).cast(pa.string_view()),
+                            pa.array(values).cast(pa.binary_view())], names=["key", "value"])
+    assert list(_key_value_columns(view, plan)) == expected
+    no_nulls = pa.record_batch([pa.array(["a", "b"]), pa.array([b"x", b"y"])],
+                               names=["key", "value"])
+    assert list(_key_value_columns(no_nulls, WritePlan(plan.config, "t", frozenset()))) == \
+        [(None, b"x"), (None, b"y")]
+
+
 @pytest.mark.parametrize("columns, exactly_once", [((), False), (("partition",), True)],
                          ids=["key and value", "per row, in a transaction"])
 def test_records_are_sent_while_spark_computes_the_next_batch(broker, topic, columns,

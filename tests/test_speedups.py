@@ -8,6 +8,7 @@ again with AIOPRODUCER_PURE_PYTHON=1.
 
 from __future__ import annotations
 
+import array
 import asyncio
 import collections
 import contextvars
@@ -28,6 +29,7 @@ from aioproducer.errors import CorruptMessageError
 from aioproducer.protocol import messages
 from aioproducer.protocol.messages import ApiKey
 from aioproducer.protocol.primitives import compile_writer
+from tests.support.columns import columns_of
 
 try:
     from aioproducer._speedups import _c
@@ -219,6 +221,91 @@ def test_append_many_outcomes(impl):
     assert (index, status, partition) == (0, impl.NEEDS_BATCH, 4)
     with pytest.raises(ValueError):
         impl.append_many([], 0, [None], [None, None], -1, -1, 0, [], bytearray())
+
+
+# -- Columns: enqueue_many's records in Arrow's binary layout ---------------------------------
+
+def _columns(impl, rng: random.Random, pairs: list, keyless: bool = False):
+    return columns_of(impl.Columns, rng, pairs, keyless)
+
+
+def _random_pairs(rng: random.Random, count: int, keys: list) -> list:
+    return [(rng.choice(keys), rng.choice([None, b"", rng.randbytes(rng.randrange(1, 200))]))
+            for _ in range(count)]
+
+
+@pytest.mark.parametrize("impl", BOTH, ids=["python", "c"])
+def test_columns_are_the_rows_they_lay_out(impl):
+    """Read where they lie: each row's key and value as bytes, None for a null cell (whatever
+    bytes it spans), "" for an empty one, from the slice's own rows, with 4- or 8-byte
+    offsets; without a key column every key is None. A sequence, as enqueue_many takes."""
+    rng = random.Random(3)
+    for _ in range(40):
+        pairs = _random_pairs(rng, rng.randrange(0, 60), [None, b"", b"k", rng.randbytes(20)])
+        columns = _columns(impl, rng, pairs)
+        assert len(columns) == len(pairs)
+        assert list(columns) == [columns[i] for i in range(len(pairs))] == pairs
+        if pairs:
+            assert columns[-1] == pairs[-1]
+        with pytest.raises(IndexError):
+            columns[len(pairs)]
+        keyless = _columns(impl, rng, pairs, keyless=True)
+        assert list(keyless) == [(None, v) for _, v in pairs]
+
+
+@pytest.mark.parametrize("impl", BOTH, ids=["python", "c"])
+def test_columns_refuse_buffers_they_would_read_past(impl):
+    """Checked when made, so that the compiled loop never reads outside a buffer: offsets
+    that fall, start below 0 or end past the data; buffers too short for the rows; a bad
+    offset size or first row; what is not a column or not a buffer."""
+    offsets = array.array("i", [0, 2, 5]).tobytes()
+    good = (None, offsets, b"abcde", 0, 4)
+    assert list(impl.Columns(2, good, good)) == [(b"ab", b"ab"), (b"cde", b"cde")]
+    for count, keys, values, error in [
+        (2, None, (None, array.array("i", [0, 3, 2]).tobytes(), b"abc", 0, 4), ValueError),
+        (2, None, (None, array.array("i", [-1, 0, 2]).tobytes(), b"abc", 0, 4), ValueError),
+        (2, None, (None, offsets, b"abcd", 0, 4), ValueError),  # past the data
+        (3, None, good, ValueError),  # offsets for 2 rows
+        (2, None, (None, offsets, b"abcde", 1, 4), ValueError),
+        (2, None, (b"", offsets, b"abcde", 0, 4), ValueError),  # no bitmap byte
+        (2, None, (None, offsets, b"abcde", 0, 2), ValueError),
+        (2, None, (None, offsets, b"abcde", -1, 4), ValueError),
+        (-1, None, good, ValueError),
+        (2, good, None, TypeError),
+        (2, good[:4], good, TypeError),
+        (2, None, [None, offsets, b"abcde", 0, 4], TypeError),
+        (2, None, (None, "text", b"abcde", 0, 4), TypeError),
+        (2, None, (None, offsets, b"abcde", 0.0, 4), TypeError),
+    ]:
+        with pytest.raises(error):
+            impl.Columns(count, keys, values)
+
+
+@needs_c
+def test_append_many_reads_columns_as_it_reads_tuples():
+    """The same records as Columns or as a list of tuples: the same batches, offset deltas,
+    record bytes and stops, in both implementations."""
+    rng = random.Random(17)
+    keys = [rng.randbytes(16) for _ in range(50)]
+    cases = [
+        ({}, _random_pairs(rng, 3000, keys + [b""])),
+        ({"fixed": 2}, _random_pairs(rng, 500, keys + [None])),
+        ({"sticky": 1}, _random_pairs(rng, 500, [None, keys[0]])),
+        ({"sticky": -1}, [(keys[1], b"v"), (None, b"v"), (keys[2], b"v")]),  # keyless: Python
+        ({"open_parts": {0, 1}}, [(k, b"v") for k in keys]),  # a partition without a batch
+        ({"limit": 300}, [(k, b"v" * 40) for k in keys]),  # a full batch
+    ]
+    for options, pairs in cases:
+        as_tuples = _run_append_many(_py, pairs, 6, **options)
+        for impl in (_c, _py):
+            got = _run_append_many(impl, _columns(impl, rng, pairs), 6, **options)
+            assert got == as_tuples, (impl.__name__, options)
+    keyless = _random_pairs(rng, 500, [None])
+    for impl in (_c, _py):
+        assert _run_append_many(impl, _columns(impl, rng, keyless, keyless=True), 6,
+                                sticky=3) == _run_append_many(_py, keyless, 6, sticky=3)
+    with pytest.raises(TypeError):  # the other implementation's
+        _run_append_many(_c, _columns(_py, rng, keyless), 6, sticky=3)
 
 
 # -- the Produce codec: C for the common case, the generated codec for everything --------------
@@ -420,6 +507,107 @@ def test_record_fields_stay_untracked_only_while_their_batch_lists_them():
     in_cycle._callback = [in_cycle].append  # the future -> a list's method -> the future
     collected = weakref.ref(batch)
     del batch, in_cycle
+    gc.collect()
+    assert collected() is None
+
+
+@pytest.mark.parametrize("impl", BOTH, ids=["python", "c"])
+def test_a_writer_keeps_its_payload_and_codec(impl):
+    """What goes on the wire once sealed, kept by the writer (BatchWriter.close() sets it)."""
+    writer = impl.RecordWriter(0, 100)
+    assert (writer.payload, writer.codec) == (None, 0)
+    assert writer.try_append(0, None, b"v", None)
+    writer.payload, writer.codec = writer.seal(), 3
+    assert (bytes(writer.payload), writer.codec) == (_records_of(impl, b"v"), 3)
+    writer.payload = None
+    assert writer.payload is None
+
+
+def _records_of(impl, value: bytes) -> bytes:
+    writer = impl.RecordWriter(0, 100)
+    assert writer.try_append(0, None, value, None)
+    return bytes(writer.seal())
+
+
+def test_a_batch_writer_is_out_of_the_collectors_way():
+    """At many partitions there is a writer a record: it holds nothing that could lead back
+    to it, so the garbage collector need not walk it (the C one's)."""
+    from aioproducer.protocol.compression import Codec
+    from aioproducer.protocol.records import BatchWriter
+    writer = BatchWriter(0, 100)
+    assert writer.try_append(0, None, b"v", None)
+    writer.close(Codec.NONE)
+    compiled = _speedups.IMPLEMENTATION == "c"
+    assert gc.is_tracked(writer) is not compiled and writer.parts()[1] == writer.payload
+
+
+BATCH_STARTS = {"attempts": 0, "retry_at": 0.0, "base_sequence": -1, "producer_id": -1,
+                "producer_epoch": -1, "done": False, "full": False, "_waiters": None,
+                "_awaited": None, "_watchers": None, "_bulks": None, "pieces": None,
+                "parent": None, "first_delta": 0, "_untracked": []}
+
+
+async def test_an_acknowledged_batch_is_out_of_the_collectors_way():
+    """At many partitions the record futures users keep hold a batch each: one acknowledged
+    whole leads to nothing that leads back to it, and the garbage collector need not walk it
+    (the C one). A failed one, split one or piece stays tracked: a failure's traceback may
+    hold frames, and a split batch and its pieces hold each other."""
+    from aioproducer._internal.batch import ProducerBatch, RecordFuture
+    from aioproducer.protocol.records import BatchWriter
+    loop = asyncio.get_running_loop()
+
+    def batch() -> ProducerBatch:
+        return ProducerBatch((1,), "t", 0, BatchWriter(0, 100), loop.create_future(), 0.0,
+                             60.0, 0)
+
+    acked, failed, split = batch(), batch(), batch()
+    records = [RecordFuture(acked, 0, 0), RecordFuture(failed, 0, 0)]
+    acked.complete(5, -1)
+    failed.fail(RuntimeError("refused"))
+    pieces = [batch(), batch()]
+    split.split_into(pieces)
+    pieces[0].complete(7, -1)
+    compiled = _speedups.IMPLEMENTATION == "c"
+    assert gc.is_tracked(acked) is not compiled
+    assert gc.is_tracked(failed) and gc.is_tracked(pieces[0])
+    pieces[1].complete(8, -1)  # the split batch is done too, with its pieces
+    assert gc.is_tracked(split)
+    failed.complete(6, -1)  # (an answer after it expired: it stays failed, and tracked)
+    assert gc.is_tracked(failed)
+    assert (await records[0]).offset == 5 and (await asyncio.gather(records[0]))[0].offset == 5
+    with pytest.raises(RuntimeError):
+        await records[1]
+
+
+@pytest.mark.parametrize("impl", BOTH, ids=["python", "c"])
+def test_batch_fields_start_alike_and_hand_the_reservation_to_the_writer(impl):
+    class Batch(impl.BatchFields):
+        __slots__ = ()
+
+    writer, future = impl.RecordWriter(0, 100), object()
+    batch = Batch((3, 1), "t", 2, writer, future, 1.5, 61.5, 1024)
+    assert writer.reserved == 1024  # the writer counts the memory the batch holds
+    given = {"number": (3, 1), "topic": "t", "partition": 2, "writer": writer,
+             "future": future, "created": 1.5, "deadline": 61.5}
+    assert {name: getattr(batch, name) for name in {**given, **BATCH_STARTS}} == \
+        {**given, **BATCH_STARTS}
+    assert type(batch.retry_at) is float and type(batch.done) is bool
+    other = Batch((4,), "t", 0, impl.RecordWriter(0, 100), future, 0.0, 0.0, 0)
+    assert other._untracked == [] and other._untracked is not batch._untracked
+    batch.attempts, batch.pieces, batch._untracked = 2, [other], None
+    assert (batch.attempts, batch.pieces, batch._untracked) == (2, [other], None)
+    assert not hasattr(batch, "__dict__")  # slots only
+    with pytest.raises(TypeError):
+        Batch((5,), "t", 0, writer, future, 0.0, 0.0)
+    # A future of a record in it registers in its list (the C one reads the slot), and a
+    # cycle through its fields is collected.
+    records = _future_class(impl)(other, 0, 0)
+    assert other._untracked == [records] or impl is _py
+    other._untracked = None  # (as when it is done: the list and its futures go)
+    marker = _Batch(None)
+    marker.batch, other.parent = other, marker
+    collected = weakref.ref(marker)
+    del marker, other, records, batch  # (batch.pieces holds other)
     gc.collect()
     assert collected() is None
 
@@ -659,7 +847,7 @@ class _Started:
 
 
 def _appender(impl, parts, *, ready=True, python_only=False, partition_in_python=False,
-              check_can_send=None):
+              check_can_send=None, open_new=None):
     later_calls: list = []
 
     def later(*args, **kwargs):
@@ -669,7 +857,7 @@ def _appender(impl, parts, *, ready=True, python_only=False, partition_in_python
     appender = impl.Appender(later, _future_class(impl), ready, parts, "started",
                              lambda: 1700000000.1234, python_only, partition_in_python)
     assert appender("t", b"v") == "later" and later_calls.pop() == (("t", b"v"), {})
-    appender.attach(parts, parts, check_can_send, lambda topic, leaders: 2)
+    appender.attach(parts, parts, check_can_send, lambda topic, leaders: 2, open_new)
     return appender, later_calls
 
 
@@ -725,6 +913,51 @@ async def test_the_appender_appends_the_common_case_and_hands_on_the_rest(impl):
 
 def _raises():
     raise RuntimeError("not in a transaction")
+
+
+@pytest.mark.parametrize("impl", BOTH, ids=["python", "c"])
+async def test_the_appender_opens_a_batch_where_a_placed_record_has_none(impl):
+    """A keyed record, or one given its partition, whose partition has no open batch goes
+    into a new one from open_new (at many partitions, one record a batch): no Python path.
+    Where open_new opens none (memory short, say) or raises, and for a keyless record (the
+    sticky partitioner moves on with a new batch) or a full open batch (closed first), the
+    record goes to `later`, which does it all."""
+    parts = _Started(impl, asyncio.get_running_loop())
+    parts.appendable["t"][1][0] = None  # partition 0: no open batch
+    parts.appendable["t"][1][2] = None  # nor 2, the sticky one
+    opened: list = []
+    outcome: list = ["new-batch"]
+
+    def open_new(*args):
+        opened.append(args)
+        if isinstance(outcome[0], Exception):
+            raise outcome[0]
+        return outcome[0]
+
+    appender, later_calls = _appender(impl, parts, open_new=open_new)
+    future = await appender("t", b"v", partition=0, timestamp_ms=5)
+    assert (future._batch, future._offset_delta, future._timestamp) == ("new-batch", 0, 5)
+    assert opened.pop() == ("t", 0, None, b"v", 5, 3) and not later_calls
+    key = next(k for k in (b"a", b"b", b"c", b"d", b"e", b"f")
+               if impl.partition_for_key(k, 3) in (0, 2))
+    placed = impl.partition_for_key(key, 3)
+    sending, sent_later = _appender(impl, parts, ready=False, open_new=open_new)
+    future = sending("t", b"w", key)  # send(): the future itself
+    assert (future._batch, future._offset_delta, future._timestamp) == \
+        ("new-batch", 0, 1700000000123)
+    assert opened.pop() == ("t", placed, key, b"w", 1700000000123, 3) and not sent_later
+    for refusal in (None, RuntimeError("short of memory")):
+        outcome[0] = refusal
+        assert appender("t", b"v", partition=0) == "later"
+        assert opened.pop()[:2] == ("t", 0) and later_calls.pop() == (("t", b"v"),
+                                                                     {"partition": 0})
+    outcome[0] = "new-batch"
+    assert appender("t", b"v") == "later"  # keyless: the sticky partition (2) has none
+    assert (await appender("t", b"v", partition=1))._batch == "batch-1"
+    assert appender("t", b"v" * 300, partition=1) == "later"  # the open batch is full
+    assert not opened and len(later_calls) == 2
+    with_none, later_calls = _appender(impl, parts)  # no opener: `later`, as before
+    assert with_none("t", b"v", partition=0) == "later" and len(later_calls) == 1
 
 
 @pytest.mark.parametrize("impl", BOTH, ids=["python", "c"])

@@ -20,7 +20,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Generator, Iterator, NamedTuple, \
     Sequence, TypeAlias, Union, overload
 
-from .._speedups import RecordFields, new_tuple, run_callbacks, watch_batches
+from .._speedups import BatchFields, RecordFields, new_tuple, run_callbacks, watch_batches
 
 if TYPE_CHECKING:
     from ..protocol.records import BatchWriter
@@ -46,48 +46,47 @@ _HeldContext: TypeAlias = Union[contextvars.Context, tuple[contextvars.Context]]
 _new_metadata = new_tuple  # RecordMetadata(...) without NamedTuple's Python-level __new__
 
 
-class ProducerBatch:
-    """Records bound for one partition, sent and acknowledged together."""
+class ProducerBatch(BatchFields):
+    """Records bound for one partition, sent and acknowledged together. Its fields are
+    BatchFields' (`_speedups`: set in one C call where compiled, as at many partitions a
+    batch may hold one record): made with (number, topic, partition, writer, future,
+    created, deadline, reserved), the rest at their starting values."""
 
     # Batches failed in this process: a BulkFuture looks for its records' failure only if
     # this moved while they were pending (a scan of its batches per call was per record).
     failures: ClassVar[int] = 0
 
-    __slots__ = (
-        "number", "topic", "partition", "writer", "future", "created", "deadline",
-        "attempts", "retry_at", "base_sequence", "producer_id", "producer_epoch", "done",
-        "full", "_waiters", "_awaited", "_watchers", "_bulks", "pieces", "parent", "first_delta",
-        "_untracked",
-    )
+    __slots__ = ()
 
-    def __init__(self, number: tuple[int, ...], topic: str, partition: int, writer: BatchWriter,
-                 future: asyncio.Future[tuple[int, int]], created: float, deadline: float,
-                 reserved: int) -> None:
-        self.number = number  # creation order (a piece's: its batch's, then its index)
-        self.topic = topic
-        self.partition = partition
-        self.writer = writer
-        self.future = future
-        self.created = created
-        self.deadline = deadline  # delivery_timeout_ms after creation
-        writer.reserved = reserved  # bytes held of buffer_memory (the writer grows it)
-        self.attempts = 0
-        self.retry_at = 0.0
-        self.base_sequence = -1
-        self.producer_id = -1
-        self.producer_epoch = -1
-        self.done = False
-        self.full = False  # a record did not fit: closed for appends, sendable now
+    if TYPE_CHECKING:
+        number: tuple[int, ...]  # creation order (a piece's: its batch's, then its index)
+        topic: str
+        partition: int
+        writer: BatchWriter
+        future: asyncio.Future[tuple[int, int]]
+        created: float
+        deadline: float  # delivery_timeout_ms after creation
+        attempts: int
+        retry_at: float
+        base_sequence: int
+        producer_id: int
+        producer_epoch: int
+        done: bool
+        full: bool  # a record did not fit: closed for appends, sendable now
         # A future per task awaiting a record, and the record: _waiters[i] awaits _awaited[i].
-        self._waiters: list[asyncio.Future[RecordMetadata]] | None = None
-        self._awaited: list[RecordFuture] | None = None
-        self._watchers: list[RecordFuture] | None = None  # records' futures with callbacks
-        self._bulks: list[BulkFuture] | None = None  # enqueue_many futures with records here
-        self.pieces: list[ProducerBatch] | None = None  # what it was split into, in order
-        self.parent: ProducerBatch | None = None  # the batch this is a piece of
-        self.first_delta = 0  # offset delta of this piece's first record in its parent
+        _waiters: list[asyncio.Future[RecordMetadata]] | None
+        _awaited: list[RecordFuture] | None
+        _watchers: list[RecordFuture] | None  # records' futures with callbacks
+        _bulks: list[BulkFuture] | None  # enqueue_many futures with records here
+        pieces: list[ProducerBatch] | None  # what it was split into, in order
+        parent: ProducerBatch | None  # the batch this is a piece of
+        first_delta: int  # offset delta of this piece's first record in its parent
         # Its records' futures, kept from the garbage collector until it fails (see _c.c).
-        self._untracked: list[RecordFuture] | None = []
+        _untracked: list[RecordFuture] | None
+
+        def __init__(self, number: tuple[int, ...], topic: str, partition: int,
+                     writer: BatchWriter, future: asyncio.Future[tuple[int, int]],
+                     created: float, deadline: float, reserved: int) -> None: ...
 
     def __repr__(self) -> str:
         return (f"<ProducerBatch {self.topic}-{self.partition} records={self.writer.count} "
@@ -244,11 +243,17 @@ class ProducerBatch:
         self.done = True
         self._untracked = None
         self.writer.free()
-        if not self.future.done():
+        acked = not self.future.done()  # (else it failed already: expired in flight)
+        if acked:
             self.future.set_result((base_offset, log_append_time))
         self._wake_watchers()
         if self.parent is not None:
             self.parent._piece_done()
+        elif acked and self.pieces is None:
+            # Nothing of it leads back to it now: out of the garbage collector's way (users
+            # keep the record futures, which hold their batches: at 10,000 partitions there
+            # may be a batch a record, and walking them was most of the collector's work).
+            self._untrack()
 
     def fail(self, exc: BaseException) -> None:
         self.done = True

@@ -24,7 +24,7 @@ from ..errors import InvalidRecordError, RecordTooLargeError
 from ..hooks import DeliveryCallback
 from ..protocol.records import Headers, record_size_upper_bound
 from ..serializers import MutableHeaders
-from .._speedups import DONE, NEEDS_BATCH, Appender, append_many, append_record
+from .._speedups import DONE, NEEDS_BATCH, Appender, Columns, append_many, append_record
 from .accumulator import RecordAccumulator
 from .arguments import BYTES_TYPES, as_bytes, bad_partition, check_topic_name, \
     checked_headers, checked_timestamp, encode_checked_headers, iterate_records, serialize, \
@@ -96,7 +96,7 @@ class RecordIntake:
         for appender in self._appenders:
             appender.attach(cluster, accumulator,
                             None if self._txn is None else self._txn.check_can_send,
-                            self._partitioner.partition)
+                            self._partitioner.partition, self.open_new)
 
     # -- the verbs' entries ----------------------------------------------------------------
 
@@ -292,6 +292,10 @@ class RecordIntake:
             if partition is not None and (type(partition) is not int or
                                           not 0 <= partition < count):
                 raise bad_partition(topic, partition, count)
+            if type(records) is Columns:  # read where they lie, all in one go
+                await self._append_many(topic, records, count, partition, timestamp_ms,
+                                        out_batches, out_deltas)
+                return BulkFuture(out_batches, out_deltas, stamp, failures)
             # In chunks, so a generator of any length is fine; a list is read as the call goes.
             iterator = iterate_records(records)
             while chunk := list(itertools.islice(iterator, _CHUNK)):
@@ -480,7 +484,7 @@ class RecordIntake:
                                             headers, memory, count, False)
         return await self._append_in_turn(waiting)
 
-    async def _append_many(self, topic: str, records: list[Any], count: int,
+    async def _append_many(self, topic: str, records: list[Any] | Columns, count: int,
                            partition: int | None, timestamp_ms: int,
                            out_batches: list[ProducerBatch], out_deltas: bytearray) -> None:
         """Hand the records to the speed-up's loop; take over where it stops (a new batch is
@@ -520,8 +524,8 @@ class RecordIntake:
                 if status == NEEDS_BATCH and known:
                     key, value = records[index]  # (the loop checked: bytes or None)
                     if key is not None or fixed >= 0:  # (a sticky one may move: see append)
-                        opened = self._open_for_many(topic, placed, key, value, timestamp_ms,
-                                                     count)
+                        opened = self.open_new(topic, placed, key, value, timestamp_ms,
+                                               count)
                         if opened is not None:
                             out_batches.append(opened)
                             out_deltas += _DELTA.pack(0)
@@ -544,14 +548,14 @@ class RecordIntake:
             out_deltas += _DELTA.pack(delta)
             index += 1
 
-    def _open_for_many(self, topic: str, partition: int, key: bytes | None,
-                       value: bytes | None, timestamp_ms: int, count: int
-                       ) -> ProducerBatch | None:
-        """A new batch for a record enqueue_many's loop placed (bytes, its partition keyed or
-        given) where the partition has none open, if the memory is free: append()'s work
-        without the checks the loop made. (At 10,000 partitions a call opens a batch every
-        record or two, and a whole append() cost ~10 us each.) None: append() takes the
-        record (to raise, or to wait in line)."""
+    def open_new(self, topic: str, partition: int, key: bytes | None, value: bytes | None,
+                 timestamp_ms: int, count: int) -> ProducerBatch | None:
+        """A new batch for a record that enqueue_many's loop or the Appender (enqueue(),
+        send()) placed (bytes, no headers, its partition keyed or given) where the partition
+        has none open, if the memory is free: append()'s work without the checks they made.
+        (At 10,000 partitions a batch is opened every record or two, one a record when the
+        producer yields to the loop often, and a whole append() cost ~10 us each.) None,
+        having done nothing: append() takes the record (to raise, or to wait in line)."""
         lifecycle = self._lifecycle
         if lifecycle.state is not STARTED:
             return None

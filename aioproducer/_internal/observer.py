@@ -1,8 +1,9 @@
 """The observer: what each batch and request came to, counted per topic and in histograms
 for `Producer.metrics()`, and told to the user's hooks (`aioproducer.hooks`).
 
-Called once per batch outcome, retry, throttle and produce response, never per record
-(a record's `on_send` is the intake's), so it costs the hot path nothing.
+Called once per response's acknowledged batches, batch failure, retry, throttle and produce
+response, never per record (a record's `on_send` is the intake's), so it costs the hot path
+nothing.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import logging
 from typing import Any, Callable, Sequence
 
 from ..hooks import HOOK_METHODS, DeliveryCallback, ProducerHooks
-from .batch import RecordMetadata
+from .batch import ProducerBatch, RecordMetadata
 from .metrics import LATENCY_BOUNDS_S, Histogram, TopicMetrics
 
 log = logging.getLogger("aioproducer.hooks")  # hooks' and delivery callbacks' errors
@@ -59,6 +60,13 @@ class Window:
         self.sum += value
         if value > self.max:
             self.max = value
+
+    def observe_many(self, count: int, total: float, most: float) -> None:
+        """`count` values of sum `total` and maximum `most` (a request's batches)."""
+        self.count += count
+        self.sum += total
+        if most > self.max:
+            self.max = most
 
     def take(self) -> tuple[int, float, float]:
         """(count, sum, max) since the last take, and start again."""
@@ -114,15 +122,28 @@ class Observer:
             counts = self._topics[topic] = _Counts()
         return counts
 
-    def acked(self, topic: str, partition: int, base_offset: int, record_count: int,
-              size: int, latency_s: float) -> None:
-        counts = self._counts(topic)
-        counts.records_sent += record_count
-        counts.batches_sent += 1
-        counts.bytes_sent += size
-        self._record_latency.observe(latency_s)
-        for hook in self._on_ack:
-            _call(hook, topic, partition, base_offset, record_count, latency_s)
+    def acked(self, batches: list[ProducerBatch], now: float) -> None:
+        """Batches acknowledged (by one response, most often): counted in one call, not one
+        per batch, as with 10,000 partitions a batch may hold a single record."""
+        topics, on_ack = self._topics, self._on_ack
+        histogram = self._record_latency
+        buckets, total = histogram.counts, 0.0
+        for batch in batches:
+            topic, writer = batch.topic, batch.writer
+            counts = topics.get(topic)
+            if counts is None:
+                counts = self._counts(topic)
+            record_count = writer.count
+            counts.records_sent += record_count
+            counts.batches_sent += 1
+            counts.bytes_sent += writer.size
+            latency_s = now - batch.created
+            buckets[bisect.bisect_left(LATENCY_BOUNDS_S, latency_s)] += 1
+            total += latency_s
+            for hook in on_ack:
+                _call(hook, topic, batch.partition, batch.future.result()[0], record_count,
+                      latency_s)
+        histogram.sum += total
 
     def failed(self, topic: str, partition: int, record_count: int,
                error: BaseException) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import itertools
 import logging
 import time
 from functools import partial
@@ -75,8 +76,11 @@ class Sender:
         # their record batches).
         self._unwritten: list[tuple[BrokerConnection, dict[str, Any], list[ProducerBatch],
                                     int]] = []
-        # (deadline, creation number, batch) of each send; may hold batches already done.
-        self._expiry_heap: list[tuple[float, tuple[int, ...], ProducerBatch]] = []
+        # (earliest deadline, number, batches) of each request, or of what remains of one
+        # after an expiry; may hold batches no longer in flight. One entry per request, not
+        # per batch: at 10,000 partitions a batch may hold one record.
+        self._expiry_heap: list[tuple[float, int, list[ProducerBatch]]] = []
+        self._expiry_numbers = itertools.count()
         self._acks = config.acks
         self._send_at_once = config.linger_ms == 0 and config.acks != 0
         self._retry_backoff = config.retry_backoff_ms / 1000
@@ -256,9 +260,16 @@ class Sender:
         topic_data: dict[str, list[dict[str, Any]]] = {}
         size = 0
         now = self._loop.time()
-        queue_time = self._observer.queue_time
+        in_flight = self._in_flight
+        waited_most = waited = 0.0  # the batches' time in the accumulator: one count per request
+        earliest = float("inf")
         for batch in batches:
-            queue_time.observe(now - batch.created)
+            if batch.deadline < earliest:
+                earliest = batch.deadline
+            queued = now - batch.created
+            waited += queued
+            if queued > waited_most:
+                waited_most = queued
             if txn is not None:
                 records = batch.writer.parts(producer_id=batch.producer_id,
                                              producer_epoch=batch.producer_epoch,
@@ -270,8 +281,9 @@ class Sender:
             size += len(records[0]) + len(records[1])
             topic_data.setdefault(batch.topic, []).append(
                 {"index": batch.partition, "records": records})
-            self._in_flight[batch] = None
-            heapq.heappush(self._expiry_heap, (batch.deadline, batch.number, batch))
+            in_flight[batch] = None
+        heapq.heappush(self._expiry_heap, (earliest, next(self._expiry_numbers), batches))
+        self._observer.queue_time.observe_many(len(batches), waited, waited_most)
         body = {
             "transactional_id": txn.transactional_id if txn is not None else None,
             "acks": self._acks,
@@ -319,6 +331,7 @@ class Sender:
             for topic in response["responses"]:
                 for p in topic["partition_responses"]:
                     results[(topic["name"], p["index"])] = p
+            acked: list[ProducerBatch] = []
             for batch in batches:
                 p = results.get((batch.topic, batch.partition))
                 if p is None:
@@ -326,10 +339,12 @@ class Sender:
                         f"{conn.address} left {batch.topic}-{batch.partition} out of its "
                         "produce response"))
                 elif p["error_code"] == 0:
-                    self._complete(batch, p["base_offset"], p["log_append_time_ms"])
+                    self._complete(batch, p["base_offset"], p["log_append_time_ms"], acked)
                 else:
                     self._on_partition_error(conn, batch, p,
                                              response.get("node_endpoints", ()))
+            if acked:
+                self._accumulator.finish_acked(acked)
         # Another round only if it has work: batches queued behind this request (or put back
         # for a retry), or closing. Otherwise it would run before the woken tasks resume.
         if not self.running or self._accumulator.has_queued():
@@ -441,13 +456,19 @@ class Sender:
         self.retries += 1
         self._observer.retried(batch.topic, batch.partition, batch.record_count, exc)
 
-    def _complete(self, batch: ProducerBatch, base_offset: int, log_append_time: int) -> None:
+    def _complete(self, batch: ProducerBatch, base_offset: int, log_append_time: int,
+                  acked: list[ProducerBatch] | None = None) -> None:
+        """The batch is acknowledged; its memory and counts are settled now, or, given the
+        list `acked`, by the caller once for all of a response's batches."""
         self._in_flight.pop(batch, None)
         if self._txn is not None:
             self._txn.sequencer.resolved(batch)
             self._txn.acked(batch)
         batch.complete(base_offset, log_append_time)
-        self._accumulator.finish(batch)
+        if acked is None:
+            self._accumulator.finish(batch)
+        else:
+            acked.append(batch)
 
     def _fail(self, batch: ProducerBatch, exc: BaseException) -> None:
         self._in_flight.pop(batch, None)
@@ -464,22 +485,36 @@ class Sender:
         for batch in self._accumulator.expire(now):
             self._fail(batch, delivery_timeout_error(
                 batch, timeout_ms, "waited for a retry" if batch.attempts else "waited in the buffer"))
-        while self._next_in_flight_expiry() <= now:
-            _, _, batch = heapq.heappop(self._expiry_heap)
+        if self._next_in_flight_expiry() > now:
+            return
+        heap, in_flight = self._expiry_heap, self._in_flight
+        expired: dict[ProducerBatch, None] = {}
+        while heap and heap[0][0] <= now:
+            _, _, batches = heapq.heappop(heap)
+            left = [batch for batch in batches if batch in in_flight and batch not in expired]
+            for batch in left:
+                if batch.deadline <= now:
+                    expired[batch] = None
+            left = [batch for batch in left if batch not in expired]
+            if left:  # in flight still, within their time
+                heapq.heappush(heap, (min(batch.deadline for batch in left),
+                                      next(self._expiry_numbers), left))
+        for batch in sorted(expired, key=_deadline_order):
             # Its request is still out (so it stays in flight for the transaction manager's
             # ordering); whatever the broker answers later is ignored.
             exc = delivery_timeout_error(batch, timeout_ms, "no response in time")
-            self._in_flight.pop(batch)
+            in_flight.pop(batch)
             if self._txn is not None:
                 self._txn.batch_failed(batch, exc)
             batch.fail(exc)
             self._accumulator.finish(batch)
 
     def _next_in_flight_expiry(self) -> float:
-        """The earliest deadline of a batch on the wire (entries of batches no longer there
-        are dropped as they come to the top: O(log n) per batch, not a scan per round)."""
-        heap = self._expiry_heap
-        while heap and heap[0][2] not in self._in_flight:
+        """No batch on the wire has an earlier deadline than this (a request's earliest:
+        entries of requests with no batch there any more are dropped as they come to the
+        top, one membership test per batch rather than a heap entry per batch)."""
+        heap, in_flight = self._expiry_heap, self._in_flight
+        while heap and in_flight.keys().isdisjoint(heap[0][2]):
             heapq.heappop(heap)
         return heap[0][0] if heap else float("inf")
 
@@ -487,6 +522,11 @@ class Sender:
         """Closing without waiting: fail what is on the wire (its outcome stays unknown)."""
         for batch in list(self._in_flight):
             self._fail(batch, exc)
+
+
+def _deadline_order(batch: ProducerBatch) -> tuple[float, tuple[int, ...]]:
+    """Expired batches fail in order of deadline, then creation."""
+    return batch.deadline, batch.number
 
 
 def _record_errors(errors: list[dict[str, Any]], shown: int = 5) -> str:

@@ -10,6 +10,8 @@
  *   murmur2(data) -> int                  Kafka's Utils.murmur2, signed 32-bit
  *   partition_for_key(key, n) -> int      toPositive(murmur2(key)) % n
  *   append_many(...)                      enqueue_many's loop: partition, append, remember
+ *   Columns(count, keys, values)          enqueue_many's records as Arrow-layout columns,
+ *                                         which append_many reads where they lie
  *   append_record(...) -> future | None   enqueue()'s and send()'s append and record future
  *   watch_batches(batches, bulk) -> int   an enqueue_many future registered with its batches
  *   RecordFields                          a record future's fields, and the Future protocol
@@ -213,6 +215,12 @@ typedef struct {
     MemoryPool *pool;     /* what its limit grows from (draw_from), or NULL */
     Py_ssize_t reserved;  /* bytes it holds of the pool (may exceed limit: a large first record) */
     Py_ssize_t most;      /* how far its limit may grow (batch_size) */
+    /* What goes on the wire once sealed (bytes or a memoryview of the records, compressed
+       or not: never anything that could lead back here, so the writer stays out of the
+       garbage collector's way, as at many partitions there is one a record), and its codec;
+       set by BatchWriter.close(). */
+    PyObject *payload;
+    int codec;
 } RecordWriter;
 
 static PyTypeObject RecordWriterType;
@@ -233,7 +241,23 @@ writer_init(RecordWriter *self, PyObject *args, PyObject *kwargs)
     self->size = BATCH_HEADER_SIZE;
     self->limit = limit;
     self->sealed = 0;
+    Py_CLEAR(self->payload);
+    self->codec = 0;
     return 0;
+}
+
+/* Every class made in Python is a garbage-collected type; a subclass that adds no field
+   (BatchWriter) holds nothing that could lead back to its instances, which are kept out of
+   the collector's way (at many partitions there is a writer a record, all kept by the record
+   futures users hold). */
+static PyObject *
+writer_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    PyObject *self = type->tp_alloc(type, 0);
+    if (self != NULL && PyObject_IS_GC(self) && type->tp_basicsize == sizeof(RecordWriter) &&
+        type->tp_dictoffset == 0)
+        PyObject_GC_UnTrack(self);
+    return self;
 }
 
 static void
@@ -241,6 +265,7 @@ writer_dealloc(RecordWriter *self)
 {
     PyMem_Free(self->buffer);
     Py_XDECREF(self->pool);
+    Py_XDECREF(self->payload);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -581,6 +606,9 @@ static PyMemberDef writer_members[] = {
      "the size past which try_append refuses a record (raised as the batch's memory grows)"},
     {"reserved", T_PYSSIZET, offsetof(RecordWriter, reserved), 0,
      "bytes of buffer memory the batch holds"},
+    {"payload", T_OBJECT, offsetof(RecordWriter, payload), 0,
+     "the sealed records as sent (bytes or a memoryview of them), or None"},
+    {"codec", T_INT, offsetof(RecordWriter, codec), 0, "the payload's compression codec"},
     {NULL}
 };
 
@@ -590,11 +618,181 @@ static PyTypeObject RecordWriterType = {
     .tp_doc = "Records of one RecordBatch v2, encoded as they are appended.",
     .tp_basicsize = sizeof(RecordWriter),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-    .tp_new = PyType_GenericNew,
+    .tp_new = writer_new,
     .tp_init = (initproc)writer_init,
     .tp_dealloc = (destructor)writer_dealloc,
     .tp_methods = writer_methods,
     .tp_members = writer_members,
+};
+
+/* -- BatchFields: a ProducerBatch's fields ---------------------------------------------------- */
+
+/* A batch's fields, set in one C call: at 10,000 partitions a batch may hold one record (a
+   producer that yields to the loop often), and ProducerBatch's Python __init__, 22 fields,
+   was a tenth of a batch's cost. Its methods stay Python (batch.py); the members are
+   object slots, which the record futures read by offset as they read a slotted class's. */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *number, *topic, *partition, *writer, *future, *created, *deadline, *attempts,
+        *retry_at, *base_sequence, *producer_id, *producer_epoch, *done, *full, *waiters,
+        *awaited, *watchers, *bulks, *pieces, *parent, *first_delta, *untracked;
+} BatchFields;
+
+#define BATCH_FIELD_COUNT 22  /* the PyObject pointers above, in order from `number` */
+
+static PyObject *zero_float;  /* 0.0, every new batch's retry_at */
+
+static inline PyObject **
+batch_fields(BatchFields *self)
+{
+    return &self->number;
+}
+
+static PyObject *
+batch_fields_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    PyObject *number, *topic, *partition, *writer, *future, *created, *deadline, *reserved;
+    if (kwargs != NULL && PyDict_GET_SIZE(kwargs)) {
+        PyErr_SetString(PyExc_TypeError, "ProducerBatch takes no keyword arguments");
+        return NULL;
+    }
+    if (!PyArg_UnpackTuple(args, "ProducerBatch", 8, 8, &number, &topic, &partition, &writer,
+                           &future, &created, &deadline, &reserved))
+        return NULL;
+    /* Bytes of buffer_memory the batch holds: its writer's to count (it grows them). */
+    if (PyObject_TypeCheck(writer, &RecordWriterType)) {
+        Py_ssize_t held = PyLong_AsSsize_t(reserved);
+        if (held == -1 && PyErr_Occurred())
+            return NULL;
+        ((RecordWriter *)writer)->reserved = held;
+    }
+    else if (PyObject_SetAttrString(writer, "reserved", reserved) < 0)
+        return NULL;
+    PyObject *untracked = PyList_New(0);
+    if (untracked == NULL)
+        return NULL;
+    BatchFields *self = (BatchFields *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        Py_DECREF(untracked);
+        return NULL;
+    }
+    PyObject *minus_one = PyLong_FromLong(-1), *zero = PyLong_FromLong(0);  /* (cached) */
+    self->number = Py_NewRef(number);
+    self->topic = Py_NewRef(topic);
+    self->partition = Py_NewRef(partition);
+    self->writer = Py_NewRef(writer);
+    self->future = Py_NewRef(future);
+    self->created = Py_NewRef(created);
+    self->deadline = Py_NewRef(deadline);
+    self->attempts = Py_NewRef(zero);
+    self->retry_at = Py_NewRef(zero_float);
+    self->base_sequence = Py_NewRef(minus_one);
+    self->producer_id = Py_NewRef(minus_one);
+    self->producer_epoch = Py_NewRef(minus_one);
+    self->done = Py_NewRef(Py_False);
+    self->full = Py_NewRef(Py_False);
+    self->waiters = Py_NewRef(Py_None);
+    self->awaited = Py_NewRef(Py_None);
+    self->watchers = Py_NewRef(Py_None);
+    self->bulks = Py_NewRef(Py_None);
+    self->pieces = Py_NewRef(Py_None);
+    self->parent = Py_NewRef(Py_None);
+    self->first_delta = Py_NewRef(zero);
+    self->untracked = untracked;
+    Py_DECREF(minus_one);
+    Py_DECREF(zero);
+    return (PyObject *)self;
+}
+
+static int
+batch_fields_traverse(BatchFields *self, visitproc visit, void *arg)
+{
+    PyObject **fields = batch_fields(self);
+    for (int i = 0; i < BATCH_FIELD_COUNT; i++)
+        Py_VISIT(fields[i]);
+    return 0;
+}
+
+static int
+batch_fields_clear(BatchFields *self)
+{
+    PyObject **fields = batch_fields(self);
+    for (int i = 0; i < BATCH_FIELD_COUNT; i++)
+        Py_CLEAR(fields[i]);
+    return 0;
+}
+
+static void
+batch_fields_dealloc(BatchFields *self)
+{
+    PyObject_GC_UnTrack(self);
+    batch_fields_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* An acknowledged batch (not split, nor a piece) leads to nothing that leads back to it:
+   its records' waits and callbacks are let go as they run, and what watches it later holds
+   it only until a loop callback runs. At many partitions a batch may hold one record, and
+   the batches that the record futures users keep hold were most of the collector's work. */
+static PyObject *
+batch_fields_untrack(PyObject *self, PyObject *unused)
+{
+    if (Py_TYPE(self)->tp_dictoffset == 0 && PyObject_GC_IsTracked(self))
+        PyObject_GC_UnTrack(self);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef batch_fields_methods[] = {
+    {"_untrack", (PyCFunction)batch_fields_untrack, METH_NOARGS,
+     "_untrack(): out of the garbage collector's way (an acknowledged batch)."},
+    {NULL}
+};
+
+#define BATCH_MEMBER(name, field, doc) \
+    {name, T_OBJECT_EX, offsetof(BatchFields, field), 0, doc}
+
+static PyMemberDef batch_fields_members[] = {
+    BATCH_MEMBER("number", number, "creation order (a piece's: its batch's, then its index)"),
+    BATCH_MEMBER("topic", topic, NULL),
+    BATCH_MEMBER("partition", partition, NULL),
+    BATCH_MEMBER("writer", writer, "its records (a BatchWriter)"),
+    BATCH_MEMBER("future", future, "the batch's asyncio future"),
+    BATCH_MEMBER("created", created, "loop time of its creation"),
+    BATCH_MEMBER("deadline", deadline, "delivery_timeout_ms after creation"),
+    BATCH_MEMBER("attempts", attempts, NULL),
+    BATCH_MEMBER("retry_at", retry_at, NULL),
+    BATCH_MEMBER("base_sequence", base_sequence, NULL),
+    BATCH_MEMBER("producer_id", producer_id, NULL),
+    BATCH_MEMBER("producer_epoch", producer_epoch, NULL),
+    BATCH_MEMBER("done", done, NULL),
+    BATCH_MEMBER("full", full, "a record did not fit: closed for appends, sendable now"),
+    BATCH_MEMBER("_waiters", waiters, "a future per task awaiting a record ..."),
+    BATCH_MEMBER("_awaited", awaited, "... and the record: _waiters[i] awaits _awaited[i]"),
+    BATCH_MEMBER("_watchers", watchers, "records' futures with callbacks"),
+    BATCH_MEMBER("_bulks", bulks, "enqueue_many futures with records here"),
+    BATCH_MEMBER("pieces", pieces, "what it was split into, in order"),
+    BATCH_MEMBER("parent", parent, "the batch this is a piece of"),
+    BATCH_MEMBER("first_delta", first_delta, "offset delta of a piece's first record"),
+    BATCH_MEMBER("_untracked", untracked, "its records' futures, out of the collector's way"),
+    {NULL}
+};
+
+static PyTypeObject BatchFieldsType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "aioproducer._speedups._c.BatchFields",
+    .tp_doc = "BatchFields(number, topic, partition, writer, future, created, deadline,\n"
+              "            reserved)\n\n"
+              "A ProducerBatch's fields, the rest at their starting values; `reserved` goes\n"
+              "to the writer, which counts the memory the batch holds.",
+    .tp_basicsize = sizeof(BatchFields),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_new = batch_fields_new,
+    .tp_dealloc = (destructor)batch_fields_dealloc,
+    .tp_traverse = (traverseproc)batch_fields_traverse,
+    .tp_clear = (inquiry)batch_fields_clear,
+    .tp_members = batch_fields_members,
+    .tp_methods = batch_fields_methods,
 };
 
 /* -- RecordFuture: its fields and the Future protocol asyncio calls on it ------------------- */
@@ -1309,9 +1507,287 @@ py_append_record(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return future;
 }
 
+/* -- Columns: enqueue_many's records as Arrow-layout columns -------------------------------- */
+
+/* One column of binary cells in Arrow's variable-size binary layout, read where it lies:
+ * a validity bitmap (bit i of byte i / 8, least significant first; none: every cell is set),
+ * offsets (int32, or int64 for Arrow's large types, native byte order: cell i is
+ * data[offsets[i]:offsets[i + 1]]) and the data; `first` is the first row's index into the
+ * offsets and the bitmap (an Arrow slice's offset). The buffers are held until the Columns
+ * go. `present` 0: every cell is null (no key column). */
+typedef struct {
+    Py_buffer validity, offsets, data;
+    int present, has_validity, offset_size;
+    Py_ssize_t first;
+} BinaryColumn;
+
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t count;
+    BinaryColumn keys, values;
+} Columns;
+
+static PyTypeObject ColumnsType;
+
+static inline int64_t
+column_offset(const BinaryColumn *c, Py_ssize_t i)
+{
+    const char *at = (const char *)c->offsets.buf + i * c->offset_size;
+    if (c->offset_size == 8) {
+        int64_t o;
+        memcpy(&o, at, 8);
+        return o;
+    }
+    int32_t o;
+    memcpy(&o, at, 4);
+    return o;
+}
+
+/* Row `row`'s cell: its bytes and length, or NULL for a null cell. (An empty cell is "",
+ * not NULL: the data buffer of a column of empty cells may have no address.) */
+static inline const char *
+column_cell(const BinaryColumn *c, Py_ssize_t row, Py_ssize_t *length)
+{
+    *length = 0;
+    if (!c->present)
+        return NULL;
+    Py_ssize_t i = c->first + row;
+    if (c->has_validity && !((((const unsigned char *)c->validity.buf)[i >> 3] >> (i & 7)) & 1))
+        return NULL;
+    int64_t start = column_offset(c, i);
+    *length = (Py_ssize_t)(column_offset(c, i + 1) - start);
+    return c->data.buf != NULL ? (const char *)c->data.buf + start : "";
+}
+
+static void
+column_release(BinaryColumn *c)
+{
+    if (!c->present)
+        return;
+    if (c->has_validity)
+        PyBuffer_Release(&c->validity);
+    PyBuffer_Release(&c->offsets);
+    PyBuffer_Release(&c->data);
+    c->present = 0;
+}
+
+/* A column from (validity, offsets, data, first, offset_size), checked: the buffers long
+ * enough for `count` rows from `first`, the offsets from first to last rising and within the
+ * data (so no cell is read outside its buffer). `name` is for the errors. */
+static int
+column_init(BinaryColumn *c, PyObject *spec, Py_ssize_t count, const char *name)
+{
+    memset(c, 0, sizeof(*c));
+    if (!PyTuple_CheckExact(spec) || PyTuple_GET_SIZE(spec) != 5) {
+        PyErr_Format(PyExc_TypeError, "Columns' %s must be (validity, offsets, data, first, "
+                     "offset_size)%s", name, strcmp(name, "keys") ? "" : " or None");
+        return -1;
+    }
+    PyObject *validity = PyTuple_GET_ITEM(spec, 0);
+    Py_ssize_t first = PyLong_AsSsize_t(PyTuple_GET_ITEM(spec, 3));
+    if (first == -1 && PyErr_Occurred())
+        return -1;
+    Py_ssize_t offset_size = PyLong_AsSsize_t(PyTuple_GET_ITEM(spec, 4));
+    if (offset_size == -1 && PyErr_Occurred())
+        return -1;
+    if (first < 0 || (offset_size != 4 && offset_size != 8)) {
+        PyErr_Format(PyExc_ValueError, "Columns' %s: first must be >= 0 and offset_size 4 or 8",
+                     name);
+        return -1;
+    }
+    if (PyObject_GetBuffer(PyTuple_GET_ITEM(spec, 1), &c->offsets, PyBUF_SIMPLE) < 0)
+        return -1;
+    if (PyObject_GetBuffer(PyTuple_GET_ITEM(spec, 2), &c->data, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&c->offsets);
+        return -1;
+    }
+    c->present = 1;
+    if (validity != Py_None) {
+        if (PyObject_GetBuffer(validity, &c->validity, PyBUF_SIMPLE) < 0)
+            goto error;
+        c->has_validity = 1;
+    }
+    c->first = first;
+    c->offset_size = (int)offset_size;
+    Py_ssize_t offsets = c->offsets.len / offset_size;  /* (checked so, no sum overflows) */
+    if (first >= offsets || count > offsets - first - 1 ||
+        (c->has_validity && c->validity.len < (first + count + 7) / 8)) {
+        PyErr_Format(PyExc_ValueError, "Columns' %s: a buffer is too short for %zd rows from "
+                     "row %zd", name, count, first);
+        goto error;
+    }
+    int64_t previous = column_offset(c, first);
+    if (previous < 0)
+        goto bad_offsets;
+    for (Py_ssize_t i = first + 1; i <= first + count; i++) {
+        int64_t next = column_offset(c, i);
+        if (next < previous)
+            goto bad_offsets;
+        previous = next;
+    }
+    if (previous > c->data.len)
+        goto bad_offsets;
+    return 0;
+bad_offsets:
+    PyErr_Format(PyExc_ValueError, "Columns' %s: the offsets must rise from 0 or more to at "
+                 "most the data's length", name);
+error:
+    column_release(c);
+    return -1;
+}
+
+static PyObject *
+columns_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    static char *names[] = {"count", "keys", "values", NULL};
+    Py_ssize_t count;
+    PyObject *keys, *values;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "nOO", names, &count, &keys, &values))
+        return NULL;
+    if (count < 0) {
+        PyErr_SetString(PyExc_ValueError, "Columns' count must be >= 0");
+        return NULL;
+    }
+    Columns *self = (Columns *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    self->count = count;
+    if ((keys != Py_None && column_init(&self->keys, keys, count, "keys") < 0) ||
+        column_init(&self->values, values, count, "values") < 0) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    return (PyObject *)self;
+}
+
+static void
+columns_dealloc(Columns *self)
+{
+    column_release(&self->keys);
+    column_release(&self->values);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static Py_ssize_t
+columns_length(Columns *self)
+{
+    return self->count;
+}
+
+static PyObject *
+cell_bytes(const BinaryColumn *c, Py_ssize_t row)
+{
+    Py_ssize_t length;
+    const char *cell = column_cell(c, row, &length);
+    return cell == NULL ? Py_NewRef(Py_None) : PyBytes_FromStringAndSize(cell, length);
+}
+
+/* Row `row` as a (key, value) tuple of bytes or None: what the Python path takes of a row
+ * the compiled loop stops at. */
+static PyObject *
+columns_item(Columns *self, Py_ssize_t row)
+{
+    if (row < 0 || row >= self->count) {
+        PyErr_SetString(PyExc_IndexError, "Columns index out of range");
+        return NULL;
+    }
+    PyObject *key = cell_bytes(&self->keys, row);
+    if (key == NULL)
+        return NULL;
+    PyObject *value = cell_bytes(&self->values, row);
+    if (value == NULL) {
+        Py_DECREF(key);
+        return NULL;
+    }
+    PyObject *pair = PyTuple_Pack(2, key, value);
+    Py_DECREF(key);
+    Py_DECREF(value);
+    return pair;
+}
+
+static PySequenceMethods columns_as_sequence = {
+    .sq_length = (lenfunc)columns_length,
+    .sq_item = (ssizeargfunc)columns_item,
+};
+
+static PyTypeObject ColumnsType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "aioproducer._speedups._c.Columns",
+    .tp_doc = "Columns(count, keys, values): records for enqueue_many as two columns in\n"
+              "Arrow's binary layout, read where they lie; a sequence of (key, value) pairs.\n"
+              "Each column is (validity, offsets, data, first, offset_size); keys may be None.",
+    .tp_basicsize = sizeof(Columns),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = columns_new,
+    .tp_dealloc = (destructor)columns_dealloc,
+    .tp_as_sequence = &columns_as_sequence,
+    .tp_iter = PySeqIter_New,
+};
+
 /* -- append_many -------------------------------------------------------------------------- */
 
 enum { DONE = 0, NEEDS_BATCH = 1, NEEDS_PYTHON = 2 };
+
+/* One append_many call: where its records go, what it has written to out_deltas. */
+typedef struct {
+    PyObject *batches, *writers, *out_batches, *out_deltas;
+    Py_ssize_t partitions, fixed, sticky, deltas_length;
+    long long timestamp;
+} ManyCall;
+
+/* Append one record (key and value NULL when null): 1 appended; 0 the loop stops, with
+ * *status and *partition (NEEDS_BATCH: the record's partition has no writer or a full one;
+ * NEEDS_PYTHON: keyless and no sticky partition); -1 an error. `left`: records after it. */
+static inline int
+append_one(ManyCall *call, const char *k, Py_ssize_t k_length, const char *v,
+           Py_ssize_t v_length, Py_ssize_t left, int *status, Py_ssize_t *partition)
+{
+    Py_ssize_t p;
+    if (call->fixed >= 0)
+        p = call->fixed;
+    else if (k != NULL)
+        p = partition_of((const unsigned char *)k, k_length, call->partitions);
+    else if (call->sticky >= 0)
+        p = call->sticky;
+    else {
+        *status = NEEDS_PYTHON;
+        return 0;
+    }
+    PyObject *writer = PyList_GET_ITEM(call->writers, p);
+    if (writer == Py_None) {
+        *status = NEEDS_BATCH;
+        *partition = p;
+        return 0;
+    }
+    if (!PyObject_TypeCheck(writer, &RecordWriterType)) {
+        PyErr_SetString(PyExc_TypeError, "writers must hold RecordWriter or None");
+        return -1;
+    }
+    RecordWriter *w = (RecordWriter *)writer;
+    int appended = writer_append(w, call->timestamp, k, k_length, v, v_length, NULL, 0);
+    if (appended <= 0) {
+        *status = NEEDS_BATCH;
+        *partition = p;
+        return appended;
+    }
+    PyObject *out_deltas = call->out_deltas;
+    if (call->deltas_length + 4 > PyByteArray_GET_SIZE(out_deltas)) {
+        /* Room for some more, not for every record left: at many partitions the loop stops
+         * for a new batch every record or two, and sizing the array for the rest of the
+         * call, then back, at each stop copied it each time. */
+        Py_ssize_t room = call->deltas_length / 8 + 256;
+        if (room > (left + 1) * 4)
+            room = (left + 1) * 4;
+        if (PyByteArray_Resize(out_deltas, call->deltas_length + room) < 0)
+            return -1;
+    }
+    if (PyList_Append(call->out_batches, PyList_GET_ITEM(call->batches, p)) < 0)
+        return -1;
+    int32_t delta = (int32_t)(w->count - 1);
+    memcpy(PyByteArray_AS_STRING(out_deltas) + call->deltas_length, &delta, 4);
+    call->deltas_length += 4;
+    return 1;
+}
 
 static PyObject *
 py_append_many(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -1319,105 +1795,78 @@ py_append_many(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (!takes_args(nargs, 9, "append_many(records, start, batches, writers, "
                     "partition, sticky, timestamp, out_batches, out_deltas)"))
         return NULL;
-    PyObject *records = args[0], *batches = args[2], *writers = args[3];
-    PyObject *out_batches = args[7], *out_deltas = args[8];
-    Py_ssize_t start, fixed, sticky;
-    long long timestamp;
+    PyObject *records = args[0];
+    ManyCall call = {.batches = args[2], .writers = args[3], .out_batches = args[7],
+                     .out_deltas = args[8]};
+    Py_ssize_t start;
     if ((start = PyLong_AsSsize_t(args[1])) == -1 && PyErr_Occurred())
         return NULL;
-    if ((fixed = PyLong_AsSsize_t(args[4])) == -1 && PyErr_Occurred())
+    if ((call.fixed = PyLong_AsSsize_t(args[4])) == -1 && PyErr_Occurred())
         return NULL;
-    if ((sticky = PyLong_AsSsize_t(args[5])) == -1 && PyErr_Occurred())
+    if ((call.sticky = PyLong_AsSsize_t(args[5])) == -1 && PyErr_Occurred())
         return NULL;
-    if ((timestamp = PyLong_AsLongLong(args[6])) == -1 && PyErr_Occurred())
+    if ((call.timestamp = PyLong_AsLongLong(args[6])) == -1 && PyErr_Occurred())
         return NULL;
-    if (!PyList_CheckExact(records) || !PyList_CheckExact(batches) ||
-        !PyList_CheckExact(writers) || !PyList_CheckExact(out_batches) ||
-        !PyByteArray_CheckExact(out_deltas)) {
-        PyErr_SetString(PyExc_TypeError, "append_many takes lists of records, batches, writers "
-                        "and out_batches, and a bytearray of out_deltas");
+    int columns = Py_IS_TYPE(records, &ColumnsType);
+    if ((!columns && !PyList_CheckExact(records)) || !PyList_CheckExact(call.batches) ||
+        !PyList_CheckExact(call.writers) || !PyList_CheckExact(call.out_batches) ||
+        !PyByteArray_CheckExact(call.out_deltas)) {
+        PyErr_SetString(PyExc_TypeError, "append_many takes a list of records (or Columns), "
+                        "lists of batches, writers and out_batches, and a bytearray of "
+                        "out_deltas");
         return NULL;
     }
-    Py_ssize_t partitions = PyList_GET_SIZE(writers);
-    if (partitions == 0 || PyList_GET_SIZE(batches) != partitions || fixed >= partitions ||
-        sticky >= partitions) {
+    call.partitions = PyList_GET_SIZE(call.writers);
+    if (call.partitions == 0 || PyList_GET_SIZE(call.batches) != call.partitions ||
+        call.fixed >= call.partitions || call.sticky >= call.partitions) {
         PyErr_SetString(PyExc_ValueError, "batches and writers need one entry per partition");
         return NULL;
     }
-    Py_ssize_t n = PyList_GET_SIZE(records);
-    Py_ssize_t deltas_length = PyByteArray_GET_SIZE(out_deltas);
+    Py_ssize_t n = columns ? ((Columns *)records)->count : PyList_GET_SIZE(records);
+    call.deltas_length = PyByteArray_GET_SIZE(call.out_deltas);
     if (start < 0)
         start = 0;
-    int status = DONE;
+    int status = DONE, done = 1;
     Py_ssize_t i = start, partition = -1;
-    /* No Python code runs in this loop (exact bytes and tuples only), so no list changes. */
-    for (; i < n; i++) {
-        PyObject *record = PyList_GET_ITEM(records, i);
-        if (!PyTuple_CheckExact(record) || PyTuple_GET_SIZE(record) != 2) {
-            status = NEEDS_PYTHON;
-            break;
+    /* No Python code runs in this loop (exact bytes and tuples, or Columns, which do not
+     * change), so no list changes. */
+    if (columns) {
+        const Columns *c = (const Columns *)records;
+        for (; i < n; i++) {
+            Py_ssize_t k_length, v_length;
+            const char *k = column_cell(&c->keys, i, &k_length);
+            const char *v = column_cell(&c->values, i, &v_length);
+            if ((done = append_one(&call, k, k_length, v, v_length, n - i - 1, &status,
+                                   &partition)) <= 0)
+                break;
         }
-        PyObject *key = PyTuple_GET_ITEM(record, 0), *value = PyTuple_GET_ITEM(record, 1);
-        if ((key != Py_None && !PyBytes_CheckExact(key)) ||
-            (value != Py_None && !PyBytes_CheckExact(value))) {
-            status = NEEDS_PYTHON;
-            break;
-        }
-        const char *k = key == Py_None ? NULL : PyBytes_AS_STRING(key);
-        Py_ssize_t k_length = key == Py_None ? 0 : PyBytes_GET_SIZE(key);
-        if (fixed >= 0)
-            partition = fixed;
-        else if (k != NULL)
-            partition = partition_of((const unsigned char *)k, k_length, partitions);
-        else if (sticky >= 0)
-            partition = sticky;
-        else {
-            status = NEEDS_PYTHON;
-            break;
-        }
-        PyObject *writer = PyList_GET_ITEM(writers, partition);
-        if (writer == Py_None) {
-            status = NEEDS_BATCH;
-            break;
-        }
-        if (!PyObject_TypeCheck(writer, &RecordWriterType)) {
-            PyErr_SetString(PyExc_TypeError, "writers must hold RecordWriter or None");
-            goto error;
-        }
-        RecordWriter *w = (RecordWriter *)writer;
-        const char *v = value == Py_None ? NULL : PyBytes_AS_STRING(value);
-        Py_ssize_t v_length = value == Py_None ? 0 : PyBytes_GET_SIZE(value);
-        int appended = writer_append(w, timestamp, k, k_length, v, v_length, NULL, 0);
-        if (appended < 0)
-            goto error;
-        if (appended == 0) {
-            status = NEEDS_BATCH;
-            break;
-        }
-        if (deltas_length + 4 > PyByteArray_GET_SIZE(out_deltas)) {
-            /* Room for some more, not for every record left: at many partitions the loop
-             * stops for a new batch every record or two, and sizing the array for the rest
-             * of the call, then back, at each stop copied it each time. */
-            Py_ssize_t room = deltas_length / 8 + 256;
-            if (room > (n - i) * 4)
-                room = (n - i) * 4;
-            if (PyByteArray_Resize(out_deltas, deltas_length + room) < 0)
-                goto error;
-        }
-        if (PyList_Append(out_batches, PyList_GET_ITEM(batches, partition)) < 0)
-            goto error;
-        int32_t delta = (int32_t)(w->count - 1);
-        memcpy(PyByteArray_AS_STRING(out_deltas) + deltas_length, &delta, 4);
-        deltas_length += 4;
     }
-    if (PyByteArray_Resize(out_deltas, deltas_length) < 0)
+    else {
+        for (; i < n; i++) {
+            PyObject *record = PyList_GET_ITEM(records, i);
+            if (!PyTuple_CheckExact(record) || PyTuple_GET_SIZE(record) != 2) {
+                status = NEEDS_PYTHON;
+                break;
+            }
+            PyObject *key = PyTuple_GET_ITEM(record, 0), *value = PyTuple_GET_ITEM(record, 1);
+            if ((key != Py_None && !PyBytes_CheckExact(key)) ||
+                (value != Py_None && !PyBytes_CheckExact(value))) {
+                status = NEEDS_PYTHON;
+                break;
+            }
+            const char *k = key == Py_None ? NULL : PyBytes_AS_STRING(key);
+            const char *v = value == Py_None ? NULL : PyBytes_AS_STRING(value);
+            if ((done = append_one(&call, k, key == Py_None ? 0 : PyBytes_GET_SIZE(key), v,
+                                   value == Py_None ? 0 : PyBytes_GET_SIZE(value), n - i - 1,
+                                   &status, &partition)) <= 0)
+                break;
+        }
+    }
+    if (PyByteArray_Resize(call.out_deltas, call.deltas_length) < 0 || done < 0)
         return NULL;
     if (status != NEEDS_BATCH)
         partition = -1;
     return Py_BuildValue("(nin)", i, status, partition);
-error:
-    PyByteArray_Resize(out_deltas, deltas_length);
-    return NULL;
 }
 
 /* -- watch_batches: an enqueue_many future's batches ---------------------------------------- */
@@ -2180,8 +2629,9 @@ typedef struct {
     int python_only;        /* serializers or a custom partitioner: always `later` */
     int partition_in_python;  /* a record without a partition goes to `later` */
     /* From attach(): the Cluster, the RecordAccumulator, the transaction's check_can_send
-       (None if not transactional) and the sticky partitioner's partition. */
-    PyObject *cluster, *accumulator, *check_can_send, *sticky;
+       (None if not transactional), the sticky partitioner's partition, and what opens a
+       batch for a record whose partition has none (open_new). */
+    PyObject *cluster, *accumulator, *check_can_send, *sticky, *open_new;
     vectorcallfunc vectorcall;
 } Appender;
 
@@ -2199,6 +2649,7 @@ appender_traverse(Appender *self, visitproc visit, void *arg)
     Py_VISIT(self->accumulator);
     Py_VISIT(self->check_can_send);
     Py_VISIT(self->sticky);
+    Py_VISIT(self->open_new);
     return 0;
 }
 
@@ -2214,6 +2665,7 @@ appender_clear(Appender *self)
     Py_CLEAR(self->accumulator);
     Py_CLEAR(self->check_can_send);
     Py_CLEAR(self->sticky);
+    Py_CLEAR(self->open_new);
     return 0;
 }
 
@@ -2235,7 +2687,12 @@ is_name(PyObject *name, PyObject *known)
 /* The common case: the appended record's future (in a Ready for enqueue), or NULL: with an
    error set, that error; without, "not the common case: ask `later`". No Python code with
    side effects runs before the append but the transaction's check and the sticky
-   partitioner's choice, which `later` asks again and gets the same answer. */
+   partitioner's choice, which `later` asks again and gets the same answer. A keyed record
+   (or one given its partition) whose partition has no open batch gets one from open_new,
+   which opens it if the memory is free and returns it (else None, having done nothing: then
+   `later` does it all, and raises what open_new raised). At many partitions a batch is
+   opened every record or two (one record a batch when the producer yields to the loop
+   often), and `later` (a coroutine, and the intake's checks again) cost ~10 us each. */
 static PyObject *
 appender_fast(Appender *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
@@ -2314,6 +2771,7 @@ appender_fast(Appender *self, PyObject *const *args, Py_ssize_t nargs, PyObject 
         return NULL;
     Py_ssize_t count = PyTuple_CheckExact(leaders) ? PyTuple_GET_SIZE(leaders) : 0;
     PyObject *stamp = NULL, *chosen = NULL, *open = NULL, *future = NULL;
+    int sticky = 0;
     if (count == 0)
         goto done;
 
@@ -2359,6 +2817,7 @@ appender_fast(Appender *self, PyObject *const *args, Py_ssize_t nargs, PyObject 
         PyObject *call[2] = {topic, leaders};
         if ((chosen = PyObject_Vectorcall(self->sticky, call, 2, NULL)) == NULL)
             goto done;
+        sticky = 1;  /* (a new batch may move it on: `later`'s work) */
     }
 
     /* Into the partition's open batch, unless records wait in line for memory. */
@@ -2380,9 +2839,38 @@ appender_fast(Appender *self, PyObject *const *args, Py_ssize_t nargs, PyObject 
     PyObject *append[8] = {PyTuple_GET_ITEM(open, 0), PyTuple_GET_ITEM(open, 1), chosen, stamp,
                            key, value, Py_None, self->future_type};
     future = py_append_record(NULL, append, 8);
-    if (future == Py_None)
+    if (future == Py_None) {
         Py_CLEAR(future);  /* no open batch, or no room in it */
-    else if (future != NULL && self->ready)
+        PyObject *writers = PyTuple_GET_ITEM(open, 1);
+        Py_ssize_t p = PyLong_AsSsize_t(chosen);
+        if (p == -1 && PyErr_Occurred())
+            goto done;
+        if (sticky || self->open_new == NULL || self->open_new == Py_None ||
+            !PyList_CheckExact(writers) || p < 0 || p >= PyList_GET_SIZE(writers) ||
+            PyList_GET_ITEM(writers, p) != Py_None)
+            goto done;  /* a full batch to close first, or no opener: `later` */
+        PyObject *partitions = PyLong_FromSsize_t(count);
+        if (partitions == NULL)
+            goto done;
+        PyObject *call[6] = {topic, chosen, key, value, stamp, partitions};
+        PyObject *batch = PyObject_Vectorcall(self->open_new, call, 6, NULL);
+        Py_DECREF(partitions);
+        if (batch == NULL) {
+            if (PyErr_ExceptionMatches(PyExc_Exception))
+                PyErr_Clear();  /* `later` raises it */
+            goto done;
+        }
+        if (batch == Py_None) {
+            Py_DECREF(batch);
+            goto done;
+        }
+        PyObject *first = PyLong_FromLong(0);  /* the batch's first record */
+        future = first == NULL ? NULL
+            : make_fields((PyTypeObject *)self->future_type, batch, first, stamp);
+        Py_XDECREF(first);
+        Py_DECREF(batch);
+    }
+    if (future != NULL && self->ready)
         future = make_ready(future);
 done:
     Py_XDECREF(open);
@@ -2435,20 +2923,24 @@ appender_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 static PyObject *
 appender_attach(Appender *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (!takes_args(nargs, 4, "attach(cluster, accumulator, check_can_send, sticky)"))
+    if (!takes_args(nargs, 5, "attach(cluster, accumulator, check_can_send, sticky, "
+                    "open_new)"))
         return NULL;
     Py_XSETREF(self->cluster, Py_NewRef(args[0]));
     Py_XSETREF(self->accumulator, Py_NewRef(args[1]));
     Py_XSETREF(self->check_can_send, Py_NewRef(args[2]));
     Py_XSETREF(self->sticky, Py_NewRef(args[3]));
+    Py_XSETREF(self->open_new, Py_NewRef(args[4]));
     Py_RETURN_NONE;
 }
 
 static PyMethodDef appender_methods[] = {
     {"attach", (PyCFunction)(void (*)(void))appender_attach, METH_FASTCALL,
-     "attach(cluster, accumulator, check_can_send, sticky): the parts a started producer\n"
-     "has (check_can_send None unless transactional; sticky: the sticky partitioner's\n"
-     "partition(topic, leaders)). Until then every call goes to `later`."},
+     "attach(cluster, accumulator, check_can_send, sticky, open_new): the parts a started\n"
+     "producer has (check_can_send None unless transactional; sticky: the sticky\n"
+     "partitioner's partition(topic, leaders); open_new(topic, partition, key, value,\n"
+     "timestamp, partitions): a new batch holding the record, or None, or None itself).\n"
+     "Until then every call goes to `later`."},
     {NULL}
 };
 
@@ -2457,7 +2949,8 @@ static PyTypeObject AppenderType = {
     .tp_name = "aioproducer._speedups._c.Appender",
     .tp_doc = "Appender(later, future_type, ready, lifecycle, started, clock, python_only,\n"
               "         partition_in_python)\n\n"
-              "Called as enqueue() or send() is: appends a record in the common case and\n"
+              "Called as enqueue() or send() is: appends a record in the common case (its\n"
+              "partition's open batch, or a new one from open_new where none is open) and\n"
               "returns its future (in a Ready if `ready`); else returns later(*args, **kwargs).",
     .tp_basicsize = sizeof(Appender),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
@@ -2480,8 +2973,9 @@ static PyMethodDef module_methods[] = {
     {"append_many", (PyCFunction)(void (*)(void))py_append_many, METH_FASTCALL,
      "append_many(records, start, batches, writers, partition, sticky, timestamp,\n"
      "            out_batches, out_deltas) -> (index, status, partition)\n\n"
-     "Append records[start:] ((key, value) tuples of bytes or None) to the writers of their\n"
-     "partitions: `partition` if it is not -1, else murmur2 of the key, else `sticky`.\n"
+     "Append records[start:] ((key, value) tuples of bytes or None, or Columns, read where\n"
+     "they lie) to the writers of their partitions: `partition` if it is not -1, else\n"
+     "murmur2 of the key, else `sticky`.\n"
      "`batches` and `writers` hold each partition's open batch and its writer, or None. For\n"
      "each record appended, add its batch to `out_batches` and its offset delta (a native\n"
      "int32) to `out_deltas`. Stop at the first record it cannot take: status 1 (NEEDS_BATCH)\n"
@@ -2533,10 +3027,12 @@ PyInit__c(void)
 {
     if (PyType_Ready(&RecordWriterType) < 0 || PyType_Ready(&SealedRecordsType) < 0)
         return NULL;
-    if (PyType_Ready(&RecordFieldsType) < 0)
+    if (PyType_Ready(&RecordFieldsType) < 0 || PyType_Ready(&BatchFieldsType) < 0)
+        return NULL;
+    if (zero_float == NULL && (zero_float = PyFloat_FromDouble(0.0)) == NULL)
         return NULL;
     if (PyType_Ready(&ReadyType) < 0 || PyType_Ready(&AppenderType) < 0 ||
-        PyType_Ready(&MemoryPoolType) < 0)
+        PyType_Ready(&MemoryPoolType) < 0 || PyType_Ready(&ColumnsType) < 0)
         return NULL;
     if (crc32c_function == NULL) {
         PyObject *crc32c = PyImport_ImportModule("crc32c");
@@ -2575,8 +3071,10 @@ PyInit__c(void)
     if (module == NULL)
         return NULL;
     if (PyModule_AddType(module, &RecordFieldsType) < 0 ||
+        PyModule_AddType(module, &BatchFieldsType) < 0 ||
         PyModule_AddType(module, &ReadyType) < 0 || PyModule_AddType(module, &AppenderType) < 0 ||
-        PyModule_AddType(module, &MemoryPoolType) < 0) {
+        PyModule_AddType(module, &MemoryPoolType) < 0 ||
+        PyModule_AddType(module, &ColumnsType) < 0) {
         Py_DECREF(module);
         return NULL;
     }

@@ -7,9 +7,10 @@ tests hold both to the same bytes and partitions: change one, change the other.
 from __future__ import annotations
 
 import contextvars
+import operator
 import struct
 from threading import get_ident
-from typing import Any, Callable, Generator, Mapping
+from typing import Any, Callable, Generator, Iterator, Mapping
 
 import crc32c
 
@@ -84,6 +85,46 @@ def same_context(a: Any, b: Any) -> bool:
 
 
 _MISSING = object()
+
+
+class BatchFields:
+    """A ProducerBatch's fields (its methods are batch.py's), the rest at their starting
+    values; `reserved` goes to the writer, which counts the memory the batch holds. In C a
+    batch's fields are set in one call (at many partitions a batch may hold one record)."""
+
+    __slots__ = ("number", "topic", "partition", "writer", "future", "created", "deadline",
+                 "attempts", "retry_at", "base_sequence", "producer_id", "producer_epoch",
+                 "done", "full", "_waiters", "_awaited", "_watchers", "_bulks", "pieces",
+                 "parent", "first_delta", "_untracked")
+
+    def __init__(self, number: tuple[int, ...], topic: str, partition: int, writer: Any,
+                 future: Any, created: float, deadline: float, reserved: int) -> None:
+        writer.reserved = reserved
+        self.number = number
+        self.topic = topic
+        self.partition = partition
+        self.writer = writer
+        self.future = future
+        self.created = created
+        self.deadline = deadline
+        self.attempts = 0
+        self.retry_at = 0.0
+        self.base_sequence = -1
+        self.producer_id = -1
+        self.producer_epoch = -1
+        self.done = False
+        self.full = False
+        self._waiters: Any = None
+        self._awaited: Any = None
+        self._watchers: Any = None
+        self._bulks: Any = None
+        self.pieces: Any = None
+        self.parent: Any = None
+        self.first_delta = 0
+        self._untracked: Any = []
+
+    def _untrack(self) -> None:
+        """The C one leaves the garbage collector an acknowledged batch (see _c.c)."""
 
 
 class RecordFields:
@@ -212,7 +253,7 @@ class RecordWriter:
     """Records of one RecordBatch v2, encoded as they are appended."""
 
     __slots__ = ("_buffer", "base_timestamp", "max_timestamp", "count", "size", "limit",
-                 "reserved", "_pool", "_most")
+                 "reserved", "_pool", "_most", "payload", "codec")
 
     def __init__(self, base_timestamp: int, limit: int) -> None:
         self._buffer: bytearray | None = bytearray()
@@ -224,6 +265,9 @@ class RecordWriter:
         self.reserved = 0  # bytes of buffer memory the batch holds
         self._pool: MemoryPool | None = None
         self._most = 0
+        # What goes on the wire once sealed, and its compression codec (BatchWriter.close()).
+        self.payload: bytes | memoryview | None = None
+        self.codec = 0
 
     def draw_from(self, pool: MemoryPool, most: int) -> None:
         """Let try_append raise the limit, up to `most`, with memory drawn from `pool` when
@@ -318,10 +362,81 @@ class RecordWriter:
         return bytes(header)
 
 
-def append_many(records: list[Any], start: int, batches: list[Any], writers: list[Any],
-                partition: int, sticky: int, timestamp: int, out_batches: list[Any],
-                out_deltas: bytearray) -> tuple[int, int, int]:
-    """Append records[start:] ((key, value) tuples of bytes or None) to the writers of their
+class Columns:
+    """Records for enqueue_many as two columns in Arrow's variable-size binary layout, read
+    where they lie (Arrow's buffers, no object per row: see _c.c); a sequence of (key, value)
+    pairs of bytes or None. Each column is (validity, offsets, data, first, offset_size):
+    the validity bitmap (None: no null cell), the offsets (int32, or int64 for Arrow's large
+    types, native byte order), the data, the first row's index into the offsets and the
+    bitmap (an Arrow slice's offset), and 4 or 8. `keys` None: every key is null. The
+    buffers are checked here, so that no cell is read outside them."""
+
+    __slots__ = ("_count", "_keys", "_values")
+
+    def __init__(self, count: int, keys: Any, values: Any) -> None:
+        count = operator.index(count)
+        if count < 0:
+            raise ValueError("Columns' count must be >= 0")
+        self._count = count
+        self._keys = None if keys is None else _BinaryColumn(keys, count, "keys")
+        self._values = _BinaryColumn(values, count, "values")
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __getitem__(self, row: int) -> tuple[bytes | None, bytes | None]:
+        row = operator.index(row)
+        if row < 0:
+            row += self._count
+        if not 0 <= row < self._count:
+            raise IndexError("Columns index out of range")
+        keys = self._keys
+        return (None if keys is None else keys.cell(row)), self._values.cell(row)
+
+    def __iter__(self) -> Iterator[tuple[bytes | None, bytes | None]]:
+        return map(self.__getitem__, range(self._count))
+
+
+class _BinaryColumn:
+    __slots__ = ("_validity", "_offsets", "_data", "_first")
+
+    def __init__(self, spec: Any, count: int, name: str) -> None:
+        if type(spec) is not tuple or len(spec) != 5:
+            raise TypeError(f"Columns' {name} must be (validity, offsets, data, first, "
+                            f"offset_size){' or None' if name == 'keys' else ''}")
+        validity, offsets, data, first, offset_size = spec
+        first, offset_size = operator.index(first), operator.index(offset_size)
+        if first < 0 or offset_size not in (4, 8):
+            raise ValueError(f"Columns' {name}: first must be >= 0 and offset_size 4 or 8")
+        raw = memoryview(offsets).cast("B")
+        self._data = memoryview(data).cast("B")
+        self._validity = None if validity is None else memoryview(validity).cast("B")
+        n = len(raw) // offset_size
+        if first >= n or count > n - first - 1 or (
+                self._validity is not None and len(self._validity) < (first + count + 7) // 8):
+            raise ValueError(f"Columns' {name}: a buffer is too short for {count} rows from "
+                             f"row {first}")
+        self._offsets = raw[:n * offset_size].cast("i" if offset_size == 4 else "q")
+        self._first = first
+        window = self._offsets[first:first + count + 1]
+        if window[0] < 0 or window[-1] > len(self._data) or \
+                any(a > b for a, b in zip(window, window[1:])):
+            raise ValueError(f"Columns' {name}: the offsets must rise from 0 or more to at "
+                             "most the data's length")
+
+    def cell(self, row: int) -> bytes | None:
+        i = self._first + row
+        validity = self._validity
+        if validity is not None and not validity[i >> 3] >> (i & 7) & 1:
+            return None
+        return bytes(self._data[self._offsets[i]:self._offsets[i + 1]])
+
+
+def append_many(records: list[Any] | Columns, start: int, batches: list[Any],
+                writers: list[Any], partition: int, sticky: int, timestamp: int,
+                out_batches: list[Any], out_deltas: bytearray) -> tuple[int, int, int]:
+    """Append records[start:] ((key, value) tuples of bytes or None, or Columns, read where
+    they lie) to the writers of their
     partitions: `partition` if it is not -1, else murmur2 of the key, else `sticky`.
     `batches` and `writers` hold each partition's open batch and its writer, or None. For each
     record appended, add its batch to `out_batches` and its offset delta (a native int32) to
@@ -409,9 +524,11 @@ class Ready:
 
 
 class Appender:
-    """enqueue()'s and send()'s common case in one call (see _c.c): append the record and
-    return its future (in a Ready if `ready`), or, for anything else, `later(*args,
-    **kwargs)`, the Python path, which checks everything again."""
+    """enqueue()'s and send()'s common case in one call (see _c.c): append the record (to
+    its partition's open batch, or, keyed or given its partition, to a new one from
+    `open_new` where none is open) and return its future (in a Ready if `ready`), or, for
+    anything else, `later(*args, **kwargs)`, the Python path, which checks everything
+    again."""
 
     def __init__(self, later: Callable[..., Any], future_type: Any, ready: bool,
                  lifecycle: Any, started: Any, clock: Callable[[], float], python_only: bool,
@@ -428,11 +545,16 @@ class Appender:
         self._accumulator: Any = None
         self._check_can_send: Callable[[], None] | None = None
         self._sticky: Callable[[str, Any], int] | None = None
+        self._open_new: Callable[..., Any] | None = None
 
     def attach(self, cluster: Any, accumulator: Any, check_can_send: Callable[[], None] | None,
-               sticky: Callable[[str, Any], int]) -> None:
+               sticky: Callable[[str, Any], int], open_new: Callable[..., Any] | None) -> None:
+        """The parts of a started producer; `open_new(topic, partition, key, value,
+        timestamp, partitions)` opens a batch holding a record whose partition has none open
+        (None: it did nothing, and `later` takes the record)."""
         self._cluster, self._accumulator = cluster, accumulator
         self._check_can_send, self._sticky = check_can_send, sticky
+        self._open_new = open_new
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         future = self._append(args, kwargs)
@@ -479,6 +601,7 @@ class Appender:
             timestamp = int(self._clock() * 1000)
         elif type(timestamp) is not int or not 0 <= timestamp < 1 << 63:
             return None
+        sticky = False
         if partition is not None:
             if type(partition) is not int or not 0 <= partition < count:
                 return None
@@ -488,15 +611,25 @@ class Appender:
             partition = partition_for_key(key, count)
         else:
             assert self._sticky is not None
-            partition = self._sticky(topic, leaders)
+            partition, sticky = self._sticky(topic, leaders), True
         accumulator = self._accumulator
         if accumulator.line:
             return None
         open_ = accumulator.appendable.get(topic)
         if type(open_) is not tuple or len(open_) != 2:
             return None
-        return append_record(open_[0], open_[1], partition, timestamp, key, value, None,
-                             self._future_type)
+        future = append_record(open_[0], open_[1], partition, timestamp, key, value, None,
+                               self._future_type)
+        writers = open_[1]
+        if future is not None or sticky or self._open_new is None or \
+                type(writers) is not list or not 0 <= partition < len(writers) or \
+                writers[partition] is not None:
+            return future  # (None: a full batch to close first, or no opener: `later`)
+        try:
+            batch = self._open_new(topic, partition, key, value, timestamp, count)
+        except Exception:  # `later` raises it
+            return None
+        return None if batch is None else self._future_type(batch, 0, timestamp)
 
 
 _UNSET: Any = object()  # (a key not given)

@@ -30,25 +30,22 @@ Headers = Sequence[tuple[str, "bytes | None"]]
 class BatchWriter(RecordWriter):
     """Records of one RecordBatch v2: `try_append(timestamp, key, value, encoded_headers)`
     encodes each record as it comes (in C when the speed-up is built), `close()` seals and
-    compresses, `parts()` gives the header and the records as they go on the wire."""
+    compresses, `parts()` gives the header and the records as they go on the wire. Its
+    fields are RecordWriter's (in C: no Python __init__, and out of the garbage collector's
+    way, as at many partitions there is one a record)."""
 
-    __slots__ = ("_payload", "_codec")
-
-    def __init__(self, base_timestamp: int, limit: int) -> None:
-        super().__init__(base_timestamp, limit)
-        self._payload: bytes | memoryview | None = None
-        self._codec = Codec.NONE
+    __slots__ = ()
 
     def close(self, codec: Codec, level: int | None = None) -> None:
         """No more appends; compress the records once."""
-        self._codec = codec
+        self.codec = codec
         records = self.seal()
-        self._payload = compress(codec, records, level) if codec else records
+        self.payload = compress(codec, records, level) if codec else records
 
     def free(self) -> None:
         """The batch has its final outcome: drop its bytes (record handles that users keep
         hold the batch, and must not hold its records too)."""
-        self._payload = None
+        self.payload = None
 
     def parts(self, *, producer_id: int = -1, producer_epoch: int = -1,
               base_sequence: int = -1,
@@ -56,9 +53,9 @@ class BatchWriter(RecordWriter):
         """The batch as it goes on the wire (after close()), in two parts: its 61-byte
         header and its records, not copied next to each other (a Produce request writes a
         large payload where it lies); may be called again for a retry."""
-        payload = self._payload
+        payload = self.payload
         assert payload is not None, "close() the batch before encoding it"
-        attributes = (self._codec | TRANSACTIONAL) if transactional else self._codec
+        attributes = (self.codec | TRANSACTIONAL) if transactional else self.codec
         return self.header(payload, attributes, producer_id, producer_epoch,
                            base_sequence), payload
 
