@@ -2,7 +2,9 @@
 (batches and bytes each, how many were in flight when each was written, their latency), the
 waits of enqueue() (for its turn after closing a full batch, or in line for memory), and the
 producing thread's time on the CPU against its time runnable but not running (the run queue:
-another process, the broker's threads say, had the core).
+another process, the broker's threads say, had the core), the bytes each request left in the
+transport's buffer (not yet taken by the kernel: the loop must turn to write them), and the
+broker process's CPU seconds.
 
     python benchmarks/where_it_waits.py [--broker embedded|kafka] [--records N] [--size B]
         [--shape gather|bulk] [--set name=value ...]
@@ -34,15 +36,19 @@ import uvloop  # noqa: E402
 
 from aioproducer import Producer  # noqa: E402
 from aioproducer._internal import accumulator, intake, sender  # noqa: E402
+from aioproducer.client import connection  # noqa: E402
+from aioproducer.protocol.messages import ApiKey  # noqa: E402
 from aioproducer.testing import ApacheKafka, EmbeddedBroker  # noqa: E402
 
 requests: list[tuple[int, int, int]] = []  # (batches, bytes, in flight when written)
+backlog: list[int] = []  # bytes the transport still held (not in the kernel) after each write
 latencies: list[float] = []
 waits: list[tuple[float, bool]] = []  # (seconds, after closing a full batch: else in line)
 
 
 def instrument() -> None:
     prepare = sender.Sender._prepare_produce
+    send = connection.BrokerConnection.send
     responded = sender.Sender._on_produce_response
     append_in_turn = intake.RecordIntake._append_in_turn
 
@@ -50,6 +56,11 @@ def instrument() -> None:
         requests.append((len(batches), sum(b.writer.size for b in batches),
                          conn.in_flight_produce))
         prepare(self, conn, batches)
+
+    def send_request(self: Any, api_key: Any, *args: Any, **kwargs: Any) -> None:
+        send(self, api_key, *args, **kwargs)
+        if api_key == ApiKey.PRODUCE and self._transport is not None:
+            backlog.append(self._transport.get_write_buffer_size())
 
     def on_response(self: Any, conn: Any, batches: Any, written: float, *rest: Any) -> None:
         latencies.append(time.perf_counter() - written)
@@ -64,6 +75,7 @@ def instrument() -> None:
 
     sender.Sender._prepare_produce = prepare_produce  # type: ignore[method-assign]
     sender.Sender._on_produce_response = on_response  # type: ignore[method-assign]
+    connection.BrokerConnection.send = send_request  # type: ignore[method-assign]
     intake.RecordIntake._append_in_turn = in_turn  # type: ignore[method-assign]
     assert accumulator  # (the line is the accumulator's: waits in it show up in in_turn)
 
@@ -74,29 +86,41 @@ def scheduled() -> tuple[float, float]:
     return int(ran) / 1e9, int(waited) / 1e9
 
 
+def process_seconds(pid: int) -> float:
+    """A process's user + system CPU seconds (/proc/<pid>/stat)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def run(bootstrap: str, topic: str, args: argparse.Namespace,
-              settings: dict[str, Any]) -> None:
+              settings: dict[str, Any], broker_pid: int | None) -> None:
     value = os.urandom(args.size)
     data = [(b"key-%012d" % (i % 100_000), value) for i in range(args.records)]
     async with Producer(bootstrap, acks=1, linger_ms=5, **settings) as producer:
         if args.broker == "kafka":  # warmed up as grid.py does it: an untimed bulk write
             await (await producer.enqueue_many("warm-up", data))
-            requests.clear(), latencies.clear(), waits.clear()
+            requests.clear(), latencies.clear(), waits.clear(), backlog.clear()
         await producer.partitions_for(topic)
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        broker_start = process_seconds(broker_pid) if broker_pid else 0.0
         sched, cpu, start = scheduled(), time.process_time(), time.perf_counter()
         if args.shape == "gather":
             futures = [await producer.enqueue(topic, v, k) for k, v in data]
             appended = scheduled(), time.perf_counter() - start
+            broker_appending = process_seconds(broker_pid) if broker_pid else 0.0
             await asyncio.gather(*futures)
         else:
             results = [await producer.enqueue_many(topic, data[i:i + 10_000])
                        for i in range(0, len(data), 10_000)]
             appended = scheduled(), time.perf_counter() - start
+            broker_appending = process_seconds(broker_pid) if broker_pid else 0.0
             await producer.flush()
             for result in results:
                 await result
         wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+        broker_cpu = (broker_appending - broker_start,
+                      process_seconds(broker_pid) - broker_start) if broker_pid else None
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
     n = args.records
     print(f"{args.shape}, {n} records of {args.size} B, {settings or 'defaults'}: "
@@ -113,6 +137,13 @@ async def run(bootstrap: str, topic: str, args: argparse.Namespace,
     print(f"  {len(requests)} requests: {statistics.mean(r[0] for r in requests):.2f} batches, "
           f"{statistics.mean(r[1] for r in requests) / 1e3:.0f} KB each; in flight when "
           f"written: {sorted(collections.Counter(r[2] for r in requests).items())}")
+    backlog.sort()
+    print(f"  left in the transport (not yet in the kernel) after each write: p50 "
+          f"{backlog[len(backlog) // 2] / 1e3:.0f} KB, p90 "
+          f"{backlog[len(backlog) * 9 // 10] / 1e3:.0f} KB, max {backlog[-1] / 1e3:.0f} KB")
+    if broker_cpu is not None:
+        print(f"  the broker's CPU: {broker_cpu[0]:.2f} s appending, {broker_cpu[1]:.2f} s in "
+              f"all ({broker_cpu[1] / wall:.0%} of a core)")
     latencies.sort()
     print(f"  latency (write to response) ms: p50 {latencies[len(latencies) // 2] * 1e3:.2f}, "
           f"p90 {latencies[len(latencies) * 9 // 10] * 1e3:.2f}, max {latencies[-1] * 1e3:.2f}")
@@ -136,7 +167,8 @@ def main() -> None:
         broker.create_topic("waits", 6)
         if args.broker == "kafka":
             broker.create_topic("warm-up", 6)
-        uvloop.run(run(broker.bootstrap, "waits", args, settings))
+        pid = broker.pid(0) if args.broker == "kafka" else broker.pid
+        uvloop.run(run(broker.bootstrap, "waits", args, settings, pid))
 
 
 if __name__ == "__main__":

@@ -145,6 +145,21 @@ async def test_acks_settings(broker, topic, acks):
     assert [r.value for r in got] == [b"%d" % i for i in range(500)]
 
 
+async def test_acks_0_sends_every_batch_queued_behind_another(broker, topic):
+    """At acks=0 no response wakes the sender: batches queued behind others in one partition
+    (concurrent sends filling batch after batch) must still go, each round after the last,
+    not wait for the next metadata refresh minutes later."""
+    async with Producer(broker.bootstrap, acks=0, batch_size=1024, linger_ms=5) as producer:
+        sends = asyncio.gather(*(producer.send(topic, b"%05d" % i + bytes(95))
+                                 for i in range(2000)))
+        await asyncio.wait_for(sends, 10)
+        assert producer.metrics().batches_sent >= 100  # (~10 records a batch)
+        # Read back before closing: at acks=0 a request counts as sent once handed to the
+        # transport, and close() drops what the transport has not written yet.
+        got = await asyncio.to_thread(consume_all, broker.bootstrap, topic, 2000)
+    assert [r.value for r in got] == [b"%05d" % i + bytes(95) for i in range(2000)]
+
+
 async def test_idempotent_producer_writes_one_producer_id_with_contiguous_sequences(broker, topic):
     async with Producer(broker.bootstrap, batch_size=1024, linger_ms=1) as producer:
         for i in range(3000):
@@ -252,3 +267,31 @@ async def test_enqueue_many_takes_pairs_of_any_bytes_like(broker, topic):
         assert [md.offset for md in await caught.value.accepted] == [3]
     values = sorted(r.value for r in consume_all(broker.bootstrap, topic, 4))
     assert values == [b"ba", b"list", b"mv", b"x"]
+
+
+async def test_enqueue_many_writes_several_full_batches_a_request_while_it_appends(
+        broker, topic_factory):
+    """One enqueue_many call of keyless records fills batch after batch, each on the sticky
+    partition it moves on to: the sender writes them while the call goes on, several full
+    batches a request (a loop turn per full batch made a request per batch whenever the
+    broker kept up: issue 42), and the broker stores each record once, in the order of the
+    call within its partition. With acks=0 nothing waits for a response, so the request count
+    does not hang on the broker's speed: each turn the sender gets writes what is full."""
+    topic = topic_factory(PARTITIONS)
+    count = 20_000
+    values = [b"%06d" % i + bytes(94) for i in range(count)]
+    async with Producer(broker.bootstrap, acks=0, batch_size=4096, linger_ms=1000) as producer:
+        await producer.enqueue_many(topic, [(None, v) for v in values])
+        written_in_the_call = producer.metrics().produce_requests
+        await producer.flush()
+        metrics = producer.metrics()
+        # (read back before closing: see test_acks_0_sends_every_batch_queued_behind_another)
+        got = await asyncio.to_thread(consume_all, broker.bootstrap, topic, count)
+    assert written_in_the_call > 0, "the sender wrote nothing while the call appended"
+    assert metrics.batches_sent >= 400  # ~37 records a batch
+    assert metrics.batches_sent >= 2.5 * metrics.produce_requests, (
+        f"{metrics.produce_requests} requests for {metrics.batches_sent} batches")
+    assert sorted(r.value for r in got) == values  # each once
+    for p in range(PARTITIONS):
+        in_partition = [r.value for r in got if r.partition == p]
+        assert in_partition == sorted(in_partition)  # in the order of the call

@@ -115,6 +115,11 @@ class RecordAccumulator:
         self.appendable: dict[str, tuple[list[ProducerBatch | None],
                                          list[BatchWriter | None]]] = {}
         self._batches_created = 0
+        # Batches closed full, and their bytes, since the sender last took batches for a
+        # request: enqueue_many gives the sender its turn once they make a request's worth
+        # (`request_worth_closed`), so that it writes several batches a request, not one.
+        self._closed_since_drain = self._closed_bytes_since_drain = 0
+        self._max_request_size = config.max_request_size
         self.incomplete: set[ProducerBatch] = set()
         # Final outcomes, for Producer.metrics() (a split batch counts as its pieces).
         self.records_sent = self.records_failed = self.batches_sent = 0
@@ -182,9 +187,18 @@ class RecordAccumulator:
             return False
         open_[0][partition] = open_[1][partition] = None
         batch.full = True
+        self._closed_since_drain += 1
+        self._closed_bytes_since_drain += batch.writer.size
         self._quiet_until = 0.0
         self.wake_sender(None)
         return True
+
+    def request_worth_closed(self, partitions: int, brokers: int) -> bool:
+        """Whether the batches closed full since the sender last took any make a request's
+        worth for each of `brokers`: as many as the topic's `partitions` (a request takes one
+        batch a partition), or max_request_size bytes a broker."""
+        return self._closed_since_drain >= partitions or \
+            self._closed_bytes_since_drain >= brokers * self._max_request_size
 
     def batch_memory(self, record_size: int) -> int:
         """The memory a new batch reserves for its first record (it reserves more as it
@@ -526,6 +540,8 @@ class RecordAccumulator:
                 for tp, queue in entries:
                     batches.append(queue[0])
                     self._take(tp, queue)
+        if drained:
+            self._closed_since_drain = self._closed_bytes_since_drain = 0
         return drained
 
     def drain_lone(self, batch: ProducerBatch) -> bool:
@@ -536,6 +552,7 @@ class RecordAccumulator:
         if len(self._batches) != 1 or queue is None or len(queue) != 1:
             return False
         self._take(tp, queue)
+        self._closed_since_drain = self._closed_bytes_since_drain = 0
         return True
 
     def _take(self, tp: TopicPartition, queue: deque[ProducerBatch]) -> None:

@@ -507,7 +507,21 @@ class RecordIntake:
                     out_batches, out_deltas)
                 if status == DONE:
                     return
-                if status == NEEDS_BATCH and known and writers[placed] is None:
+                if status == NEEDS_BATCH and known and writers[placed] is not None:
+                    # Its batch is full: closed here (the sender may take it), and the record
+                    # taken again, a sticky one on the partition it moves on to.
+                    accumulator.close_for_appends(topic, placed)
+                    if records[index][0] is None and fixed < 0:
+                        self._partitioner.on_new_batch(topic, leaders, placed, True)
+                    if accumulator.request_worth_closed(count, len(self._cluster.brokers)):
+                        # One loop turn, before the next batch opens: the sender writes the
+                        # full ones in one request meanwhile (a turn per full batch, as
+                        # enqueue() takes, made a request per batch), and the broker works
+                        # while this call goes on.
+                        await asyncio.sleep(0)
+                        batches, writers = accumulator.open_batches(topic, count)
+                    continue
+                if status == NEEDS_BATCH and known:
                     key, value = records[index]  # (the loop checked: bytes or None)
                     if key is not None or fixed >= 0:  # (a sticky one may move: see append)
                         opened = self.open_new(topic, placed, key, value, timestamp_ms,

@@ -7,7 +7,8 @@ one ProduceRequest per broker. It never waits for a response: the response's cal
 completes the batches (or re-queues them with backoff, splits one the broker found too large,
 or fails them) and wakes the task.
 Between rounds it sleeps until the earliest deadline (linger, retry backoff, delivery
-timeout, reconnect, metadata age) or until something wakes it.
+timeout, reconnect, metadata age) or until something wakes it; not at all while a broker it
+wrote to has room for another request and batches are queued.
 
 The requests are written last, after the round's bookkeeping and the next wake-up are set:
 the broker a write wakes can be scheduled on this process's core, and then it waits until
@@ -199,12 +200,16 @@ class Sender:
                 pass  # (its end wakes the sender)
             elif conn.in_flight_produce < self._config.max_in_flight_requests_per_connection:
                 sendable[node] = conn
+        room = False  # a broker written to this round has room for another request
         if sendable:
             drained = accumulator.drain(cluster, sendable, self._config.max_request_size, now)
+            limit = self._config.max_in_flight_requests_per_connection
             for node, batches in drained.items():
                 if waiting:
                     waiting.pop(node, None)
-                self._prepare_produce(sendable[node], batches)
+                conn = sendable[node]
+                self._prepare_produce(conn, batches)
+                room = room or conn.in_flight_produce + 1 < limit
 
         self._expire(now)
         if waiting:
@@ -214,6 +219,13 @@ class Sender:
                 if not accumulator.has_queued_for(cluster, node):
                     del waiting[node]
         next_wake = min(next_wake, accumulator.next_expiry() - now, self._next_in_flight_expiry() - now)
+        if room and accumulator.has_queued():
+            # As the Java sender polls with no timeout while it has data to send: the next
+            # round now, for the batches this request had no place for (a partition's next
+            # one; a request's worth more). Else, with batches of a request each (records
+            # of 1 MB), only a response woke the sender: one request in flight. At acks=0
+            # no response wakes it at all.
+            return 0.0
         return max(next_wake, 0.0)
 
     def node_unavailable(self, node: int) -> bool:

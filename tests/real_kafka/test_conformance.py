@@ -1,6 +1,7 @@
 """What aioproducer writes, as Apache Kafka stores it, read back by librdkafka's consumer:
-every codec, headers, timestamps, keyed and keyless records, enqueue_many, idempotence with
-five requests in flight, a quota's throttle (KIP-219), and the CLI."""
+every codec, headers, timestamps, keyed and keyless records, enqueue_many (its full batches
+several to a request), idempotence with five requests in flight, a quota's throttle
+(KIP-219), and the CLI."""
 
 from __future__ import annotations
 
@@ -65,6 +66,34 @@ async def test_idempotence_with_five_requests_in_flight(apache_kafka, make_topic
     for p in range(3):
         values = [int(r.value) for r in got if r.partition == p]
         assert values == list(range(p, n, 3))
+
+
+async def test_enqueue_many_full_batches_share_requests_in_order_once(apache_kafka, make_topic):
+    """Keyless records of one enqueue_many call: the full batches go several to a request
+    (Kafka takes one batch a partition per request, and refuses a request with two), and each
+    record is stored once, in the order of the call within its partition. At acks=0 the
+    request count does not hang on the broker's speed (no response is awaited)."""
+    topic = make_topic(partitions=6)
+    n = 30_000
+    values = [b"%06d" % i + bytes(94) for i in range(n)]
+    # A record acknowledged by each partition first: a new topic's partition may not take
+    # writes yet, and at acks=0 Kafka then drops the request and closes the connection.
+    async with Producer(apache_kafka.bootstrap, acks=1) as ready:
+        await asyncio.gather(*(ready.send(topic, b"ready", partition=p) for p in range(6)))
+    async with Producer(apache_kafka.bootstrap, acks=0, batch_size=4096,
+                        linger_ms=1000) as producer:
+        await producer.enqueue_many(topic, [(None, v) for v in values])
+        await producer.flush()
+        metrics = producer.metrics()
+        # Read back before closing: close() drops what the transport has not written yet.
+        got = await asyncio.to_thread(consume_all, apache_kafka.bootstrap, topic, n + 6)
+    got = [r for r in got if r.value != b"ready"]
+    assert metrics.batches_sent >= 2.5 * metrics.produce_requests, (
+        f"{metrics.produce_requests} requests for {metrics.batches_sent} batches")
+    assert sorted(r.value for r in got) == values  # each once
+    for p in range(6):
+        in_partition = [r.value for r in got if r.partition == p]
+        assert in_partition == sorted(in_partition)  # in the order of the call
 
 
 async def test_a_producer_byte_rate_quota_throttles_and_is_honoured(apache_kafka, make_topic,
