@@ -344,6 +344,15 @@ class Producer(Generic[K, V]):
             final = self._telemetry.stop()
             if final is not None and not await deadline.wait({final}):
                 final.cancel()
+        if self.config.acks == 0:
+            # Those records' futures are done once written: let the brokers read them before
+            # the connections close (up to request_timeout_ms, or the deadline).
+            assert self._cluster is not None
+            until = asyncio.get_running_loop().time() + self.config.request_timeout_ms / 1000
+            if not await self._cluster.end_writes(until if deadline.at is None
+                                                  else min(until, deadline.at)):
+                log.warning("close(): a broker did not close its side of the connection in "
+                            "time; acks=0 records it had not read yet are lost")
         await self._stop_tasks()
         lifecycle.become(CLOSED)
         if self._observer is not None:

@@ -54,6 +54,8 @@ log = logging.getLogger(__name__)
 
 # Errors that make a topic unusable at once, however long we wait.
 _HARD_TOPIC_ERRORS = (InvalidTopicError, TopicAuthorizationFailedError)
+# How often end_writes() looks whether the brokers closed their side.
+_CLOSE_POLL_S = 0.005
 
 
 @dataclass(frozen=True, slots=True)
@@ -548,6 +550,19 @@ class Cluster:
     @property
     def closed(self) -> bool:
         return self._closed.done()
+
+    async def end_writes(self, until: float) -> bool:
+        """Tell every broker that no more requests come and wait until each has closed its
+        side (having read and handled every request), or the loop's clock reaches `until`;
+        whether all did. At acks=0 a request is done once written: closing the connections
+        at once dropped those the broker had not read yet (1,480 records of 2,000)."""
+        ending = [conn for conn in self._connections.values() if conn.end_writes()]
+        loop = asyncio.get_running_loop()
+        while any(not conn.closed for conn in ending):
+            if loop.time() >= until:
+                return False
+            await asyncio.sleep(_CLOSE_POLL_S)
+        return True
 
     async def pause(self, seconds: float) -> None:
         """Wait `seconds` between retries, or less: until close()."""

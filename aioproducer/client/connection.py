@@ -78,6 +78,7 @@ class BrokerConnection(asyncio.Protocol):
         # While re-authenticating (KIP-368): the requests sent meanwhile, written once it ends.
         self._held: list[tuple[ApiKey, Mapping[str, Any], ResponseCallback | None,
                                int | None]] | None = None
+        self._writes_ended = False  # end_writes(): the broker was told no more requests come
         self._idle: asyncio.Future[None] | None = None  # quiet(): no request pending
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
@@ -243,6 +244,8 @@ class BrokerConnection(asyncio.Protocol):
         """
         if self._close_exc is not None:
             raise self._close_exc
+        if self._writes_ended:
+            raise KafkaConnectionError(f"connection to {self.address} is closing")
         if (self._held is not None or self.throttled_until) and api_key not in _SASL_EXCHANGE:
             if self._held is not None:
                 self._held.append((api_key, body, on_response, version))
@@ -298,6 +301,17 @@ class BrokerConnection(asyncio.Protocol):
     @property
     def closed(self) -> bool:
         return self._close_exc is not None
+
+    def end_writes(self) -> bool:
+        """Tell the broker no more requests come (a FIN after what was written), so that it
+        reads and handles them all before closing its side; False where the transport cannot
+        (TLS). close() alone throws away what the broker has not read yet."""
+        transport = self._transport
+        if transport is None or self._close_exc is not None or not transport.can_write_eof():
+            return False
+        transport.write_eof()
+        self._writes_ended = True
+        return True
 
     def close(self, exc: KafkaError | None = None) -> None:
         """Close the socket and fail every pending request with `exc` (retriable by default)."""
