@@ -476,3 +476,48 @@ def _where_reading_stopped(bootstrap: str, topic: str, read: Counter[bytes]) -> 
                    for b in fetch_raw_batches(bootstrap, topic, partition)]
         lines.append(f"partition {partition}: {batches[:40]}")
     return "\n".join(lines)
+
+
+def test_a_task_sees_the_jvm_that_fed_it_die(tmp_path):
+    """A task's transaction is committed only while the JVM that feeds its Python worker is
+    there: killed between two Arrow batches, the JVM leaves an input that ends cleanly, and
+    a commit then made the rows before the kill look like the whole partition. Here a
+    process plays the JVM, its child PySpark's daemon, and the daemon's child the worker;
+    the worker's watch says whether its JVM is alive before and after the JVM is killed."""
+    import contextlib
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    ready, verdict = tmp_path / "ready", tmp_path / "verdict"
+    worker = (
+        "import pathlib, time\n"
+        "from aioproducer.integrations.spark import _spark_watch\n"
+        "alive = _spark_watch()\n"
+        f"pathlib.Path({str(ready)!r}).write_text(str(alive()))\n"
+        "for _ in range(100):\n"
+        "    time.sleep(0.05)\n"
+        "    if not alive(): break\n"
+        f"pathlib.Path({str(verdict)!r}).write_text(str(alive()))\n")
+    spawn = "import subprocess, sys; subprocess.run([sys.executable, '-c', sys.argv[1]])"
+    # (the "daemon" waits for its worker; the "JVM" for its daemon)
+    jvm = subprocess.Popen([sys.executable, "-c", spawn,
+                            f"import subprocess, sys; subprocess.run([sys.executable, '-c', "
+                            f"{worker!r}])"], start_new_session=True)
+    try:
+        for _ in range(200):  # (bounded: 20 s)
+            if ready.exists() and ready.read_text():
+                break
+            time.sleep(0.1)
+        assert ready.read_text() == "True", "alive while its JVM runs"
+        os.kill(jvm.pid, signal.SIGKILL)
+        for _ in range(100):  # (bounded: 10 s)
+            if verdict.exists() and verdict.read_text():
+                break
+            time.sleep(0.1)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(jvm.pid, signal.SIGKILL)  # the "daemon" and the worker too
+        jvm.wait(10)
+    assert verdict.read_text() == "False", "the worker did not see its JVM die"

@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import dataclasses
 import itertools
+import os
 from dataclasses import dataclass
 from itertools import repeat
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence
@@ -366,6 +367,7 @@ async def _write_partition(batches: Iterator[pa.RecordBatch], plan: WritePlan, i
 
     Spark's next Arrow batch is read in a worker thread while the event loop sends the
     records of this one (see _ReadAhead)."""
+    spark_alive = _spark_watch()
     first = next((b for b in batches if b.num_rows), None)
     if first is None:
         return TaskReport(index, 0, 0, 0)
@@ -395,6 +397,10 @@ async def _write_partition(batches: Iterator[pa.RecordBatch], plan: WritePlan, i
                     await _send(producer, batch, plan, sent)
                     batch = await ahead.next()
                     rows += batch.num_rows if batch is not None else 0
+                if transactional and not spark_alive():
+                    raise RuntimeError(
+                        "the Spark JVM feeding this task is gone: its input may have ended "
+                        "early, so its transaction is aborted, not committed")
                 if marker is not None:
                     assert producer.config.transactional_id is not None and batch_id is not None
                     await producer.send_offsets_to_transaction(
@@ -420,6 +426,32 @@ async def _write_partition(batches: Iterator[pa.RecordBatch], plan: WritePlan, i
         if failed is not None and not error:
             error = repr(failed)
     return TaskReport(index, rows, records, size, error)
+
+
+def _spark_watch() -> Callable[[], bool]:
+    """Whether the JVM that feeds this Python worker is still there, as at the call. Killed
+    between two Arrow batches, it leaves an input stream that ends cleanly (Arrow's stream
+    format allows an end without its end marker): the task would commit a transaction of
+    the rows before the kill, and the replay would find the micro-batch committed and skip
+    the rest (seen once in CI, a killed driver). The worker's parent is PySpark's daemon
+    (or the JVM), the daemon's the JVM: a parent gone gives its child a new parent at once.
+    Without /proc, only the worker's own parent is watched."""
+    parent = os.getppid()
+    grandparent = _parent_of(parent)
+
+    def alive() -> bool:
+        return os.getppid() == parent and (grandparent is None
+                                           or _parent_of(parent) == grandparent)
+    return alive
+
+
+def _parent_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            # pid (comm) state ppid ...: comm may hold spaces and parentheses
+            return int(stat.read().rpartition(b")")[2].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 class _ReadAhead:
