@@ -385,8 +385,8 @@ class BlockingProducer(Generic[K, V]):
             # A batch acknowledged just before the producer's flush() looked is done, but the
             # callback that resolves its records' futures (_batch_done) may still wait in the
             # loop's queue: flush() returned with them pending, 1 run in 10 under load.
-            resolving = [batch.future for batch in self._by_batch]
-            if resolving:
+            resolving = [batch.future for batch in self._by_batch if batch.future.done()]
+            if resolving:  # (their callbacks, queued before this wait's, run first)
                 await asyncio.wait(resolving)
 
     async def _close(self, timeout: float | None) -> None:
