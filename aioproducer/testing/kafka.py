@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import re
@@ -173,10 +174,15 @@ class _Watchdog:
             pass
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def _free_ports(count: int) -> list[int]:
+    """`count` distinct free ports: the sockets are held until all are bound, since a port
+    asked for and let go at once can be handed out again (a node's CONTROLLER and PLAINTEXT
+    listeners once got the same port, and the node would not start)."""
+    with contextlib.ExitStack() as held:
+        socks = [held.enter_context(socket.socket()) for _ in range(count)]
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in socks]
 
 
 def _run_in_thread(make: Callable[[], Awaitable[T]]) -> T:
@@ -375,8 +381,10 @@ class ApacheKafka:
         (self.directory / "log4j.properties").write_text(_LOG4J1)
         if self.tls:
             self._make_certificates()
+        names = ["CONTROLLER", *self.listeners]
+        free = iter(_free_ports(self.nodes * len(names)))
         for node_id in range(self.nodes):
-            ports = {name: _free_port() for name in ["CONTROLLER", *self.listeners]}
+            ports = {name: next(free) for name in names}
             self._nodes.append(_Node(node_id, ports, self.directory / f"node-{node_id}.properties",
                                      self.directory / f"node-{node_id}.log"))
         for node in self._nodes:
