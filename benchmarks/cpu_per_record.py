@@ -1,16 +1,17 @@
 """aioproducer's CPU per record, in this process: enqueue + gather and enqueue_many (and, with
---shapes send, `gather(*(send(...) ...))`; with --shapes yielding, enqueue + gather yielding
-to the loop every 100 records, as a service's tasks do: at many partitions the sender then
-drains a batch of one record per partition, so it measures the cost of a batch; tasks,
-1,000 tasks each awaiting `send()` in a loop; sync, `BlockingProducer.produce()` per record
-from one thread, then `flush()`, both threads' CPU), on an
-embedded broker (the least load-sensitive
+--shapes flushed, the same enqueue() loop then flush() without gathering the futures: the
+difference to gather is asyncio.gather's own cost; send, `gather(*(send(...) ...))`;
+yielding, enqueue + gather yielding to the loop every 100 records, as a service's tasks do:
+at many partitions the sender then drains a batch of one record per partition, so it
+measures the cost of a batch; tasks, 1,000 tasks each awaiting `send()` in a loop; sync,
+`BlockingProducer.produce()` per record from one thread, then `flush()`, both threads' CPU),
+on an embedded broker (the least load-sensitive
 figure on a shared machine: the process's CPU seconds over the produce phase, not wall
 time). --profile SHAPE prints a cProfile of that shape's first round (thread CPU time)
 instead of timing it.
 
     python benchmarks/cpu_per_record.py PARTITIONS [RECORDS] [--size B] [--rounds N]
-        [--shapes gather,bulk,send,yielding,tasks,sync] [--profile SHAPE] [--asyncio]
+        [--shapes gather,flushed,bulk,send,yielding,tasks,sync] [--profile SHAPE] [--asyncio]
         [--batch-size B]
 
 (sync's profile is two: the producing thread's, then the producer's loop thread's.)
@@ -37,6 +38,13 @@ data = [(b"key-%012d" % (i % 100_000), value) for i in range(args.records)]
 async def gather(producer, topic):
     futs = [await producer.enqueue(topic, v, k) for k, v in data]
     await asyncio.gather(*futs)
+
+
+async def flushed(producer, topic):
+    """enqueue + gather without the gather: the difference is asyncio.gather's own cost."""
+    futs = [await producer.enqueue(topic, v, k) for k, v in data]
+    await producer.flush()
+    assert futs[-1].done()
 
 
 async def bulk(producer, topic):
@@ -67,7 +75,7 @@ async def tasks(producer, topic):
             await producer.send(topic, value, key)
     await asyncio.gather(*(worker(data[i * share:(i + 1) * share]) for i in range(1000)))
 
-SHAPES = {"gather": gather, "bulk": bulk, "send": send, "yielding": yielding, "tasks": tasks}
+SHAPES = {"gather": gather, "flushed": flushed, "bulk": bulk, "send": send, "yielding": yielding, "tasks": tasks}
 
 
 def sync(bootstrap, topic, profile):
