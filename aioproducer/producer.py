@@ -344,15 +344,8 @@ class Producer(Generic[K, V]):
             final = self._telemetry.stop()
             if final is not None and not await deadline.wait({final}):
                 final.cancel()
-        if self.config.acks == 0:
-            # Those records' futures are done once written: let the brokers read them before
-            # the connections close (up to request_timeout_ms, or the deadline).
-            assert self._cluster is not None
-            until = asyncio.get_running_loop().time() + self.config.request_timeout_ms / 1000
-            if not await self._cluster.end_writes(until if deadline.at is None
-                                                  else min(until, deadline.at)):
-                log.warning("close(): a broker did not close its side of the connection in "
-                            "time; acks=0 records it had not read yet are lost")
+        assert self._cluster is not None
+        await _settle(self._cluster, deadline)
         await self._stop_tasks()
         lifecycle.become(CLOSED)
         if self._observer is not None:
@@ -691,6 +684,26 @@ def _sender_done(producer: weakref.ref[Producer], task: asyncio.Task[None]) -> N
     alive = producer()
     if alive is not None:  # (else collected: `_let_go` stopped the sender)
         alive._sender_done(task)
+
+
+async def _settle(cluster: Cluster, deadline: CloseDeadline) -> None:
+    """At acks=0 a record's future is done once its request is written: before the
+    connections close, wait for each broker to have handled those requests (its answer to a
+    barrier written after them), until the deadline or request_timeout_ms (the connection's
+    timer fails the barrier then); warn of each broker that did not answer."""
+    barriers = cluster.barriers()
+    if not barriers:
+        return
+    await deadline.wait(barriers)
+    for barrier, conn in barriers.items():
+        if not barrier.done():
+            barrier.cancel()
+            log.warning("close(): %s had not answered when close()'s timeout ended: acks=0 "
+                        "records it had not read yet are lost", conn.address)
+        elif barrier.exception() is not None:
+            log.warning("close(): %s did not confirm that it handled every acks=0 request "
+                        "(%s): records in them may be lost (Kafka closes the connection when "
+                        "it refuses one)", conn.address, barrier.exception())
 
 
 def _let_go(unclosed: str, source_traceback: traceback.StackSummary | None,

@@ -195,6 +195,28 @@ async def test_close_with_timeout_returns_while_broker_is_down(proxied_broker):
         await handle
 
 
+async def test_acks_0_close_does_not_wait_for_the_broker_to_hang_up(proxied_broker):
+    """close() at acks=0 learns that a broker has handled every request from its answer to
+    one more, not from the broker closing its side after the client's FIN: this proxy (as
+    a load balancer may) keeps its side open, and close() waited out request_timeout_ms.
+    Nothing written is lost."""
+    cluster = proxied_broker
+    topic = f"blind-{random.randrange(10**6)}"
+    cluster.create_topic(topic, 1)
+    values = [b"%05d" % i + bytes(500) for i in range(1000)]
+    producer = Producer(cluster.bootstrap, acks=0, enable_idempotence=False, linger_ms=5,
+                        request_timeout_ms=15_000)
+    await producer.start()
+    for value in values:
+        await producer.enqueue(topic, value)
+    started = time.monotonic()
+    await asyncio.wait_for(producer.close(), 30)
+    took = time.monotonic() - started
+    assert took < 5, f"close() took {took:.1f} s (request_timeout_ms: 15 s)"
+    got = await asyncio.to_thread(consume_all, cluster.bootstrap, topic, len(values))
+    assert [r.value for r in got] == values
+
+
 async def test_a_silent_cluster_fails_a_send_for_a_new_topic_at_max_block_ms(proxied_broker):
     """The cluster stops answering while a send waits for a new topic's metadata: the send
     fails when max_block_ms is up, not when the far longer request_timeout_ms ends the

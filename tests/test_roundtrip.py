@@ -160,8 +160,8 @@ async def test_acks_0_sends_every_batch_queued_behind_another(broker, topic):
 
 async def test_acks_0_close_loses_nothing_written_to_the_connection(broker, topic):
     """At acks=0 a batch is done once its request is handed to the connection; close() then
-    waits for the socket to take those bytes before it closes the connection (it threw
-    away what the kernel had not taken yet: 1,480 records of 2,000 lost)."""
+    waits for the broker to have handled those requests before it closes the connection (it
+    threw away what the broker had not read yet: 1,480 records of 2,000 lost)."""
     values = [b"%05d" % i + bytes(2000) for i in range(2000)]
     async with Producer(broker.bootstrap, acks=0, enable_idempotence=False,
                         linger_ms=5) as producer:

@@ -66,6 +66,24 @@ async def test_produce_over_tls(tls_broker):
     assert batch.records[0][1:3] == (b"k", b"encrypted in transit")
 
 
+async def test_acks_0_close_over_tls_loses_nothing(tls_broker):
+    """At acks=0 a record is done once its request is written. TLS cannot half-close the
+    connection (no FIN after the last request), so close() closed it at once and the broker
+    lost what it had not read yet; now close() waits for the broker's answer to one more
+    request, which it handles only after those before it."""
+    broker, bootstrap, cafile = tls_broker
+    broker.create_topic("blind", 1)
+    values = [b"%05d" % i + bytes(2000) for i in range(2000)]
+    async with Producer(bootstrap, security_protocol="SSL", ssl_cafile=cafile, acks=0,
+                        enable_idempotence=False, linger_ms=5) as producer:
+        for value in values:
+            await producer.enqueue("blind", value)
+    batches = await asyncio.to_thread(fetch_raw_batches, f"127.0.0.1:{broker.port}", "blind", 0)
+    stored = [record[2] for batch in batches for record in batch.records]
+    assert len(stored) == len(values), f"{len(values) - len(stored)} records lost at close()"
+    assert stored == values
+
+
 async def test_wrong_ca_is_refused_clearly(tls_broker, tmp_path):
     _, bootstrap, _ = tls_broker
     other = tmp_path / "other-ca.pem"

@@ -54,8 +54,6 @@ log = logging.getLogger(__name__)
 
 # Errors that make a topic unusable at once, however long we wait.
 _HARD_TOPIC_ERRORS = (InvalidTopicError, TopicAuthorizationFailedError)
-# How often end_writes() looks whether the brokers closed their side.
-_CLOSE_POLL_S = 0.005
 
 
 @dataclass(frozen=True, slots=True)
@@ -551,18 +549,13 @@ class Cluster:
     def closed(self) -> bool:
         return self._closed.done()
 
-    async def end_writes(self, until: float) -> bool:
-        """Tell every broker that no more requests come and wait until each has closed its
-        side (having read and handled every request), or the loop's clock reaches `until`;
-        whether all did. At acks=0 a request is done once written: closing the connections
-        at once dropped those the broker had not read yet (1,480 records of 2,000)."""
-        ending = [conn for conn in self._connections.values() if conn.end_writes()]
-        loop = asyncio.get_running_loop()
-        while any(not conn.closed for conn in ending):
-            if loop.time() >= until:
-                return False
-            await asyncio.sleep(_CLOSE_POLL_S)
-        return True
+    def barriers(self) -> dict[asyncio.Future[dict[str, Any]], BrokerConnection]:
+        """A barrier (BrokerConnection.barrier) on each connection written a request that gets
+        no response (acks=0 Produce) since its last one, done once the broker has handled
+        them: such a request is done once written, and closing the connections at once
+        dropped those the broker had not read yet (1,480 records of 2,000)."""
+        return {conn.barrier(): conn for conn in self._connections.values()
+                if conn.written_unanswered and not conn.closed}
 
     async def pause(self, seconds: float) -> None:
         """Wait `seconds` between retries, or less: until close()."""

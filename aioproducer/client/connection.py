@@ -78,7 +78,8 @@ class BrokerConnection(asyncio.Protocol):
         # While re-authenticating (KIP-368): the requests sent meanwhile, written once it ends.
         self._held: list[tuple[ApiKey, Mapping[str, Any], ResponseCallback | None,
                                int | None]] | None = None
-        self._writes_ended = False  # end_writes(): the broker was told no more requests come
+        # A request that gets no response (acks=0 Produce) was written since the last barrier().
+        self.written_unanswered = False
         self._idle: asyncio.Future[None] | None = None  # quiet(): no request pending
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
@@ -244,8 +245,6 @@ class BrokerConnection(asyncio.Protocol):
         """
         if self._close_exc is not None:
             raise self._close_exc
-        if self._writes_ended:
-            raise KafkaConnectionError(f"connection to {self.address} is closing")
         if (self._held is not None or self.throttled_until) and api_key not in _SASL_EXCHANGE:
             if self._held is not None:
                 self._held.append((api_key, body, on_response, version))
@@ -267,6 +266,8 @@ class BrokerConnection(asyncio.Protocol):
                 self.in_flight_produce += 1
             if self._timer is None:
                 self._timer = self._loop.call_at(deadline, self._check_timeouts)
+        else:
+            self.written_unanswered = True
         assert self._transport is not None
         if isinstance(frame, bytes):
             self._transport.write(frame)
@@ -302,16 +303,26 @@ class BrokerConnection(asyncio.Protocol):
     def closed(self) -> bool:
         return self._close_exc is not None
 
-    def end_writes(self) -> bool:
-        """Tell the broker no more requests come (a FIN after what was written), so that it
-        reads and handles them all before closing its side; False where the transport cannot
-        (TLS). close() alone throws away what the broker has not read yet."""
-        transport = self._transport
-        if transport is None or self._close_exc is not None or not transport.can_write_eof():
-            return False
-        transport.write_eof()
-        self._writes_ended = True
-        return True
+    def barrier(self) -> asyncio.Future[dict[str, Any]]:
+        """A future answered once the broker has handled every request written before it
+        (the acks=0 Produce requests, which get no answer of their own): the response to a
+        cheap request (ApiVersions) written after them. On TLS as on plaintext, so closing
+        the connection then loses nothing; failed if the connection closes first (Kafka
+        closes it when it refuses an acks=0 request), or after request_timeout_ms."""
+        # A broker handles one connection's requests one at a time, in order ("requests will
+        # be processed in the order they are sent", kafka.apache.org/protocol#protocol_network).
+        # Apache Kafka: SocketServer's Processor.processCompletedReceives mutes the channel as
+        # it hands a request on, and reads the next only once processNewResponses unmutes it:
+        # for an acks=0 Produce, after KafkaApis.handleProduceRequest appended the records
+        # (no delayed produce below acks=-1: ReplicaManager.delayedProduceRequestRequired) and
+        # sent its NoOpResponse. Tansu 0.6: TcpBytesService.serve reads, handles and answers
+        # one request at a time (and answers acks=0 Produce requests too).
+        future: asyncio.Future[dict[str, Any]] = self._loop.create_future()
+        self.send(ApiKey.API_VERSIONS, {"client_software_name": "aioproducer",
+                                        "client_software_version": __version__},
+                  partial(_settle, future))
+        self.written_unanswered = False
+        return future
 
     def close(self, exc: KafkaError | None = None) -> None:
         """Close the socket and fail every pending request with `exc` (retriable by default)."""

@@ -82,6 +82,24 @@ async def test_tls_with_a_client_certificate(apache_kafka, make_topic):
     assert [r.value for r in consume_all(apache_kafka.bootstrap, topic, 1)] == [b"over tls"]
 
 
+async def test_acks_0_close_over_tls_loses_nothing(apache_kafka, make_topic):
+    """At acks=0 a record is done once its request is written; close() over TLS, which cannot
+    half-close the connection, closed it at once and Kafka lost what it had not read yet.
+    Now close() waits for Kafka's answer to one more request on the connection, which Kafka
+    handles only after every request before it."""
+    topic = make_topic()
+    values = [b"%05d" % i + bytes(2000) for i in range(5000)]
+    async with Producer(apache_kafka.bootstrap_for("SSL"), security_protocol="SSL",
+                        ssl_cafile=apache_kafka.ssl_cafile, ssl_certfile=apache_kafka.ssl_certfile,
+                        ssl_keyfile=apache_kafka.ssl_keyfile, acks=0, enable_idempotence=False,
+                        linger_ms=5) as producer:
+        for value in values:
+            await producer.enqueue(topic, value)
+    got = await asyncio.to_thread(consume_all, apache_kafka.bootstrap, topic, len(values))
+    assert len(got) == len(values), f"{len(values) - len(got)} records lost at close()"
+    assert [r.value for r in got] == values
+
+
 async def test_tls_without_the_client_certificate_is_refused(apache_kafka):
     """The listener requires a client certificate (ssl.client.auth=required): without one the
     handshake fails, so the certificate in the test above was what let the producer in."""
