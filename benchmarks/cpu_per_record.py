@@ -8,15 +8,16 @@ measures the cost of a batch; tasks, 1,000 tasks each awaiting `send()` in a loo
 on an embedded broker (the least load-sensitive
 figure on a shared machine: the process's CPU seconds over the produce phase, not wall
 time). --profile SHAPE prints a cProfile of that shape's first round (thread CPU time)
-instead of timing it.
+instead of timing it. --gc adds, per shape (the median round's), the collector's CPU per
+record and its full collections (a gc.callbacks timer), and minor page faults per batch.
 
     python benchmarks/cpu_per_record.py PARTITIONS [RECORDS] [--size B] [--rounds N]
         [--shapes gather,flushed,bulk,send,yielding,tasks,sync] [--profile SHAPE] [--asyncio]
-        [--batch-size B]
+        [--batch-size B] [--gc]
 
 (sync's profile is two: the producing thread's, then the producer's loop thread's.)
 """
-import argparse, asyncio, cProfile, os, pstats, sys, time
+import argparse, asyncio, cProfile, gc, os, pstats, resource, sys, time
 from aioproducer import Producer
 from aioproducer.testing import EmbeddedBroker
 from aioproducer._speedups import IMPLEMENTATION
@@ -30,9 +31,33 @@ p.add_argument("--rounds", type=int, default=3)
 p.add_argument("--shapes", default="gather,bulk")
 p.add_argument("--asyncio", action="store_true", help="not uvloop")
 p.add_argument("--batch-size", type=int, default=0)
+p.add_argument("--gc", action="store_true", help="the collector's CPU and page faults too")
 args = p.parse_args()
 value = os.urandom(args.size)
 data = [(b"key-%012d" % (i % 100_000), value) for i in range(args.records)]
+collector = {"s": 0.0, "full": 0, "at": 0.0}  # the collector's CPU seconds, full collections
+
+
+def _timed_collection(phase, info):
+    if phase == "start":
+        collector["at"] = time.thread_time()
+    else:
+        collector["s"] += time.thread_time() - collector["at"]
+        collector["full"] += info["generation"] == 2
+
+
+if args.gc:
+    gc.callbacks.append(_timed_collection)
+
+
+def snapshot():
+    return collector["s"], collector["full"], resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def since(before):
+    """The collector's seconds and full collections, and minor faults, since `before`."""
+    return tuple(now - then for now, then in zip(snapshot(), before))
+
 
 
 async def gather(producer, topic):
@@ -84,7 +109,7 @@ def sync(bootstrap, topic, profile):
     extra = {"batch_size": args.batch_size} if args.batch_size else {}
     with BlockingProducer(bootstrap, acks=1, linger_ms=5, **extra) as producer:
         producer.partitions_for(topic)
-        cpu = time.process_time()
+        cpu, mark = time.process_time(), snapshot()
         if profile:
             profs = [cProfile.Profile(time.thread_time), cProfile.Profile(time.thread_time)]
             profs[0].enable()
@@ -97,6 +122,7 @@ def sync(bootstrap, topic, profile):
             profs[0].disable()
             producer._portal.call(profs[1].disable)
         used = time.process_time() - cpu
+        costs.append(since(mark))
         batches.append(producer.metrics().batches_sent)
     return used / len(data) * 1e6, (profs if profile else None)
 
@@ -105,7 +131,7 @@ async def one(bootstrap, topic, shape, profile):
     extra = {"batch_size": args.batch_size} if args.batch_size else {}
     async with Producer(bootstrap, acks=1, linger_ms=5, **extra) as producer:
         await producer.partitions_for(topic)
-        cpu = time.process_time()
+        cpu, mark = time.process_time(), snapshot()
         if profile:
             prof = cProfile.Profile(time.thread_time)
             prof.enable()
@@ -113,12 +139,13 @@ async def one(bootstrap, topic, shape, profile):
         if profile:
             prof.disable()
         used = time.process_time() - cpu
+        costs.append(since(mark))
         batches.append(producer.metrics().batches_sent)
     return used / args.records * 1e6, (prof if profile else None)
 
 
 batches = []  # acknowledged per round
-
+costs = []  # per round: the collector's seconds, its full collections, minor faults
 with EmbeddedBroker() as broker:
     n = 0
     for shape in args.shapes.split(","):
@@ -137,11 +164,18 @@ with EmbeddedBroker() as broker:
                 for p in prof if isinstance(prof, list) else [prof]:
                     st = pstats.Stats(p); st.sort_stats("tottime").print_stats(35)
             else:
-                results.append(us)
+                results.append((us, costs[-1], batches[-1]))
         if results:
             results.sort()
+            median = results[len(results) // 2]
+            extra = ""
+            if args.gc:
+                seconds, full, faults = median[1]
+                extra = (f"; collector {seconds / args.records * 1e6:.2f} us/record ({full} full), "
+                         f"{faults / max(median[2], 1):.2f} minor faults/batch")
+            results = [us for us, _, _ in results]
             print(f"{IMPLEMENTATION} p{args.partitions} s{args.size} {shape}: us CPU/record "
                   f"median {results[len(results)//2]:.2f} min {results[0]:.2f} "
                   f"({', '.join(f'{x:.2f}' for x in results)}) {batches[-1]} batches load "
-                  f"{os.getloadavg()[0]:.1f}",
+                  f"{os.getloadavg()[0]:.1f}{extra}",
                   flush=True)

@@ -168,6 +168,17 @@ def test_watch_batches_registers_with_each_pending_batch_once(impl):
     assert (a._bulks, b._bulks, c._bulks, d._bulks) == ([bulk], None, [earlier, bulk], [bulk])
     assert impl.watch_batches([], bulk) == 0
 
+    def fields(done, bulks):  # a ProducerBatch's own fields, read where they lie in C
+        batch = impl.BatchFields((1,), "t", 0, impl.RecordWriter(0, 100), object(), 0.0, 0.0, 0)
+        batch.done, batch._bulks = done, bulks
+        return batch
+
+    a, b, c, d = fields(False, None), fields(True, None), fields(False, [earlier]), \
+        fields(False, [bulk, earlier])  # (told of it before, by another pass)
+    assert impl.watch_batches([a, a, b, c, a, d, c, b, d], bulk) == 3
+    assert (a._bulks, b._bulks, c._bulks, d._bulks) == \
+        ([bulk], None, [earlier, bulk], [bulk, earlier, bulk])
+
 
 def _run_append_many(impl, records, partitions, *, fixed=-1, sticky=-1, open_parts=None,
                      limit=16384):
@@ -569,6 +580,11 @@ async def test_an_acknowledged_batch_is_out_of_the_collectors_way():
     pieces[0].complete(7, -1)
     compiled = _speedups.IMPLEMENTATION == "c"
     assert gc.is_tracked(acked) is not compiled
+    # Nor its asyncio future, resolved, nor the list of its records' futures (which stay
+    # out of the collector's way while it is pending: it lets them go when done).
+    assert gc.is_tracked(acked.future) is not compiled
+    assert gc.is_tracked(batch()._untracked) is not compiled
+    assert gc.is_tracked(failed.future)
     assert gc.is_tracked(failed) and gc.is_tracked(pieces[0])
     pieces[1].complete(8, -1)  # the split batch is done too, with its pieces
     assert gc.is_tracked(split)

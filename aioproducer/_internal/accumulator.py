@@ -121,6 +121,8 @@ class RecordAccumulator:
         self._closed_since_drain = self._closed_bytes_since_drain = 0
         self._max_request_size = config.max_request_size
         self.incomplete: set[ProducerBatch] = set()
+        # The flush() calls waiting, each for the batches incomplete when it was called.
+        self._flushes: list[_Flush] = []
         # Final outcomes, for Producer.metrics() (a split batch counts as its pieces).
         self.records_sent = self.records_failed = self.batches_sent = 0
         self._flushing = 0
@@ -605,6 +607,9 @@ class RecordAccumulator:
         if self._txn is not None:
             self._txn.sequencer.split(batch, pieces)
         self.incomplete.discard(batch)
+        for flush in self._flushes:  # (its pieces take its place among what flush() awaits)
+            if batch.number[0] <= flush.upto:
+                flush.left += len(pieces) - 1
         for piece in pieces:
             self.incomplete.add(piece)
             self._insert(piece)
@@ -653,6 +658,8 @@ class RecordAccumulator:
             self.finish_acked([batch])
         else:
             self.incomplete.discard(batch)
+            if self._flushes:
+                self._flushed((batch,))
             self.release(batch.reserved)
             self.records_failed += batch.record_count
             self._observer.failed(batch.topic, batch.partition, batch.record_count, failure)
@@ -674,6 +681,8 @@ class RecordAccumulator:
                 counted.append(batch)
         if not counted:
             return
+        if self._flushes:
+            self._flushed(counted)
         self.release(freed)
         self.records_sent += records
         self.batches_sent += len(counted)
@@ -737,17 +746,34 @@ class RecordAccumulator:
     async def flush(self, timeout: float | None) -> int:
         """Make every batch buffered now sendable (linger no longer counts) and wait until
         each is acknowledged or failed, at most `timeout` seconds; how many are still
-        pending then."""
-        pending = [batch.future for batch in self.incomplete]
-        if not pending:
+        pending then. One future for the call, resolved when the count of its batches that
+        left `incomplete` reaches them all, not a callback per batch (asyncio.wait over
+        10,000 batches' futures was 8% of enqueue_many's CPU at 10,000 partitions)."""
+        if not self.incomplete:
             return 0
+        # Every incomplete batch (a piece too) is numbered no later than the last one made.
+        flush = _Flush(self._batches_created, len(self.incomplete), self._loop.create_future())
+        self._flushes.append(flush)
         self._flushing += 1
         self.wake_sender(None)
         try:
-            _, not_done = await asyncio.wait(pending, timeout=timeout)
+            await asyncio.wait((flush.done,), timeout=timeout)
         finally:
             self._flushing -= 1
-        return len(not_done)
+            self._flushes.remove(flush)
+        if flush.left <= 0:
+            return 0
+        # The batches made before the call without an outcome: a split one's pieces, one.
+        return len({batch.number[0] for batch in self.incomplete
+                    if batch.number[0] <= flush.upto})
+
+    def _flushed(self, batches: Iterable[ProducerBatch]) -> None:
+        """`batches` left `incomplete`: count them off the flush() calls that wait for them."""
+        for flush in self._flushes:
+            upto = flush.upto
+            flush.left -= sum(1 for batch in batches if batch.number[0] <= upto)
+            if flush.left <= 0 and not flush.done.done():
+                flush.done.set_result(None)
 
     async def settled(self) -> None:
         """Wait until every batch buffered now is acknowledged or failed."""
@@ -781,6 +807,16 @@ class RecordAccumulator:
         for tp in [tp for tp in self._drained_bytes if tp[0] == topic]:
             del self._drained_bytes[tp]
         return True
+
+
+class _Flush:
+    """A flush() call's wait: for the batches numbered up to `upto` still incomplete, `left`
+    of them (a split batch's pieces in its place); `done` once none is."""
+
+    __slots__ = ("upto", "left", "done")
+
+    def __init__(self, upto: int, left: int, done: asyncio.Future[None]) -> None:
+        self.upto, self.left, self.done = upto, left, done
 
 
 def _grant(turn: asyncio.Future[None]) -> None:
