@@ -297,6 +297,7 @@ class Producer(Generic[K, V]):
             self._closing = asyncio.get_running_loop().create_task(
                 self._close(self._close_deadline),
                 name=f"aioproducer-close-{self.config.client_id}")
+            self._closing.add_done_callback(self._close_done)
         else:
             assert self._close_deadline is not None
             self._close_deadline.bring_nearer(timeout)
@@ -397,10 +398,11 @@ class Producer(Generic[K, V]):
             return
         lifecycle = self._lifecycle
         if task.cancelled():
-            if lifecycle.state is STARTED and lifecycle.loop is not None:
+            if lifecycle.state is STARTED and not lifecycle.closing and \
+                    lifecycle.loop is not None:
                 # Not by close(): the loop shuts down (asyncio.run() cancels what is left)
-                # with the producer open. Said where it is seen without -W, as asyncio says
-                # a task was destroyed pending.
+                # with the producer open (a close() begun is _close_done's to report). Said
+                # where it is seen without -W, as asyncio says a task was destroyed pending.
                 pending = sum(b.record_count for b in self._accumulator.incomplete) \
                     if self._accumulator is not None else 0
                 lifecycle.loop.call_exception_handler({
@@ -418,6 +420,25 @@ class Producer(Generic[K, V]):
                 self._sender.fail_in_flight(exc)
             if self._accumulator is not None:
                 self._accumulator.fail_unresolved(exc)
+
+    def _close_done(self, task: asyncio.Task[None]) -> None:
+        """The closing task cancelled: only the loop's end does that (close() shields it).
+        Its caller was cancelled (an anyio cancel scope around `async with` cancels every
+        await of the close again) and asyncio.run() ended as the task still sent: the records
+        it held may be lost, said where it is seen without -W."""
+        loop = self._lifecycle.loop
+        if not task.cancelled() or loop is None or self._accumulator is None:
+            return
+        pending = sum(b.record_count for b in self._accumulator.incomplete)
+        if pending:
+            loop.call_exception_handler({
+                "message": f"{self!r}: close() did not finish before its event loop ended, "
+                           f"{pending} record(s) not acknowledged (some may have reached the "
+                           "broker; none will be retried): its caller was cancelled (a cancel "
+                           "scope or timeout around `async with`) and the closing went on "
+                           "until the loop ended. Close the producer outside the cancelled "
+                           "scope, or await `producer.close()` again after it",
+                "producer": self})
 
     def __del__(self, _warn: Callable[..., None] = warnings.warn) -> None:
         """Dropped unclosed while its loop runs on (a handler that makes a producer and
