@@ -13,8 +13,8 @@ import traceback
 import warnings
 import weakref
 from threading import get_ident
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Coroutine, Generic, Iterable, \
-    Sequence, TypeAlias, TypeVar, Unpack, overload
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Coroutine, \
+    Generic, Iterable, Sequence, TypeAlias, TypeVar, Unpack, overload
 
 from ._internal.accumulator import RecordAccumulator
 from ._internal.arguments import check_timeout, checked_offsets, group_fields, topic_str
@@ -28,6 +28,7 @@ from ._internal.sender import Sender
 from ._internal.telemetry_samples import TelemetrySamples
 from ._internal.transaction_flow import TransactionFlow
 from ._internal.transactions import TransactionManager
+from ._speedups import Ready
 from .client.cluster import Cluster
 from .client.telemetry import ClientTelemetry
 from .client.tasks import TaskSet, cancelling
@@ -623,11 +624,13 @@ class Producer(Generic[K, V]):
         self._lifecycle.check_loop()
         await transactions.init()
 
-    def begin_transaction(self) -> None:
+    def begin_transaction(self) -> Awaitable[None]:
         """Start a transaction: records sent until commit or abort are in it. Synchronous, as
-        in the Java client (nothing is sent until a record is): not awaited, unlike
-        commit_transaction() and abort_transaction()."""
+        in the Java client (nothing is sent until a record is): it has begun when the call
+        returns. What it returns may be awaited, as aiokafka's coroutine is
+        (`await producer.begin_transaction()`), at no cost."""
         self._transaction_flow().begin()
+        return Ready(None)  # (aiokafka's is a coroutine: `await None` was a TypeError)
 
     async def commit_transaction(self) -> None:
         """Send what is buffered, wait for every record of the transaction to be acknowledged,
