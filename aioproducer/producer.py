@@ -491,9 +491,10 @@ class Producer(Generic[K, V]):
         when `buffer_memory` is full (both at most `max_block_ms`). Errors in the arguments
         raise here; delivery errors are raised by the returned future.
 
-        In the producer's running loop, a record that fits its partition's open batch is
-        buffered by the call itself, and what it returns is then complete: awaiting it costs
-        no coroutine and no loop turn (to `create_task()` and TaskGroups it is a coroutine).
+        In the producer's running loop, a record that fits its partition's open batch, or
+        opens one, is buffered by the call itself, and what it returns is then complete:
+        awaiting it costs no coroutine and no loop turn (to `create_task()` and TaskGroups it
+        is a coroutine).
         """
         return self._intake.enqueue_call(topic, value, key, partition=partition,
                                          timestamp_ms=timestamp_ms, headers=headers)

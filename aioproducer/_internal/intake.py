@@ -24,7 +24,8 @@ from ..errors import InvalidRecordError, RecordTooLargeError
 from ..hooks import DeliveryCallback
 from ..protocol.records import Headers, record_size_upper_bound
 from ..serializers import MutableHeaders
-from .._speedups import DONE, NEEDS_BATCH, Appender, Columns, append_many, append_record
+from .._speedups import DONE, NEEDS_BATCH, Appender, Columns, Ready, append_many, \
+    append_record
 from .accumulator import RecordAccumulator
 from .arguments import BYTES_TYPES, as_bytes, bad_partition, check_topic_name, \
     checked_headers, checked_timestamp, encode_checked_headers, iterate_records, serialize, \
@@ -140,15 +141,32 @@ class RecordIntake:
             return sending
         return _told_when_awaited(sending, told)
 
-    async def enqueue(self, topic: str, value: Any, key: Any = None, *,
-                      partition: int | None = None, timestamp_ms: int | None = None,
-                      headers: Headers | None = None) -> RecordFuture:
+    def enqueue(self, topic: str, value: Any, key: Any = None, *,
+                partition: int | None = None, timestamp_ms: int | None = None,
+                headers: Headers | None = None) -> Coroutine[Any, Any, RecordFuture]:
         """Producer.enqueue() beyond the Appender's common case: a record that waits for
-        the topic's metadata, a serializer, a new batch or buffer memory, or is refused."""
+        the topic's metadata, a serializer, a new batch or buffer memory, or is refused. In
+        the producer's running loop what needs no wait is done by the call, as in send():
+        a keyless record that opens a batch was appended only when awaited, so a loop of
+        enqueue() calls never awaited opened none and lost every record."""
+        lifecycle = self._lifecycle
+        if lifecycle.state is not STARTED or get_ident() != lifecycle.thread or \
+                not lifecycle.loop_running():
+            return self._enqueue_when_awaited(topic, value, key, partition, timestamp_ms,
+                                              headers)
         appended = self.append(topic, value, key, partition, timestamp_ms, headers, False,
                                False, RecordFuture)
         if isinstance(appended, RecordFuture):
-            return appended
+            return Ready(appended)
+        if isinstance(appended, tuple):
+            return Ready(RecordFuture(*appended))
+        return _enqueued(appended)
+
+    async def _enqueue_when_awaited(self, topic: str, value: Any, key: Any,
+                                    partition: int | None, timestamp_ms: int | None,
+                                    headers: Headers | None) -> RecordFuture:
+        """enqueue() outside the producer's running loop: all of it when awaited."""
+        appended = self.append(topic, value, key, partition, timestamp_ms, headers, False)
         return RecordFuture(*(appended if isinstance(appended, tuple) else await appended))
 
     async def enqueue_told(self, topic: str, value: Any, key: Any = None, *,
@@ -575,6 +593,10 @@ class RecordIntake:
         except BaseException:
             accumulator.release(memory)
             raise
+
+
+async def _enqueued(appending: Coroutine[Any, Any, Appended]) -> RecordFuture:
+    return RecordFuture(*await appending)
 
 
 async def _send_appended(appending: Coroutine[Any, Any, Appended]) -> RecordMetadata:
