@@ -149,11 +149,6 @@ class RecordIntake:
         the producer's running loop what needs no wait is done by the call, as in send():
         a keyless record that opens a batch was appended only when awaited, so a loop of
         enqueue() calls never awaited opened none and lost every record."""
-        lifecycle = self._lifecycle
-        if lifecycle.state is not STARTED or get_ident() != lifecycle.thread or \
-                not lifecycle.loop_running():
-            return self._enqueue_when_awaited(topic, value, key, partition, timestamp_ms,
-                                              headers)
         appended = self.append(topic, value, key, partition, timestamp_ms, headers, False,
                                False, RecordFuture)
         if isinstance(appended, RecordFuture):
@@ -161,13 +156,6 @@ class RecordIntake:
         if isinstance(appended, tuple):
             return Ready(RecordFuture(*appended))
         return _enqueued(appended)
-
-    async def _enqueue_when_awaited(self, topic: str, value: Any, key: Any,
-                                    partition: int | None, timestamp_ms: int | None,
-                                    headers: Headers | None) -> RecordFuture:
-        """enqueue() outside the producer's running loop: all of it when awaited."""
-        appended = self.append(topic, value, key, partition, timestamp_ms, headers, False)
-        return RecordFuture(*(appended if isinstance(appended, tuple) else await appended))
 
     async def enqueue_told(self, topic: str, value: Any, key: Any = None, *,
                            partition: int | None = None, timestamp_ms: int | None = None,
@@ -239,7 +227,11 @@ class RecordIntake:
         if lifecycle.state is not STARTED:
             lifecycle.raise_not_started()
         if get_ident() != lifecycle.thread or not lifecycle.loop_running():
-            lifecycle.check_loop()  # raises: another thread, or another loop in this one
+            # Another thread or loop: refused when awaited, before anything is buffered (where
+            # asyncio.run_coroutine_threadsafe() hands the call to the producer's loop, it
+            # goes on there).
+            return self._append_when_awaited(topic, value, key, partition, timestamp_ms,
+                                             headers, eager, serialized)
         if self._txn is not None:
             self._txn.check_can_send()
         if type(topic) is not str:
@@ -394,6 +386,17 @@ class RecordIntake:
         if key is not None and type(key) is not bytes:  # (no key_serializer)
             key = as_bytes(key, "key")
         return key, value, headers
+
+    async def _append_when_awaited(self, topic: str, value: Any, key: Any,
+                                   partition: int | None, timestamp_ms: int | None,
+                                   headers: Headers | None, eager: bool,
+                                   serialized: bool) -> Appended:
+        """append() called outside the producer's running loop: all of it once awaited,
+        which raises unless that is in the producer's loop."""
+        self._lifecycle.check_loop()
+        appended = self.append(topic, value, key, partition, timestamp_ms, headers, eager,
+                               serialized)
+        return appended if isinstance(appended, tuple) else await appended
 
     async def _append_serialized(self, serializing: Coroutine[Any, Any, KeyValue], topic: str,
                                  partition: int | None, timestamp_ms: int | None,
