@@ -127,6 +127,8 @@ class BlockingProducer(Generic[K, V]):
         return f"<BlockingProducer of {self._producer!r}>"
 
     def __enter__(self) -> BlockingProducer[K, V]:
+        if self._closed:  # (as Producer's `async with` refuses a closed one)
+            self._check_usable()
         return self
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
@@ -170,7 +172,10 @@ class BlockingProducer(Generic[K, V]):
 
     def flush(self, timeout: float | None = None) -> None:
         """Send everything produced so far (linger no longer counts) and wait until each
-        record is acknowledged or failed; TimeoutError if `timeout` (seconds) passes first."""
+        record is acknowledged or failed; TimeoutError if `timeout` (seconds) passes first.
+        Once closed, it returns at once (close() sent everything), as Producer.flush() does."""
+        if self._closed and not self._forked:
+            return
         self._check_blocking_allowed()
         self._portal.call(self._flush, timeout)
 

@@ -220,7 +220,10 @@ class ProducerConfig:
         for key, raw in properties.items():
             name = key.strip().replace(".", "_").replace("-", "_")
             if name not in _setting_names():
-                raise ConfigError(f"unknown setting {key!r}{_suggest(name, _setting_names())}")
+                suggestion = _suggest(name, _setting_names())
+                if "." in key:  # said in the key's own spelling: linger.ms, not linger_ms
+                    suggestion = suggestion.replace("_", ".")
+                raise ConfigError(f"unknown setting {key!r}{suggestion}")
             settings[name] = _parse(name, fields[name].default, raw)
         return cls.from_kwargs(**settings)
 
@@ -510,6 +513,11 @@ def _parse(name: str, default: Any, raw: Any) -> Any:
 
 
 def _parse_bootstrap(servers: Any) -> tuple[tuple[str, int], ...]:
+    if isinstance(servers, Mapping):  # confluent-kafka's Producer({"bootstrap.servers": ...})
+        raise ConfigError("bootstrap_servers is an address, not a dict of properties: pass "
+                          "settings as keywords, Producer(\"host:9092\", linger_ms=5), or "
+                          "Kafka's dotted names as Producer(config=ProducerConfig."
+                          "from_properties({\"bootstrap.servers\": \"host:9092\", ...}))")
     items = servers.split(",") if isinstance(servers, str) else servers
     if not isinstance(items, (list, tuple)) or not all(isinstance(i, str) for i in items):
         raise ConfigError(f"bootstrap_servers must be \"host:port,...\" or a list of "

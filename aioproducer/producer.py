@@ -13,8 +13,8 @@ import traceback
 import warnings
 import weakref
 from threading import get_ident
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Coroutine, Generic, Iterable, \
-    Sequence, TypeAlias, TypeVar, Unpack, overload
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Coroutine, \
+    Generic, Iterable, Sequence, TypeAlias, TypeVar, Unpack, overload
 
 from ._internal.accumulator import RecordAccumulator
 from ._internal.arguments import check_timeout, checked_offsets, group_fields, topic_str
@@ -28,6 +28,7 @@ from ._internal.sender import Sender
 from ._internal.telemetry_samples import TelemetrySamples
 from ._internal.transaction_flow import TransactionFlow
 from ._internal.transactions import TransactionManager
+from ._speedups import Ready
 from .client.cluster import Cluster
 from .client.telemetry import ClientTelemetry
 from .client.tasks import TaskSet, cancelling
@@ -297,6 +298,7 @@ class Producer(Generic[K, V]):
             self._closing = asyncio.get_running_loop().create_task(
                 self._close(self._close_deadline),
                 name=f"aioproducer-close-{self.config.client_id}")
+            self._closing.add_done_callback(self._close_done)
         else:
             assert self._close_deadline is not None
             self._close_deadline.bring_nearer(timeout)
@@ -390,10 +392,11 @@ class Producer(Generic[K, V]):
             return
         lifecycle = self._lifecycle
         if task.cancelled():
-            if lifecycle.state is STARTED and lifecycle.loop is not None:
+            if lifecycle.state is STARTED and not lifecycle.closing and \
+                    lifecycle.loop is not None:
                 # Not by close(): the loop shuts down (asyncio.run() cancels what is left)
-                # with the producer open. Said where it is seen without -W, as asyncio says
-                # a task was destroyed pending.
+                # with the producer open (a close() begun is _close_done's to report). Said
+                # where it is seen without -W, as asyncio says a task was destroyed pending.
                 pending = sum(b.record_count for b in self._accumulator.incomplete) \
                     if self._accumulator is not None else 0
                 lifecycle.loop.call_exception_handler({
@@ -411,6 +414,25 @@ class Producer(Generic[K, V]):
                 self._sender.fail_in_flight(exc)
             if self._accumulator is not None:
                 self._accumulator.fail_unresolved(exc)
+
+    def _close_done(self, task: asyncio.Task[None]) -> None:
+        """The closing task cancelled: only the loop's end does that (close() shields it).
+        Its caller was cancelled (an anyio cancel scope around `async with` cancels every
+        await of the close again) and asyncio.run() ended as the task still sent: the records
+        it held may be lost, said where it is seen without -W."""
+        loop = self._lifecycle.loop
+        if not task.cancelled() or loop is None or self._accumulator is None:
+            return
+        pending = sum(b.record_count for b in self._accumulator.incomplete)
+        if pending:
+            loop.call_exception_handler({
+                "message": f"{self!r}: close() did not finish before its event loop ended, "
+                           f"{pending} record(s) not acknowledged (some may have reached the "
+                           "broker; none will be retried): its caller was cancelled (a cancel "
+                           "scope or timeout around `async with`) and the closing went on "
+                           "until the loop ended. Close the producer outside the cancelled "
+                           "scope, or await `producer.close()` again after it",
+                "producer": self})
 
     def __del__(self, _warn: Callable[..., None] = warnings.warn) -> None:
         """Dropped unclosed while its loop runs on (a handler that makes a producer and
@@ -462,9 +484,10 @@ class Producer(Generic[K, V]):
         when `buffer_memory` is full (both at most `max_block_ms`). Errors in the arguments
         raise here; delivery errors are raised by the returned future.
 
-        In the producer's running loop, a record that fits its partition's open batch is
-        buffered by the call itself, and what it returns is then complete: awaiting it costs
-        no coroutine and no loop turn (to `create_task()` and TaskGroups it is a coroutine).
+        In the producer's running loop, a record that fits its partition's open batch, or
+        opens one, is buffered by the call itself, and what it returns is then complete:
+        awaiting it costs no coroutine and no loop turn (to `create_task()` and TaskGroups it
+        is a coroutine).
         """
         return self._intake.enqueue_call(topic, value, key, partition=partition,
                                          timestamp_ms=timestamp_ms, headers=headers)
@@ -595,11 +618,13 @@ class Producer(Generic[K, V]):
         self._lifecycle.check_loop()
         await transactions.init()
 
-    def begin_transaction(self) -> None:
+    def begin_transaction(self) -> Awaitable[None]:
         """Start a transaction: records sent until commit or abort are in it. Synchronous, as
-        in the Java client (nothing is sent until a record is): not awaited, unlike
-        commit_transaction() and abort_transaction()."""
+        in the Java client (nothing is sent until a record is): it has begun when the call
+        returns. What it returns may be awaited, as aiokafka's coroutine is
+        (`await producer.begin_transaction()`), at no cost."""
         self._transaction_flow().begin()
+        return Ready(None)  # (aiokafka's is a coroutine: `await None` was a TypeError)
 
     async def commit_transaction(self) -> None:
         """Send what is buffered, wait for every record of the transaction to be acknowledged,

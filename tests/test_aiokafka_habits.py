@@ -25,3 +25,22 @@ async def test_code_written_for_aiokafka_runs(broker, topic_factory):
     assert [(r.key, r.value, r.headers) for r in got] == [
         (b"k", b"waited", [("h", b"1")]), (b"k", b"enqueued", [])]
     assert "closed" in repr(producer)
+
+
+async def test_aiokafkas_awaited_begin_transaction_runs(broker, topic):
+    """aiokafka's begin_transaction() is a coroutine, so its users await it: here it is
+    synchronous (the transaction has begun when it returns), and awaiting what it returns
+    works too (it was `await None`, a TypeError raised with the transaction begun)."""
+    from collections import namedtuple
+
+    TopicPartition = namedtuple("TopicPartition", "topic partition")  # aiokafka's shape
+    async with Producer(broker.bootstrap, transactional_id=f"habits-{topic}") as producer:
+        await producer.begin_transaction()
+        await producer.send(topic, b"in the transaction")
+        await producer.send_offsets_to_transaction({TopicPartition(topic, 0): 1}, "habits")
+        await producer.commit_transaction()
+        producer.begin_transaction()  # (the Java client's way, not awaited, still works)
+        await producer.send(topic, b"in the next one")
+        await producer.commit_transaction()
+    got = consume_all(broker.bootstrap, topic, expected=2)
+    assert [r.value for r in got] == [b"in the transaction", b"in the next one"]

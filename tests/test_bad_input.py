@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import json
 import re
 import threading
 import traceback
@@ -33,11 +34,16 @@ BAD_RECORDS = [
     ("dict-value", dict(value={"a": 1}), InvalidRecordError, "value_serializer"),
     ("str-key", dict(value=b"v", key="k"), InvalidRecordError, "key must be bytes"),
     ("float-key", dict(value=b"v", key=1.5), InvalidRecordError, "key"),
-    ("headers-dict", dict(value=b"v", headers={"a": b"b"}), InvalidRecordError, "headers"),
+    ("headers-dict", dict(value=b"v", headers={"a": b"b"}), InvalidRecordError,
+     r"headers.*list\(headers.items\(\)\)"),
     ("headers-str", dict(value=b"v", headers="a=b"), InvalidRecordError, "headers"),
-    ("header-str-value", dict(value=b"v", headers=[("a", "b")]), InvalidRecordError, "'a'"),
+    ("header-str-value", dict(value=b"v", headers=[("a", "b")]), InvalidRecordError,
+     r"'a'.*\.encode\(\)"),
     ("header-bytes-name", dict(value=b"v", headers=[(b"a", b"b")]), InvalidRecordError, "str"),
-    ("header-not-pair", dict(value=b"v", headers=[("a",)]), InvalidRecordError, "pair"),
+    ("header-not-pair", dict(value=b"v", headers=[("a",)]), InvalidRecordError, "tuple"),
+    # (a pair, but a list: told that it must be a tuple, not that it must be a pair)
+    ("header-list", dict(value=b"v", headers=[["a", b"b"]]), InvalidRecordError,
+     r"\(str, bytes \| None\) tuple"),
     ("partition-too-big", dict(value=b"v", partition=99), InvalidRecordError, "0..1"),
     ("partition-negative", dict(value=b"v", partition=-1), InvalidRecordError, "does not exist"),
     ("partition-str", dict(value=b"v", partition="0"), InvalidRecordError, "int"),
@@ -129,6 +135,9 @@ async def test_failing_serializer(broker, topic):
     async with Producer(broker.bootstrap, value_serializer=str) as producer:
         with pytest.raises(SerializationError, match="must return bytes"):
             await producer.send(topic, {"a": 1})
+    async with Producer(broker.bootstrap, value_serializer=json.dumps) as producer:
+        with pytest.raises(SerializationError, match=r"returned str .* json\.dumps\(v\)\.encode"):
+            await producer.send(topic, {"a": 1})  # (json.dumps returns str)
 
 
 BAD_SETTINGS = [
@@ -176,6 +185,13 @@ async def test_a_config_built_directly_works(broker, topic):
 def test_malformed_bootstrap(bootstrap):
     with pytest.raises(ConfigError, match="bootstrap_servers"):
         Producer(bootstrap)
+
+
+def test_confluent_kafkas_dict_of_properties_is_told_where_it_goes():
+    """confluent-kafka's habit, Producer({"bootstrap.servers": ...}): the error says how
+    settings are given here (it said only that the dict was not "host:port")."""
+    with pytest.raises(ConfigError, match=r"not a dict of properties.*from_properties"):
+        Producer({"bootstrap.servers": "127.0.0.1:9092", "linger.ms": "5"})
 
 
 async def test_unreachable_bootstrap_fails_start_clearly():
@@ -437,6 +453,10 @@ async def test_enqueue_many_with_a_bad_records_argument(broker, topic):
     async with Producer(broker.bootstrap) as producer:
         with pytest.raises(InvalidRecordError, match="iterable"):
             await producer.enqueue_many(topic, None)
+        with pytest.raises(InvalidRecordError, match=r"not a dict: pass records\.items\(\)") \
+                as caught:  # (iterated, a dict gave its keys: "not bytes (record 0: b'k')")
+            await producer.enqueue_many(topic, {b"k": b"v"})
+        assert len(caught.value.accepted) == 0
         with pytest.raises(ValueError, match="the source broke") as caught:
             await producer.enqueue_many(topic, records())
         accepted = len(await caught.value.accepted)  # the first records, those buffered

@@ -235,6 +235,26 @@ def test_transactions_commit_what_was_produced_in_them(broker, topic):
     assert [r.value for r in got][:100] == [b"%d" % i for i in range(100)]
 
 
+def test_a_closed_producer_flushes_nothing_and_refuses_a_with_block(broker, topic):
+    """flush() after close() returns, as Producer.flush() does (close() sent everything; a
+    teardown that flushes after the app's shutdown closed it raised ProducerClosedError);
+    a `with` block on a closed producer is refused at its start, as `async with` refuses a
+    closed Producer (it was entered, and the first produce() in it raised)."""
+    producer = BlockingProducer(broker.bootstrap, linger_ms=1000)
+    future = producer.produce(topic, b"sent by close()")
+    producer.close()
+    assert future.result(0).offset == 0
+    producer.flush()
+    producer.flush(timeout=1)
+    with pytest.raises(ProducerClosedError, match="closed"):
+        producer.produce(topic, b"after close")
+    with pytest.raises(ProducerClosedError, match="closed"):
+        with producer:
+            pass
+    assert [r.value for r in consume_all(broker.bootstrap, topic, expected=1)] == \
+        [b"sent by close()"]
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"),
                     reason="Windows has no os.fork(): there is no forked child to guard")
 def test_after_fork_the_child_is_told_to_create_its_own(broker, topic):

@@ -46,8 +46,11 @@ def test_from_properties_takes_kafka_names_and_strings():
         "enable.idempotence": "false", "compression.type": "lz4"})
     assert (config.linger_ms, config.acks, config.enable_idempotence,
             config.compression_type) == (20, 1, False, "lz4")
-    with pytest.raises(ConfigError, match="did you mean 'linger_ms'"):
+    # The name suggested as it was written: a properties file's, the CLI's --producer-props.
+    with pytest.raises(ConfigError, match=r"did you mean 'linger\.ms'"):
         ProducerConfig.from_properties({"bootstrap.servers": "h:1", "linger.mss": "1"})
+    with pytest.raises(ConfigError, match="did you mean 'linger_ms'"):
+        ProducerConfig.from_properties({"bootstrap.servers": "h:1", "linger_mss": "1"})
     with pytest.raises(ConfigError, match="linger_ms must be an integer"):
         ProducerConfig.from_properties({"bootstrap.servers": "h:1", "linger.ms": "soon"})
 

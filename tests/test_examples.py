@@ -304,7 +304,7 @@ def test_cli_produce_reports_bad_input(broker, topic):
     assert done.returncode == 1 and "line 1: not JSON" in done.stderr
     done = _cli("produce", topic, "--bootstrap-servers", broker.bootstrap,
                 "--producer-props", "lingr.ms=5", stdin="x\n")
-    assert done.returncode == 1 and "did you mean 'linger_ms'" in done.stderr
+    assert done.returncode == 1 and "did you mean 'linger.ms'" in done.stderr
 
 
 def test_cli_takes_bootstrap_servers_from_the_producer_settings(broker, topic_factory, tmp_path):

@@ -9,6 +9,7 @@ import asyncio
 import contextvars
 import gc
 import os
+import warnings
 import weakref
 
 import pytest
@@ -99,6 +100,26 @@ async def test_enqueue_buffers_at_the_call_and_runs_as_a_task(broker, topic):
         metadata = await asyncio.gather(*futures)
     assert [md.offset for md in metadata] == list(range(7))
     assert _values(consume_all(broker.bootstrap, topic, 7)) == [b"%d" % i for i in range(7)]
+
+
+async def test_a_keyless_enqueue_never_awaited_opens_its_batch_at_the_call(broker,
+                                                                          topic_factory):
+    """A loop of enqueue() calls whose await was forgotten (Python warns, once: a coroutine
+    never awaited). Keyless records, which open their batch themselves, were appended only
+    when awaited: no batch opened and all 1,000 were lost, where keyed ones all arrived. The
+    call opens the batch, as send()'s does; only a record that has to wait (for the topic's
+    metadata, or for memory) is lost without its await."""
+    topic = topic_factory(3)
+    async with Producer(broker.bootstrap) as producer:
+        await producer.partitions_for(topic)  # (the metadata: no record waits for it)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # (there, a coroutine's)
+            for i in range(1000):
+                producer.enqueue(topic, b"%d" % i)  # the await forgotten
+                producer.enqueue(topic, b"k%d" % i, key=b"k")
+    got = consume_all(broker.bootstrap, topic, expected=2000)
+    assert sorted(r.value for r in got if r.key is None) == sorted(b"%d" % i for i in range(1000))
+    assert [r.value for r in got if r.key == b"k"] == [b"k%d" % i for i in range(1000)]
 
 
 def test_run_until_complete_takes_a_record_future(broker, topic):

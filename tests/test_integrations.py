@@ -85,6 +85,26 @@ def test_fastapi_lifespan_passes_on_the_user_lifespan_state(broker, topic):
                                                                                    b"hello"]
 
 
+@pytest.mark.filterwarnings("ignore:Using `httpx` with `starlette.testclient` is deprecated")
+def test_a_test_client_not_entered_is_told_its_lifespan_did_not_run():
+    """`TestClient(app)` without `with` runs no lifespan, so no producer: the error says so
+    (it said to create the app with producer_lifespan(...), which the user had done)."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from aioproducer.integrations.fastapi import ProducerDep, producer_lifespan
+
+    app = FastAPI(lifespan=producer_lifespan("127.0.0.1:9"))
+
+    @app.post("/events")
+    async def publish(producer: ProducerDep) -> dict:
+        return {"offset": (await producer.send("events", b"e")).offset}
+
+    client = TestClient(app)  # (not entered: the lifespan never runs, no broker is needed)
+    with pytest.raises(RuntimeError, match=r"lifespan has not run.*with TestClient\(app\) as"):
+        client.post("/events")
+
+
 @pytest.mark.parametrize("framework", ["fastapi", "aiohttp"])
 async def test_close_timeout_bounds_the_shutdown_when_the_broker_went_silent(proxied_broker,
                                                                             framework):

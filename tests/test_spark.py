@@ -99,7 +99,7 @@ _CLASH = (r"ConfigError: exactlyOnce writes each Spark partition in a Kafka tran
     (["'x' AS value", "id AS partition"], {}, r"partition column is bigint: it must be int"),
     (["'x' AS value"], {"topic": None}, r"ConfigError: no topic: set .option\(\"topic\""),
     (["'x' AS value"], {"kafka.lingr.ms": "5"},
-     r"ConfigError: unknown setting 'lingr.ms'; did you mean 'linger_ms'"),
+     r"ConfigError: unknown setting 'lingr.ms'; did you mean 'linger\.ms'"),
     (["'x' AS value"], {"kafka.bootstrap.servers": None},
      r"ConfigError: the aioproducer data source needs .option\(\"kafka.bootstrap.servers\""),
     (["'x' AS value"], {"exactlyOnce": "true"}, r"needs .option\(\"transactionalIdPrefix\""),

@@ -72,6 +72,37 @@ def test_a_producer_left_open_when_its_loop_ends_is_reported(broker, topic):
         done.stderr
 
 
+def test_a_close_cut_short_by_the_loops_end_is_reported(proxied_broker):
+    """`async with` inside an anyio cancel scope that fires: the scope cancels close() too
+    (every await, again and again), the closing goes on in the producer's task, and
+    asyncio.run() ends and cancels it with a record unacknowledged. Said through the loop's
+    exception handler, as for a producer never closed (it went unsaid: the sender ended in
+    'closing')."""
+    import anyio
+
+    cluster = proxied_broker
+    cluster.create_topic("cut-at-the-end", 1)
+    reported: list[str] = []
+
+    async def main() -> None:
+        asyncio.get_running_loop().set_exception_handler(
+            lambda loop, context: reported.append(context["message"]))
+        with anyio.move_on_after(0.5):
+            async with Producer(cluster.bootstrap, linger_ms=0) as producer:
+                await producer.send("cut-at-the-end", b"acknowledged")
+                cluster.proxy.stall(True)
+                await producer.enqueue("cut-at-the-end", b"never acknowledged")
+                await anyio.sleep(30)  # the work the scope's deadline cuts short
+
+    try:
+        asyncio.run(main())
+    finally:
+        cluster.proxy.stall(False)
+    said = [m for m in reported if "<Producer" in m]
+    assert len(said) == 1 and "close() did not finish before its event loop ended, 1 " \
+        "record(s) not acknowledged" in said[0], reported
+
+
 async def test_an_outage_logs_its_metadata_failures_once_and_its_end(proxied_broker, caplog):
     cluster = proxied_broker
     cluster.create_topic("outage", 1)

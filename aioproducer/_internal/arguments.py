@@ -66,8 +66,11 @@ async def serialize_async(awaitable: Awaitable[Any], what: str, topic: str) -> b
 
 def serialized(data: Any, what: str, topic: str) -> bytes:
     if not isinstance(data, BYTES_TYPES):
+        # json.dumps is the usual one: it returns str.
+        hint = (f" (encode the text it returns: e.g. lambda {what[0]}: json.dumps({what[0]})"
+                ".encode())" if isinstance(data, str) else "")
         raise SerializationError(f"{what}_serializer returned {type(data).__name__} for topic "
-                                 f"{topic!r}; it must return bytes")
+                                 f"{topic!r}; it must return bytes{hint}")
     return bytes(data)
 
 
@@ -109,6 +112,9 @@ def checked_offsets(offsets: Any) -> dict[tuple[str, int], int]:
 
 
 def iterate_records(records: Any) -> Iterator[Any]:
+    if isinstance(records, Mapping):  # (iterated, it gives its keys alone)
+        raise InvalidRecordError("records must be an iterable of (key, value) pairs, not a "
+                                 f"{type(records).__name__}: pass records.items()")
     try:
         return iter(records)
     except TypeError:
@@ -138,19 +144,23 @@ def checked_timestamp(timestamp_ms: Any) -> int:
 
 
 def checked_headers(headers: Headers) -> MutableHeaders:
-    if isinstance(headers, (str, bytes, dict)) or not hasattr(headers, "__iter__"):
-        raise InvalidRecordError(
-            f"headers must be a sequence of (str, bytes | None) pairs, not {type(headers).__name__}")
+    if isinstance(headers, (str, bytes, Mapping)) or not hasattr(headers, "__iter__"):
+        hint = " (a header name may repeat: pass list(headers.items()))" \
+            if isinstance(headers, Mapping) else ""
+        raise InvalidRecordError(f"headers must be a sequence of (str, bytes | None) pairs, "
+                                 f"not {type(headers).__name__}{hint}")
     checked = []
     for item in headers:
         if not isinstance(item, tuple) or len(item) != 2:
-            raise InvalidRecordError(f"each header must be a (str, bytes | None) pair, not {item!r}")
+            raise InvalidRecordError(f"each header must be a (str, bytes | None) tuple, not "
+                                     f"{item!r:.80}")
         name, value = item
         if type(name) is not str:
             raise InvalidRecordError(f"header names must be str, not {type(name).__name__} ({name!r})")
         if value is not None and not isinstance(value, BYTES_TYPES):
-            raise InvalidRecordError(
-                f"header {name!r} must have a bytes or None value, not {type(value).__name__}")
+            hint = " (encode it: .encode())" if isinstance(value, str) else ""
+            raise InvalidRecordError(f"header {name!r} must have a bytes or None value, not "
+                                     f"{type(value).__name__}{hint}")
         checked.append((name, None if value is None else bytes(value)))
     return checked
 

@@ -24,7 +24,8 @@ from ..errors import InvalidRecordError, RecordTooLargeError
 from ..hooks import DeliveryCallback
 from ..protocol.records import Headers, record_size_upper_bound
 from ..serializers import MutableHeaders
-from .._speedups import DONE, NEEDS_BATCH, Appender, Columns, append_many, append_record
+from .._speedups import DONE, NEEDS_BATCH, Appender, Columns, Ready, append_many, \
+    append_record
 from .accumulator import RecordAccumulator
 from .arguments import BYTES_TYPES, as_bytes, bad_partition, check_topic_name, \
     checked_headers, checked_timestamp, encode_checked_headers, iterate_records, serialize, \
@@ -140,16 +141,21 @@ class RecordIntake:
             return sending
         return _told_when_awaited(sending, told)
 
-    async def enqueue(self, topic: str, value: Any, key: Any = None, *,
-                      partition: int | None = None, timestamp_ms: int | None = None,
-                      headers: Headers | None = None) -> RecordFuture:
+    def enqueue(self, topic: str, value: Any, key: Any = None, *,
+                partition: int | None = None, timestamp_ms: int | None = None,
+                headers: Headers | None = None) -> Coroutine[Any, Any, RecordFuture]:
         """Producer.enqueue() beyond the Appender's common case: a record that waits for
-        the topic's metadata, a serializer, a new batch or buffer memory, or is refused."""
+        the topic's metadata, a serializer, a new batch or buffer memory, or is refused. In
+        the producer's running loop what needs no wait is done by the call, as in send():
+        a keyless record that opens a batch was appended only when awaited, so a loop of
+        enqueue() calls never awaited opened none and lost every record."""
         appended = self.append(topic, value, key, partition, timestamp_ms, headers, False,
                                False, RecordFuture)
         if isinstance(appended, RecordFuture):
-            return appended
-        return RecordFuture(*(appended if isinstance(appended, tuple) else await appended))
+            return Ready(appended)
+        if isinstance(appended, tuple):
+            return Ready(RecordFuture(*appended))
+        return _enqueued(appended)
 
     async def enqueue_told(self, topic: str, value: Any, key: Any = None, *,
                            partition: int | None = None, timestamp_ms: int | None = None,
@@ -221,7 +227,11 @@ class RecordIntake:
         if lifecycle.state is not STARTED:
             lifecycle.raise_not_started()
         if get_ident() != lifecycle.thread or not lifecycle.loop_running():
-            lifecycle.check_loop()  # raises: another thread, or another loop in this one
+            # Another thread or loop: refused when awaited, before anything is buffered (where
+            # asyncio.run_coroutine_threadsafe() hands the call to the producer's loop, it
+            # goes on there).
+            return self._append_when_awaited(topic, value, key, partition, timestamp_ms,
+                                             headers, eager, serialized)
         if self._txn is not None:
             self._txn.check_can_send()
         if type(topic) is not str:
@@ -376,6 +386,17 @@ class RecordIntake:
         if key is not None and type(key) is not bytes:  # (no key_serializer)
             key = as_bytes(key, "key")
         return key, value, headers
+
+    async def _append_when_awaited(self, topic: str, value: Any, key: Any,
+                                   partition: int | None, timestamp_ms: int | None,
+                                   headers: Headers | None, eager: bool,
+                                   serialized: bool) -> Appended:
+        """append() called outside the producer's running loop: all of it once awaited,
+        which raises unless that is in the producer's loop."""
+        self._lifecycle.check_loop()
+        appended = self.append(topic, value, key, partition, timestamp_ms, headers, eager,
+                               serialized)
+        return appended if isinstance(appended, tuple) else await appended
 
     async def _append_serialized(self, serializing: Coroutine[Any, Any, KeyValue], topic: str,
                                  partition: int | None, timestamp_ms: int | None,
@@ -575,6 +596,10 @@ class RecordIntake:
         except BaseException:
             accumulator.release(memory)
             raise
+
+
+async def _enqueued(appending: Coroutine[Any, Any, Appended]) -> RecordFuture:
+    return RecordFuture(*await appending)
 
 
 async def _send_appended(appending: Coroutine[Any, Any, Appended]) -> RecordMetadata:

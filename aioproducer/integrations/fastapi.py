@@ -74,7 +74,10 @@ def get_producer(request: Request) -> Producer[Any, Any]:
     producer: Producer[Any, Any] | None = getattr(request.app.state, "aioproducer", None)
     if producer is None:
         raise RuntimeError(
-            "no producer on this app: create it with FastAPI(lifespan=producer_lifespan(...))")
+            "no producer on this app: its lifespan has not run. Create the app with "
+            "FastAPI(lifespan=producer_lifespan(...)); in tests enter the client, `with "
+            "TestClient(app) as client:` (TestClient runs the lifespan only then); a mounted "
+            "sub-application's lifespan does not run: give it to the outer app")
     return producer
 
 
