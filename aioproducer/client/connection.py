@@ -23,7 +23,7 @@ import ssl
 import threading
 from collections import deque
 from functools import partial
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, cast
 
 from ..errors import (
     AuthenticationError,
@@ -369,13 +369,14 @@ class BrokerConnection(asyncio.Protocol):
     # -- asyncio.Protocol ------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport  # type: ignore[assignment]
+        # (uvloop's transports are not asyncio.Transport subclasses, but have its methods)
+        self._transport = cast(asyncio.Transport, transport)
         # Paused above one request's worth, so a request never pauses an empty buffer by
         # itself; resumed at half of it, so the next request is written while the kernel
         # still has bytes to send (asyncio's default, 64 KiB, would pause on every large
         # request and let the socket run dry before the next).
         high = self._max_request_size
-        transport.set_write_buffer_limits(high, high // 2)  # type: ignore[attr-defined]
+        self._transport.set_write_buffer_limits(high, high // 2)
 
     def pause_writing(self) -> None:
         self.paused = True
