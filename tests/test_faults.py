@@ -233,6 +233,21 @@ async def test_acks_0_a_broker_that_stops_reading_makes_enqueue_wait(proxied_bro
     assert [r.value for r in got] == accepted
 
 
+async def test_acks_1_a_paused_connection_takes_no_more_requests(proxied_broker):
+    """At acks=1 the in-flight limit bounds what is written (5 requests), but not by much
+    with large requests: a connection whose broker stopped reading took all five, and held
+    up to five requests' worth in its buffer. Now none while its buffer is over one."""
+    cluster = proxied_broker
+    topic = f"backed-up-{random.randrange(10**6)}"
+    cluster.create_topic(topic, 1)
+    size = 2 * 1024 * 1024
+    accepted = await fill_a_broker_that_stops_reading(
+        cluster.bootstrap, cluster.proxy, topic, max_request_size=size, acks=1,
+        batch_size=size, buffer_memory=32 * 1024 * 1024, linger_ms=50)
+    got = await asyncio.to_thread(consume_all, cluster.bootstrap, topic, len(accepted), 60)
+    assert [r.value for r in got] == accepted
+
+
 async def test_a_silent_cluster_fails_a_send_for_a_new_topic_at_max_block_ms(proxied_broker):
     """The cluster stops answering while a send waits for a new topic's metadata: the send
     fails when max_block_ms is up, not when the far longer request_timeout_ms ends the
