@@ -29,6 +29,7 @@ from aioproducer.errors import (
     UnsupportedVersionError,
 )
 from aioproducer.protocol.messages import ApiKey
+from tests.support.backpressure import fill_a_broker_that_stops_reading
 from tests.support.readback import assert_contiguous_sequences, consume_all, fetch_raw_batches
 
 
@@ -215,6 +216,36 @@ async def test_acks_0_close_does_not_wait_for_the_broker_to_hang_up(proxied_brok
     assert took < 5, f"close() took {took:.1f} s (request_timeout_ms: 15 s)"
     got = await asyncio.to_thread(consume_all, cluster.bootstrap, topic, len(values))
     assert [r.value for r in got] == values
+
+
+async def test_acks_0_a_broker_that_stops_reading_makes_enqueue_wait(proxied_broker):
+    """At acks=0 a batch is done once written, so only the connection's flow control keeps
+    the bytes a broker does not take inside buffer_memory: they piled up in the transport's
+    buffer, without bound, and enqueue() never waited. Now the connection pauses above
+    max_request_size, the records wait in the accumulator, enqueue() raises
+    BufferExhaustedError after max_block_ms, and once the broker reads again every record
+    accepted arrives, in order, once."""
+    cluster = proxied_broker
+    topic = f"backed-up-{random.randrange(10**6)}"
+    cluster.create_topic(topic, 1)
+    accepted = await fill_a_broker_that_stops_reading(cluster.bootstrap, cluster.proxy, topic)
+    got = await asyncio.to_thread(consume_all, cluster.bootstrap, topic, len(accepted), 60)
+    assert [r.value for r in got] == accepted
+
+
+async def test_acks_1_a_paused_connection_takes_no_more_requests(proxied_broker):
+    """At acks=1 the in-flight limit bounds what is written (5 requests), but not by much
+    with large requests: a connection whose broker stopped reading took all five, and held
+    up to five requests' worth in its buffer. Now none while its buffer is over one."""
+    cluster = proxied_broker
+    topic = f"backed-up-{random.randrange(10**6)}"
+    cluster.create_topic(topic, 1)
+    size = 2 * 1024 * 1024
+    accepted = await fill_a_broker_that_stops_reading(
+        cluster.bootstrap, cluster.proxy, topic, max_request_size=size, acks=1,
+        batch_size=size, buffer_memory=32 * 1024 * 1024, linger_ms=50)
+    got = await asyncio.to_thread(consume_all, cluster.bootstrap, topic, len(accepted), 60)
+    assert [r.value for r in got] == accepted
 
 
 async def test_a_silent_cluster_fails_a_send_for_a_new_topic_at_max_block_ms(proxied_broker):

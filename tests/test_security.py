@@ -32,6 +32,7 @@ from cryptography.hazmat.primitives import serialization
 from aioproducer import Producer, ProducerConfig
 from aioproducer.errors import AuthenticationError, ConfigError, KafkaConnectionError
 from aioproducer.testing import EmbeddedBroker, Listener, SimulatedCluster
+from tests.support.backpressure import fill_a_broker_that_stops_reading
 from tests.support.ports import free_port
 from tests.support.proxy import FaultProxy
 from tests.support.readback import fetch_raw_batches
@@ -44,16 +45,24 @@ def ca():
 
 
 @pytest.fixture
-def tls_broker(ca, tmp_path):
-    """A broker reached only through TLS, with a certificate for 127.0.0.1 from `ca`."""
+def tls_proxy(ca, tmp_path):
+    """A broker reached only through TLS, with a certificate for 127.0.0.1 from `ca`, and
+    the proxy that terminates it: (broker, proxy, bootstrap, CA file)."""
     server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ca.issue_cert("127.0.0.1", "localhost").configure_cert(server)
     proxy_port = free_port()
     with EmbeddedBroker(advertised_port=proxy_port) as broker:
-        with FaultProxy(broker.port, proxy_port, tls=server):
+        with FaultProxy(broker.port, proxy_port, tls=server) as proxy:
             cafile = tmp_path / "ca.pem"
             ca.cert_pem.write_to_path(str(cafile))
-            yield broker, f"127.0.0.1:{proxy_port}", str(cafile)
+            yield broker, proxy, f"127.0.0.1:{proxy_port}", str(cafile)
+
+
+@pytest.fixture
+def tls_broker(tls_proxy):
+    """(broker, bootstrap, CA file) of `tls_proxy`."""
+    broker, _, bootstrap, cafile = tls_proxy
+    return broker, bootstrap, cafile
 
 
 async def test_produce_over_tls(tls_broker):
@@ -82,6 +91,19 @@ async def test_acks_0_close_over_tls_loses_nothing(tls_broker):
     stored = [record[2] for batch in batches for record in batch.records]
     assert len(stored) == len(values), f"{len(values) - len(stored)} records lost at close()"
     assert stored == values
+
+
+async def test_acks_0_a_broker_that_stops_reading_makes_enqueue_wait_over_tls(tls_proxy):
+    """asyncio's TLS transport pauses its protocol too: at acks=0 the bytes a broker does not
+    take wait in the accumulator (enqueue() raises BufferExhaustedError after max_block_ms),
+    not in the TLS transport's buffer, and every record accepted arrives once it reads."""
+    broker, proxy, bootstrap, cafile = tls_proxy
+    broker.create_topic("backed-up", 1)
+    accepted = await fill_a_broker_that_stops_reading(
+        bootstrap, proxy, "backed-up", security_protocol="SSL", ssl_cafile=cafile)
+    batches = await asyncio.to_thread(fetch_raw_batches, f"127.0.0.1:{broker.port}",
+                                      "backed-up", 0)
+    assert [record[2] for batch in batches for record in batch.records] == accepted
 
 
 async def test_wrong_ca_is_refused_clearly(tls_broker, tmp_path):

@@ -8,7 +8,10 @@ completes the batches (or re-queues them with backoff, splits one the broker fou
 or fails them) and wakes the task.
 Between rounds it sleeps until the earliest deadline (linger, retry backoff, delivery
 timeout, reconnect, metadata age) or until something wakes it; not at all while a broker it
-wrote to has room for another request and batches are queued.
+wrote to has room for another request and batches are queued. A connection whose write
+buffer holds more than a request's worth unsent (`paused`) has no room either, whatever
+acks is: at acks=0, where nothing else bounds what is written, its records wait in the
+accumulator, inside buffer_memory, so enqueue() feels a slow broker as at acks=1.
 
 The requests are written last, after the round's bookkeeping and the next wake-up are set:
 the broker a write wakes can be scheduled on this process's core, and then it waits until
@@ -154,7 +157,7 @@ class Sender:
         cluster = self._cluster
         conn = cluster.ready_connection(cluster.leader_for(batch.topic, batch.partition))
         if conn is None or conn.in_flight_produce or conn.throttled_until > self._loop.time() \
-                or conn.reauthenticating or not self._accumulator.drain_lone(batch):
+                or conn.reauthenticating or conn.paused or not self._accumulator.drain_lone(batch):
             return False
         if self._waiting_since:
             self._waiting_since.pop(conn.node_id, None)  # it takes data
@@ -196,8 +199,8 @@ class Sender:
                     next_wake = min(next_wake, backoff)
             elif conn.throttled_until > now:
                 next_wake = min(next_wake, conn.throttled_until - now)
-            elif conn.reauthenticating:
-                pass  # (its end wakes the sender)
+            elif conn.reauthenticating or conn.paused:
+                pass  # (its end, or its write buffer draining, wakes the sender)
             elif conn.in_flight_produce < self._config.max_in_flight_requests_per_connection:
                 sendable[node] = conn
         room = False  # a broker written to this round has room for another request

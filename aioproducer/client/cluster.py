@@ -603,6 +603,7 @@ class Cluster:
                 connect_timeout=self._setup_timeout(broker.node_id),
                 ssl_context=self._ssl_context, sasl=sasl,
                 max_response_bytes=config.receive_message_max_bytes,
+                max_request_size=config.max_request_size,
                 expected_cluster_id=self.cluster_id if check else None)
         except KafkaError as exc:
             if self._generation != generation:  # forgotten meanwhile: no backoff to keep
@@ -639,6 +640,7 @@ class Cluster:
             conn.broker_ranges.get(ApiKey.API_VERSIONS, (0, 0))[1] >= 5
         self.connections_created += 1
         conn.on_close = self._connection_closed
+        conn.on_resume = self._connection_writable
         self._connections[broker.node_id] = conn
         if conn.features_epoch >= self.features_epoch:  # the newest a broker told (KIP-584)
             self.features_epoch, self.finalized_features = \
@@ -725,6 +727,10 @@ class Cluster:
         return exponential_backoff(config.socket_connection_setup_timeout_ms / 1000,
                                    backoff.failures if backoff is not None else 0,
                                    config.socket_connection_setup_timeout_max_ms / 1000)
+
+    def _connection_writable(self) -> None:
+        """A connection's write buffer drained (it was paused): the sender may write to it."""
+        self.on_change()
 
     def _connection_closed(self, conn: BrokerConnection, exc: KafkaError) -> None:
         if self._connections.get(conn.node_id) is conn:

@@ -7,6 +7,12 @@ after it arrives). Kafka answers the requests of one connection in order, so the
 request always has the earliest deadline: a single timer per connection (armed for the oldest
 request) enforces `request_timeout_ms` for all of them, and a timeout closes the connection,
 failing everything on it as retriable, as the Java client does.
+
+Writes are flow-controlled (asyncio's pause_writing/resume_writing): once more than a
+request's worth (max_request_size) waits in the transport's buffer, unsent by the kernel, the
+connection is `paused` and the sender writes it no Produce request until it drains below half
+of that; `on_resume` then wakes the sender. At acks=0, where a request counts as done once
+written, this is what keeps the bytes of a slow broker inside buffer_memory.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import ssl
 import threading
 from collections import deque
 from functools import partial
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, cast
 
 from ..errors import (
     AuthenticationError,
@@ -55,7 +61,8 @@ class BrokerConnection(asyncio.Protocol):
     """A connected, version-negotiated link to one broker. Create with `connect()`."""
 
     def __init__(self, node_id: int, host: str, port: int, client_id: str,
-                 request_timeout: float, max_response_bytes: int = MAX_RESPONSE_BYTES) -> None:
+                 request_timeout: float, max_response_bytes: int = MAX_RESPONSE_BYTES,
+                 max_request_size: int = 1 << 20) -> None:
         self.node_id = node_id
         self.host = host
         self.port = port
@@ -80,6 +87,12 @@ class BrokerConnection(asyncio.Protocol):
                                int | None]] | None = None
         # A request that gets no response (acks=0 Produce) was written since the last barrier().
         self.written_unanswered = False
+        # More than max_request_size is buffered unsent (pause_writing): the sender writes
+        # this connection no Produce request until it drains; `on_resume` (set by the owner)
+        # is called when it has.
+        self.paused = False
+        self.on_resume: Callable[[], None] | None = None
+        self._max_request_size = max_request_size
         self._idle: asyncio.Future[None] | None = None  # quiet(): no request pending
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
@@ -108,13 +121,15 @@ class BrokerConnection(asyncio.Protocol):
                       ssl_context: ssl.SSLContext | None = None,
                       sasl: SaslMechanism | None = None,
                       max_response_bytes: int = MAX_RESPONSE_BYTES,
+                      max_request_size: int = 1 << 20,
                       expected_cluster_id: str | None = None) -> "BrokerConnection":
         """Open the socket (TLS if given a context), negotiate API versions, authenticate
         (SASL if given a mechanism); raise KafkaConnectionError or AuthenticationError.
         With `expected_cluster_id`, ask the broker to check that it is `node_id` of that
         cluster (KIP-1242): RebootstrapRequiredError if it is not."""
         loop = asyncio.get_running_loop()
-        conn = cls(node_id, host, port, client_id, request_timeout, max_response_bytes)
+        conn = cls(node_id, host, port, client_id, request_timeout, max_response_bytes,
+                   max_request_size)
         try:
             await asyncio.wait_for(
                 loop.create_connection(lambda: conn, host, port, ssl=ssl_context,
@@ -354,7 +369,22 @@ class BrokerConnection(asyncio.Protocol):
     # -- asyncio.Protocol ------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport  # type: ignore[assignment]
+        # (uvloop's transports are not asyncio.Transport subclasses, but have its methods)
+        self._transport = cast(asyncio.Transport, transport)
+        # Paused above one request's worth, so a request never pauses an empty buffer by
+        # itself; resumed at half of it, so the next request is written while the kernel
+        # still has bytes to send (asyncio's default, 64 KiB, would pause on every large
+        # request and let the socket run dry before the next).
+        high = self._max_request_size
+        self._transport.set_write_buffer_limits(high, high // 2)
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        if self.on_resume is not None:
+            self.on_resume()
 
     def connection_lost(self, exc: Exception | None) -> None:
         reason = f": {exc}" if exc else ""

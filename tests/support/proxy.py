@@ -6,7 +6,8 @@ and works from sync tests as well. Faults: cut every connection now, cut after N
 a broker's size limit on record batches (which Tansu does not have), answers changed
 (error codes Tansu never sends, an older broker's ApiVersions), Produce requests lost on the
 way (answered here, never forwarded, the connection kept), and fronting a real broker
-(its Metadata and FindCoordinator answers name the proxy, so every connection comes here).
+(its Metadata and FindCoordinator answers name the proxy, so every connection comes here),
+and a broker that stops reading requests (the client's writes back up into its buffers).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class FaultProxy:
         self._pairs: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
         self._handlers: set[asyncio.Task] = set()  # one per client connection
         self._stalled = False
+        self._not_reading = False
         self._refusing = False
         self._cut_after: tuple[int, str] | None = None
         self._rate: float | None = None
@@ -89,6 +91,11 @@ class FaultProxy:
 
     def stall(self, on: bool) -> None:
         self._stalled = on
+
+    def stop_reading(self, on: bool) -> None:
+        """Read nothing more from the clients (a broker too slow to take requests): what
+        they write fills the kernel's socket buffers, then their own."""
+        self._not_reading = on
 
     def refuse(self, on: bool, cut: bool = True) -> None:
         """Refuse new connections (the broker is down); `cut=False` leaves the open ones up
@@ -239,6 +246,8 @@ class FaultProxy:
         while True:
             if direction == "down" and self._split:
                 await asyncio.sleep(0.002)  # the read below takes all that came meanwhile
+            while self._not_reading and direction == "up" and pair in self._pairs:
+                await asyncio.sleep(0.01)
             data = await reader.read(65536)
             if not data:
                 break
