@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 from kafka.protocol.producer import InitProducerIdResponse, ProduceResponse
@@ -71,7 +72,8 @@ async def test_broker_forgetting_our_producer_id_loses_and_duplicates_nothing(br
     assert original_id + 1_000_000 not in {pid for pid, _ in sessions}  # recovered, not reused
 
 
-async def test_a_numbered_batch_that_expires_awaiting_its_retry_leaves_no_gap(proxied_broker):
+async def test_a_numbered_batch_that_expires_awaiting_its_retry_leaves_no_gap(proxied_broker,
+                                                                           caplog):
     """A batch is numbered and sent, never reaches the broker, and fails at
     delivery_timeout_ms while waiting for its retry (the broker was unreachable). The records
     after it, sent once the broker is back, arrive once and in order: its sequence numbers
@@ -96,6 +98,38 @@ async def test_a_numbered_batch_that_expires_awaiting_its_retry_leaves_no_gap(pr
         sessions.setdefault((batch.producer_id, batch.producer_epoch), []).append(batch)
     for batches in sessions.values():  # the records after the gap were numbered afresh
         assert_contiguous_sequences(batches)
+    # (Whether the broker wrote it is unknown: said, unlike a batch refused unwritten.)
+    assert [r.levelno for r in caplog.records if "lost its sequence state" in r.getMessage()
+            and "gap-0" in r.getMessage()] == [logging.WARNING]
+
+
+async def test_a_record_refused_unwritten_starts_a_new_session_without_a_warning(
+        proxied_broker, caplog):
+    """On Apache Kafka a record over the broker's message.max.bytes, alone in its batch,
+    failed with MessageTooLargeError and the producer also warned that it "lost its sequence
+    state ... (KIP-360)". The broker checks a batch's size (and timestamps, records and
+    permission) before it appends anything: nothing was lost but the batch's sequence
+    numbers, and the new session that skips them is routine. It is said at DEBUG (the Java
+    client bumps its epoch without a word); the next record goes through at once."""
+    cluster = proxied_broker
+    cluster.create_topic("refused", 1)
+    cluster.proxy.message_max_bytes(3000)
+    caplog.set_level(logging.DEBUG, logger="aioproducer")
+    async with Producer(cluster.bootstrap, linger_ms=0) as producer:
+        await producer.send("refused", b"before")
+        with pytest.raises(MessageTooLargeError):
+            await asyncio.wait_for(producer.send("refused", b"x" * 4000), 10)
+        await asyncio.wait_for(producer.send("refused", b"after"), 10)
+    # (Still said at WARNING: the record's failure, by the delivery-failure log that
+    # on_delivery_error replaces, and on Tansu only its refusal of the KIP-360 epoch bump.)
+    warned = [r.getMessage() for r in caplog.records
+              if r.levelno >= logging.WARNING and "sequence" in r.getMessage()]
+    assert warned == []
+    said = [r for r in caplog.records if "refused unwritten" in r.getMessage()]
+    assert [r.levelno for r in said] == [logging.DEBUG]
+    assert "MESSAGE_TOO_LARGE" in said[0].getMessage() or "too large" in said[0].getMessage()
+    values = [r.value for r in consume_all(cluster.broker.bootstrap, "refused", expected=2)]
+    assert values == [b"before", b"after"]
 
 
 async def test_a_principal_refused_idempotent_writes_is_told_what_to_grant(proxied_broker):

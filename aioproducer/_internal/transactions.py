@@ -34,15 +34,20 @@ from ..errors import (
     ConcurrentTransactionsError,
     CoordinatorNotAvailableError,
     CorruptMessageError,
+    BrokerInvalidRecordError,
     InvalidProducerEpochError,
+    InvalidTimestampError,
     InvalidTxnStateError,
     KafkaError,
+    MessageTooLargeError,
     NotCoordinatorError,
     OperationNotAttemptedError,
     ProducerClosedError,
     ProducerFailedError,
     ProducerFencedError,
+    RecordListTooLargeError,
     RequestTimeoutError,
+    TopicAuthorizationFailedError,
     TransactionalIdAuthorizationFailedError,
     TransactionFailedError,
     TransactionStateError,
@@ -85,6 +90,12 @@ _FATAL = (ProducerFencedError, ClusterAuthorizationFailedError,
           TransactionalIdAuthorizationFailedError, UnsupportedVersionError)
 # A coordinator's answers add these (the Java client's request handlers).
 _FATAL_FROM_COORDINATOR = _FATAL + (InvalidTxnStateError, UnsupportedForMessageFormatError)
+# A leader's answers to a batch that it checks before appending anything (its size, its
+# timestamps, its records, the principal's permission): a batch refused so was never written,
+# and the new session it leaves behind (its sequence numbers unused) is routine, said at
+# DEBUG as the Java client bumps its epoch without a word; the record's error says the rest.
+_REFUSED_UNWRITTEN = (MessageTooLargeError, RecordListTooLargeError, InvalidTimestampError,
+                      BrokerInvalidRecordError, TopicAuthorizationFailedError)
 
 
 class TxnState(enum.Enum):
@@ -246,14 +257,20 @@ class TransactionManager:
         self.on_change()
 
     def sequence_state_lost(self, exc: KafkaError) -> None:
-        """The broker no longer agrees with our sequence numbers for this producer id."""
+        """The broker no longer agrees with our sequence numbers for this producer id (or
+        will not: a batch failed, its numbers used up, with nothing numbered after it)."""
         if self.is_transactional:
             # Only the transaction's abort can resynchronise (with a new epoch).
             self._needs_epoch_bump = True
             self.abortable(exc)
             return
-        log.warning("producer id %d epoch %d lost its sequence state (%s): starting a new "
-                    "session (KIP-360)", self.producer_id, self.producer_epoch, exc)
+        if isinstance(exc, _REFUSED_UNWRITTEN):
+            log.debug("producer id %d epoch %d: a batch refused unwritten (%s) used up its "
+                      "sequence numbers: starting a new session (KIP-360)", self.producer_id,
+                      self.producer_epoch, exc)
+        else:
+            log.warning("producer id %d epoch %d lost its sequence state (%s): starting a "
+                        "new session (KIP-360)", self.producer_id, self.producer_epoch, exc)
         self._bump_from = (self.producer_id, self.producer_epoch)
         self.sequencer.start(-1, -1)
 
