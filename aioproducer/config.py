@@ -69,7 +69,7 @@ class ProducerSettingsBase(TypedDict, total=False):
     socket_connection_setup_timeout_ms: int
     socket_connection_setup_timeout_max_ms: int
     max_in_flight_requests_per_connection: int
-    compression_type: str
+    compression_type: str | None  # (None: aiokafka's spelling of "none")
     compression_level: int | None
     metadata_max_age_ms: int
     metadata_max_idle_ms: int
@@ -267,6 +267,8 @@ class ProducerConfig:
     def _validated(self, explicit_idempotence: Any,
                    explicit_batch_size: bool = True) -> "ProducerConfig":
         changes: dict[str, Any] = {"bootstrap_addresses": _parse_bootstrap(self.bootstrap_servers)}
+        # None is aiokafka's default spelling of no compression; "none" (Java's) is kept.
+        codec = "none" if self.compression_type is None else self.compression_type
         acks = {"all": -1, "-1": -1, -1: -1, "1": 1, 1: 1, "0": 0, 0: 0}.get(
             self.acks if isinstance(self.acks, (int, str)) and not isinstance(self.acks, bool)
             else None)
@@ -287,10 +289,14 @@ class ProducerConfig:
                           ("transaction_timeout_ms", 1),
                           ("partitioner_availability_timeout_ms", 0)):
             _check_int(name, getattr(self, name), low)
+        if codec not in _CODECS:
+            raise ConfigError(f"compression_type must be one of {', '.join(_CODECS)}, not "
+                              f"{self.compression_type!r}")
+        changes["compression_type"] = codec
         if self.compression_level is not None:
-            low, high = _LEVELS.get(self.compression_type, (-131072, _MAX_INT))
+            low, high = _LEVELS.get(codec, (-131072, _MAX_INT))
             _check_int("compression_level", self.compression_level, low, high,
-                       f" with compression_type={self.compression_type!r}")
+                       f" with compression_type={codec!r}")
         # Any case, as the Java client takes it (a properties file may say "ssl").
         protocol = self.security_protocol.upper() if isinstance(self.security_protocol, str) \
             else self.security_protocol
@@ -326,9 +332,6 @@ class ProducerConfig:
                               f"{', '.join(_RECOVERY_STRATEGIES)}, not "
                               f"{self.metadata_recovery_strategy!r}")
         changes["metadata_recovery_strategy"] = strategy
-        if self.compression_type not in _CODECS:
-            raise ConfigError(f"compression_type must be one of {', '.join(_CODECS)}, not "
-                              f"{self.compression_type!r}")
         if not isinstance(self.client_id, str):
             raise ConfigError(f"client_id must be a str, not {self.client_id!r}")
         _check_wire_string("client_id", self.client_id)

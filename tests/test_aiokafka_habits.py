@@ -4,6 +4,8 @@ habit is enqueue(). Read back with librdkafka."""
 
 from __future__ import annotations
 
+import pytest
+
 from aioproducer import Producer
 from tests.support.readback import consume_all
 
@@ -44,3 +46,22 @@ async def test_aiokafkas_awaited_begin_transaction_runs(broker, topic):
         await producer.commit_transaction()
     got = consume_all(broker.bootstrap, topic, expected=2)
     assert [r.value for r in got] == [b"in the transaction", b"in the next one"]
+
+
+async def test_aiokafkas_spellings_of_metadata_timestamp_and_no_compression(broker, topic):
+    """aiokafka's RecordMetadata calls the record's time `timestamp` (the Java client's
+    `timestamp()`), ours `timestamp_ms`: `md.timestamp` raised AttributeError, from send(),
+    an enqueue() future and enqueue_many() alike. And its default compression_type=None,
+    written out, was refused."""
+    stamp = 1_700_000_000_000
+    async with Producer(broker.bootstrap, compression_type=None) as producer:
+        sent = await producer.send_and_wait(topic, b"sent", timestamp_ms=stamp)
+        enqueued = await (await producer.enqueue(topic, b"enqueued", timestamp_ms=stamp + 1))
+        bulk = await (await producer.enqueue_many(topic, [(None, b"bulk")],
+                                                  timestamp_ms=stamp + 2))
+    assert [md.timestamp for md in (sent, enqueued, bulk[0])] == [stamp, stamp + 1, stamp + 2]
+    assert sent == (topic, 0, 0, stamp)  # (still the four fields)
+    with pytest.raises(AttributeError):
+        sent.timestamp = 0  # type: ignore[misc]
+    got = consume_all(broker.bootstrap, topic, expected=3)
+    assert [r.timestamp_ms for r in got] == [stamp, stamp + 1, stamp + 2]

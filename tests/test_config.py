@@ -81,6 +81,23 @@ def test_acks_takes_an_int_enum_but_not_a_float_or_bool():
             ProducerConfig.from_kwargs(bootstrap_servers="h:1", acks=wrong)
 
 
+def test_compression_type_none_is_aiokafkas_spelling_of_none():
+    """aiokafka's default is compression_type=None: code moved over says so, and gets no
+    compression (the setting reads "none", the Java client's spelling, once validated)."""
+    config = ProducerConfig.from_kwargs(bootstrap_servers="h:1", compression_type=None)
+    assert config.compression_type == "none"
+    assert Producer("h:1", compression_type=None).config.compression_type == "none"
+    assert Producer(config=ProducerConfig("h:1", compression_type=None)
+                    ).config.compression_type == "none"
+    with pytest.raises(ConfigError, match="compression_type must be one of none, gzip, "
+                                          "snappy, lz4, zstd, not 'None'"):
+        ProducerConfig.from_kwargs(bootstrap_servers="h:1", compression_type="None")
+    with pytest.raises(ConfigError, match=r"compression_level must be between -1 and 9 "
+                                          r"with compression_type='gzip'"):
+        ProducerConfig.from_kwargs(bootstrap_servers="h:1", compression_type="gzip",
+                                   compression_level=10)
+
+
 def test_defaulted_idempotence_turns_off_quietly_when_settings_conflict():
     assert not ProducerConfig.from_kwargs(bootstrap_servers="h:1", acks=1).enable_idempotence
     assert not ProducerConfig.from_kwargs(bootstrap_servers="h:1", retries=0).enable_idempotence

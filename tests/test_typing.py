@@ -25,7 +25,8 @@ from aioproducer import BlockingProducer, Producer, RecordMetadata
 from aioproducer.errors import BrokerError, NotLeaderOrFollowerError, ERROR_CLASSES
 
 async def main() -> None:
-    async with Producer("localhost:9092", linger_ms=5) as producer:
+    async with Producer("localhost:9092", linger_ms=5,
+                        compression_type=None) as producer:  # (aiokafka's spelling)
         md = await producer.send("t", b"v", key=b"k")
         offset: int = md.offset
         bulk = await producer.enqueue_many("t", [(b"k", b"v")])

@@ -38,6 +38,12 @@ class RecordMetadata(NamedTuple):
     offset: int
     timestamp_ms: int
 
+    @property
+    def timestamp(self) -> int:
+        """`timestamp_ms` by the name aiokafka's RecordMetadata gives it (the Java client's
+        `timestamp()`): code moved over reads `md.timestamp`."""
+        return self.timestamp_ms
+
 
 # What a done callback runs in: a copy of a snapshot (see _speedups), or, held in a 1-tuple,
 # the context it was given.
