@@ -12,7 +12,7 @@ import traceback
 
 import pytest
 
-from aioproducer import Producer, ProducerConfig
+from aioproducer import BlockingProducer, Producer, ProducerConfig
 from aioproducer.errors import (
     ConfigError,
     InvalidRecordError,
@@ -24,6 +24,7 @@ from aioproducer.errors import (
     SerializationError,
     UnknownTopicError,
 )
+from aioproducer.hooks import ProducerHooks
 from tests.support.ports import blackhole, free_port
 from tests.support.readback import consume_all
 
@@ -48,9 +49,12 @@ BAD_RECORDS = [
     ("partition-negative", dict(value=b"v", partition=-1), InvalidRecordError, "does not exist"),
     ("partition-str", dict(value=b"v", partition="0"), InvalidRecordError, "int"),
     ("partition-float", dict(value=b"v", partition=1.0), InvalidRecordError, "int"),
+    # (a bool has __index__, as numpy's integers do, but True is no partition)
+    ("partition-bool", dict(value=b"v", partition=True), InvalidRecordError, "not bool"),
     ("timestamp-negative", dict(value=b"v", timestamp_ms=-5), InvalidRecordError, "timestamp_ms"),
     ("timestamp-str", dict(value=b"v", timestamp_ms="now"), InvalidRecordError, "timestamp_ms"),
     ("timestamp-float", dict(value=b"v", timestamp_ms=1.5), InvalidRecordError, "timestamp_ms"),
+    ("timestamp-bool", dict(value=b"v", timestamp_ms=True), InvalidRecordError, "timestamp_ms"),
     ("timestamp-over-int64", dict(value=b"v", timestamp_ms=2**63), InvalidRecordError,
      "timestamp_ms"),
     ("header-name-not-utf8", dict(value=b"v", headers=[("\udc80", b"b")]), InvalidRecordError,
@@ -441,6 +445,78 @@ async def test_a_str_subclass_is_its_text_as_a_topic(broker, topic_factory):
     assert type(first.topic) is str and first.topic == second.topic == bulk[0].topic == name
     got = consume_all(broker.bootstrap, name, expected=3)
     assert sorted(r.value for r in got) == [b"after", b"before the metadata is known", b"bulk"]
+
+
+class _SeesRecords(ProducerHooks):
+    def on_send(self, topic, key, value, headers):
+        return None
+
+
+@pytest.mark.parametrize("hooks", [(), (_SeesRecords(),)], ids=["plain", "on_send-hook"])
+async def test_a_call_missing_its_value_names_the_verb_called(broker, topic, hooks):
+    """`producer.send(topic)` with the value forgotten was told "RecordIntake.send()
+    missing 1 required positional argument: 'value'" (with an on_send hook,
+    "RecordIntake._send_told()"): a class the user never met. The TypeError names the verb
+    they called, as Python does for any method: so does a misspelt keyword."""
+    async with Producer(broker.bootstrap, hooks=hooks) as producer:
+        for name in ("send", "enqueue"):
+            verb = getattr(producer, name)
+            with pytest.raises(TypeError) as missing:
+                verb(topic)
+            assert str(missing.value) == \
+                f"Producer.{name}() missing 1 required positional argument: 'value'"
+            with pytest.raises(TypeError) as misspelt:
+                verb(topic, b"v", partiton=0)
+            assert str(misspelt.value) == \
+                f"Producer.{name}() got an unexpected keyword argument 'partiton'"
+    with BlockingProducer(broker.bootstrap, hooks=hooks) as blocking:
+        for name in ("produce", "send"):
+            with pytest.raises(TypeError) as missing:
+                getattr(blocking, name)(topic)
+            assert str(missing.value) == \
+                f"BlockingProducer.{name}() missing 1 required positional argument: 'value'"
+
+
+class Int64:
+    """numpy.int64's part here: an int-like (__index__: int() and operator.index() take
+    it) that is not an int."""
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+
+    def __index__(self) -> int:
+        return self.number
+
+
+@pytest.mark.parametrize("kind", ["__index__", "numpy"])
+async def test_an_int_like_partition_or_timestamp_is_the_int_it_stands_for(broker,
+                                                                          topic_factory, kind):
+    """A partition or timestamp out of numpy or a pandas column (numpy.int64) was refused:
+    "partition must be an int or None, not int64". Every verb takes it as the int it stands
+    for, in the compiled common case and on the Python path (a header, the first record
+    before the metadata is known), and the metadata holds plain ints."""
+    int_like = pytest.importorskip("numpy").int64 if kind == "numpy" else Int64
+    topic = topic_factory(3)
+    stamp = 1_700_000_000_000
+    async with Producer(broker.bootstrap, linger_ms=0) as producer:
+        metadata = [
+            await producer.send(topic, b"first", partition=int_like(2),
+                                timestamp_ms=int_like(stamp)),
+            await producer.send(topic, b"sent", partition=int_like(1),
+                                timestamp_ms=int_like(stamp + 1)),
+            await (await producer.enqueue(topic, b"enqueued", key=b"k", partition=int_like(1),
+                                          timestamp_ms=int_like(stamp + 2))),
+            await producer.send(topic, b"with a header", partition=int_like(2),
+                                timestamp_ms=int_like(stamp + 3), headers=[("h", b"1")]),
+            (await (await producer.enqueue_many(topic, [(None, b"bulk")], partition=int_like(0),
+                                                timestamp_ms=int_like(stamp + 4))))[0]]
+    assert [(m.partition, m.timestamp_ms) for m in metadata] == \
+        [(2, stamp), (1, stamp + 1), (1, stamp + 2), (2, stamp + 3), (0, stamp + 4)]
+    assert {(type(m.partition), type(m.timestamp_ms)) for m in metadata} == {(int, int)}
+    got = consume_all(broker.bootstrap, topic, expected=5)
+    assert sorted((r.timestamp_ms, r.partition, r.value) for r in got) == [
+        (stamp, 2, b"first"), (stamp + 1, 1, b"sent"), (stamp + 2, 1, b"enqueued"),
+        (stamp + 3, 2, b"with a header"), (stamp + 4, 0, b"bulk")]
 
 
 async def test_enqueue_many_with_a_bad_records_argument(broker, topic):

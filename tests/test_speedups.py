@@ -931,6 +931,39 @@ def _raises():
     raise RuntimeError("not in a transaction")
 
 
+class _Index:
+    """An int-like as numpy's and pandas' integers are: __index__, not an int."""
+
+    def __init__(self, number: object) -> None:
+        self.number = number
+
+    def __index__(self) -> int:
+        if isinstance(self.number, BaseException):
+            raise self.number
+        return self.number  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("impl", BOTH, ids=["python", "c"])
+async def test_the_appender_takes_an_int_like_partition_and_timestamp(impl):
+    """A partition or timestamp given as numpy.int64 (pandas' column of them, say) is the
+    int it stands for: appended by the common case, its future holding a plain int; a bool,
+    an __index__ that fails, or one out of range goes to `later`, which refuses it."""
+    parts = _Started(impl, asyncio.get_running_loop())
+    appender, later_calls = _appender(impl, parts)
+    future = await appender("t", b"v", partition=_Index(1), timestamp_ms=_Index(5))
+    assert (future._batch, future._offset_delta, future._timestamp) == ("batch-1", 0, 5)
+    assert type(future._timestamp) is int and not later_calls
+    sending, _ = _appender(impl, parts, ready=False)
+    assert sending("t", b"v", partition=_Index(2))._batch == "batch-2"
+    refused = [{"partition": _Index(3)}, {"partition": _Index(-1)},
+               {"partition": _Index(ValueError("no"))}, {"partition": False},
+               {"timestamp_ms": _Index(-1)}, {"timestamp_ms": _Index(1 << 63)},
+               {"timestamp_ms": _Index(TypeError("no"))}, {"timestamp_ms": True}]
+    for kwargs in refused:
+        assert appender("t", b"v", **kwargs) == "later", kwargs
+        assert later_calls.pop() == (("t", b"v"), kwargs)
+
+
 @pytest.mark.parametrize("impl", BOTH, ids=["python", "c"])
 async def test_the_appender_opens_a_batch_where_a_placed_record_has_none(impl):
     """A keyed record, or one given its partition, whose partition has no open batch goes

@@ -5,6 +5,7 @@ rules, so each verb reads as its steps."""
 from __future__ import annotations
 
 import inspect
+import operator
 import struct
 import time
 from typing import Any, Awaitable, Callable, Iterator, Mapping
@@ -134,9 +135,23 @@ def topic_str(topic: Any) -> str:
     return str.__str__(topic)
 
 
+def as_int(number: Any) -> Any:
+    """An int-like (what operator.index() takes: numpy's and pandas' integers, an IntEnum) as
+    the int it stands for; anything else as given, for the caller to refuse. A bool is no
+    partition or timestamp: it stays a bool. (The speed-up's Appender does the same.)"""
+    if isinstance(number, bool):
+        return number
+    try:
+        return operator.index(number)
+    except Exception:  # (no __index__, or a broken one: refused as the type it is)
+        return number
+
+
 def checked_timestamp(timestamp_ms: Any) -> int:
     if timestamp_ms is None:
         return int(time.time() * 1000)
+    if type(timestamp_ms) is not int:
+        timestamp_ms = as_int(timestamp_ms)
     if type(timestamp_ms) is not int or not 0 <= timestamp_ms < 1 << 63:  # Kafka's int64
         raise InvalidRecordError("timestamp_ms must be an int from 0 to 2**63-1 (ms since the "
                                  f"epoch), not {timestamp_ms!r}")

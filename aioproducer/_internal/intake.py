@@ -27,7 +27,7 @@ from ..serializers import MutableHeaders
 from .._speedups import DONE, NEEDS_BATCH, Appender, Columns, Ready, append_many, \
     append_record
 from .accumulator import RecordAccumulator
-from .arguments import BYTES_TYPES, as_bytes, bad_partition, check_topic_name, \
+from .arguments import BYTES_TYPES, as_bytes, as_int, bad_partition, check_topic_name, \
     checked_headers, checked_timestamp, encode_checked_headers, iterate_records, serialize, \
     serialize_async, serializer_call, topic_str
 from .batch import BulkFuture, ProducerBatch, RecordFuture, RecordMetadata, Sending, \
@@ -256,6 +256,8 @@ class RecordIntake:
         leaders = info.leaders
         sticky = False
         if partition is not None:
+            if type(partition) is not int:
+                partition = as_int(partition)  # (numpy's integers)
             if type(partition) is not int or not 0 <= partition < len(leaders):
                 raise bad_partition(topic, partition, len(leaders))
         elif self._partition_in_python:
@@ -299,9 +301,10 @@ class RecordIntake:
             if type(topic) is not str:
                 topic = topic_str(topic)
             count = await self.partition_count(topic)
-            if partition is not None and (type(partition) is not int or
-                                          not 0 <= partition < count):
-                raise bad_partition(topic, partition, count)
+            if partition is not None:
+                partition = as_int(partition)
+                if type(partition) is not int or not 0 <= partition < count:
+                    raise bad_partition(topic, partition, count)
             if type(records) is Columns:  # read where they lie, all in one go
                 await self._append_many(topic, records, count, partition, timestamp_ms,
                                         out_batches, out_deltas)
@@ -325,6 +328,8 @@ class RecordIntake:
             chosen = self._custom_partitioner(
                 topic, key, count, [p for p, leader in enumerate(leaders) if leader >= 0])
             if chosen is not None:
+                if type(chosen) is not int:
+                    chosen = as_int(chosen)  # (a partitioner using numpy)
                 if type(chosen) is not int or not 0 <= chosen < count:
                     raise InvalidRecordError(
                         f"the partitioner returned {chosen!r} for topic {topic!r}, which has "
@@ -596,6 +601,16 @@ class RecordIntake:
         except BaseException:
             accumulator.release(memory)
             raise
+
+
+# The producer's send() and enqueue() are these methods (or an Appender that hands them its
+# arguments): a call with an argument missing, or one too many, names the verb the user
+# called, "Producer.send() missing 1 required positional argument: 'value'", not ours.
+for _verb, _name in ((RecordIntake.send, "send"), (RecordIntake._send_told, "send"),
+                     (RecordIntake.enqueue, "enqueue"),
+                     (RecordIntake.enqueue_told, "enqueue")):
+    _verb.__qualname__ = f"Producer.{_name}"
+del _verb, _name
 
 
 async def _enqueued(appending: Coroutine[Any, Any, Appended]) -> RecordFuture:

@@ -2875,15 +2875,31 @@ is_name(PyObject *name, PyObject *known)
     return name == known || (PyUnicode_Check(name) && PyUnicode_Compare(name, known) == 0);
 }
 
+/* An int-like given as a partition or timestamp (numpy's and pandas' integers: nb_index) as
+   the int it stands for, a new reference; NULL without an error set for anything else (a
+   bool included), which `later` refuses. (arguments.as_int is its twin on the Python path.) */
+static PyObject *
+as_index(PyObject *number)
+{
+    PyNumberMethods *methods = Py_TYPE(number)->tp_as_number;
+    if (PyBool_Check(number) || methods == NULL || methods->nb_index == NULL)
+        return NULL;
+    PyObject *index = PyNumber_Index(number);
+    if (index == NULL && PyErr_ExceptionMatches(PyExc_Exception))
+        PyErr_Clear();  /* `later` refuses it */
+    return index;
+}
+
 /* The common case: the appended record's future (in a Ready for enqueue), or NULL: with an
    error set, that error; without, "not the common case: ask `later`". No Python code with
-   side effects runs before the append but the transaction's check and the sticky
-   partitioner's choice, which `later` asks again and gets the same answer. A keyed record
-   (or one given its partition) whose partition has no open batch gets one from open_new,
-   which opens it if the memory is free and returns it (else None, having done nothing: then
-   `later` does it all, and raises what open_new raised). At many partitions a batch is
-   opened every record or two (one record a batch when the producer yields to the loop
-   often), and `later` (a coroutine, and the intake's checks again) cost ~10 us each. */
+   side effects runs before the append but the transaction's check, the sticky
+   partitioner's choice and an int-like's __index__, which `later` asks again and gets the
+   same answer. A keyed record (or one given its partition) whose partition has no open
+   batch gets one from open_new, which opens it if the memory is free and returns it (else
+   None, having done nothing: then `later` does it all, and raises what open_new raised).
+   At many partitions a batch is opened every record or two (one record a batch when the
+   producer yields to the loop often), and `later` (a coroutine, and the intake's checks
+   again) cost ~10 us each. */
 static PyObject *
 appender_fast(Appender *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
@@ -2979,22 +2995,27 @@ appender_fast(Appender *self, PyObject *const *args, Py_ssize_t nargs, PyObject 
             goto done;
     }
     else {
+        if (PyLong_CheckExact(timestamp))
+            stamp = Py_NewRef(timestamp);
+        else if ((stamp = as_index(timestamp)) == NULL)
+            goto done;
         int overflow = 0;
-        long long given = PyLong_CheckExact(timestamp)
-            ? PyLong_AsLongLongAndOverflow(timestamp, &overflow) : -1;
+        long long given = PyLong_AsLongLongAndOverflow(stamp, &overflow);
         if (given < 0 || overflow)
             goto done;
-        stamp = Py_NewRef(timestamp);
     }
 
     /* The partition: given, by murmur2 of the key, or the topic's sticky one. */
     if (partition != Py_None) {
-        Py_ssize_t p = PyLong_CheckExact(partition) ? PyLong_AsSsize_t(partition) : -1;
+        if (PyLong_CheckExact(partition))
+            chosen = Py_NewRef(partition);
+        else if ((chosen = as_index(partition)) == NULL)
+            goto done;
+        Py_ssize_t p = PyLong_AsSsize_t(chosen);
         if (p == -1 && PyErr_Occurred())
             PyErr_Clear();
         if (p < 0 || p >= count)
             goto done;
-        chosen = Py_NewRef(partition);
     }
     else if (self->partition_in_python)
         goto done;

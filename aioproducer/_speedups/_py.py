@@ -616,11 +616,16 @@ class Appender:
             return None
         if timestamp is None:
             timestamp = int(self._clock() * 1000)
-        elif type(timestamp) is not int or not 0 <= timestamp < 1 << 63:
-            return None
+        else:
+            if type(timestamp) is not int:
+                timestamp = _index(timestamp)
+            if timestamp is None or not 0 <= timestamp < 1 << 63:
+                return None
         sticky = False
         if partition is not None:
-            if type(partition) is not int or not 0 <= partition < count:
+            if type(partition) is not int:
+                partition = _index(partition)
+            if partition is None or not 0 <= partition < count:
                 return None
         elif self._partition_in_python:
             return None
@@ -650,6 +655,17 @@ class Appender:
 
 
 _UNSET: Any = object()  # (a key not given)
+
+
+def _index(number: Any) -> int | None:
+    """An int-like given as a partition or timestamp (numpy's and pandas' integers) as the
+    int it stands for; None for anything else (a bool included), which `later` refuses."""
+    if isinstance(number, bool) or not hasattr(type(number), "__index__"):
+        return None
+    try:
+        return operator.index(number)
+    except Exception:  # `later` refuses it
+        return None
 
 
 def watch_batches(batches: list[Any], bulk: Any) -> int:
