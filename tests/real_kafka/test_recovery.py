@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -28,8 +29,9 @@ from collections.abc import AsyncIterator
 import pytest
 
 from aioproducer import Producer
-from aioproducer.errors import (BrokerInvalidRecordError, NotEnoughReplicasError,
-                                OutOfOrderSequenceNumberError, TransactionFailedError)
+from aioproducer.errors import (BrokerInvalidRecordError, MessageTooLargeError,
+                                NotEnoughReplicasError, OutOfOrderSequenceNumberError,
+                                TransactionFailedError)
 from aioproducer.hooks import ProducerHooks
 from tests.support.ports import free_port
 from tests.support.producer_state import (active_producers, producer_ids_expiring_after,
@@ -266,6 +268,27 @@ async def test_a_batch_refused_for_good_leaves_a_real_gap_closed_by_a_new_sessio
     assert now.producer_id != before.producer_id and now.producer_epoch == 0
     assert sorted((s.producer_id, s.epoch) for s in states) == \
         [(before.producer_id, 0), (now.producer_id, 0)]
+
+
+async def test_a_record_over_the_topics_limit_fails_without_a_sequence_warning(
+        apache_kafka, make_topic, caplog):
+    """A record over the topic's max.message.bytes, alone in its batch: Kafka refuses it
+    (MESSAGE_TOO_LARGE) before appending anything, so the new session that skips its
+    sequence numbers is said at DEBUG; it logged a WARNING that the producer "lost its
+    sequence state". The records around it land once, in order."""
+    topic = make_topic(max_message_bytes=2000)
+    caplog.set_level(logging.DEBUG, logger="aioproducer")
+    async with Producer(apache_kafka.bootstrap, linger_ms=0) as producer:
+        await producer.send(topic, b"before")
+        with pytest.raises(MessageTooLargeError):
+            await asyncio.wait_for(producer.send(topic, b"x" * 4000), 30)
+        await asyncio.wait_for(producer.send(topic, b"after"), 30)
+    assert [r.getMessage() for r in caplog.records
+            if r.levelno >= logging.WARNING and "sequence" in r.getMessage()] == []
+    assert [r.levelno for r in caplog.records if "refused unwritten" in r.getMessage()] == \
+        [logging.DEBUG]
+    got = consume_all(apache_kafka.bootstrap, topic, expected=2)
+    assert [r.value for r in got] == [b"before", b"after"]
 
 
 async def test_kafka_answers_an_idempotent_epoch_bump_with_a_new_producer_id(apache_kafka):
