@@ -468,7 +468,6 @@ class BlockingProducer(Generic[K, V]):
         except TimeoutError:
             pass  # what is still queued fails below
         await self._producer.close(None if deadline is None else max(0.0, deadline - loop.time()))
-        await self._resolved()
         self._pump.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._pump
