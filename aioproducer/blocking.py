@@ -5,7 +5,8 @@ Celery tasks, Spark executors.
 blocking portal. Records cross to that thread in batches, not one hop each: `produce()` puts
 the record in a queue and wakes the loop's pump only when it is asleep, and the pump hands
 everything queued to the producer in one go. Many threads may produce at once; each
-thread's records keep their order.
+thread's records keep their order. `produce_many()` hands a whole list over in one call:
+the async `enqueue_many()`, run in the loop's thread once the caller's earlier records are in.
 """
 
 from __future__ import annotations
@@ -22,15 +23,16 @@ import weakref
 from collections import deque
 from concurrent.futures import Future
 from functools import partial
-from typing import Any, Callable, Coroutine, Generic, Iterator, Sequence, Unpack, \
-    overload
+from typing import Any, Callable, Coroutine, Generic, Iterable, Iterator, Sequence, \
+    Unpack, overload
 
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
-from ._internal.batch import ProducerBatch, RecordFuture, RecordMetadata
+from ._internal.batch import BulkFuture, BulkMetadata, ProducerBatch, RecordFuture, \
+    RecordMetadata
 from ._internal.metrics import ProducerMetrics
 from ._internal.observer import deliver, deliver_each
-from ._internal.thread_future import ThreadFuture
+from ._internal.thread_future import BulkThreadFuture, ThreadFuture
 from .config import ProducerConfig, ProducerSettingsBase
 from .errors import BufferExhaustedError, ProducerClosedError
 from .producer import Bytes, K, Producer, V
@@ -109,6 +111,8 @@ class BlockingProducer(Generic[K, V]):
         self._tells_send = bool(self._producer._intake.on_send_hooks)
         # Per batch in flight, its records' futures, each followed by its RecordFuture.
         self._by_batch: dict[ProducerBatch, list[_Produced | RecordFuture]] = {}
+        # produce_many()'s BulkFutures not done yet, each followed by a thread future.
+        self._bulks: set[BulkFuture] = set()
         self._portal_cm = start_blocking_portal("asyncio", _backend_options(),
                                                 name="aioproducer-blocking")
         self._portal: BlockingPortal = self._portal_cm.__enter__()
@@ -169,6 +173,31 @@ class BlockingProducer(Generic[K, V]):
         self._check_blocking_allowed()
         return self.produce(topic, value, key, partition=partition, timestamp_ms=timestamp_ms,
                             headers=headers).result(timeout)
+
+    def produce_many(self, topic: str, records: Iterable[tuple[K | None, V | None]], *,
+                     partition: int | None = None,
+                     timestamp_ms: int | None = None) -> BulkThreadFuture:
+        """Buffer many (key, value) records in one call, after every record this thread
+        produce()d before it: `Producer.enqueue_many()`, run in the producer's thread (one
+        thread hop for them all). Returns once they are buffered (waiting for memory up to
+        max_block_ms) with a `concurrent.futures.Future` of their metadata (a BulkMetadata,
+        in input order) or of the first failure; its len() is the number of records, and it
+        cannot be cancelled. Whatever the call raises (a record refused, the producer closed,
+        `records` itself raising), the records it buffered are sent: the exception's
+        `accepted` (also found by `aioproducer.accepted(error)`) is such a future of those,
+        always the first len(accepted) records (resume from there). `records` is read in the
+        producer's thread as the call goes: do not change it until the call returns."""
+        try:
+            self._check_blocking_allowed()
+            future: BulkThreadFuture = self._portal.call(
+                self._produce_many, topic, records, partition, timestamp_ms)
+            return future
+        except Exception as exc:
+            if not isinstance(getattr(exc, "accepted", None), BulkThreadFuture):  # (none taken)
+                nothing = BulkThreadFuture(0)
+                nothing.resolve(BulkMetadata([], bytearray(), 0), None)
+                exc.accepted = nothing  # type: ignore[attr-defined]
+            raise
 
     def flush(self, timeout: float | None = None) -> None:
         """Send everything produced so far (linger no longer counts) and wait until each
@@ -378,6 +407,37 @@ class BlockingProducer(Generic[K, V]):
         self._wakeup.set()
         await marker
 
+    async def _produce_many(self, topic: str, records: Iterable[tuple[K | None, V | None]],
+                            partition: int | None, timestamp_ms: int | None
+                            ) -> BulkThreadFuture:
+        if not self._pump.done():  # (else closed: enqueue_many() refuses)
+            await self._handover()
+        try:
+            bulk = await self._producer.enqueue_many(topic, records, partition=partition,
+                                                     timestamp_ms=timestamp_ms)
+        except BaseException as exc:
+            accepted = getattr(exc, "accepted", None)
+            if isinstance(accepted, BulkFuture):
+                exc.accepted = self._follow(accepted)  # type: ignore[attr-defined]
+            raise
+        return self._follow(bulk)
+
+    def _follow(self, bulk: BulkFuture) -> BulkThreadFuture:
+        """A thread future of `bulk`'s outcome; taken at once, as its records are buffered
+        (cancel() returns False)."""
+        future = BulkThreadFuture(len(bulk))
+        future.take()
+        if bulk.done():
+            _settle(future, bulk)
+        else:
+            self._bulks.add(bulk)
+            bulk.add_done_callback(partial(self._bulk_done, future))
+        return future
+
+    def _bulk_done(self, future: BulkThreadFuture, bulk: BulkFuture) -> None:
+        self._bulks.discard(bulk)
+        _settle(future, bulk)
+
     async def _after_handover(self, call: Callable[[], Any]) -> Any:
         await self._handover()
         result = call()
@@ -387,12 +447,17 @@ class BlockingProducer(Generic[K, V]):
         async with asyncio.timeout(timeout):
             await self._handover()
             await self._producer.flush()
-            # A batch acknowledged just before the producer's flush() looked is done, but the
-            # callback that resolves its records' futures (_batch_done) may still wait in the
-            # loop's queue: flush() returned with them pending, 1 run in 10 under load.
-            resolving = [batch.future for batch in self._by_batch if batch.future.done()]
-            if resolving:  # (their callbacks, queued before this wait's, run first)
-                await asyncio.wait(resolving)
+            await self._resolved()
+
+    async def _resolved(self) -> None:
+        """A batch acknowledged just before the producer's flush() looked is done, but the
+        callback that resolves its records' futures (_batch_done, or _bulk_done) may still
+        wait in the loop's queue: flush() returned with them pending, 1 run in 10 under load."""
+        resolving: list[asyncio.Future[Any]] = [
+            batch.future for batch in self._by_batch if batch.future.done()]
+        resolving += [bulk for bulk in self._bulks if bulk.done()]
+        if resolving:  # (their callbacks, queued before this wait's, run first)
+            await asyncio.wait(resolving)
 
     async def _close(self, timeout: float | None) -> None:
         loop = asyncio.get_running_loop()
@@ -409,7 +474,10 @@ class BlockingProducer(Generic[K, V]):
         error = ProducerClosedError("the producer was closed before this record was sent")
         while self._queue:
             item = self._queue.popleft()
-            if isinstance(item, _Produced) and item.take():
+            if isinstance(item, asyncio.Future):
+                if not item.done():  # a marker queued as the pump stopped: its call goes on
+                    item.set_result(None)
+            elif item.take():
                 _fail(item, error)
         self._room.set()
 
@@ -432,6 +500,11 @@ def _fail(future: _Produced, exc: BaseException) -> None:
     on_delivery = future._on_delivery
     if on_delivery is not None:
         deliver(on_delivery, None, exc)
+
+
+def _settle(future: BulkThreadFuture, bulk: BulkFuture) -> None:
+    exc = bulk.exception()
+    future.resolve(None if exc is not None else bulk.result(), exc)
 
 
 def _backend_options() -> dict[str, Any]:

@@ -26,6 +26,7 @@ from ._internal.metrics import ProducerMetrics
 from ._internal.observer import Observer
 from ._internal.sender import Sender
 from ._internal.telemetry_samples import TelemetrySamples
+from ._internal.thread_future import BulkThreadFuture
 from ._internal.transaction_flow import TransactionFlow
 from ._internal.transactions import TransactionManager
 from ._speedups import Ready
@@ -776,18 +777,19 @@ def _debug_mode() -> bool:
                                   bool(os.environ.get("PYTHONASYNCIODEBUG")))
 
 
-def accepted(error: BaseException) -> BulkFuture | None:
+def accepted(error: BaseException) -> BulkFuture | BulkThreadFuture | None:
     """The records an `enqueue_many()` call buffered before `error` ended it, as the
     BulkFuture of those (they are sent), wherever the error went: on the exception itself,
     or on the one it was raised from or during, as when `asyncio.timeout()`, `wait_for()` or
-    `anyio.fail_after()` turn the call's cancellation into a TimeoutError. None if `error`
-    did not come from an enqueue_many() call."""
+    `anyio.fail_after()` turn the call's cancellation into a TimeoutError. From
+    `BlockingProducer.produce_many()`, a concurrent.futures.Future of those (both have the
+    number of records as their len()). None if `error` came from neither call."""
     seen: set[int] = set()
     chained: BaseException | None = error
     while chained is not None and id(chained) not in seen:
         seen.add(id(chained))
         found = getattr(chained, "accepted", None)
-        if isinstance(found, BulkFuture):
+        if isinstance(found, (BulkFuture, BulkThreadFuture)):
             return found
         chained = chained.__cause__ or chained.__context__
     return None

@@ -4,7 +4,8 @@ difference to gather is asyncio.gather's own cost; send, `gather(*(send(...) ...
 yielding, enqueue + gather yielding to the loop every 100 records, as a service's tasks do:
 at many partitions the sender then drains a batch of one record per partition, so it
 measures the cost of a batch; tasks, 1,000 tasks each awaiting `send()` in a loop; sync,
-`BlockingProducer.produce()` per record from one thread, then `flush()`, both threads' CPU),
+`BlockingProducer.produce()` per record from one thread, then `flush()`, both threads' CPU;
+syncbulk, the same with `BlockingProducer.produce_many()` in 10,000-record calls),
 on an embedded broker (the least load-sensitive
 figure on a shared machine: the process's CPU seconds over the produce phase, not wall
 time). --profile SHAPE prints a cProfile of that shape's first round (thread CPU time)
@@ -12,10 +13,12 @@ instead of timing it. --gc adds, per shape (the median round's), the collector's
 record and its full collections (a gc.callbacks timer), and minor page faults per batch.
 
     python benchmarks/cpu_per_record.py PARTITIONS [RECORDS] [--size B] [--rounds N]
-        [--shapes gather,flushed,bulk,send,yielding,tasks,sync] [--profile SHAPE] [--asyncio]
+        [--shapes gather,flushed,bulk,send,yielding,tasks,sync,syncbulk] [--profile SHAPE]
+        [--asyncio]
         [--batch-size B] [--gc]
 
-(sync's profile is two: the producing thread's, then the producer's loop thread's.)
+(sync's and syncbulk's profiles are two: the producing thread's, then the producer's loop
+thread's.)
 """
 import argparse, asyncio, cProfile, gc, os, pstats, resource, sys, time
 from aioproducer import Producer
@@ -103,8 +106,9 @@ async def tasks(producer, topic):
 SHAPES = {"gather": gather, "flushed": flushed, "bulk": bulk, "send": send, "yielding": yielding, "tasks": tasks}
 
 
-def sync(bootstrap, topic, profile):
-    """BlockingProducer.produce() per record, then flush(): both threads' CPU."""
+def sync(bootstrap, topic, profile, bulk):
+    """BlockingProducer.produce() per record (or, `bulk`, produce_many() per 10,000), then
+    flush(): both threads' CPU."""
     from aioproducer import BlockingProducer
     extra = {"batch_size": args.batch_size} if args.batch_size else {}
     with BlockingProducer(bootstrap, acks=1, linger_ms=5, **extra) as producer:
@@ -114,10 +118,17 @@ def sync(bootstrap, topic, profile):
             profs = [cProfile.Profile(time.thread_time), cProfile.Profile(time.thread_time)]
             profs[0].enable()
             producer._portal.call(profs[1].enable)
-        produce = producer.produce
-        for key, value in data:
-            produce(topic, value, key)
+        if bulk:
+            results = [producer.produce_many(topic, data[i:i + 10_000])
+                       for i in range(0, len(data), 10_000)]
+        else:
+            produce = producer.produce
+            for key, value in data:
+                produce(topic, value, key)
         producer.flush()
+        if bulk:
+            for result in results:
+                result.result()
         if profile:
             profs[0].disable()
             producer._portal.call(profs[1].disable)
@@ -156,8 +167,8 @@ with EmbeddedBroker() as broker:
             broker.create_topic(topic, args.partitions)
             runner = asyncio.run if args.asyncio else __import__("uvloop").run
             profiled = args.profile == shape and r == 0
-            if shape == "sync":
-                us, prof = sync(broker.bootstrap, topic, profiled)
+            if shape in ("sync", "syncbulk"):
+                us, prof = sync(broker.bootstrap, topic, profiled, shape == "syncbulk")
             else:
                 us, prof = runner(one(broker.bootstrap, topic, shape, profiled))
             if prof:

@@ -85,6 +85,9 @@ PLAN = USER_SHAPES + [
     ("sync", "aioproducer", 300_000, []),
     ("sync", "confluent-sync", 500_000, []),
     ("sync", "kafka-python", 50_000, []),
+    # Sync code, bulk: 10,000 records a call (ours: produce_many(); confluent: produce_batch()).
+    ("sync-bulk", "aioproducer", 1_000_000, []),
+    ("sync-bulk", "confluent-sync", 1_000_000, []),
     # Through a 3-node SimulatedCluster whose partition leaders move every 300 ms (KIP-951:
     # the refusal names the new leader): per-record throughput, and latency at 10k msg/s.
     ("leader-moves", "aioproducer", 500_000, []),

@@ -11,10 +11,11 @@ import sys
 import threading
 import time
 from concurrent.futures import Future, wait
+from typing import Any
 
 import pytest
 
-from aioproducer import BlockingProducer, RecordMetadata
+from aioproducer import BlockingProducer, RecordMetadata, accepted
 from aioproducer.errors import BufferExhaustedError, InvalidRecordError, ProducerClosedError
 from tests.support.readback import consume_all
 
@@ -288,3 +289,156 @@ def test_asyncio_code_does_not_import_the_blocking_facade():
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           timeout=60)
     assert done.stdout.split() == ["False", "True"], done.stderr
+
+
+# -- produce_many(): the bulk call -----------------------------------------------------------
+
+def test_produce_many_records_arrive_intact_in_order_once(broker, topic_factory):
+    """More records than enqueue_many takes in one chunk, keyed, keyless, null values: the
+    future's metadata is in input order and each position holds its record, once."""
+    topic = topic_factory(3)
+    records: list[tuple[bytes | None, bytes | None]] = [
+        (None if i % 5 == 0 else b"key-%d" % (i % 7), None if i % 11 == 0 else b"v-%d" % i)
+        for i in range(25_000)]
+    with BlockingProducer(broker.bootstrap, linger_ms=5) as producer:
+        future = producer.produce_many(topic, records)
+        assert isinstance(future, Future) and len(future) == len(records)
+        assert not future.cancel(), "buffered records cannot be unsent"
+        metadata = future.result(30)
+    assert len(metadata) == len(records)
+    positions = [(md.partition, md.offset) for md in metadata]
+    assert {md.topic for md in metadata} == {topic}
+    got = consume_all(broker.bootstrap, topic, expected=len(records))
+    assert len(got) == len(records), "lost or duplicated"
+    stored = {(r.partition, r.offset): (r.key, r.value) for r in got}
+    assert [stored[position] for position in positions] == records
+    by_key: dict[bytes, list[int]] = {}
+    for (key, _), (_, offset) in zip(records, positions):
+        if key is not None:
+            by_key.setdefault(key, []).append(offset)
+    assert all(offsets == sorted(offsets) for offsets in by_key.values())
+
+
+async def _yielding(value: bytes) -> bytes:
+    await asyncio.sleep(0)  # one loop turn per record, in the pump and in enqueue_many alike
+    return value
+
+
+@pytest.mark.parametrize("serializer", [None, _yielding], ids=["bytes", "async-serializer"])
+def test_produce_many_between_produce_calls_keeps_their_order_on_a_key(
+        broker, topic_factory, serializer):
+    """produce() queues its records for the pump; produce_many() runs in the loop's thread.
+    Those produced before it go first, then its records, then the produce() calls after it.
+    With an async serializer the pump yields to the loop at every record it hands over: a
+    bulk call that did not wait for it to finish would interleave with them."""
+    topic = topic_factory(3)
+    with BlockingProducer(broker.bootstrap, linger_ms=5,
+                          value_serializer=serializer) as producer:
+        before = [producer.produce(topic, b"before-%d" % i, key=b"k") for i in range(2_000)]
+        bulk = producer.produce_many(topic, [(b"k", b"bulk-%d" % i) for i in range(2_000)])
+        after = [producer.produce(topic, b"after-%d" % i, key=b"k") for i in range(500)]
+        producer.flush(30)
+        assert bulk.done() and all(f.done() for f in after)
+    expected = [b"before-%d" % i for i in range(2_000)] + \
+        [b"bulk-%d" % i for i in range(2_000)] + [b"after-%d" % i for i in range(500)]
+    got = consume_all(broker.bootstrap, topic, expected=len(expected))
+    assert [r.value for r in sorted(got, key=lambda r: r.offset)] == expected
+    offsets = [f.result().offset for f in before] + [md.offset for md in bulk.result()] + \
+        [f.result().offset for f in after]
+    assert offsets == list(range(len(expected)))
+
+
+def test_a_bad_record_midway_raises_and_those_before_it_are_sent(broker, topic):
+    records = [(None, b"ok-%d" % i) for i in range(5)] + [(None, "not bytes")] + \
+        [(None, b"never")]
+    with BlockingProducer(broker.bootstrap) as producer:
+        with pytest.raises(InvalidRecordError, match="value must be bytes") as caught:
+            producer.produce_many(topic, records)  # type: ignore[arg-type]
+        buffered = caught.value.accepted  # type: ignore[attr-defined]
+        assert isinstance(buffered, Future) and len(buffered) == 5
+        assert accepted(caught.value) is buffered
+        assert [md.offset for md in buffered.result(30)] == [0, 1, 2, 3, 4]
+        producer.send(topic, b"next", timeout=30)
+    got = consume_all(broker.bootstrap, topic, expected=6)
+    assert [r.value for r in got] == [b"ok-%d" % i for i in range(5)] + [b"next"]
+
+
+def test_a_generator_that_raises_midway_keeps_what_it_gave(broker, topic):
+    """`records` is read as the call goes, in the producer's thread: its own error reaches
+    the caller, with `accepted` the future of the first records, those buffered, which are
+    sent (as enqueue_many(), it may have read a few more than it buffered: the rest of a
+    10,000-record chunk)."""
+    def rows():
+        for i in range(12_000):
+            yield None, b"%d" % i
+        raise LookupError("the source ran dry")
+
+    with BlockingProducer(broker.bootstrap) as producer:
+        with pytest.raises(LookupError, match="ran dry") as caught:
+            producer.produce_many(topic, rows())
+        buffered = accepted(caught.value)
+        assert buffered is not None and 0 < len(buffered) <= 12_000
+        assert [md.offset for md in buffered.result(30)] == list(range(len(buffered)))
+    got = consume_all(broker.bootstrap, topic, expected=len(buffered))
+    assert [r.value for r in got] == [b"%d" % i for i in range(len(buffered))]
+
+
+def test_a_closed_producer_refuses_produce_many_and_close_settles_its_future(broker, topic):
+    producer = BlockingProducer(broker.bootstrap, linger_ms=1_000)
+    sent = producer.produce_many(topic, [(None, b"a"), (None, b"b")])
+    producer.close()
+    assert sent.done(), "close() returned before the future of what it sent was resolved"
+    assert [md.offset for md in sent.result(0)] == [0, 1]
+    with pytest.raises(ProducerClosedError, match="closed") as caught:
+        producer.produce_many(topic, [(None, b"after close")])
+    nothing = accepted(caught.value)
+    assert nothing is not None and len(nothing) == 0 and list(nothing.result(0)) == []
+    assert [r.value for r in consume_all(broker.bootstrap, topic, expected=2)] == [b"a", b"b"]
+
+
+def test_produce_many_from_a_delivery_callback_raises_instead_of_hanging(broker, topic):
+    errors: list[BaseException] = []
+
+    def on_delivery(md: RecordMetadata | None, exc: BaseException | None) -> None:
+        try:
+            producer.produce_many(topic, [(None, b"from the callback")])
+        except RuntimeError as error:
+            errors.append(error)
+
+    with BlockingProducer(broker.bootstrap) as producer:
+        first = producer.produce(topic, b"1", on_delivery=on_delivery)
+        producer.flush(30)
+        assert first.result().offset == 0
+    assert len(errors) == 1 and "never return" in str(errors[0])
+    assert [r.value for r in consume_all(broker.bootstrap, topic, expected=1)] == [b"1"]
+
+
+def test_threads_calling_produce_many_at_once_lose_and_duplicate_nothing(broker, topic_factory):
+    topic = topic_factory(3)
+    calls, per_call = 10, 500
+    futures: list[list[Future[Any]]] = [[] for _ in range(THREADS)]
+    start = threading.Barrier(THREADS)
+
+    def produce(thread: int) -> None:
+        start.wait(10)
+        for call in range(calls):  # one key per thread: its records share a partition
+            futures[thread].append(producer.produce_many(topic, [
+                (b"thread-%d" % thread, b"%d-%d" % (thread, call * per_call + i))
+                for i in range(per_call)]))
+
+    with BlockingProducer(broker.bootstrap, linger_ms=5) as producer:
+        threads = [threading.Thread(target=produce, args=(t,)) for t in range(THREADS)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        producer.flush(30)
+        assert all(f.done() for fs in futures for f in fs), "flush() returned before the acks"
+    total = THREADS * calls * per_call
+    assert sum(len(f.result()) for fs in futures for f in fs) == total
+    got = consume_all(broker.bootstrap, topic, expected=total)
+    values = [r.value for r in sorted(got, key=lambda r: (r.partition, r.offset))]
+    assert len(values) == len(set(values)) == total
+    for thread in range(THREADS):
+        mine = [v for v in values if v.startswith(b"%d-" % thread)]
+        assert mine == [b"%d-%d" % (thread, i) for i in range(calls * per_call)]

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 USER_CODE = """
 import asyncio
 
-from aioproducer import BlockingProducer, Producer, RecordMetadata
+from aioproducer import BlockingProducer, Producer, RecordMetadata, accepted
 from aioproducer.errors import BrokerError, NotLeaderOrFollowerError, ERROR_CLASSES
 
 async def main() -> None:
@@ -50,6 +50,13 @@ def from_sync_code() -> set[int]:
         producer.send("t", b"v", key=b"k")
         with producer.transaction():
             producer.produce("t", b"in it")
+        bulk = producer.produce_many("t", [(b"k", b"v"), (None, b"w")])
+        offsets: list[int] = [md.offset for md in bulk.result(timeout=10)]
+        try:
+            producer.produce_many("t", iter([(None, b"v")]), partition=0)
+        except Exception as error:
+            buffered = accepted(error)
+            resume_at: int = 0 if buffered is None else len(buffered)
         return producer.partitions_for("t")
 """
 

@@ -23,7 +23,10 @@ from concurrent.futures._base import (  # the states every Future method reads
     PENDING,
     RUNNING,
 )
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from .batch import BulkMetadata
 
 T = TypeVar("T")
 _MAKING = threading.Lock()  # two threads making one future's Condition at once make one
@@ -106,3 +109,15 @@ class ThreadFuture(Future[T]):
                     waiter.add_exception(self)
             self._condition.notify_all()
         self._invoke_callbacks()  # type: ignore[attr-defined]
+
+
+class BulkThreadFuture(ThreadFuture["BulkMetadata"]):
+    """`BlockingProducer.produce_many()`'s future of its records' metadata (or of the first
+    failure among them). Its len() is how many records the call buffered, known at once, as
+    a BulkFuture's: a caller cut off midway resumes from there without waiting for acks."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+
+    def __len__(self) -> int:
+        return self.count
