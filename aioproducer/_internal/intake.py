@@ -311,7 +311,16 @@ class RecordIntake:
                 return BulkFuture(out_batches, out_deltas, stamp, failures)
             # In chunks, so a generator of any length is fine; a list is read as the call goes.
             iterator = iterate_records(records)
-            while chunk := list(itertools.islice(iterator, _CHUNK)):
+            while True:
+                chunk: list[Any] = []
+                try:
+                    chunk.extend(itertools.islice(iterator, _CHUNK))
+                except Exception:  # the iterable's own error: what it gave before goes in
+                    await self._append_many(topic, chunk, count, partition, timestamp_ms,
+                                            out_batches, out_deltas)
+                    raise
+                if not chunk:
+                    break
                 await self._append_many(topic, chunk, count, partition, timestamp_ms,
                                         out_batches, out_deltas)
         except (Exception, asyncio.CancelledError) as exc:  # also the iterable's own errors
