@@ -258,6 +258,8 @@ def test_a_closed_producer_flushes_nothing_and_refuses_a_with_block(broker, topi
 
 @pytest.mark.skipif(not hasattr(os, "fork"),
                     reason="Windows has no os.fork(): there is no forked child to guard")
+# Forking a process with the producer's thread running is this test's subject (3.12+ warn).
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
 def test_after_fork_the_child_is_told_to_create_its_own(broker, topic):
     with BlockingProducer(broker.bootstrap) as producer:
         producer.send(topic, b"parent", timeout=30)
