@@ -17,8 +17,8 @@ A batch opened or closed wakes it only if its broker can take a request now (`wa
 one that cannot (paused, in-flight full, throttled, re-authenticating) wakes the sender
 itself when it can (its resume, a response, the throttle's timer, the re-authentication's
 end), and that round takes what queued meanwhile. Against a broker slower than the producer
-a wake-up per batch was a round that wrote nothing (at acks=0, 3,350 rounds instead of
-~1,300 for 1M records).
+a wake-up per batch was a round that wrote nothing (300k records of 1 KB in 16 KiB batches:
+~21,500 rounds, ~18,200 of them empty, now ~3,400).
 
 The requests are written last, after the round's bookkeeping and the next wake-up are set:
 the broker a write wakes can be scheduled on this process's core, and then it waits until
