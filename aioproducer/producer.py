@@ -199,6 +199,8 @@ class Producer(Generic[K, V]):
         # What wakes the sender, and who may let a topic's metadata go: wired part to part,
         # so no call goes up through the producer and down again.
         cluster.on_change = accumulator.wake_sender = sender.wake
+        accumulator.wake_sender_for = sender.wake_for
+        accumulator.wake_sender_short = sender.wake_unless_blocked
         if txn is not None:
             txn.on_change = sender.wake
         cluster.release_topic = accumulator.release_topic

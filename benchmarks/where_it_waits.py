@@ -1,6 +1,7 @@
 """Where a produce run's wall time goes when the client is not busy (issue 42): the requests
 (batches and bytes each, how many were in flight when each was written, their latency), the
-waits of enqueue() (for its turn after closing a full batch, or in line for memory), and the
+waits of enqueue() (for its turn after closing a full batch, or in line for memory), the
+sender's rounds (and how many wrote nothing), and the
 producing thread's time on the CPU against its time runnable but not running (the run queue:
 another process, the broker's threads say, had the core), the bytes each request left in the
 transport's buffer (not yet taken by the kernel: the loop must turn to write them), and the
@@ -12,7 +13,8 @@ broker process's CPU seconds.
 A fresh broker (the embedded one, or one Apache Kafka node, warmed up by an untimed write of
 the same records), a topic of 6 partitions, keyed
 records of --size bytes, each client default but linger 5 ms and acks=1, uvloop. `--set`
-overrides a setting (`--set batch_size=1048576 --set enable_idempotence=false`). Counts come
+overrides a setting (`--set batch_size=1048576 --set enable_idempotence=false`; `--set acks=0
+--set enable_idempotence=false` for acks=0). Counts come
 from wrapping the sender's and the intake's methods: a diagnosis, not a timing to compare.
 """
 
@@ -44,6 +46,7 @@ requests: list[tuple[int, int, int]] = []  # (batches, bytes, in flight when wri
 backlog: list[int] = []  # bytes the transport still held (not in the kernel) after each write
 latencies: list[float] = []
 waits: list[tuple[float, bool]] = []  # (seconds, after closing a full batch: else in line)
+rounds = [0, 0]  # the sender's rounds, and those that prepared no request
 
 
 def instrument() -> None:
@@ -51,6 +54,13 @@ def instrument() -> None:
     send = connection.BrokerConnection.send
     responded = sender.Sender._on_produce_response
     append_in_turn = intake.RecordIntake._append_in_turn
+    run_once = sender.Sender._run_once
+
+    def counted_round(self: Any, now: float) -> float:
+        delay = run_once(self, now)
+        rounds[0] += 1
+        rounds[1] += not self._unwritten
+        return delay
 
     def prepare_produce(self: Any, conn: Any, batches: list[Any]) -> None:
         requests.append((len(batches), sum(b.writer.size for b in batches),
@@ -77,6 +87,7 @@ def instrument() -> None:
     sender.Sender._on_produce_response = on_response  # type: ignore[method-assign]
     connection.BrokerConnection.send = send_request  # type: ignore[method-assign]
     intake.RecordIntake._append_in_turn = in_turn  # type: ignore[method-assign]
+    sender.Sender._run_once = counted_round  # type: ignore[method-assign]
     assert accumulator  # (the line is the accumulator's: waits in it show up in in_turn)
 
 
@@ -97,10 +108,11 @@ async def run(bootstrap: str, topic: str, args: argparse.Namespace,
               settings: dict[str, Any], broker_pid: int | None) -> None:
     value = os.urandom(args.size)
     data = [(b"key-%012d" % (i % 100_000), value) for i in range(args.records)]
-    async with Producer(bootstrap, acks=1, linger_ms=5, **settings) as producer:
+    async with Producer(bootstrap, **{"acks": 1, "linger_ms": 5, **settings}) as producer:
         if args.broker == "kafka":  # warmed up as grid.py does it: an untimed bulk write
             await (await producer.enqueue_many("warm-up", data))
             requests.clear(), latencies.clear(), waits.clear(), backlog.clear()
+            rounds[:] = [0, 0]
         await producer.partitions_for(topic)
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         broker_start = process_seconds(broker_pid) if broker_pid else 0.0
@@ -134,6 +146,7 @@ async def run(bootstrap: str, topic: str, args: argparse.Namespace,
     line = [w for w, granted in waits if not granted]
     print(f"  waits: {len(turns)} turns after a full batch ({sum(turns) * 1e3:.0f} ms), "
           f"{len(line)} in line for memory ({sum(line) * 1e3:.0f} ms)")
+    print(f"  {rounds[0]} sender rounds, {rounds[1]} of them wrote nothing")
     print(f"  {len(requests)} requests: {statistics.mean(r[0] for r in requests):.2f} batches, "
           f"{statistics.mean(r[1] for r in requests) / 1e3:.0f} KB each; in flight when "
           f"written: {sorted(collections.Counter(r[2] for r in requests).items())}")
@@ -145,8 +158,9 @@ async def run(bootstrap: str, topic: str, args: argparse.Namespace,
         print(f"  the broker's CPU: {broker_cpu[0]:.2f} s appending, {broker_cpu[1]:.2f} s in "
               f"all ({broker_cpu[1] / wall:.0%} of a core)")
     latencies.sort()
-    print(f"  latency (write to response) ms: p50 {latencies[len(latencies) // 2] * 1e3:.2f}, "
-          f"p90 {latencies[len(latencies) * 9 // 10] * 1e3:.2f}, max {latencies[-1] * 1e3:.2f}")
+    if latencies:  # (none at acks=0)
+        print(f"  latency (write to response) ms: p50 {latencies[len(latencies) // 2] * 1e3:.2f}, "
+              f"p90 {latencies[len(latencies) * 9 // 10] * 1e3:.2f}, max {latencies[-1] * 1e3:.2f}")
 
 
 def main() -> None:

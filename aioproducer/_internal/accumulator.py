@@ -87,9 +87,14 @@ class RecordAccumulator:
         self._line_timer: asyncio.TimerHandle | None = None
         self._pending: asyncio.Future[None] = self._loop.create_future()  # never resolved
         self._txn = txn
-        # Wired to the sender's wake(): called with each new batch (at linger_ms=0 the sender
-        # may write it at once), and with None when a queued batch became sendable.
-        self.wake_sender: Callable[[ProducerBatch | None], None] = lambda batch: None
+        # Wired to the sender: `wake_sender` for flush(); `wake_sender_for` with each batch
+        # opened (True: at linger_ms=0 the sender may write it at once) or closed for appends
+        # (False), which wakes it only if that batch's broker can take a request now;
+        # `wake_sender_short` when records begin to wait for memory (every batch is sendable
+        # then), which wakes it unless no broker can take a request.
+        self.wake_sender: Callable[[], None] = lambda: None
+        self.wake_sender_for: Callable[[ProducerBatch, bool], None] = lambda batch, opened: None
+        self.wake_sender_short: Callable[[], None] = lambda: None
         # The partitions with batches queued, least recently drained first (drain() moves a
         # partition it took from to the end: no partition starves). Empty queues are removed.
         self._batches: dict[TopicPartition, deque[ProducerBatch]] = {}
@@ -192,7 +197,7 @@ class RecordAccumulator:
         self._closed_since_drain += 1
         self._closed_bytes_since_drain += batch.writer.size
         self._quiet_until = 0.0
-        self.wake_sender(None)
+        self.wake_sender_for(batch, False)
         return True
 
     def request_worth_closed(self, partitions: int, brokers: int) -> bool:
@@ -251,10 +256,16 @@ class RecordAccumulator:
                                 partitions, self._loop.time() + self._max_block, self._pending)
         if not for_send:
             waiting.turn = self._loop.create_future()
-        self.line.append(waiting)
+        line = self.line
+        line.append(waiting)
         self._pool.paused = True
-        if self._line_timer is None and not self.line[0].granted:
-            self._line_timer = self._loop.call_at(waiting.deadline, self._expire_line)
+        if not line[0].granted:
+            if self._line_timer is None:
+                self._line_timer = self._loop.call_at(waiting.deadline, self._expire_line)
+            if line[0] is waiting:
+                self.wake_sender_short()  # memory is short from now: every batch may go
+        elif len(line) == 2 and self._short_of_memory():
+            self.wake_sender_short()
         return waiting
 
     def turn_soon(self, topic: str, partition: int, timestamp: int, key: bytes | None,
@@ -422,9 +433,11 @@ class RecordAccumulator:
         batches[partition] = batch
         writers[partition] = writer
         self.incomplete.add(batch)
-        if self._txn is not None and self._txn.is_transactional:
-            self._txn.add_partition(topic, partition)
-        self.wake_sender(batch)  # a new linger deadline, or the previous batch is now full
+        if self._txn is not None and self._txn.is_transactional and \
+                self._txn.add_partition(topic, partition):
+            self.wake_sender()  # a round adds the partition to the transaction, blocked or not
+        else:
+            self.wake_sender_for(batch, True)  # a new linger deadline, or the batch before is full
         return batch
 
     # -- the sender's side -----------------------------------------------------------------
@@ -755,7 +768,7 @@ class RecordAccumulator:
         flush = _Flush(self._batches_created, len(self.incomplete), self._loop.create_future())
         self._flushes.append(flush)
         self._flushing += 1
-        self.wake_sender(None)
+        self.wake_sender()
         try:
             await asyncio.wait((flush.done,), timeout=timeout)
         finally:

@@ -13,6 +13,13 @@ buffer holds more than a request's worth unsent (`paused`) has no room either, w
 acks is: at acks=0, where nothing else bounds what is written, its records wait in the
 accumulator, inside buffer_memory, so enqueue() feels a slow broker as at acks=1.
 
+A batch opened or closed wakes it only if its broker can take a request now (`wake_for`):
+one that cannot (paused, in-flight full, throttled, re-authenticating) wakes the sender
+itself when it can (its resume, a response, the throttle's timer, the re-authentication's
+end), and that round takes what queued meanwhile. Against a broker slower than the producer
+a wake-up per batch was a round that wrote nothing (300k records of 1 KB in 16 KiB batches:
+~21,500 rounds, ~18,200 of them empty, now ~3,400).
+
 The requests are written last, after the round's bookkeeping and the next wake-up are set:
 the broker a write wakes can be scheduled on this process's core, and then it waits until
 the event loop goes idle. How much that costs depends on the host (on the benchmark VM, 20 us
@@ -85,6 +92,10 @@ class Sender:
         self._expiry_heap: list[tuple[float, int, list[ProducerBatch]]] = []
         self._expiry_numbers = itertools.count()
         self._acks = config.acks
+        self._max_in_flight = config.max_in_flight_requests_per_connection
+        # The connections written to this round that have room for another request, while
+        # batches are queued: the next round follows at once unless each is paused by then.
+        self._again: list[BrokerConnection] = []
         self._send_at_once = config.linger_ms == 0 and config.acks != 0
         self._retry_backoff = config.retry_backoff_ms / 1000
         self._retry_backoff_max = config.retry_backoff_max_ms / 1000
@@ -101,12 +112,46 @@ class Sender:
         self.throttle_time_ms = self.throttle_time_max_ms = 0  # KIP-219, summed and largest
         self.redirects = 0  # batches retried at once at a leader a response named (KIP-951)
 
-    def wake(self, new_batch: ProducerBatch | None = None) -> None:
-        """Run a round soon; `new_batch`, just opened, may instead be written at once."""
+    def wake(self) -> None:
+        """Run a round soon."""
         wakeup = self._wakeup
         if wakeup is not None and not wakeup.done():
-            if new_batch is None or not self._send_at_once or not self._send_now(new_batch):
-                wakeup.set_result(None)
+            wakeup.set_result(None)
+
+    def wake_for(self, batch: ProducerBatch, opened: bool) -> None:
+        """`batch` was opened (`opened`: its linger starts, or the one before it is full) or
+        closed for appends: run a round soon, unless its broker cannot take a request now
+        (that round would write nothing; the broker's unblocking wakes the sender, and the
+        round then takes this batch). At linger_ms=0 a new batch may be written at once."""
+        wakeup = self._wakeup
+        if wakeup is None or wakeup.done() or \
+                self._blocked(self._cluster.leader_for(batch.topic, batch.partition)):
+            return
+        if not opened or not self._send_at_once or not self._send_now(batch):
+            wakeup.set_result(None)
+
+    def wake_unless_blocked(self) -> None:
+        """Run a round soon unless every broker's connection is blocked: records wait for
+        memory, which makes every queued batch sendable, lingering or not."""
+        wakeup = self._wakeup
+        if wakeup is not None and not wakeup.done() and \
+                not all(self._blocked(node) for node in self._cluster.brokers):
+            wakeup.set_result(None)
+
+    def _blocked(self, node: int) -> bool:
+        """Whether broker `node`'s connection can take no Produce request now, and will wake
+        the sender when it can: paused (its resume), in-flight full (a response),
+        re-authenticating (its end), throttled (the timer this sets for the throttle's end).
+        Not a broker without a connection, nor one whose leader is unknown (-1)."""
+        conn = self._cluster.connected(node) if node >= 0 else None  # (bootstrap ids are < 0)
+        if conn is None:
+            return False
+        if conn.paused or conn.in_flight_produce >= self._max_in_flight or conn.reauthenticating:
+            return True
+        if conn.throttled_until > self._loop.time():
+            self._wake_by(conn.throttled_until)
+            return True
+        return False
 
     async def run(self) -> None:
         """Rounds until told to stop and nothing is left (the producer closes it)."""
@@ -120,9 +165,10 @@ class Sender:
 
     async def _sleep(self, now: float, delay: float) -> None:
         """Set the next wake-up, `delay` after the round's `now`, write the round's requests,
-        then wait. (From `now`, not the clock after the round's work: uvloop's clock moves
-        in whole milliseconds, and a tick during the round set every linger's timer a
-        millisecond late.)"""
+        then wait, unless a connection written to has room for another request (`_again`)
+        and the writes left it unpaused: then only for a loop turn. (From `now`, not the
+        clock after the round's work: uvloop's clock moves in whole milliseconds, and a tick
+        during the round set every linger's timer a millisecond late.)"""
         if delay <= 0:
             self._write_requests()
             await asyncio.sleep(0)
@@ -131,9 +177,17 @@ class Sender:
         self._wake_by(now + delay)
         try:
             self._write_requests()
-            await wakeup
+            for conn in self._again:
+                # (A write that filled the transport's buffer paused its connection: at
+                # acks=0, where nothing is in flight, the next round found no room.)
+                if not conn.paused:
+                    break
+            else:
+                await wakeup
+                return
         finally:
             self._wakeup = None
+        await asyncio.sleep(0)  # room for another request, and batches queued
 
     def _wake_by(self, when: float) -> None:
         """Make sure a round runs by loop time `when` (inf: no deadline)."""
@@ -201,18 +255,20 @@ class Sender:
                 next_wake = min(next_wake, conn.throttled_until - now)
             elif conn.reauthenticating or conn.paused:
                 pass  # (its end, or its write buffer draining, wakes the sender)
-            elif conn.in_flight_produce < self._config.max_in_flight_requests_per_connection:
+            elif conn.in_flight_produce < self._max_in_flight:
                 sendable[node] = conn
-        room = False  # a broker written to this round has room for another request
+        again = self._again
+        again.clear()
         if sendable:
             drained = accumulator.drain(cluster, sendable, self._config.max_request_size, now)
-            limit = self._config.max_in_flight_requests_per_connection
+            limit = self._max_in_flight
             for node, batches in drained.items():
                 if waiting:
                     waiting.pop(node, None)
                 conn = sendable[node]
                 self._prepare_produce(conn, batches)
-                room = room or conn.in_flight_produce + 1 < limit
+                if conn.in_flight_produce + 1 < limit:
+                    again.append(conn)
 
         self._expire(now)
         if waiting:
@@ -222,13 +278,14 @@ class Sender:
                 if not accumulator.has_queued_for(cluster, node):
                     del waiting[node]
         next_wake = min(next_wake, accumulator.next_expiry() - now, self._next_in_flight_expiry() - now)
-        if room and accumulator.has_queued():
-            # As the Java sender polls with no timeout while it has data to send: the next
-            # round now, for the batches this request had no place for (a partition's next
-            # one; a request's worth more). Else, with batches of a request each (records
-            # of 1 MB), only a response woke the sender: one request in flight. At acks=0
-            # no response wakes it at all.
-            return 0.0
+        if again and not accumulator.has_queued():
+            again.clear()
+        # With room left on a broker written to and batches queued (`again`), the next round
+        # follows at once, as the Java sender polls with no timeout while it has data to
+        # send: for the batches this request had no place for (a partition's next one; a
+        # request's worth more). Else, with batches of a request each (records of 1 MB),
+        # only a response woke the sender: one request in flight. At acks=0 no response
+        # wakes it at all.
         return max(next_wake, 0.0)
 
     def node_unavailable(self, node: int) -> bool:

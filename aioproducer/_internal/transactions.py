@@ -429,13 +429,17 @@ class TransactionManager:
             return first_v2 - 1
         return version
 
-    def add_partition(self, topic: str, partition: int) -> None:
-        """A batch for this partition exists: the coordinator must know it before it is sent."""
+    def add_partition(self, topic: str, partition: int) -> bool:
+        """A batch for this partition exists: the coordinator must know it before it is sent.
+        True if it must be told (an AddPartitionsToTxn, which a round starts)."""
         tp = (topic, partition)
         if self.txn_v2:
             self._partitions.add(tp)  # V2: its Produce request adds it (v12+)
-        elif tp not in self._partitions:
-            self._pending.add(tp)
+            return False
+        if tp in self._partitions or tp in self._pending:
+            return False
+        self._pending.add(tp)
+        return True
 
     def maybe_add_partitions(self) -> None:
         """Start an AddPartitionsToTxn for partitions not yet in the transaction (the sender

@@ -530,14 +530,19 @@ class Cluster:
 
     # -- connections -----------------------------------------------------------------------
 
+    def connected(self, node_id: int) -> BrokerConnection | None:
+        """The connection to `node_id` if it is up (starting none)."""
+        conn = self._connections.get(node_id)
+        return conn if conn is not None and not conn.closed else None
+
     def ready_connection(self, node_id: int) -> BrokerConnection | None:
         """The connection to `node_id` if it is up; otherwise start connecting and say None
         (None at once for -1, no leader: not a bootstrap server's connection, whose ids are
         negative too)."""
         if node_id < 0:
             return None
-        conn = self._connections.get(node_id)
-        if conn is not None and not conn.closed:
+        conn = self.connected(node_id)
+        if conn is not None:
             return conn
         if node_id not in self._connecting and not self.closed:
             backoff = self._backoff.get(node_id)

@@ -1,0 +1,139 @@
+"""A broker that can take no request (its connection paused, or its in-flight limit full)
+costs the sender no round per batch filled meanwhile: its unblocking wakes the sender, and
+that round takes what queued. Each batch opened or closed used to wake the sender for a round
+that wrote nothing (issue 42: 300k records of 1 KB in 16 KiB batches to the embedded
+broker, which is slower than the producer at that size, took ~21,500 rounds, ~18,200 of them
+empty; now ~3,400). Rounds are counted on the real sender; the brokers
+are the embedded one behind a proxy that stops reading, and the simulated cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import uuid
+from typing import Any
+
+from aioproducer import Producer
+from aioproducer.testing import SimulatedCluster
+from tests.support.readback import consume_all
+
+_BATCH = 16 * 1024  # batch_size: 15 records of 1 KB a batch
+_RECORDS = 2048  # while blocked: ~137 batches
+_FEW_ROUNDS = 8  # a timer set before, say; far from a round per batch
+
+
+def _count_rounds(producer: Producer) -> list[int]:
+    """From now on, count the sender's rounds (its own method, counted as it runs)."""
+    sender = producer._sender
+    assert sender is not None
+    run_once = sender._run_once
+    count = [0]
+
+    def counted(now: float) -> float:
+        count[0] += 1
+        return run_once(now)
+
+    sender._run_once = counted  # type: ignore[method-assign]
+    return count
+
+
+class _Records:
+    """Numbered records of 1 KB enqueued for one partition, a loop turn every batch's worth
+    (the sender's turn, as a producing service gives it)."""
+
+    def __init__(self, producer: Producer, topic: str, partition: int) -> None:
+        self.producer, self.topic, self.partition = producer, topic, partition
+        self.values: list[bytes] = []
+        self.handles: list[Any] = []
+
+    async def enqueue(self, n: int) -> None:
+        for _ in range(n):
+            value = b"%08d" % len(self.values) + bytes(992)
+            self.handles.append(await self.producer.enqueue(self.topic, value,
+                                                            partition=self.partition))
+            self.values.append(value)
+            if len(self.values) % 16 == 0:
+                await asyncio.sleep(0)
+
+
+async def test_acks_0_a_paused_connection_costs_no_round_per_batch(proxied_broker):
+    """At acks=0 a broker that reads nothing gets its connection paused, and the sender
+    writes it nothing until it resumes; every batch filled meanwhile still woke the sender,
+    for a round that found the connection paused (more than one a batch). Now a few rounds
+    for ~137 batches; once the broker reads again every record arrives, in order, once."""
+    cluster = proxied_broker
+    topic = f"paused-{random.randrange(10**6)}"
+    cluster.create_topic(topic, 1)
+    producer = Producer(cluster.bootstrap, acks=0, enable_idempotence=False, linger_ms=5,
+                        batch_size=_BATCH, buffer_memory=16 * 1024 * 1024,
+                        max_request_size=256 * 1024, max_block_ms=10_000)
+    await producer.start()
+    records = _Records(producer, topic, 0)
+    try:
+        await records.enqueue(1)
+        await asyncio.wait_for(records.handles[0], 10)
+        assert producer._cluster is not None
+        [conn] = producer._cluster.open_connections()
+        cluster.proxy.stop_reading(True)
+        for _ in range(4096):  # (64 MB: far beyond what the kernel's socket buffers take)
+            await records.enqueue(16)
+            if conn.paused:
+                break
+        assert conn.paused, "the connection never paused while the broker read nothing"
+        rounds = _count_rounds(producer)
+        await records.enqueue(_RECORDS)
+        assert conn.paused  # (the broker still reads nothing)
+        assert rounds[0] <= _FEW_ROUNDS, \
+            f"{rounds[0]} sender rounds while the connection was paused, for " \
+            f"{_RECORDS} records in batches of {_BATCH} bytes"
+        cluster.proxy.stop_reading(False)
+        await asyncio.wait_for(asyncio.gather(*records.handles), 30)
+    finally:
+        cluster.proxy.stop_reading(False)
+        await asyncio.wait_for(producer.close(), 30)
+    got = await asyncio.to_thread(consume_all, cluster.bootstrap, topic, len(records.values), 60)
+    assert [r.value for r in got] == records.values
+
+
+async def test_a_broker_whose_in_flight_limit_is_full_costs_no_round_per_batch(
+        cluster: SimulatedCluster) -> None:
+    """At acks=1 a slow node's one request in flight (max_in_flight 1) is answered after
+    2 s; every batch filled for it meanwhile woke the sender, for a round that found no room.
+    Now a few rounds for ~137 batches, while a record for another node still leaves at once
+    (answered long before the slow node's response); once the slow node answers, every
+    record arrives, in order, once."""
+    topic = f"c-{uuid.uuid4().hex[:10]}"
+    cluster.create_topic(topic, 3)
+    slow = cluster.leader(topic, 0)
+    other = next(p for p in (1, 2) if cluster.leader(topic, p) != slow)
+    async with Producer(cluster.bootstrap_servers, acks=1, enable_idempotence=False,
+                        linger_ms=5, batch_size=_BATCH, buffer_memory=16 * 1024 * 1024,
+                        max_in_flight_requests_per_connection=1) as producer:
+        await producer.send(topic, b"warm-up", partition=other)
+        records = _Records(producer, topic, 0)
+        await records.enqueue(1)
+        await asyncio.wait_for(records.handles[0], 10)
+        assert producer._cluster is not None
+        [conn] = [c for c in producer._cluster.open_connections() if c.node_id == slow]
+        cluster.slow(slow, 2.0)
+        try:
+            await records.enqueue(1)
+            for _ in range(100):  # (1 s at most: written at its linger's end)
+                if conn.in_flight_produce:
+                    break
+                await asyncio.sleep(0.01)
+            assert conn.in_flight_produce == 1
+            rounds = _count_rounds(producer)
+            await records.enqueue(_RECORDS)
+            assert conn.in_flight_produce == 1  # (its answer takes 2 s)
+            assert rounds[0] <= _FEW_ROUNDS, \
+                f"{rounds[0]} sender rounds while the in-flight limit was full, for " \
+                f"{_RECORDS} records in batches of {_BATCH} bytes"
+            await asyncio.wait_for(producer.send(topic, b"not held back", partition=other), 1)
+        finally:
+            cluster.slow(slow, 0)  # (one batch a request to it: 2 s each would be minutes)
+        await asyncio.wait_for(asyncio.gather(*records.handles), 30)
+    got = await asyncio.to_thread(consume_all, cluster.bootstrap_servers, topic,
+                                  len(records.values) + 2, 60)
+    assert [r.value for r in got if r.partition == 0] == records.values
+    assert [r.value for r in got if r.partition == other] == [b"warm-up", b"not held back"]
