@@ -147,6 +147,8 @@ def _sync_landed(bootstrap: str, topics: dict[str, str]) -> None:
 
     events = consume_all(bootstrap, topics["events"], expected=2)
     assert [(r.key, r.value) for r in events] == [(b"user-7", b"clicked"), (b"user-7", b"paid")]
+    raw = consume_all(bootstrap, topics["raw"], expected=10_000)  # produce_many()'s
+    assert sorted(r.value for r in raw) == sorted(b"payload %d" % i for i in range(10_000))
 
 
 def _observability_landed(bootstrap: str, topics: dict[str, str]) -> None:
