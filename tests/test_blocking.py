@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, wait
 from typing import Any
 
@@ -22,25 +23,36 @@ from tests.support.readback import consume_all
 THREADS, PER_THREAD = 8, 2_000
 
 
-def test_threads_producing_at_once_lose_duplicate_and_reorder_nothing(broker, topic_factory):
-    topic = topic_factory(3)
-    futures: list[list[Future[RecordMetadata]]] = [[] for _ in range(THREADS)]
+def _from_threads(broker: Any, produce: Callable[[BlockingProducer, int, list[Any]], None]
+                  ) -> list[list[Any]]:
+    """THREADS threads at once, each running produce(producer, thread, its futures) on one
+    producer; then flush(), after which every future they made must be done."""
+    futures: list[list[Any]] = [[] for _ in range(THREADS)]
     start = threading.Barrier(THREADS)
 
-    def produce(thread: int) -> None:
+    def run(thread: int) -> None:
         start.wait(10)
-        for i in range(PER_THREAD):  # one key per thread: its records share a partition
-            futures[thread].append(
-                producer.produce(topic, b"%d-%d" % (thread, i), key=b"thread-%d" % thread))
+        produce(producer, thread, futures[thread])
 
     with BlockingProducer(broker.bootstrap, linger_ms=5) as producer:
-        threads = [threading.Thread(target=produce, args=(t,)) for t in range(THREADS)]
+        threads = [threading.Thread(target=run, args=(t,)) for t in range(THREADS)]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join(60)
         producer.flush(30)
         assert all(f.done() for fs in futures for f in fs), "flush() returned before the acks"
+    return futures
+
+
+def test_threads_producing_at_once_lose_duplicate_and_reorder_nothing(broker, topic_factory):
+    topic = topic_factory(3)
+
+    def produce(producer: BlockingProducer, thread: int, out: list[Any]) -> None:
+        for i in range(PER_THREAD):  # one key per thread: its records share a partition
+            out.append(producer.produce(topic, b"%d-%d" % (thread, i), key=b"thread-%d" % thread))
+
+    futures = _from_threads(broker, produce)
     offsets = [[f.result().offset for f in fs] for fs in futures]
     assert all(o == sorted(o) for o in offsets), "a thread's records were reordered"
 
@@ -418,24 +430,14 @@ def test_produce_many_from_a_delivery_callback_raises_instead_of_hanging(broker,
 def test_threads_calling_produce_many_at_once_lose_and_duplicate_nothing(broker, topic_factory):
     topic = topic_factory(3)
     calls, per_call = 10, 500
-    futures: list[list[Future[Any]]] = [[] for _ in range(THREADS)]
-    start = threading.Barrier(THREADS)
 
-    def produce(thread: int) -> None:
-        start.wait(10)
+    def produce(producer: BlockingProducer, thread: int, out: list[Any]) -> None:
         for call in range(calls):  # one key per thread: its records share a partition
-            futures[thread].append(producer.produce_many(topic, [
+            out.append(producer.produce_many(topic, [
                 (b"thread-%d" % thread, b"%d-%d" % (thread, call * per_call + i))
                 for i in range(per_call)]))
 
-    with BlockingProducer(broker.bootstrap, linger_ms=5) as producer:
-        threads = [threading.Thread(target=produce, args=(t,)) for t in range(THREADS)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(60)
-        producer.flush(30)
-        assert all(f.done() for fs in futures for f in fs), "flush() returned before the acks"
+    futures = _from_threads(broker, produce)
     total = THREADS * calls * per_call
     assert sum(len(f.result()) for fs in futures for f in fs) == total
     got = consume_all(broker.bootstrap, topic, expected=total)
