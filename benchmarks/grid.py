@@ -16,7 +16,7 @@ futures gathered; a tenth of the records: it is 20-80x slower per record here).
 
 Each run: a fresh embedded broker and topic (`--broker kafka`: one 1-node Apache Kafka for the
 whole run, aioproducer.testing.ApacheKafka, warmed up by an untimed write of 150k records,
-and a fresh topic, deleted after), the client in a
+and a fresh topic, deleted after; each run starts once the node is idle), the client in a
 fresh process (clients.py),
 timing its produce phase and its CPU (no interpreter start), then the records are counted
 back; a wrong count is an error, not a point. Per round every client runs once at every
@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from aioproducer.testing import ApacheKafka, EmbeddedBroker  # noqa: E402
+from request_shape import jvm_seconds  # noqa: E402
 from run import cpu_model  # noqa: E402
 
 PARTITIONS = (6, 100, 1000, 3000, 10_000)
@@ -85,10 +86,29 @@ def run_one(client: str, partitions: int, size: int, records: int, uvloop: bool,
             kafka.run_tool("org.apache.kafka.tools.TopicCommand", "--bootstrap-server",
                            kafka.bootstrap, "--alter", "--topic", topic,
                            "--partitions", str(partitions))
-        return measure(client, kafka.bootstrap, topic, size, records, uvloop)
+        settled = settle(kafka)
+        return {**measure(client, kafka.bootstrap, topic, size, records, uvloop),
+                "settle_s": settled}
     finally:  # 10,000 partitions a run: one node keeps only the topic in use
         kafka.run_tool("org.apache.kafka.tools.TopicCommand", "--bootstrap-server",
                        kafka.bootstrap, "--delete", "--topic", topic)
+
+
+def settle(kafka: ApacheKafka, idle: float = 0.1, limit: float = 30.0) -> float:
+    """Wait (at most `limit` seconds) until the node's JVM uses under `idle` of a core: a
+    topic of thousands of partitions goes on costing it CPU after its creation and deletion
+    (logs and indexes made and removed), and whichever client ran next paid for it (the
+    1 KB point after 3,000 partitions: 0.24x-0.28x confluent in two grids, 0.56x-0.60x
+    alone). Returns the seconds waited."""
+    pid = kafka.pid(0)
+    assert pid is not None
+    start = time.monotonic()
+    while time.monotonic() < start + limit:
+        before = jvm_seconds(pid)
+        time.sleep(0.5)
+        if jvm_seconds(pid) - before < idle * 0.5:
+            break
+    return time.monotonic() - start
 
 
 def measure(client: str, bootstrap: str, topic: str, size: int, records: int,
@@ -280,6 +300,8 @@ def main() -> None:
                     runs.setdefault((point, client), []).append(result)
                     shown = result.get("error") or (f"{result['rec_s']:,.0f} rec/s, "
                                                     f"{result['us_cpu']:.2f} us CPU/rec")
+                    if result.get("settle_s", 0) > 1:
+                        shown += f" (the node busy {result['settle_s']:.1f} s before)"
                     print(f"round {round_ + 1} {point:>9} {client:<17} {records:>7} {shown}",
                           flush=True)
     summary = summarize(runs, names, clients)
