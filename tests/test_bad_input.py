@@ -555,6 +555,20 @@ async def test_enqueue_many_refuses_bare_values_of_length_two(broker, topic, rec
     assert [(r.key, r.value) for r in got] == [(None, b"first")]
 
 
+@pytest.mark.parametrize("record, says", [
+    ({"key": b"k", "value": b"v"}, r"not dict .*make each a tuple"),
+    ((b"k", b"v", [("h", b"1")]), r"not tuple .*no headers.*enqueue\(\)"),
+], ids=["dict", "with-headers"])
+async def test_enqueue_many_says_what_to_do_with_a_dict_or_a_record_with_headers(broker, topic,
+                                                                                record, says):
+    """Rows as dicts (a database cursor's, a JSON document's) and (key, value, headers)
+    triples: a dict unpacked into its two keys was refused as "value must be bytes, not str
+    (encode it first...)", naming neither the dict nor the fix."""
+    async with Producer(broker.bootstrap) as producer:
+        with pytest.raises(InvalidRecordError, match=r"\(key, value\) pairs, " + says):
+            await producer.enqueue_many(topic, [record])
+
+
 async def test_enqueue_many_names_a_refused_record_by_its_index_in_the_input(broker, topic):
     """The records are taken 10,000 at a time: the index is the input's, not the chunk's."""
     records = [(None, b"v")] * 10_005 + [b"not a pair"]

@@ -81,12 +81,15 @@ class Deferred(Coroutine[Any, Any, T]):
     def _message(self) -> str:
         call = f"producer.{self._verb}({self._topic!r}, ...) at {self._where}"
         if self._elsewhere:
-            return (f"{call}, called outside the producer's event loop thread (a sync `def` "
-                    "web handler?), was never awaited: the record was not sent. In a FastAPI "
-                    f"or Starlette `def` handler use `anyio.from_thread.run(producer."
-                    f"{self._verb}, topic, value)`, or make the handler `async def` and await "
-                    f"it; from another thread, `asyncio.run_coroutine_threadsafe(producer."
-                    f"{self._verb}(...), loop).result()`; or use BlockingProducer")
+            return (f"{call}, called outside the producer's event loop thread (in a sync "
+                    f"`def` web handler, or by BackgroundTasks.add_task(producer.{self._verb}, "
+                    "...), which runs it in a worker thread), was never awaited: the record "
+                    "was not sent. In a FastAPI or Starlette `def` handler use "
+                    f"`anyio.from_thread.run(producer.{self._verb}, topic, value)`, or make "
+                    "the handler `async def` and await it; give add_task() an `async def` "
+                    "function that awaits it; from another thread, `asyncio."
+                    f"run_coroutine_threadsafe(producer.{self._verb}(...), loop).result()`; or "
+                    "use BlockingProducer")
         return (f"{call} was never awaited: the record was not sent (it was to wait for its "
                 "topic's metadata, its serializer or buffer memory, which it does once "
                 "awaited). Await it, or hand it to asyncio.create_task()")

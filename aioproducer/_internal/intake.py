@@ -603,13 +603,14 @@ class RecordIntake:
             # One record the loop could not take, done the way enqueue() does it.
             record = records[index]
             try:
-                if isinstance(record, (str, *BYTES_TYPES)):  # would unpack if of length 2
-                    raise TypeError
+                if isinstance(record, (str, dict, *BYTES_TYPES)):  # would unpack if of length
+                    raise TypeError  # 2 (a dict into its first two keys)
                 key, value = record
             except (TypeError, ValueError):
                 raise InvalidRecordError(  # out_batches has an entry per record before it
                     f"enqueue_many takes (key, value) pairs, not {type(record).__name__} "
-                    f"(record {len(out_batches)}: {record!r:.80})") from None
+                    f"(record {len(out_batches)}: {record!r:.80}){_pair_hint(record)}"
+                ) from None
             headers: Headers | None = None
             told: DeliveryCallback | None = None
             if self.on_send_hooks:  # as enqueue() shows them its records (what they raise
@@ -669,6 +670,15 @@ for _verb, _name in ((RecordIntake.send, "send"), (RecordIntake._send_told, "sen
                      (RecordIntake.enqueue_told, "enqueue")):
     _verb.__qualname__ = f"Producer.{_name}"
 del _verb, _name
+
+
+def _pair_hint(record: object) -> str:
+    """What to do with a record enqueue_many() cannot take, where a user's habit shows."""
+    if isinstance(record, dict):
+        return ": make each a tuple, e.g. (row['key'], row['value'])"
+    if isinstance(record, (tuple, list)) and len(record) == 3:
+        return ": its records have no headers (a record with headers: enqueue() or send())"
+    return ""
 
 
 async def _enqueued(appending: Coroutine[Any, Any, Appended]) -> RecordFuture:
