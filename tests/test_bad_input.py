@@ -381,6 +381,9 @@ def test_calls_from_another_thread_or_loop_are_refused_before_anything_is_buffer
         else:
             asyncio.run(from_elsewhere())  # this thread's next loop (the producer's is idle)
         assert len(refused) == 2 and all("another one" in text for text in refused), refused
+        # From another thread (a sync web handler's asyncio.run()), the way that works.
+        assert all(("run_coroutine_threadsafe" in text) == (elsewhere == "thread")
+                   for text in refused), refused
         own.run_until_complete(producer.flush())
         assert own.run_until_complete(result(handle)).offset == 0
         own.run_until_complete(producer.close())
