@@ -18,7 +18,7 @@ import sys
 import warnings
 from threading import get_ident
 from types import FrameType
-from typing import Any, Callable, Coroutine, Generator, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Coroutine, Generator, Generic, TypeVar
 
 from .lifecycle import Lifecycle
 
@@ -26,35 +26,41 @@ T = TypeVar("T")
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
-class Deferred(Coroutine[Any, Any, T]):
+if TYPE_CHECKING:
+    _Coroutine = Coroutine[Any, Any, T]
+else:  # (to asyncio a coroutine all the same: collections.abc.Coroutine's methods)
+    _Coroutine = Generic
+
+
+class Deferred(_Coroutine[T]):
     """A coroutine to asyncio (awaited, or run by a Task or `run_coroutine_threadsafe()`):
     `coro`, whose record is buffered when it runs. Collected never started, it reports the
-    record lost (`_lost`)."""
+    record lost (`_lost`), with the line of the call when that was outside the producer's
+    loop thread (its result may be dropped elsewhere: BackgroundTasks hands it back to the
+    loop), else of the frame that dropped it (CPython drops an unawaited call's result at
+    its statement), which costs nothing until then.
+    """
 
-    __slots__ = ("_coro", "_started", "_verb", "_topic", "_where", "_lifecycle", "_elsewhere")
+    __slots__ = ("_coro", "_started", "_verb", "_topic", "_lifecycle", "_called_at")
 
     def __init__(self, coro: Coroutine[Any, Any, T], verb: str, topic: object,
-                 lifecycle: Lifecycle) -> None:
+                 lifecycle: Lifecycle, called_at: str | None = None) -> None:
         self._coro = coro
         self._started = False
         self._verb = verb
         self._topic = topic
-        self._where = _caller()
         self._lifecycle = lifecycle
-        # Called outside the producer's loop thread (a started producer's).
-        self._elsewhere = lifecycle.thread is not None and get_ident() != lifecycle.thread
+        self._called_at = called_at
+        if lifecycle.thread is not None and get_ident() != lifecycle.thread:
+            self._called_at = _caller()  # (outside a started producer's loop thread)
 
     def then(self, make: Callable[[Coroutine[Any, Any, T]], Coroutine[Any, Any, Any]]
              ) -> Deferred[Any]:
         """This one's coroutine inside `make`'s (send()'s told variant's), reported as this
         one would be."""
         self._started = True  # (the new one reports it)
-        outer: Deferred[Any] = Deferred.__new__(Deferred)
-        outer._coro = make(self._coro)
-        outer._started = False
-        outer._verb, outer._topic, outer._where = self._verb, self._topic, self._where
-        outer._lifecycle, outer._elsewhere = self._lifecycle, self._elsewhere
-        return outer
+        return Deferred(make(self._coro), self._verb, self._topic, self._lifecycle,
+                        self._called_at)
 
     def __await__(self) -> Generator[Any, None, T]:
         self._started = True
@@ -79,8 +85,8 @@ class Deferred(Coroutine[Any, Any, T]):
         _lost(self._lifecycle, self._message())
 
     def _message(self) -> str:
-        call = f"producer.{self._verb}({self._topic!r}, ...) at {self._where}"
-        if self._elsewhere:
+        call = f"producer.{self._verb}({self._topic!r}, ...) at {self._called_at or _caller(3)}"
+        if self._called_at is not None:
             return (f"{call}, called outside the producer's event loop thread (in a sync "
                     f"`def` web handler, or by BackgroundTasks.add_task(producer.{self._verb}, "
                     "...), which runs it in a worker thread), was never awaited: the record "
@@ -107,9 +113,9 @@ def _close_unstarted(coro: Coroutine[Any, Any, Any]) -> None:
         _close_unstarted(inner)
 
 
-def _caller() -> str:
-    """file:line of the user's call (the first frame outside the package)."""
-    frame: FrameType | None = sys._getframe(2)
+def _caller(depth: int = 2) -> str:
+    """file:line of the first frame outside the package, from `depth` frames up."""
+    frame: FrameType | None = sys._getframe(depth)
     while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
         frame = frame.f_back
     return "?" if frame is None else f"{frame.f_code.co_filename}:{frame.f_lineno}"
