@@ -2,8 +2,9 @@
 
 from typing import TYPE_CHECKING, Any
 
-from ._internal.batch import BulkFuture, RecordFuture, RecordMetadata
-from ._internal.metrics import ProducerMetrics
+from ._internal.batch import BulkFuture, BulkMetadata, RecordFuture, RecordMetadata
+from ._internal.metrics import Histogram, ProducerMetrics, TopicMetrics
+from ._internal.thread_future import BulkThreadFuture
 from ._version import __version__
 from .config import ProducerConfig, ProducerSettings, TokenProvider
 from .producer import Producer, accepted
@@ -12,9 +13,10 @@ from .serializers import Serializer
 if TYPE_CHECKING:
     from .blocking import BlockingProducer
 
-__all__ = ["BlockingProducer", "BulkFuture", "Producer", "ProducerConfig", "ProducerMetrics",
-           "ProducerSettings", "RecordFuture", "RecordMetadata", "Serializer", "TokenProvider",
-           "__version__", "accepted"]
+__all__ = ["BlockingProducer", "BulkFuture", "BulkMetadata", "BulkThreadFuture", "Histogram",
+           "Producer", "ProducerConfig", "ProducerMetrics", "ProducerSettings", "RecordFuture",
+           "RecordMetadata", "Serializer", "TokenProvider", "TopicMetrics", "__version__",
+           "accepted"]
 
 
 def __getattr__(name: str) -> Any:

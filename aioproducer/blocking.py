@@ -23,8 +23,8 @@ import weakref
 from collections import deque
 from concurrent.futures import Future
 from functools import partial
-from typing import Any, Callable, Coroutine, Generic, Iterable, Iterator, Sequence, \
-    Unpack, overload
+from typing import Any, Awaitable, Callable, Coroutine, Generic, Iterable, Iterator, Sequence, \
+    TypeVar, Unpack, overload
 
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
@@ -41,6 +41,7 @@ from .serializers import SerializerOf
 
 log = logging.getLogger(__name__)
 DeliveryCallback = Callable[[RecordMetadata | None, BaseException | None], None]
+_T = TypeVar("_T")
 
 # Records queued for the loop's thread before produce() waits for the pump to catch up:
 # the producer's buffer_memory bounds what is buffered, this bounds what waits to be.
@@ -105,6 +106,10 @@ class BlockingProducer(Generic[K, V]):
         self._room.set()
         self._closed = False
         self._forked = False
+        # The blocking calls under way in the producer's thread (see _call): close() waits
+        # for them before it stops that thread, and none begins once close() did.
+        self._calls = 0
+        self._gate = threading.Condition(threading.Lock())
         self._loop_thread: int | None = None
         # on_send hooks run in the loop's thread, in a copy of the producing thread's context
         # (so an OpenTelemetry span there is the child of the caller's span).
@@ -188,9 +193,9 @@ class BlockingProducer(Generic[K, V]):
         always the first len(accepted) records (resume from there). `records` is read in the
         producer's thread as the call goes: do not change it until the call returns."""
         try:
-            self._check_blocking_allowed()
-            future: BulkThreadFuture = self._portal.call(
-                self._produce_many, topic, records, partition, timestamp_ms)
+            future: BulkThreadFuture = self._call(
+                self._produce_many, topic, records, partition, timestamp_ms,
+                contextvars.copy_context() if self._tells_send else None)
             return future
         except Exception as exc:
             if not isinstance(getattr(exc, "accepted", None), BulkThreadFuture):  # (none taken)
@@ -205,8 +210,12 @@ class BlockingProducer(Generic[K, V]):
         Once closed, it returns at once (close() sent everything), as Producer.flush() does."""
         if self._closed and not self._forked:
             return
-        self._check_blocking_allowed()
-        self._portal.call(self._flush, timeout)
+        try:
+            self._call(self._flush, timeout)
+        except ProducerClosedError:
+            if self._closed and not self._forked:  # closed by another thread meanwhile
+                return
+            raise
 
     def close(self, timeout: float | None = None) -> None:
         """Send what is queued and buffered, then stop the producer and its thread. With
@@ -217,46 +226,46 @@ class BlockingProducer(Generic[K, V]):
         if threading.get_ident() == self._loop_thread:
             raise RuntimeError("close() from the producer's own thread (an on_delivery "
                                "callback?) would never return")
-        self._closed = True
+        with self._gate:
+            if self._closed:  # (another thread's close() came first)
+                return
+            self._closed = True
         _OPEN.discard(self)
         if self._forked:
             return  # the loop's thread is not in this process
         try:
             self._portal.call(self._close, timeout)
         finally:
+            with self._gate:  # the calls that began before: each ends once the producer
+                while self._calls:  # closed (records in line for memory fail, say)
+                    self._gate.wait()
             self._portal_cm.__exit__(None, None, None)
 
     def metrics(self) -> ProducerMetrics:
         """As `Producer.metrics()`."""
-        self._check_blocking_allowed()
-        return self._portal.call(self._producer.metrics)
+        return self._call(self._producer.metrics)
 
     def partitions_for(self, topic: str) -> set[int]:
         """The partition ids of `topic` (fetching its metadata if needed)."""
-        self._check_blocking_allowed()
-        return self._portal.call(self._producer.partitions_for, topic)
+        return self._call(self._producer.partitions_for, topic)
 
     # -- transactions ----------------------------------------------------------------------
 
     def begin_transaction(self) -> None:
         """As `Producer.begin_transaction()`; records produced before it stay out of it."""
-        self._check_blocking_allowed()
-        self._portal.call(self._after_handover, self._producer.begin_transaction)
+        self._call(self._after_handover, self._producer.begin_transaction)
 
     def commit_transaction(self) -> None:
         """As `Producer.commit_transaction()`: every record produced before it is in it."""
-        self._check_blocking_allowed()
-        self._portal.call(self._after_handover, self._producer.commit_transaction)
+        self._call(self._after_handover, self._producer.commit_transaction)
 
     def abort_transaction(self) -> None:
         """As `Producer.abort_transaction()`."""
-        self._check_blocking_allowed()
-        self._portal.call(self._after_handover, self._producer.abort_transaction)
+        self._call(self._after_handover, self._producer.abort_transaction)
 
     def send_offsets_to_transaction(self, offsets: Any, group_metadata: Any) -> None:
         """As `Producer.send_offsets_to_transaction()`."""
-        self._check_blocking_allowed()
-        self._portal.call(self._after_handover, partial(
+        self._call(self._after_handover, partial(
             self._producer.send_offsets_to_transaction, offsets, group_metadata))
 
     @contextlib.contextmanager
@@ -274,6 +283,28 @@ class BlockingProducer(Generic[K, V]):
         self.commit_transaction()
 
     # -- the producing thread's side -------------------------------------------------------
+
+    @overload
+    def _call(self, func: Callable[..., Awaitable[_T]], *args: Any) -> _T: ...
+    @overload
+    def _call(self, func: Callable[..., _T], *args: Any) -> _T: ...
+
+    def _call(self, func: Callable[..., Any], *args: Any) -> Any:
+        """`func(*args)` in the producer's thread, awaited there if a coroutine, its result
+        or error here. Refused (ProducerClosedError) once close() began; close() waits for
+        the calls under way before it stops the thread: a call that found the producer open
+        as another thread closed it got anyio's "This portal is not running"."""
+        self._check_blocking_allowed()
+        with self._gate:
+            self._check_usable()
+            self._calls += 1
+        try:
+            return self._portal.call(func, *args)
+        finally:
+            with self._gate:
+                self._calls -= 1
+                if not self._calls:
+                    self._gate.notify_all()
 
     def _check_blocking_allowed(self) -> None:
         """A call that waits for the producer's thread, made from that thread (in an
@@ -401,20 +432,22 @@ class BlockingProducer(Generic[K, V]):
                 deliver(on_delivery, metadata, None)
 
     async def _handover(self) -> None:
-        """Wait until every record queued before this call is in the producer."""
+        """Wait until every record queued before this call is in the producer (at once if
+        close() stopped the pump: it failed what was queued, and nobody would take a marker)."""
+        if self._pump.done():
+            return
         marker = asyncio.get_running_loop().create_future()
         self._queue.append(marker)
         self._wakeup.set()
         await marker
 
     async def _produce_many(self, topic: str, records: Iterable[tuple[K | None, V | None]],
-                            partition: int | None, timestamp_ms: int | None
-                            ) -> BulkThreadFuture:
-        if not self._pump.done():  # (else closed: enqueue_many() refuses)
-            await self._handover()
-        try:
-            bulk = await self._producer.enqueue_many(topic, records, partition=partition,
-                                                     timestamp_ms=timestamp_ms)
+                            partition: int | None, timestamp_ms: int | None,
+                            context: contextvars.Context | None) -> BulkThreadFuture:
+        await self._handover()  # (once closed, enqueue_many() refuses)
+        try:  # (on_send hooks see the records in `context`, the caller's, as produce()'s)
+            bulk = await self._producer._intake.enqueue_many(topic, records, partition,
+                                                             timestamp_ms, context)
         except BaseException as exc:
             accepted = getattr(exc, "accepted", None)
             if isinstance(accepted, BulkFuture):

@@ -41,11 +41,12 @@ class ProducerHooks:
 
     def on_send(self, topic: str, key: Any, value: Any,
                 headers: MutableHeaders) -> DeliveryCallback | None:
-        """A record given to send() or enqueue() (or BlockingProducer.produce()), before it
-        is serialized: `key` and `value` as given, `headers` a list this hook may change
-        (add a trace context, say) that the record then carries. Return a callable to be
-        told this record's outcome, or None. Not called for enqueue_many(), whose records
-        have no headers and skip per-record work (its batches reach the other hooks)."""
+        """A record given to send(), enqueue() or enqueue_many() (or BlockingProducer's
+        produce() and produce_many()), before it is serialized and buffered: `key` and
+        `value` as given, `headers` a list this hook may change (add a trace context, say)
+        that the record then carries. Return a callable to be told this record's outcome,
+        or None. enqueue_many() shows each record as it reads it (a producer with such a
+        hook takes its records one by one in Python, not in the compiled loop)."""
         return None
 
     def on_ack(self, topic: str, partition: int, base_offset: int, record_count: int,

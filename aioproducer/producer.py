@@ -470,7 +470,9 @@ class Producer(Generic[K, V]):
         `asyncio.gather(*(producer.send(...) ...))` makes no Task per record, and a coroutine
         to `create_task()` and TaskGroups. Before the topic's metadata is known, and outside
         the producer's running loop (`loop.run_until_complete(producer.send(...))`), it is a
-        coroutine that does all that when awaited. Bad arguments raise from the call.
+        coroutine that does all that when awaited (never awaited, its record is lost: that
+        is logged at ERROR through the loop's exception handler, with the call's line). Bad
+        arguments raise from the call.
 
         Cancelled after the record was buffered, it is still sent: only the wait ends.
         Cancelled while in line for memory (the future, or every task awaiting it), the
@@ -504,7 +506,8 @@ class Producer(Generic[K, V]):
         The bulk path of `enqueue()`: the same checks and partitioning, no per-record await or
         handle, and for (bytes | None, bytes | None) tuples without serializers, a loop in
         the compiled speed-up. All records get the same timestamp (now, unless given) and no
-        headers. Whatever the call raises (a record refused for its type or size, an unknown
+        headers (but what on_send hooks add: they see each record as it is read, as
+        enqueue() shows them its own, and those records take the Python path). Whatever the call raises (a record refused for its type or size, an unknown
         topic, a cancellation, `records` itself raising), the records before stay buffered:
         the exception's `accepted` attribute is the BulkFuture of those, always the first
         len(accepted) records. A timeout around the call raises a TimeoutError of its own:

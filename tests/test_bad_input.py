@@ -381,6 +381,9 @@ def test_calls_from_another_thread_or_loop_are_refused_before_anything_is_buffer
         else:
             asyncio.run(from_elsewhere())  # this thread's next loop (the producer's is idle)
         assert len(refused) == 2 and all("another one" in text for text in refused), refused
+        # From another thread (a sync web handler's asyncio.run()), the way that works.
+        assert all(("run_coroutine_threadsafe" in text) == (elsewhere == "thread")
+                   for text in refused), refused
         own.run_until_complete(producer.flush())
         assert own.run_until_complete(result(handle)).offset == 0
         own.run_until_complete(producer.close())
@@ -553,6 +556,20 @@ async def test_enqueue_many_refuses_bare_values_of_length_two(broker, topic, rec
         assert len(await caught.value.accepted) == 1
     got = consume_all(broker.bootstrap, topic, expected=1)
     assert [(r.key, r.value) for r in got] == [(None, b"first")]
+
+
+@pytest.mark.parametrize("record, says", [
+    ({"key": b"k", "value": b"v"}, r"not dict .*make each a tuple"),
+    ((b"k", b"v", [("h", b"1")]), r"not tuple .*no headers.*enqueue\(\)"),
+], ids=["dict", "with-headers"])
+async def test_enqueue_many_says_what_to_do_with_a_dict_or_a_record_with_headers(broker, topic,
+                                                                                record, says):
+    """Rows as dicts (a database cursor's, a JSON document's) and (key, value, headers)
+    triples: a dict unpacked into its two keys was refused as "value must be bytes, not str
+    (encode it first...)", naming neither the dict nor the fix."""
+    async with Producer(broker.bootstrap) as producer:
+        with pytest.raises(InvalidRecordError, match=r"\(key, value\) pairs, " + says):
+            await producer.enqueue_many(topic, [record])
 
 
 async def test_enqueue_many_names_a_refused_record_by_its_index_in_the_input(broker, topic):

@@ -446,3 +446,113 @@ def test_threads_calling_produce_many_at_once_lose_and_duplicate_nothing(broker,
     for thread in range(THREADS):
         mine = [v for v in values if v.startswith(b"%d-" % thread)]
         assert mine == [b"%d-%d" % (thread, i) for i in range(calls * per_call)]
+
+
+class _Racing(BlockingProducer):
+    """A producer whose `racer` thread's blocking call pauses on its way into the producer's
+    thread, for close() to run from another thread meanwhile: in the calling thread once its
+    closed check passed (`in_thread`), or in the producer's thread just before its work
+    there, until close()'s own work there ended (`in_loop`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.pause = ""  # set once the producer is ready for the race
+        self.racer: threading.Thread | None = None
+        self.paused = threading.Event()  # the racer's call stopped where asked
+        self.go_on = threading.Event()  # let it go on (in_thread: close() returned)
+        self.closed_there = threading.Event()  # close()'s work in the producer's thread ended
+        super().__init__(*args, **kwargs)
+
+    def _check_usable(self) -> None:
+        super()._check_usable()
+        if self.pause == "in_thread" and threading.current_thread() is self.racer and \
+                not self.paused.is_set():
+            self.paused.set()
+            self.go_on.wait(10)
+
+    async def _in_loop(self) -> None:
+        if self.pause == "in_loop" and not self.paused.is_set():
+            self.paused.set()
+            for _ in range(1_000):  # (at most 10 s)
+                if self.closed_there.is_set():
+                    return
+                await asyncio.sleep(0.01)
+
+    async def _flush(self, timeout: float | None) -> None:
+        await self._in_loop()
+        await super()._flush(timeout)
+
+    async def _after_handover(self, call: Callable[[], Any]) -> Any:
+        await self._in_loop()
+        return await super()._after_handover(call)
+
+    async def _close(self, timeout: float | None) -> None:
+        await super()._close(timeout)
+        self.closed_there.set()
+
+
+_CALLS: dict[str, Callable[[BlockingProducer, str], object]] = {
+    "produce_many": lambda p, topic: p.produce_many(topic, [(None, b"raced")]),
+    "flush": lambda p, topic: p.flush(10),
+    "begin_transaction": lambda p, topic: p.begin_transaction(),
+    "commit_transaction": lambda p, topic: p.commit_transaction(),
+    "send_offsets_to_transaction": lambda p, topic: p.send_offsets_to_transaction(
+        {(topic, 0): 1}, "raced-group"),
+    "metrics": lambda p, topic: p.metrics(),
+    "partitions_for": lambda p, topic: p.partitions_for(topic),
+}
+
+
+def _race_close(broker: Any, topic: str, call: str, pause: str) -> BaseException | None:
+    """`call` in a thread, paused as `pause` says while close() runs in another: what it
+    raised (None: it returned). Both threads must end."""
+    producer = _Racing(broker.bootstrap, transactional_id=f"raced-{call}-{topic}")
+    if call in ("commit_transaction", "send_offsets_to_transaction"):
+        producer.begin_transaction()
+    producer.pause = pause
+    outcome: list[BaseException | None] = []
+
+    def race() -> None:
+        try:
+            _CALLS[call](producer, topic)
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    racer = producer.racer = threading.Thread(target=race, daemon=True)
+    closer = threading.Thread(target=producer.close, args=(10,), daemon=True)
+    racer.start()
+    assert producer.paused.wait(10), "the call did not get to its pause"
+    closer.start()
+    if pause == "in_thread":
+        closer.join(20)
+        producer.go_on.set()
+    racer.join(20)
+    closer.join(20)
+    assert not racer.is_alive(), f"{call}() racing close() never returned"
+    assert not closer.is_alive(), f"close() racing {call}() never returned"
+    return outcome[0]
+
+
+@pytest.mark.parametrize("call", list(_CALLS))
+def test_a_call_that_found_the_producer_open_as_another_thread_closed_it(broker, topic, call):
+    """The call passed the closed check, then close() ran to its end in another thread
+    before the call reached the producer's thread: it raises ProducerClosedError (flush()
+    returns, as on a closed producer), not anyio's "This portal is not running"."""
+    raised = _race_close(broker, topic, call, "in_thread")
+    if call == "flush":
+        assert raised is None
+    else:
+        assert isinstance(raised, ProducerClosedError), repr(raised)
+
+
+@pytest.mark.parametrize("call", ["flush", "commit_transaction"])
+def test_a_call_that_reached_the_producers_thread_as_close_ended_there_ends(broker, topic,
+                                                                           call):
+    """The call's work in the producer's thread began after close() had stopped the pump
+    and failed what was queued: it waited for ever for the pump to take its marker (and
+    close() for it). flush() returns; a transaction call raises ProducerClosedError."""
+    raised = _race_close(broker, topic, call, "in_loop")
+    if call == "flush":
+        assert raised is None
+    else:
+        assert isinstance(raised, ProducerClosedError), repr(raised)

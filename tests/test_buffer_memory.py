@@ -5,6 +5,7 @@ appended in order, failed, or (cancelled) never sent."""
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 
@@ -109,6 +110,35 @@ async def test_a_send_cancelled_in_line_is_not_sent_and_the_rest_are(proxied_bro
         await producer.close()
     got = [v.rstrip(b"v") for v in await _values(cluster, "line-cancel", 6)]
     assert len(got) == 6 and got[4:] == [b"first", b"last"]
+
+
+async def test_an_enqueue_in_line_never_awaited_gives_its_place_up(proxied_broker, caplog):
+    """An enqueue() waiting for memory joins the line at the call, and its coroutine
+    appends it when its turn comes: one never awaited (the await forgotten) took its turn
+    and held the head of the line for ever, every record behind it failing after
+    max_block_ms, the producer wedged. Dropped, it leaves the line, reported as lost."""
+    cluster = proxied_broker
+    caplog.set_level(logging.ERROR, "asyncio")
+    producer, held = await _stalled_and_full(cluster, "line-forgotten", max_block_ms=3_000)
+    try:
+        first = producer.send("line-forgotten", b"first" + b"v" * 600)  # (in line at the call)
+        producer.enqueue("line-forgotten", b"forgotten" + b"v" * 600)  # the await forgotten
+        behind = asyncio.ensure_future(producer.enqueue("line-forgotten", b"behind" + b"v" * 600))
+        await asyncio.sleep(0.1)
+        assert producer.metrics().waiting_for_memory == 3  # (the forgotten one until its turn)
+        cluster.proxy.stall(False)
+        record = await asyncio.wait_for(behind, 10)
+        await asyncio.wait_for(asyncio.gather(first, record), 30)
+        await asyncio.wait_for(producer.flush(), 30)
+        assert producer.metrics().waiting_for_memory == 0
+        assert producer.metrics().buffer_memory_available == producer.config.buffer_memory
+    finally:
+        cluster.proxy.stall(False)
+        await producer.close()
+    got = [v.rstrip(b"vh") for v in await _values(cluster, "line-forgotten", 6)]
+    assert got == [b"warm-up", b"held0", b"held1", b"held2", b"first", b"behind"]
+    assert any("'line-forgotten'" in r.getMessage() and "never awaited" in r.getMessage()
+               for r in caplog.records)
 
 
 @pytest.mark.parametrize("call", ["send", "enqueue"])

@@ -2,10 +2,12 @@
 missing from the nav, docstrings mkdocstrings cannot render), and what it builds is complete
 and readable without the internet."""
 
+import dataclasses
 import os
 import re
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import pytest
@@ -76,3 +78,76 @@ def test_the_readmes_links_into_the_docs_arrive():
         if anchor:
             headings = re.findall(r"^#+ (.+)$", target.read_text(), re.M)
             assert anchor in map(_slug, headings), f"README links to {path}#{anchor}: no heading"
+
+
+def _returned_classes(annotation: object, namespace: dict[str, object],
+                      classes: dict[str, type]) -> set[type]:
+    """The package's classes named in an annotation (a string, under `from __future__ import
+    annotations`, or a ForwardRef or type in a generic's arguments)."""
+    if isinstance(annotation, type) and not typing.get_args(annotation):
+        return {annotation} if annotation.__module__.startswith("aioproducer") else set()
+    if isinstance(annotation, typing.ForwardRef):
+        annotation = annotation.__forward_arg__
+    if not isinstance(annotation, str):
+        found: set[type] = set()
+        for arg in typing.get_args(annotation):
+            found |= _returned_classes(arg, namespace, classes)
+        return found
+    found = set()
+    for name in re.findall(r"[A-Za-z_]\w*", annotation):
+        named = namespace.get(name, classes.get(name))
+        if isinstance(named, type) and named.__module__.startswith("aioproducer"):
+            found.add(named)
+    return found
+
+
+def test_every_class_a_public_call_returns_is_exported_and_documented():
+    """What a user's code gets back from the public API (a call's or property's return, a
+    future's result, a metrics snapshot's fields, recursively) can be imported from
+    `aioproducer` (to annotate it) and has its page in the API reference, or is in a public
+    module whose page renders it whole. Errors are aioproducer.errors', all rendered on
+    their page."""
+    import aioproducer
+    from aioproducer.blocking import BlockingProducer  # (loaded on first use)
+
+    classes = {cls.__name__: cls for module in list(sys.modules.values())
+               if module is not None and module.__name__.startswith("aioproducer")
+               for cls in vars(module).values() if isinstance(cls, type)}
+    reference = "\n".join(page.read_text() for page in (ROOT / "docs" / "api").glob("*.md"))
+    seen: set[type] = set()
+    to_check: list[type] = [BlockingProducer]
+    roots: list[object] = [getattr(aioproducer, name) for name in aioproducer.__all__]
+    for root in roots:
+        if isinstance(root, type):
+            to_check.append(root)
+        elif callable(root):
+            to_check += _returned_classes(root.__annotations__.get("return"),
+                                          vars(sys.modules[root.__module__]), classes)
+    missing = []
+    while to_check:
+        cls = to_check.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        exported = getattr(aioproducer, cls.__name__, None) is cls and \
+            re.search(rf"^::: aioproducer\.([\w.]+\.)?{cls.__name__}$", reference, re.M)
+        # (or in a public module rendered whole, as ProducerHooks in aioproducer.hooks)
+        in_its_module = "._" not in cls.__module__ and \
+            re.search(rf"^::: {re.escape(cls.__module__)}$", reference, re.M)
+        if not exported and not in_its_module:
+            missing.append(cls.__qualname__)
+        namespace = vars(sys.modules[cls.__module__])
+        annotations: list[object] = [arg for base in getattr(cls, "__orig_bases__", ())
+                                     for arg in typing.get_args(base)]
+        for name, member in vars(cls).items():
+            if name.startswith("_"):
+                continue
+            if isinstance(member, property):
+                member = member.fget
+            member = getattr(member, "__func__", member)  # (a classmethod's, a staticmethod's)
+            annotations.append(getattr(member, "__annotations__", {}).get("return"))
+        if dataclasses.is_dataclass(cls) or hasattr(cls, "_fields"):  # its fields too
+            annotations += [a for n, a in cls.__annotations__.items() if not n.startswith("_")]
+        for annotation in annotations:
+            to_check += _returned_classes(annotation, namespace, classes)
+    assert not missing, f"returned by the public API, not exported or not documented: {missing}"

@@ -8,7 +8,10 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import gc
+import logging
 import os
+import sys
+import uuid
 import warnings
 import weakref
 
@@ -120,6 +123,50 @@ async def test_a_keyless_enqueue_never_awaited_opens_its_batch_at_the_call(broke
     got = consume_all(broker.bootstrap, topic, expected=2000)
     assert sorted(r.value for r in got if r.key is None) == sorted(b"%d" % i for i in range(1000))
     assert [r.value for r in got if r.key == b"k"] == [b"k%d" % i for i in range(1000)]
+
+
+async def test_a_send_never_awaited_that_had_to_wait_is_reported_with_its_line(broker, caplog):
+    """send() and enqueue() before the topic's metadata is known return a coroutine that
+    buffers the record when awaited: dropped unawaited, the record is lost. Said at ERROR
+    through the loop's exception handler, with the topic, the caller's line and what to do
+    (Python's RuntimeWarning named an internal coroutine, and is shown once per place)."""
+    topic = f"unseen-{uuid.uuid4().hex[:10]}"  # (created by the first metadata request)
+    caplog.set_level(logging.ERROR, "asyncio")
+    async with Producer(broker.bootstrap) as producer:
+        producer.send(topic, b"lost")  # the await forgotten, the topic not known yet
+        line = sys._getframe().f_lineno - 1
+        producer.enqueue(topic, b"lost too")
+        await asyncio.sleep(0)  # (the report is a loop callback)
+        reports = [r.getMessage() for r in caplog.records if "never awaited" in r.getMessage()]
+        assert len(reports) == 2, reports
+        assert f"producer.send({topic!r}, ...) at {__file__}:{line} was never awaited" in \
+            reports[0] and "the record was not sent" in reports[0]
+        assert f"producer.enqueue({topic!r}" in reports[1]
+        assert (await producer.send(topic, b"kept")).offset == 0
+
+
+def test_a_send_from_another_thread_runs_on_the_producers_loop_unreported(broker, topic,
+                                                                          caplog):
+    """asyncio.run_coroutine_threadsafe(producer.send(...), loop): the call is made in the
+    other thread, and what it returns runs on the producer's loop: sent, nothing reported.
+    The same call whose result is dropped is reported as made outside the loop's thread."""
+    caplog.set_level(logging.ERROR, "asyncio")
+
+    async def main() -> None:
+        async with Producer(broker.bootstrap) as producer:
+            loop = asyncio.get_running_loop()
+
+            def from_thread() -> int:
+                producer.send(topic, b"dropped")
+                return asyncio.run_coroutine_threadsafe(
+                    producer.send(topic, b"sent"), loop).result(10).offset
+
+            assert await asyncio.to_thread(from_thread) == 0
+
+    asyncio.run(main())
+    reports = [r.getMessage() for r in caplog.records if "never awaited" in r.getMessage()]
+    assert len(reports) == 1 and "outside the producer's event loop thread" in reports[0]
+    assert [r.value for r in consume_all(broker.bootstrap, topic, expected=1)] == [b"sent"]
 
 
 def test_run_until_complete_takes_a_record_future(broker, topic):

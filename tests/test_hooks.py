@@ -5,13 +5,14 @@ latency histograms count what happened."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import uuid
 
 import pytest
 
-from aioproducer import BlockingProducer, Producer, RecordMetadata
-from aioproducer.errors import ConfigError, NotEnoughReplicasError, \
+from aioproducer import BlockingProducer, Producer, RecordMetadata, accepted
+from aioproducer.errors import ConfigError, InvalidRecordError, NotEnoughReplicasError, \
     TopicAuthorizationFailedError
 from aioproducer.hooks import ProducerHooks
 from tests.support.readback import consume_all
@@ -52,10 +53,9 @@ class Recorder(ProducerHooks):
 
 
 async def test_hooks_see_every_record_and_batch_as_the_broker_stored_them(broker, topic_factory):
-    """on_send sees each record of send(), enqueue() and gather; the header it adds arrives;
-    each record's outcome is its metadata; the acknowledged batches cover every record,
-    enqueue_many's too, at the offsets the broker gave; per-topic counts and histograms add
-    up."""
+    """on_send sees each record of send(), enqueue(), gather and enqueue_many(); the header
+    it adds arrives; each record's outcome is its metadata; the acknowledged batches cover
+    every record at the offsets the broker gave; per-topic counts and histograms add up."""
     topic = topic_factory(2)
     hooks = Recorder()
     async with Producer(broker.bootstrap, hooks=[hooks], linger_ms=5) as producer:
@@ -68,12 +68,14 @@ async def test_hooks_see_every_record_and_batch_as_the_broker_stored_them(broker
         bulk = await producer.enqueue_many(topic, [(None, b"bulk-%d" % i) for i in range(100)])
         await bulk
         metrics = producer.metrics()
-    assert len(hooks.sent) == 101  # enqueue_many's records are not shown to on_send
+    assert len(hooks.sent) == 201
     assert hooks.sent[0] == (topic, b"a", b"sent")
+    assert hooks.sent[101:] == [(topic, None, b"bulk-%d" % i) for i in range(100)]
     told = {number: metadata for number, metadata, exc in hooks.outcomes if exc is None}
-    assert len(hooks.outcomes) == len(told) == 101
+    assert len(hooks.outcomes) == len(told) == 201
     assert told[0] == first and [told[1 + i] for i in range(50)] == enqueued
     assert sorted(told[51 + i] for i in range(50)) == sorted(gathered)
+    assert [told[101 + i] for i in range(100)] == list(bulk.result())
 
     stored = await asyncio.to_thread(consume_all, broker.bootstrap, topic, 201)
     assert len(stored) == 201
@@ -163,6 +165,60 @@ async def test_hooks_told_of_retries_errors_and_throttling(cluster):
     assert (per_topic.records_sent, per_topic.records_failed, per_topic.records_retried) == (3, 1, 1)
     stored = await asyncio.to_thread(consume_all, cluster.bootstrap_servers, topic, 3)
     assert [r.value for r in stored] == [b"warm-up", b"retried", b"throttled"]
+
+
+async def test_enqueue_many_shows_each_record_to_on_send_as_enqueue_does(broker, topic):
+    """enqueue_many()'s records reach on_send one by one as the call reads them: the header
+    a hook adds arrives, each is told its outcome; a record refused midway is told its error
+    and the call raises it with the records before accepted; a hook that raises refuses its
+    record the same way."""
+
+    class Refusing(Recorder):
+        def on_send(self, topic, key, value, headers):
+            if value == b"untraceable":
+                raise LookupError("no trace context")
+            return super().on_send(topic, key, value, headers)
+
+    hooks = Refusing()
+    async with Producer(broker.bootstrap, hooks=[hooks], linger_ms=5) as producer:
+        with pytest.raises(InvalidRecordError) as refused:
+            await producer.enqueue_many(topic, [(b"k", b"a"), (b"k", "a str"), (b"k", b"c")])
+        with pytest.raises(LookupError) as hook_raised:
+            await producer.enqueue_many(topic, [(None, b"d"), (None, b"untraceable")])
+        bulk = await producer.enqueue_many(topic, ((b"k%d" % i, b"v%d" % i)
+                                                   for i in range(20_000)))
+        first, second, third = await asyncio.gather(
+            accepted(refused.value), accepted(hook_raised.value), bulk)
+    assert (len(first), len(second), len(third)) == (1, 1, 20_000)
+    assert [value for _, _, value in hooks.sent] == \
+        [b"a", "a str", b"d"] + [b"v%d" % i for i in range(20_000)]
+    outcomes = {number: (metadata, exc) for number, metadata, exc in hooks.outcomes}
+    assert outcomes[0] == (first[0], None) and outcomes[2] == (second[0], None)
+    assert outcomes[1][0] is None and isinstance(outcomes[1][1], InvalidRecordError)
+    assert [outcomes[3 + i] for i in range(20_000)] == [(md, None) for md in third]
+    stored = await asyncio.to_thread(consume_all, broker.bootstrap, topic, 20_002)
+    assert sorted(dict(r.headers)["hooked"] for r in stored) == \
+        sorted(b"%d" % n for n in [0, 2, *range(3, 20_003)])
+
+
+def test_produce_many_shows_records_to_on_send_in_the_callers_context(broker, topic):
+    """As produce() does: the hook runs in the producer's thread, in the calling thread's
+    context (an OpenTelemetry span there is its parent)."""
+    request = contextvars.ContextVar("request", default="none")
+
+    class Traced(Recorder):
+        def on_send(self, topic, key, value, headers):
+            headers.append(("request", request.get().encode()))
+            return super().on_send(topic, key, value, headers)
+
+    hooks = Traced()
+    with BlockingProducer(broker.bootstrap, hooks=[hooks]) as producer:
+        request.set("r-42")
+        bulk = producer.produce_many(topic, [(None, b"v%d" % i) for i in range(30)])
+        producer.flush(30)
+    assert sorted(md for _, md, _ in hooks.outcomes) == sorted(bulk.result())
+    stored = consume_all(broker.bootstrap, topic, 30)
+    assert [dict(r.headers)["request"] for r in stored] == [b"r-42"] * 30
 
 
 def test_blocking_producer_shows_records_to_the_hooks(broker, topic):

@@ -7,6 +7,7 @@ each checked by reading the events back from Kafka."""
 import contextlib
 import importlib
 import json
+import logging
 import os
 import shutil
 import sys
@@ -83,6 +84,57 @@ def test_fastapi_lifespan_passes_on_the_user_lifespan_state(broker, topic):
     assert answer.json() == {"offset": 1}
     assert [r.value for r in consume_all(broker.bootstrap, topic, expected=2)] == [b"started",
                                                                                    b"hello"]
+
+
+@pytest.mark.filterwarnings("ignore:Using `httpx` with `starlette.testclient` is deprecated")
+def test_a_sync_handler_that_calls_send_unawaited_is_told_how_to_send(broker, topic, caplog):
+    """A `def` handler runs in a worker thread, where `producer.send(...)` can only return a
+    coroutine for the producer's loop: not awaited, the request answered 200 and the record
+    was lost with a RuntimeWarning. It is reported at ERROR with the topic, the handler's
+    line and what to do; the way it names, `anyio.from_thread.run(producer.send, ...)`,
+    sends from a `def` handler. The same for BackgroundTasks.add_task(producer.send, ...),
+    which Starlette runs in a worker thread; an `async def` task sends."""
+    import anyio.from_thread
+    from fastapi import BackgroundTasks, FastAPI
+    from fastapi.testclient import TestClient
+
+    from aioproducer.integrations.fastapi import ProducerDep, producer_lifespan
+
+    app = FastAPI(lifespan=producer_lifespan(broker.bootstrap))
+
+    @app.post("/forgotten")
+    def forgotten(producer: ProducerDep) -> dict:
+        producer.send(topic, b"lost")  # (a sync handler cannot await)
+        return {"sent": "supposedly"}
+
+    @app.post("/sent")
+    def sent(producer: ProducerDep) -> dict:
+        return {"offset": anyio.from_thread.run(producer.send, topic, b"sent").offset}
+
+    @app.post("/in-background")
+    async def in_background(producer: ProducerDep, tasks: BackgroundTasks) -> dict:
+        tasks.add_task(producer.send, topic, b"lost in a worker thread")  # (not async to it)
+
+        async def send_later() -> None:
+            await producer.send(topic, b"sent in the background")
+
+        tasks.add_task(send_later)
+        return {}
+
+    caplog.set_level(logging.ERROR, "asyncio")
+    with TestClient(app) as client:
+        assert client.post("/forgotten").status_code == 200
+        answer = client.post("/sent")
+        assert client.post("/in-background").status_code == 200
+    assert answer.status_code == 200 and answer.json() == {"offset": 0}
+    reports = [r.getMessage() for r in caplog.records if "never awaited" in r.getMessage()]
+    assert len(reports) == 2, reports
+    assert f"producer.send({topic!r}, ...) at {__file__}:" in reports[0]
+    assert "outside the producer's event loop thread" in reports[0]
+    assert "anyio.from_thread.run(producer.send, topic, value)" in reports[0]
+    assert "BackgroundTasks.add_task(producer.send" in reports[1]
+    assert [r.value for r in consume_all(broker.bootstrap, topic, expected=2)] == \
+        [b"sent", b"sent in the background"]
 
 
 @pytest.mark.filterwarnings("ignore:Using `httpx` with `starlette.testclient` is deprecated")

@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent
 USER_CODE = """
 import asyncio
 
-from aioproducer import BlockingProducer, Producer, RecordMetadata, accepted
+from aioproducer import BlockingProducer, BulkMetadata, BulkThreadFuture, Histogram, Producer, \
+    ProducerMetrics, RecordMetadata, TopicMetrics, accepted
 from aioproducer.errors import BrokerError, NotLeaderOrFollowerError, ERROR_CLASSES
 
 async def main() -> None:
@@ -31,6 +32,10 @@ async def main() -> None:
         offset: int = md.offset
         bulk = await producer.enqueue_many("t", [(b"k", b"v")])
         first_offset: int = (await bulk)[0].offset
+        every: BulkMetadata = await bulk
+        metrics: ProducerMetrics = producer.metrics()
+        per_topic: TopicMetrics = metrics.topics["t"]
+        latency: Histogram = metrics.produce_latency_histogram
         futures = [await producer.enqueue("t", b"v") for _ in range(3)]
         done, pending = await asyncio.wait(futures, timeout=1)
         offsets: list[int] = [f.result().offset for f in done]
@@ -50,7 +55,7 @@ def from_sync_code() -> set[int]:
         producer.send("t", b"v", key=b"k")
         with producer.transaction():
             producer.produce("t", b"in it")
-        bulk = producer.produce_many("t", [(b"k", b"v"), (None, b"w")])
+        bulk: BulkThreadFuture = producer.produce_many("t", [(b"k", b"v"), (None, b"w")])
         offsets: list[int] = [md.offset for md in bulk.result(timeout=10)]
         try:
             producer.produce_many("t", iter([(None, b"v")]), partition=0)

@@ -216,12 +216,13 @@ class ProducerBatch(BatchFields):
 
 if TYPE_CHECKING:  # to type checkers an asyncio.Future, as asyncio treats it (see below)
     _RecordFutureBase = asyncio.Future[RecordMetadata]
-    _BulkFutureBase = asyncio.Future["BulkMetadata"]
 else:
     # Its fields, and the Future protocol asyncio calls (done, result, exception, cancelled,
     # get_loop, add_done_callback): in C where compiled.
     _RecordFutureBase = RecordFields
-    _BulkFutureBase = asyncio.Future
+# An asyncio.Future, with what it resolves to said at run time too (tests/test_docs.py reads
+# it: what a public call returns is exported).
+_BulkFutureBase = asyncio.Future["BulkMetadata"]
 
 
 class RecordFuture(_RecordFutureBase):
@@ -339,7 +340,8 @@ class WaitingRecord:
     buffered ones does."""
 
     __slots__ = ("topic", "partition", "timestamp", "key", "value", "headers", "memory",
-                 "partitions", "deadline", "future", "record", "turn", "granted", "failure")
+                 "partitions", "deadline", "future", "record", "turn", "granted", "failure",
+                 "awaiter")
     pieces = None
     _untracked = None  # the futures of records in line are tracked from the start (see _c.c)
 
@@ -362,6 +364,7 @@ class WaitingRecord:
         self.turn: asyncio.Future[None] | None = None
         self.granted = False
         self.failure: BaseException | None = None  # (failed after its turn came)
+        self.awaiter: Any = None  # enqueue()'s: a weak reference to the coroutine that appends it
 
     def watch(self, record: RecordFuture) -> None:
         """Nothing to do now: the record's callbacks are read when it leaves the line."""

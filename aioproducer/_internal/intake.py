@@ -11,9 +11,12 @@ those calls, and everything else (and every error) comes here, to the methods of
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import struct
 import time
+import weakref
+from contextvars import Context
 from functools import partial
 from threading import get_ident
 from typing import Any, Callable, Coroutine, Iterable, Sequence, TypeVar, overload
@@ -32,6 +35,7 @@ from .arguments import BYTES_TYPES, as_bytes, as_int, bad_partition, check_topic
     serialize_async, serializer_call, topic_str
 from .batch import BulkFuture, ProducerBatch, RecordFuture, RecordMetadata, Sending, \
     WaitingRecord
+from .deferred import Deferred
 from .lifecycle import STARTED, Lifecycle
 from .observer import deliver, deliver_each, overridden
 from .partitioner import StickyPartitioner, partition_for_key
@@ -72,6 +76,10 @@ class RecordIntake:
         # Hooks that see every record (the rest see batches, through the Observer). Without
         # them send() costs nothing more: the told variant replaces it only where needed.
         self.on_send_hooks = overridden(config.hooks, "on_send")
+        # enqueue_many's records go through the speed-up's loop, unless something needs each
+        # of them in Python: serializers, a partitioner it does not know, on_send hooks.
+        self._bulk_in_c = not self._serializing and not self._partition_in_python and \
+            not self.on_send_hooks
         # The producer's enqueue() and send(): the common case in one compiled call (an
         # Appender, given the parts by attach()), the rest by the methods of those names. With
         # on_send hooks, the told variants.
@@ -110,7 +118,9 @@ class RecordIntake:
         lifecycle = self._lifecycle
         if lifecycle.state is not STARTED or get_ident() != lifecycle.thread or \
                 not lifecycle.loop_running():
-            return self._send_when_awaited(topic, value, key, partition, timestamp_ms, headers)
+            return Deferred(
+                self._send_when_awaited(topic, value, key, partition, timestamp_ms, headers),
+                "send", topic, lifecycle)
         appended = self.append(topic, value, key, partition, timestamp_ms, headers, True,
                                False, Sending)
         if isinstance(appended, Sending):
@@ -120,7 +130,9 @@ class RecordIntake:
             if type(appended[0]) is WaitingRecord:
                 appended[0].record = sending
             return sending
-        return _send_appended(appended)
+        if getattr(appended, "cr_code", None) is _SERIALIZING:  # (see _SERIALIZING)
+            return _send_appended(appended)
+        return Deferred(_send_appended(appended), "send", topic, lifecycle)
 
     def _send_told(self, topic: str, value: Any, key: Any = None, *,
                    partition: int | None = None, timestamp_ms: int | None = None,
@@ -139,7 +151,9 @@ class RecordIntake:
         if isinstance(sending, Sending):
             sending.add_done_callback(partial(_tell_outcome, told))
             return sending
-        return _told_when_awaited(sending, told)
+        if isinstance(sending, Deferred):
+            return sending.then(partial(_told_when_awaited, told=told))
+        return _told_when_awaited(sending, told)  # (an async serializer's: see _SERIALIZING)
 
     def enqueue(self, topic: str, value: Any, key: Any = None, *,
                 partition: int | None = None, timestamp_ms: int | None = None,
@@ -155,25 +169,32 @@ class RecordIntake:
             return Ready(appended)
         if isinstance(appended, tuple):
             return Ready(RecordFuture(*appended))
-        return _enqueued(appended)
+        if getattr(appended, "cr_code", None) is _SERIALIZING:  # (see _SERIALIZING)
+            return _enqueued(appended)
+        return Deferred(_enqueued(appended), "enqueue", topic, self._lifecycle)
 
-    async def enqueue_told(self, topic: str, value: Any, key: Any = None, *,
-                           partition: int | None = None, timestamp_ms: int | None = None,
-                           headers: Headers | None = None) -> RecordFuture:
+    def enqueue_told(self, topic: str, value: Any, key: Any = None, *,
+                     partition: int | None = None, timestamp_ms: int | None = None,
+                     headers: Headers | None = None) -> Coroutine[Any, Any, RecordFuture]:
         """Producer.enqueue() where on_send hooks see every record (it takes the place of
-        the Appender)."""
+        the Appender): they see it at the call, which buffers it as enqueue() does."""
         headers, told = self.tell_send(topic, key, value, headers)
         try:
-            appended = self.append(topic, value, key, partition, timestamp_ms, headers, False)
-            future = RecordFuture(*(appended if isinstance(appended, tuple)
-                                    else await appended))
-        except BaseException as exc:
+            appended = self.append(topic, value, key, partition, timestamp_ms, headers, False,
+                                   False, RecordFuture)
+        except BaseException as exc:  # refused at the call: told so at once
             if told is not None:
                 deliver(told, None, exc)
             raise
+        if not isinstance(appended, (RecordFuture, tuple)):
+            enqueued = _enqueued(appended) if told is None else _enqueued_told(appended, told)
+            if getattr(appended, "cr_code", None) is _SERIALIZING:  # (see _SERIALIZING)
+                return enqueued
+            return Deferred(enqueued, "enqueue", topic, self._lifecycle)
+        future = appended if isinstance(appended, RecordFuture) else RecordFuture(*appended)
         if told is not None:
             future.add_done_callback(partial(_tell_outcome, told))
-        return future
+        return Ready(future)
 
     def tell_send(self, topic: str, key: Any, value: Any, headers: Headers | None
                   ) -> tuple[Headers | None, DeliveryCallback | None]:
@@ -283,9 +304,11 @@ class RecordIntake:
         return batch, batch.writer.count - 1, timestamp_ms
 
     async def enqueue_many(self, topic: str, records: Iterable[tuple[Any, Any]],
-                           partition: int | None, timestamp_ms: int | None) -> BulkFuture:
+                           partition: int | None, timestamp_ms: int | None,
+                           context: Context | None = None) -> BulkFuture:
         """enqueue_many(): whatever it raises, the records before stay buffered, and the
-        exception's `accepted` is the BulkFuture of those."""
+        exception's `accepted` is the BulkFuture of those. on_send hooks see each record as
+        it is read (in `context`, if given: BlockingProducer.produce_many()'s caller's)."""
         out_batches: list[ProducerBatch] = []
         out_deltas = bytearray()
         stamp = 0
@@ -307,7 +330,7 @@ class RecordIntake:
                     raise bad_partition(topic, partition, count)
             if type(records) is Columns:  # read where they lie, all in one go
                 await self._append_many(topic, records, count, partition, timestamp_ms,
-                                        out_batches, out_deltas)
+                                        out_batches, out_deltas, context)
                 return BulkFuture(out_batches, out_deltas, stamp, failures)
             # In chunks, so a generator of any length is fine; a list is read as the call goes.
             iterator = iterate_records(records)
@@ -317,12 +340,12 @@ class RecordIntake:
                     chunk.extend(itertools.islice(iterator, _CHUNK))
                 except Exception:  # the iterable's own error: what it gave before goes in
                     await self._append_many(topic, chunk, count, partition, timestamp_ms,
-                                            out_batches, out_deltas)
+                                            out_batches, out_deltas, context)
                     raise
                 if not chunk:
                     break
                 await self._append_many(topic, chunk, count, partition, timestamp_ms,
-                                        out_batches, out_deltas)
+                                        out_batches, out_deltas, context)
         except (Exception, asyncio.CancelledError) as exc:  # also the iterable's own errors
             exc.accepted = BulkFuture(  # type: ignore[union-attr]
                 out_batches, out_deltas, stamp, failures)
@@ -487,7 +510,24 @@ class RecordIntake:
                                               headers, memory, count, eager)
         if eager:
             return waiting, 0, timestamp_ms
-        return self._append_in_turn(waiting)
+        appending = self._append_in_turn(waiting)
+        # Dropped never run (an enqueue() not awaited), its turn would come and the line
+        # wait for ever behind it: it leaves the line then, as a cancelled one does.
+        waiting.awaiter = weakref.ref(appending, partial(self._dropped_in_line, waiting))
+        return appending
+
+    def _dropped_in_line(self, waiting: WaitingRecord, _: object) -> None:
+        assert waiting.turn is not None
+        if waiting.granted or not waiting.turn.done():  # neither appended, failed nor left
+            loop = self._lifecycle.loop
+            assert loop is not None
+            with contextlib.suppress(RuntimeError):  # (the loop closed: nothing waits now)
+                loop.call_soon_threadsafe(self._leave_line, waiting)
+
+    def _leave_line(self, waiting: WaitingRecord) -> None:
+        assert waiting.turn is not None
+        waiting.turn.cancel()  # (its entry is skipped when its turn comes) ...
+        self._accumulator.leave_line(waiting)  # ... or, come already, given up
 
     async def _append_in_turn(self, waiting: WaitingRecord) -> Appended:
         """Wait for `waiting`'s turn in the line (up to max_block_ms), then append it.
@@ -521,7 +561,8 @@ class RecordIntake:
 
     async def _append_many(self, topic: str, records: list[Any] | Columns, count: int,
                            partition: int | None, timestamp_ms: int,
-                           out_batches: list[ProducerBatch], out_deltas: bytearray) -> None:
+                           out_batches: list[ProducerBatch], out_deltas: bytearray,
+                           context: Context | None) -> None:
         """Hand the records to the speed-up's loop; take over where it stops (a new batch is
         needed, or a record needs serializing or checking), then hand back the rest."""
         accumulator = self._accumulator
@@ -529,9 +570,8 @@ class RecordIntake:
         fixed = -1 if partition is None else partition
         index, end = 0, len(records)
         while index < end:
-            # (Else, one by one: serializers, a partitioner the loop does not know, in line.)
-            if not self._serializing and not self._partition_in_python and \
-                    not accumulator.waiting:
+            # (Else, one by one: see _bulk_in_c; or records in line for memory.)
+            if self._bulk_in_c and not accumulator.waiting:
                 info = self._cluster.topics.get(topic)
                 known = info is not None and len(info.leaders) == count
                 leaders = info.leaders if info is not None and known \
@@ -569,16 +609,32 @@ class RecordIntake:
             # One record the loop could not take, done the way enqueue() does it.
             record = records[index]
             try:
-                if isinstance(record, (str, *BYTES_TYPES)):  # would unpack if of length 2
-                    raise TypeError
+                if isinstance(record, (str, dict, *BYTES_TYPES)):  # would unpack if of length
+                    raise TypeError  # 2 (a dict into its first two keys)
                 key, value = record
             except (TypeError, ValueError):
                 raise InvalidRecordError(  # out_batches has an entry per record before it
                     f"enqueue_many takes (key, value) pairs, not {type(record).__name__} "
-                    f"(record {len(out_batches)}: {record!r:.80})") from None
-            appended = self.append(topic, value, key, partition, timestamp_ms, None, False)
-            batch, delta, _ = appended if isinstance(appended, tuple) else await appended
+                    f"(record {len(out_batches)}: {record!r:.80}){_pair_hint(record)}"
+                ) from None
+            headers: Headers | None = None
+            told: DeliveryCallback | None = None
+            if self.on_send_hooks:  # as enqueue() shows them its records (what they raise
+                # raises here: the record is not buffered)
+                headers, told = self.tell_send(topic, key, value, None) if context is None \
+                    else context.run(self.tell_send, topic, key, value, None)
+            try:
+                appending = self.append(topic, value, key, partition, timestamp_ms, headers,
+                                        False)
+                appended = appending if isinstance(appending, tuple) else await appending
+            except BaseException as exc:
+                if told is not None:
+                    deliver(told, None, exc)
+                raise
+            batch, delta, _ = appended
             assert isinstance(batch, ProducerBatch)  # (only send()'s records wait apart)
+            if told is not None:
+                RecordFuture(*appended).add_done_callback(partial(_tell_outcome, told))
             out_batches.append(batch)
             out_deltas += _DELTA.pack(delta)
             index += 1
@@ -615,6 +671,11 @@ class RecordIntake:
 # The producer's send() and enqueue() are these methods (or an Appender that hands them its
 # arguments): a call with an argument missing, or one too many, names the verb the user
 # called, "Producer.send() missing 1 required positional argument: 'value'", not ours.
+# In the producer's loop, the coroutine of a record an async serializer serializes stays a
+# plain one (Python warns if it is never awaited), not a Deferred: one is made per record
+# there, and the wrapper was 10-15% of the record's CPU (3.5 us).
+_SERIALIZING = RecordIntake._append_serialized.__code__
+
 for _verb, _name in ((RecordIntake.send, "send"), (RecordIntake._send_told, "send"),
                      (RecordIntake.enqueue, "enqueue"),
                      (RecordIntake.enqueue_told, "enqueue")):
@@ -622,8 +683,28 @@ for _verb, _name in ((RecordIntake.send, "send"), (RecordIntake._send_told, "sen
 del _verb, _name
 
 
+def _pair_hint(record: object) -> str:
+    """What to do with a record enqueue_many() cannot take, where a user's habit shows."""
+    if isinstance(record, dict):
+        return ": make each a tuple, e.g. (row['key'], row['value'])"
+    if isinstance(record, (tuple, list)) and len(record) == 3:
+        return ": its records have no headers (a record with headers: enqueue() or send())"
+    return ""
+
+
 async def _enqueued(appending: Coroutine[Any, Any, Appended]) -> RecordFuture:
     return RecordFuture(*await appending)
+
+
+async def _enqueued_told(appending: Coroutine[Any, Any, Appended],
+                         told: DeliveryCallback) -> RecordFuture:
+    try:
+        future = RecordFuture(*await appending)
+    except BaseException as exc:
+        deliver(told, None, exc)
+        raise
+    future.add_done_callback(partial(_tell_outcome, told))
+    return future
 
 
 async def _send_appended(appending: Coroutine[Any, Any, Appended]) -> RecordMetadata:

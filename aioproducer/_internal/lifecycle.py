@@ -74,9 +74,16 @@ class Lifecycle:
         a batch)."""
         if self.loop is not None and (get_ident() != self.thread or
                                       asyncio.get_running_loop() is not self.loop):
+            # (a sync web handler's asyncio.run(producer.send(...)), say)
+            thread = "" if get_ident() == self.thread else (
+                "; from another thread, run the call on the producer's loop: "
+                "asyncio.run_coroutine_threadsafe(producer.send(...), loop).result(), or "
+                "anyio.from_thread.run(producer.send, topic, value) in a sync web handler; or "
+                "use BlockingProducer")
             raise RuntimeError(
                 "this producer belongs to the event loop that started it and cannot be used "
-                "from another one: use one producer per event loop (and close it on its own)")
+                "from another one: use one producer per event loop (and close it on its own)"
+                + thread)
 
     def raise_not_started(self) -> NoReturn:
         """The error of a verb that needs a started producer, saying why it is not."""

@@ -1,0 +1,134 @@
+"""What send() and enqueue() return when their record is buffered only once it is awaited,
+and the report of one dropped without being awaited.
+
+A forgotten `await` in async code gets Python's RuntimeWarning, naming a coroutine of ours;
+in a sync `def` web handler (run in a worker thread) calling `producer.send(...)`, the request
+answered 200 and the record was lost with nothing but that warning. The call cannot raise:
+`asyncio.run_coroutine_threadsafe(producer.send(...), loop)` makes the same call from a
+thread, and only hands the result to the loop after it returns. So the loss is said when it
+happens, as the producer says other losses: through its loop's exception handler (logged at
+ERROR by asyncio's default one), with the topic, the call's place and what to do.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import sys
+import warnings
+from threading import get_ident
+from types import FrameType
+from typing import TYPE_CHECKING, Any, Callable, Coroutine, Generator, Generic, TypeVar
+
+from .lifecycle import Lifecycle
+
+T = TypeVar("T")
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+if TYPE_CHECKING:
+    _Coroutine = Coroutine[Any, Any, T]
+else:  # (to asyncio a coroutine all the same: collections.abc.Coroutine's methods)
+    _Coroutine = Generic
+
+
+class Deferred(_Coroutine[T]):
+    """A coroutine to asyncio (awaited, or run by a Task or `run_coroutine_threadsafe()`):
+    `coro`, whose record is buffered when it runs. Collected never started, it reports the
+    record lost (`_lost`), with the line of the call when that was outside the producer's
+    loop thread (its result may be dropped elsewhere: BackgroundTasks hands it back to the
+    loop), else of the frame that dropped it (CPython drops an unawaited call's result at
+    its statement), which costs nothing until then.
+    """
+
+    __slots__ = ("_coro", "_started", "_verb", "_topic", "_lifecycle", "_called_at")
+
+    def __init__(self, coro: Coroutine[Any, Any, T], verb: str, topic: object,
+                 lifecycle: Lifecycle, called_at: str | None = None) -> None:
+        self._coro = coro
+        self._started = False
+        self._verb = verb
+        self._topic = topic
+        self._lifecycle = lifecycle
+        self._called_at = called_at
+        if lifecycle.thread is not None and get_ident() != lifecycle.thread:
+            self._called_at = _caller()  # (outside a started producer's loop thread)
+
+    def then(self, make: Callable[[Coroutine[Any, Any, T]], Coroutine[Any, Any, Any]]
+             ) -> Deferred[Any]:
+        """This one's coroutine inside `make`'s (send()'s told variant's), reported as this
+        one would be."""
+        self._started = True  # (the new one reports it)
+        return Deferred(make(self._coro), self._verb, self._topic, self._lifecycle,
+                        self._called_at)
+
+    def __await__(self) -> Generator[Any, None, T]:
+        self._started = True
+        return self._coro.__await__()
+
+    def send(self, value: Any) -> Any:
+        self._started = True
+        return self._coro.send(value)
+
+    def throw(self, *args: Any) -> Any:
+        self._started = True
+        return self._coro.throw(*args)
+
+    def close(self) -> None:
+        self._started = True
+        self._coro.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_started", True):
+            return
+        _close_unstarted(self._coro)
+        _lost(self._lifecycle, self._message())
+
+    def _message(self) -> str:
+        call = f"producer.{self._verb}({self._topic!r}, ...) at {self._called_at or _caller(3)}"
+        if self._called_at is not None:
+            return (f"{call}, called outside the producer's event loop thread (in a sync "
+                    f"`def` web handler, or by BackgroundTasks.add_task(producer.{self._verb}, "
+                    "...), which runs it in a worker thread), was never awaited: the record "
+                    "was not sent. In a FastAPI or Starlette `def` handler use "
+                    f"`anyio.from_thread.run(producer.{self._verb}, topic, value)`, or make "
+                    "the handler `async def` and await it; give add_task() an `async def` "
+                    "function that awaits it; from another thread, `asyncio."
+                    f"run_coroutine_threadsafe(producer.{self._verb}(...), loop).result()`; or "
+                    "use BlockingProducer")
+        return (f"{call} was never awaited: the record was not sent (it was to wait for its "
+                "topic's metadata, its serializer or buffer memory, which it does once "
+                "awaited). Await it, or hand it to asyncio.create_task()")
+
+
+def _close_unstarted(coro: Coroutine[Any, Any, Any]) -> None:
+    """Close a coroutine never started, and those it was given to await (its arguments,
+    such as the append it was to finish): closed so, none warns it was never awaited (ours
+    says more)."""
+    frame = coro.cr_frame if inspect.iscoroutine(coro) and \
+        inspect.getcoroutinestate(coro) == inspect.CORO_CREATED else None
+    given = [v for v in frame.f_locals.values() if inspect.iscoroutine(v)] if frame else []
+    coro.close()
+    for inner in given:
+        _close_unstarted(inner)
+
+
+def _caller(depth: int = 2) -> str:
+    """file:line of the first frame outside the package, from `depth` frames up."""
+    frame: FrameType | None = sys._getframe(depth)
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame = frame.f_back
+    return "?" if frame is None else f"{frame.f_code.co_filename}:{frame.f_lineno}"
+
+
+def _lost(lifecycle: Lifecycle, message: str) -> None:
+    """Say it through the producer's loop's exception handler (from any thread: a coroutine
+    is collected where its last reference goes); without a live loop, as a RuntimeWarning."""
+    loop = lifecycle.loop
+    if loop is not None and not loop.is_closed():
+        try:
+            loop.call_soon_threadsafe(loop.call_exception_handler, {"message": message})
+            return
+        except RuntimeError:  # closed meanwhile
+            pass
+    warnings.warn(message, RuntimeWarning, stacklevel=2)
