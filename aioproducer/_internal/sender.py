@@ -293,9 +293,9 @@ class Sender:
         """Keep in `again` the connections written to that a queued batch is sendable on
         now; return the seconds until another may become sendable. A round that followed
         at once for batches still lingering wrote nothing: at linger_ms > 0 a busy
-        partition's next batch, opened as the full one was taken, is one. (This round's
-        first ready() skipped the partitions of brokers it had found ready: their lingers
-        and backoffs count from here.)"""
+        partition's next batch, which send() opens in the call that closes the full one,
+        is one. (This round's first ready() skipped the partitions of brokers it had found
+        ready: their lingers and backoffs count from here.)"""
         accumulator = self._accumulator
         if not accumulator.has_queued():
             again.clear()
