@@ -17,6 +17,7 @@ from pytest_asyncio.plugin import PytestAsyncioFunction
 from aioproducer.testing import EmbeddedBroker, SimulatedCluster
 from tests.support.cancel import WAYS, cut_short
 from tests.support.ports import free_port
+from tests.support.readback import created_with
 from tests.support.proxy import FaultProxy
 from tests.support.simulated import require_embedded
 
@@ -61,6 +62,7 @@ def topic_factory(broker):
     def create(partitions: int = 1) -> str:
         name = f"t-{uuid.uuid4().hex[:12]}"
         broker.create_topic(name, partitions)
+        created_with(name, partitions)  # consume_all reads them all
         return name
     return create
 

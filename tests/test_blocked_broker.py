@@ -3,8 +3,10 @@ costs the sender no round per batch filled meanwhile: its unblocking wakes the s
 that round takes what queued. Each batch opened or closed used to wake the sender for a round
 that wrote nothing (issue 42: 300k records of 1 KB in 16 KiB batches to the embedded
 broker, which is slower than the producer at that size, took ~21,500 rounds, ~18,200 of them
-empty; now ~3,400). Rounds are counted on the real sender; the brokers
-are the embedded one behind a proxy that stops reading, and the simulated cluster."""
+empty; now ~3,400). Nor does a batch left lingering after a write: the round after each
+write followed at once while anything was queued, and wrote nothing when what was left was
+a busy partition's next batch, still lingering. Rounds are counted on the real sender; the
+brokers are the embedded one (behind a proxy that stops reading) and the simulated cluster."""
 
 from __future__ import annotations
 
@@ -137,3 +139,34 @@ async def test_a_broker_whose_in_flight_limit_is_full_costs_no_round_per_batch(
                                   len(records.values) + 2, 60)
     assert [r.value for r in got if r.partition == 0] == records.values
     assert [r.value for r in got if r.partition == other] == [b"warm-up", b"not held back"]
+
+
+async def test_a_batch_left_lingering_after_a_write_costs_no_round(broker, topic):
+    """A busy partition at linger_ms > 0, fed by send(), which closes a full batch and opens
+    the next in one call: the round it wakes writes the full batch and leaves the new one
+    lingering. The next round followed at once because a batch was queued, and wrote
+    nothing (two rounds a request: 499 for 249); now the sender sleeps until that batch is
+    sendable. acks=0, so no response wakes the sender either; a 10 s linger, so none ends
+    during the test. Every record arrives, in order, once."""
+    producer = Producer(broker.bootstrap, acks=0, enable_idempotence=False, linger_ms=10_000,
+                        batch_size=1024)
+    await producer.start()
+    assert producer._sender is not None
+    values = [b"%06d" % i + bytes(94) for i in range(2000)]  # ~9 records of 100 B a batch
+    futures = []
+    try:
+        rounds = _count_rounds(producer)
+        requests = producer._sender.requests
+        for value in values:
+            futures.append(producer.send(topic, value, partition=0))
+            await asyncio.sleep(0)  # the sender's turn, after every record
+        requests = producer._sender.requests - requests
+        assert requests >= 150  # (a request for each batch filled)
+        assert rounds[0] <= requests + _FEW_ROUNDS, \
+            f"{rounds[0]} sender rounds for {requests} requests, one batch each"
+        await asyncio.wait_for(producer.flush(), 30)
+        await asyncio.wait_for(asyncio.gather(*futures), 30)
+    finally:
+        await asyncio.wait_for(producer.close(), 30)
+    got = await asyncio.to_thread(consume_all, broker.bootstrap, topic, len(values), 60)
+    assert [r.value for r in got] == values

@@ -34,7 +34,7 @@ from aioproducer.testing.cluster import SASL_MECHANISMS
 from tests.support.ports import free_port
 from tests.support.proxy import FaultProxy
 from tests.support.raw import RawConnection, call, record_batch
-from tests.support.readback import consume_all
+from tests.support.readback import consume_all, created_with
 from tests.support.simulated import require_embedded
 
 NOT_LEADER_OR_FOLLOWER = 6
@@ -44,13 +44,16 @@ LEADER_NOT_AVAILABLE = 5
 def new_topic(cluster: SimulatedCluster, partitions: int) -> str:
     name = f"c-{uuid.uuid4().hex[:10]}"
     cluster.create_topic(name, partitions)
+    created_with(name, partitions)
     return name
 
 
 def librdkafka_produce(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]],
-                       settings: dict | None = None, during=None) -> list:
+                       settings: dict | None = None, during=None, until=None) -> list:
     """Produce keyed records with librdkafka (idempotent, acks=all); `during(i)` runs after
-    the i-th record is handed over. Returns the delivery errors (None: delivered)."""
+    the i-th record is handed over; once all are delivered, librdkafka's callbacks are
+    served until `until()` is true (10 s at most). Returns the delivery errors (None:
+    delivered)."""
     producer = KafkaProducer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
                               "linger.ms": 5, "message.timeout.ms": 30000, **(settings or {})})
     outcomes: list = []
@@ -60,6 +63,12 @@ def librdkafka_produce(bootstrap: str, topic: str, records: list[tuple[bytes, by
         if during is not None:
             during(i)
     assert producer.flush(40) == 0, "librdkafka could not deliver everything in 40 s"
+    for _ in range(100):
+        if until is None or until():
+            break
+        producer.poll(0.1)
+    else:
+        raise AssertionError("librdkafka's callbacks did not come in 10 s")
     return outcomes
 
 
@@ -411,23 +420,39 @@ def test_a_throttled_node_says_so_and_mutes_the_connection(cluster):
 
 
 def test_librdkafka_reports_the_throttle(cluster):
+    """Every Produce response says 250 ms of throttle, and librdkafka's statistics report
+    it. Each statistics report covers the responses since the one before: the test serves
+    two more reports after the last delivery (flush() returns at the last delivery, which
+    may come with the only throttled responses: the records of a slow start go in one
+    request per node, so the throttle reached no report in one CI run)."""
     topic = new_topic(cluster, 3)
     for node in cluster.node_ids:
         cluster.throttle(node, 250)
     throttles: list[int] = []
+    reports = [0]
 
     def on_stats(text: str) -> None:
+        reports[0] += 1
         for broker in json.loads(text)["brokers"].values():
             throttles.append(broker.get("throttle", {}).get("max", 0))
+
+    at_flush: list[int] = []  # reports served when flush() returned
+
+    def two_more_reports() -> bool:
+        """Two reports served since flush() returned (this is first called then)."""
+        if not at_flush:
+            at_flush.append(reports[0])
+        return reports[0] >= at_flush[0] + 2
 
     records = keyed(60)
     pace = {"statistics.interval.ms": 100, "stats_cb": on_stats, "linger.ms": 0}
     assert librdkafka_produce(cluster.bootstrap_servers, topic, records, pace,
-                              during=lambda i: time.sleep(0.01)) == [None] * 60
+                              until=two_more_reports) == [None] * 60
     seen = (f"throttled responses {cluster.stats.throttled_responses}, requests librdkafka "
             f"sent while throttled {cluster.stats.requests_while_throttled}, broker stats "
             f"reported {len(throttles)}, nonzero {[t for t in throttles if t]}")
     print(f"\n{seen}")
+    assert cluster.stats.throttled_responses >= 1, seen
     assert max(throttles, default=0) == 250, seen
     assert by_key(consume_all(cluster.bootstrap_servers, topic, 60)) == by_key_expected(records)
 

@@ -8,7 +8,8 @@ completes the batches (or re-queues them with backoff, splits one the broker fou
 or fails them) and wakes the task.
 Between rounds it sleeps until the earliest deadline (linger, retry backoff, delivery
 timeout, reconnect, metadata age) or until something wakes it; not at all while a broker it
-wrote to has room for another request and batches are queued. A connection whose write
+wrote to has room for another request and a batch queued for it is sendable (lingering ones
+are not). A connection whose write
 buffer holds more than a request's worth unsent (`paused`) has no room either, whatever
 acks is: at acks=0, where nothing else bounds what is written, its records wait in the
 accumulator, inside buffer_memory, so enqueue() feels a slow broker as at acks=1.
@@ -278,15 +279,30 @@ class Sender:
                 if not accumulator.has_queued_for(cluster, node):
                     del waiting[node]
         next_wake = min(next_wake, accumulator.next_expiry() - now, self._next_in_flight_expiry() - now)
-        if again and not accumulator.has_queued():
-            again.clear()
-        # With room left on a broker written to and batches queued (`again`), the next round
-        # follows at once, as the Java sender polls with no timeout while it has data to
-        # send: for the batches this request had no place for (a partition's next one; a
-        # request's worth more). Else, with batches of a request each (records of 1 MB),
-        # only a response woke the sender: one request in flight. At acks=0 no response
-        # wakes it at all.
+        if again:
+            next_wake = min(next_wake, self._keep_sendable(again, now))
+        # With room left on a broker written to and a batch still sendable to it (`again`),
+        # the next round follows at once, as the Java sender polls with no timeout while it
+        # has data to send: for the batches this request had no place for (a partition's
+        # next one; a request's worth more). Else, with batches of a request each (records
+        # of 1 MB), only a response woke the sender: one request in flight. At acks=0 no
+        # response wakes it at all.
         return max(next_wake, 0.0)
+
+    def _keep_sendable(self, again: list[BrokerConnection], now: float) -> float:
+        """Keep in `again` the connections written to that a queued batch is sendable on
+        now; return the seconds until another may become sendable. A round that followed
+        at once for batches still lingering wrote nothing: at linger_ms > 0 a busy
+        partition's next batch, which send() opens in the call that closes the full one,
+        is one. (This round's first ready() skipped the partitions of brokers it had found
+        ready: their lingers and backoffs count from here.)"""
+        accumulator = self._accumulator
+        if not accumulator.has_queued():
+            again.clear()
+            return float("inf")
+        ready, next_check, _ = accumulator.ready(self._cluster, now)
+        again[:] = [conn for conn in again if conn.node_id in ready]
+        return next_check
 
     def node_unavailable(self, node: int) -> bool:
         """Whether `node` has had batches ready to send, and taken none, for longer than
