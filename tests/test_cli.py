@@ -70,6 +70,33 @@ async def test_the_reader_decodes_what_librdkafka_wrote(broker, topic, codec):
     assert reader.positions == {0: len(RECORDS) * 3}
 
 
+async def test_the_reader_from_the_beginning_starts_at_offset_0(proxied_broker):
+    """Tansu 0.6 answers ListOffsets EARLIEST with the batch stored first in time, which is
+    not the first batch where producers write a partition at once: `consume
+    --from-beginning` started there and skipped the records before. Here every ListOffsets
+    answer names offset 5: the reader still reads from offset 0."""
+    from kafka.protocol.consumer import ListOffsetsResponse
+
+    topic = f"t-{uuid.uuid4().hex[:12]}"
+    proxied_broker.create_topic(topic, 1)
+    librdkafka_produce(proxied_broker.bootstrap, topic, RECORDS * 2)
+
+    def later(response):
+        for answer in response.topics[0].partitions:
+            answer.offset = 5
+        return response
+    proxied_broker.proxy.rewrite_responses(ListOffsetsResponse, later)
+    config = ProducerConfig.from_properties({"bootstrap.servers": proxied_broker.bootstrap})
+    got = []
+    async with TopicReader(config, topic, from_beginning=True) as reader:
+        for _ in range(20):
+            got += await reader.fetch(max_wait=0.5)
+            if len(got) >= len(RECORDS) * 2:
+                break
+    assert [(r.offset, r.key, r.value) for r in got] == \
+        [(offset, key, value) for offset, (key, value, _) in enumerate(RECORDS * 2)]
+
+
 def test_consume_prints_what_librdkafka_wrote_as_json_lines(broker, topic):
     librdkafka_produce(broker.bootstrap, topic, RECORDS, **{"compression.type": "zstd"})
     done = cli("consume", topic, "--bootstrap-servers", broker.bootstrap, "--from-beginning",
@@ -328,14 +355,12 @@ async def test_the_reader_goes_on_after_its_connection_is_cut(proxied_broker, ca
 async def test_the_reader_waits_for_a_leader_not_ready_yet(proxied_broker, caplog):
     """Just after a topic grows, Kafka may answer ListOffsets with NOT_LEADER_OR_FOLLOWER
     for a partition whose leader is not ready (seen at 10,000 partitions): the reader
-    retries it after fresh metadata, with a warning, and reads every record."""
+    retries it after fresh metadata, with a warning, and reads every record written after
+    it started. (A read from the latest offset: one from the beginning asks no ListOffsets.)"""
     from kafka.protocol.consumer import ListOffsetsResponse
 
     topic = f"t-{uuid.uuid4().hex[:12]}"
     proxied_broker.create_topic(topic, 2)
-    for partition in (0, 1):
-        librdkafka_produce(proxied_broker.bootstrap, topic, [(None, b"v%d" % partition, [])],
-                           partition=partition)
     refused: list[int] = []
 
     def not_ready(response):
@@ -349,7 +374,10 @@ async def test_the_reader_waits_for_a_leader_not_ready_yet(proxied_broker, caplo
     proxied_broker.proxy.rewrite_responses(ListOffsetsResponse, not_ready)
     config = ProducerConfig.from_properties({"bootstrap.servers": proxied_broker.bootstrap})
     got = []
-    async with TopicReader(config, topic, from_beginning=True) as reader:
+    async with TopicReader(config, topic) as reader:
+        for partition in (0, 1):
+            librdkafka_produce(proxied_broker.bootstrap, topic,
+                               [(None, b"v%d" % partition, [])], partition=partition)
         for _ in range(20):
             got += await reader.fetch(max_wait=0.2)
             if len(got) >= 2:

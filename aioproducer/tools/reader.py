@@ -8,6 +8,11 @@ right (Tansu answers the last batch's base offset + 1), while the high watermark
 read_committed, the last stable offset) in a Fetch response is right everywhere. So the
 latest offset is ListOffsets LATEST confirmed by a Fetch from there: on Kafka the two
 agree and the Fetch returns no records; on Tansu it returns at most the last batch.
+
+Where it starts, from the beginning: offset 0, not ListOffsets EARLIEST, which Tansu answers
+with the batch stored first in time (with two producers writing a partition at once, not
+the lowest offset); a log that starts later (retention, DeleteRecords) answers the Fetch
+OFFSET_OUT_OF_RANGE, and then EARLIEST says where it starts.
 """
 
 from __future__ import annotations
@@ -138,8 +143,8 @@ class TopicReader:
         return len(info.leaders)
 
     async def _start_offsets(self, partitions: Iterable[int]) -> dict[int, int]:
-        if self._from_beginning:
-            return await self._list_offsets(partitions, _EARLIEST)
+        if self._from_beginning:  # (see the module's docstring)
+            return dict.fromkeys(partitions, 0)
         listed = await self._list_offsets(partitions, _LATEST)
         ends: dict[int, int] = {}
         for _ in range(5):  # (a broker may leave out a partition it has nothing of)
@@ -251,7 +256,9 @@ class TopicReader:
         for partition, answer in answers.items():
             error = _error(answer, f"Fetch from {self.topic}-{partition}")
             if isinstance(error, OffsetOutOfRangeError):  # deleted before we read it
-                self.positions.update(await self._start_offsets([partition]))
+                self.positions.update(await self._list_offsets([partition], _EARLIEST)
+                                      if self._from_beginning
+                                      else await self._start_offsets([partition]))
             elif error is not None:
                 await self._retry_later(error)
             else:

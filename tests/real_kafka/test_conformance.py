@@ -14,6 +14,8 @@ import time
 import pytest
 
 from aioproducer import Producer
+from aioproducer.config import ProducerConfig
+from aioproducer.tools.reader import TopicReader
 from tests.support.readback import consume_all
 from tests.support.throttle_watch import ThrottleWatch
 
@@ -138,3 +140,24 @@ def test_the_cli_creates_a_topic_produces_and_consumes(apache_kafka):
                     "--from-beginning", "--max", "3", "--timeout", "20", "--key-separator", ":")
     assert consumed.returncode == 0, consumed.stderr
     assert sorted(consumed.stdout.split()) == ["a:1", "b:2", "c:3"]
+
+
+async def test_the_reader_from_the_beginning_goes_on_from_where_the_log_starts(apache_kafka,
+                                                                            make_topic):
+    """`consume --from-beginning` asks for offset 0 (Tansu's ListOffsets EARLIEST can name a
+    later batch); where DeleteRecords moved the log's start, Kafka answers that Fetch
+    OFFSET_OUT_OF_RANGE and the reader goes on from the log's start: every record after it,
+    in order, no error."""
+    topic = make_topic()
+    async with Producer(apache_kafka.bootstrap, linger_ms=0) as producer:
+        for i in range(10):
+            await producer.send(topic, b"r-%d" % i)
+    apache_kafka.delete_records(topic, 0, 4)
+    config = ProducerConfig.from_properties({"bootstrap.servers": apache_kafka.bootstrap})
+    got = []
+    async with TopicReader(config, topic, from_beginning=True) as reader:
+        for _ in range(20):
+            got += await reader.fetch(max_wait=0.5)
+            if len(got) >= 6:
+                break
+    assert [(r.offset, r.value) for r in got] == [(i, b"r-%d" % i) for i in range(4, 10)]
