@@ -1063,3 +1063,240 @@ async def test_a_future_reads_its_batch_as_the_batch_class_says_now(impl):
     del Slotted.future
     with pytest.raises(AttributeError):
         record.done()
+
+
+class _Clock:
+    """A loop's time() that moves only when told, and its futures."""
+
+    def __init__(self, loop) -> None:
+        self.now, self.loop = 100.0, loop
+
+    def time(self) -> float:
+        return self.now
+
+    def create_future(self):
+        return self.loop.create_future()
+
+
+def _accumulator_parts(impl, loop):
+    """An AccumulatorFields of `impl` with its fields set as the RecordAccumulator sets them,
+    and the methods and hooks of the accumulator that the opening and taking call, which
+    record what they were asked."""
+
+    class Batch(impl.BatchFields):
+        __slots__ = ()
+
+    class Writer(impl.RecordWriter):
+        __slots__ = ()
+
+        def close(self, codec, level=None):  # (as BatchWriter's, but for the compressing)
+            self.codec = codec
+            records = self.seal()
+            self.payload = (b"compressed", level) if codec else records
+
+    class Accumulator(impl.AccumulatorFields):
+        def open_batches(self, topic, partitions):
+            self.calls.append(("open_batches", topic, partitions))
+            open_ = self.appendable.setdefault(topic, ([], []))
+            for listed in open_:
+                del listed[partitions:]
+                listed.extend([None] * (partitions - len(listed)))
+            return open_
+
+        def _count_linger_bound(self, now):
+            self.calls.append(("count_linger_bound", now))
+            self._lone_acked_at = None
+
+    accumulator = Accumulator()
+    accumulator.calls = []
+    accumulator.closing = False
+    accumulator.line = collections.deque()
+    accumulator._pool = impl.MemoryPool(4096)
+    accumulator._loop = _Clock(loop)
+    accumulator._batch_size, accumulator._first_reserve = 2048, 1024
+    accumulator._max_request_size, accumulator.buffer_memory = 3000, 4096
+    accumulator._linger, accumulator._delivery_timeout = 0.005, 120.0
+    accumulator._batches, accumulator.appendable, accumulator.incomplete = {}, {}, set()
+    accumulator._txn = None
+    accumulator._quiet_until, accumulator._expiry_floor = float("inf"), float("inf")
+    accumulator._batches_created = 0
+    accumulator._said_linger_bound, accumulator._lone_acked_at = False, None
+    accumulator._lone_in_a_row = 3
+    accumulator.wake_sender = lambda: accumulator.calls.append(("wake_sender",))
+    accumulator.wake_sender_for = lambda batch, opened: accumulator.calls.append(
+        ("wake_sender_for", batch.number, opened))
+    accumulator.touched = {}
+    accumulator._batch_type, accumulator._writer_type = Batch, Writer
+    accumulator._drained_bytes, accumulator._codec, accumulator._compression_level = {}, 0, None
+    return accumulator
+
+
+def _accumulator_state(accumulator) -> dict:
+    """What the opening and taking leave behind, comparable across the implementations."""
+    def batch(b):
+        return None if b is None else (b.number, b.topic, b.partition, b.created, b.deadline,
+                                       b.writer.count, b.writer.reserved, b.writer.limit,
+                                       b.writer.size, b.writer.base_timestamp, b.full,
+                                       b.attempts, b.future.done())
+    return {
+        "available": accumulator._pool.available,
+        "batches": {tp: [batch(b) for b in queue] for tp, queue in accumulator._batches.items()},
+        "order": list(accumulator._batches),
+        "appendable": {t: ([batch(b) for b in open_[0]],
+                           [w is (b.writer if b is not None else None)
+                            for b, w in zip(*open_)])
+                       for t, open_ in accumulator.appendable.items()},
+        "incomplete": sorted(b.number for b in accumulator.incomplete),
+        "fields": (accumulator._quiet_until, accumulator._expiry_floor,
+                   accumulator._batches_created, accumulator._lone_in_a_row,
+                   accumulator._lone_acked_at),
+        "touched": dict(accumulator.touched),
+        "drained": dict(accumulator._drained_bytes),
+        "calls": list(accumulator.calls),
+    }
+
+
+def _open_and_take(impl, loop) -> list:
+    """The same openings and takings on an accumulator of `impl`; what each left."""
+    acc = _accumulator_parts(impl, loop)
+    states, seen = [], []
+    first = acc.open_new("t", 1, b"key", b"v" * 100, 1000, 3)
+    seen.append(first)
+    states.append(_accumulator_state(acc))
+    acc._loop.now = 100.5
+    seen.append(acc._open("t", 1, 1500, None, b"w" * 10, b"\x02\x02h\x02v", 700, 3, 100.5))
+    states.append(_accumulator_state(acc))  # queued behind the first: no longer quiet
+    acc._lone_acked_at = 100.4  # a lone record's ack came just before: counted
+    seen.append(acc.open_new("u", 5, None, None, 2000, 2))  # the topic grows to 6 partitions
+    states.append(_accumulator_state(acc))
+    refused = [("t", 0, b"k", b"v" * 3000, 3000, 3),  # over max_request_size
+               ("t", 0, bytearray(b"k"), b"v", 3000, 3),  # not bytes: the Python path's
+               ("t", 0, b"k", "text", 3000, 3),
+               ("t", 0, b"k", b"v" * 2100, 3000, 3)]  # 2,194 bytes: more than is free
+    for args in refused:
+        seen.append(acc.open_new(*args))
+    acc.line.append("waiting")
+    seen.append(acc.open_new("t", 0, b"k", b"v", 3000, 3))  # behind the line
+    acc.line.clear()
+    acc.closing = True
+    seen.append(acc.open_new("t", 0, b"k", b"v", 3000, 3))
+    acc.closing = False
+    states.append(_accumulator_state(acc))  # (none of those did anything)
+    taken = acc._take(("t", 1), acc._batches[("t", 1)])  # the first: its queue to the back
+    seen.append(taken)
+    states.append(_accumulator_state(acc) | {"payload": bytes(taken.writer.payload),
+                                             "codec": taken.writer.codec})
+    acc._codec, acc._compression_level = 1, 6  # compressed: the writer's close() does it
+    queue = acc._batches[("u", 5)]
+    assert acc._take(("u", 5), queue) is seen[2] and not queue
+    states.append(_accumulator_state(acc) | {"payload": seen[2].writer.payload})
+    numbered: list = []
+    acc._txn = types.SimpleNamespace(
+        is_transactional=True, add_partition=lambda topic, partition: partition == 2,
+        sequencer=types.SimpleNamespace(assign=lambda b: numbered.append(b.number)))
+    seen.append(acc.open_new("t", 2, b"k", b"v", 4000, 3))  # new to the transaction
+    seen.append(acc.open_new("t", 0, b"k", b"v", 4000, 3))  # in it already
+    acc._take(("t", 1), acc._batches[("t", 1)])  # the second, numbered
+    states.append(_accumulator_state(acc) | {"numbered": numbered})
+    return [[None if b is None else b.number for b in seen], states]
+
+
+@pytest.mark.parametrize("impl", BOTH, ids=["python", "c"])
+async def test_the_accumulator_opens_and_takes_batches(impl):
+    """open_new() opens a batch for a record placed where its partition has none (the
+    Appender's and enqueue_many's short path), with no Python frame in C: its memory
+    reserved, queued, listed as the partition's open batch, incomplete, the sender woken;
+    else it does nothing. _take() takes a queued batch for a request and seals it."""
+    seen, states = _open_and_take(impl, asyncio.get_running_loop())
+    assert seen == [(1,), (2,), (3,), None, None, None, None, None, None, (1,), (4,), (5,)]
+    alike = impl.RecordWriter(1000, 1024)
+    assert alike.try_append(1000, b"key", b"v" * 100, None)
+    opened = states[0]
+    assert opened["available"] == 4096 - 1024  # its first reservation
+    first = ((1,), "t", 1, 100.0, 220.0, 1, 1024, 1024, alike.size, 1000, False, 0, False)
+    assert opened["batches"] == {("t", 1): [first]}
+    assert opened["appendable"] == {"t": ([None, first, None], [True, True, True])}
+    assert opened["incomplete"] == [(1,)] and opened["touched"] == {"t": 100.0}
+    # A new linger end; no lone record acknowledged before it: none in a row.
+    assert opened["fields"] == (100.0 + 0.005, 220.0, 1, 0, None)
+    assert opened["calls"] == [("open_batches", "t", 3),  # a topic new to it: its lists
+                               ("wake_sender_for", (1,), True)]
+    second = states[1]
+    assert second["fields"][0] == 0.0  # queued behind another batch: sendable now
+    assert second["available"] == 4096 - 1024  # (_open takes memory reserved already)
+    assert [b[0] for b in second["batches"][("t", 1)]] == [(1,), (2,)]
+    assert second["appendable"]["t"][0][1][0] == (2,)  # the partition's open batch now
+    assert states[2]["calls"][-3:] == [("count_linger_bound", 100.5),
+                                       ("open_batches", "u", 6),
+                                       ("wake_sender_for", (3,), True)]
+    assert states[2]["appendable"]["u"][0][5][0] == (3,)
+    assert states[3] == states[2]  # the refusals did nothing
+    taken = states[4]
+    assert taken["order"] == [("u", 5), ("t", 1)] and taken["drained"] == {("t", 1): alike.size}
+    assert taken["appendable"]["t"][0][1][0] == (2,)  # (not the batch taken)
+    assert taken["payload"] == bytes(alike.seal()) and taken["codec"] == 0
+    assert states[5]["payload"] == (b"compressed", 6) and ("u", 5) not in states[5]["order"]
+    assert states[6]["calls"][-2:] == [("wake_sender",), ("wake_sender_for", (5,), True)]
+    assert states[6]["appendable"]["t"][0][1] is None  # taken: no longer open
+    assert states[6]["numbered"] == [(2,)] and states[6]["available"] == 0
+
+
+@needs_c
+async def test_the_accumulator_opens_and_takes_alike_in_both():
+    loop = asyncio.get_running_loop()
+    assert _open_and_take(_c, loop) == _open_and_take(_py, loop)
+
+
+@pytest.mark.parametrize("impl", BOTH, ids=["python", "c"])
+async def test_a_batch_completes_alike_in_both(impl):
+    """complete(): its future resolved (unless it failed already), its records' callbacks
+    run in one loop callback, each enqueue_many future counted down (resolved at none
+    pending), a piece's batch told; its payload let go."""
+    loop = asyncio.get_running_loop()
+    told: list = []
+
+    class Batch(impl.BatchFields):
+        __slots__ = ()
+
+        def _run_watchers(self):
+            told.append(("run_watchers", self.number))
+
+        def _piece_done(self):
+            told.append(("piece_done", self.number))
+
+    class Bulk:
+        def __init__(self, pending: int, done: bool = False) -> None:
+            self._pending, self._done = pending, done
+
+        def done(self) -> bool:
+            return self._done
+
+        def _resolve(self) -> None:
+            told.append(("resolve", self._pending))
+
+    def batch(number):
+        writer = impl.RecordWriter(0, 100)
+        writer.payload = b"records"
+        return Batch((number,), "t", 0, writer, loop.create_future(), 0.0, 60.0, 0)
+
+    watched, parent, failed = batch(1), batch(2), batch(3)
+    watched._watchers = ["a record"]
+    last, more, resolved = Bulk(1), Bulk(2), Bulk(1, done=True)
+    watched._bulks = [last, more, resolved]
+    watched.complete(5, -1)
+    assert watched.done and watched.future.result() == (5, -1)
+    assert watched._untracked is None and watched._bulks is None
+    assert watched.writer.payload is None
+    assert (last._pending, more._pending, resolved._pending) == (0, 1, 0)
+    assert told == [("resolve", 0)]  # (the one resolved already is not again)
+    await asyncio.sleep(0)
+    assert told[1:] == [("run_watchers", (1,))]
+    piece = batch(4)
+    piece.parent = parent
+    piece.complete(7, 10)
+    assert told[2:] == [("piece_done", (2,))] and piece.future.result() == (7, 10)
+    failed.future.set_exception(RuntimeError("expired in flight"))
+    failed.complete(8, -1)  # (an answer after it expired: it stays failed)
+    assert failed.done and isinstance(failed.future.exception(), RuntimeError)
+    with pytest.raises(TypeError):
+        watched.complete(5)

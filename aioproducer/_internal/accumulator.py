@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 from ..client.ratelimit import LogEvery
 from ..errors import BufferExhaustedError, DeliveryTimeoutError, ProducerClosedError, \
     TransactionAbortedError
-from .._speedups import MemoryPool
+from .._speedups import AccumulatorFields, MemoryPool
 from ..protocol.compression import Codec
 from ..protocol.records import BatchWriter, encode_headers, read_batches
 from .batch import ProducerBatch, TopicPartition, WaitingRecord
@@ -62,12 +62,12 @@ _AT_ONCE = 0.001  # the next record this soon after the last one's ack: that loo
 _FIRST_RESERVE = 1024
 
 
-class RecordAccumulator:
+class RecordAccumulator(AccumulatorFields):
     """Per-partition queues of batches; the sender asks which are ready and drains them."""
 
     def __init__(self, config: ProducerConfig, codec: Codec,
                  txn: TransactionManager | None, observer: Observer) -> None:
-        self._loop = asyncio.get_running_loop()
+        self._loop: asyncio.AbstractEventLoop = asyncio.get_running_loop()
         self._observer = observer
         self._batch_size = config.batch_size
         self._first_reserve = min(_FIRST_RESERVE, config.batch_size)
@@ -78,6 +78,11 @@ class RecordAccumulator:
         self.buffer_memory = config.buffer_memory
         # The memory no batch holds; open batches' writers draw on it as they grow.
         self._pool = MemoryPool(config.buffer_memory)
+        # What `_open` makes (in C: no Python frame to make either).
+        self._batch_type, self._writer_type = ProducerBatch, BatchWriter
+        # Each topic's last new batch, in loop time: the cluster's (wired at start) record of
+        # which topics are produced to (metadata_max_idle_ms).
+        self.touched: dict[str, float] = {}
         self._max_block = config.max_block_ms / 1000
         # Records waiting for memory, in arrival order (while any waits, new records join
         # them: the intake's fast path reads it); what the head gathered meanwhile.
@@ -406,38 +411,13 @@ class RecordAccumulator:
                    value: bytes | None, headers: bytes | None, reserved: int,
                    partitions: int) -> ProducerBatch:
         """Open a batch, with `reserved` bytes of memory already reserved for it, for a record
-        that try_append() found no room for; the record is its first."""
+        that try_append() found no room for; the record is its first. (The opening itself is
+        the speed-up's `_open`; `open_new` is the short path of a record placed by compiled
+        code, the Appender or enqueue_many's loop, with no Python frame.)"""
         if self.closing:
             raise closed_while_buffering()
-        now = self._loop.time()
-        if not self._said_linger_bound:
-            self._count_linger_bound(now)
-        self._batches_created += 1
-        writer = BatchWriter(timestamp, min(reserved, self._batch_size))
-        writer.draw_from(self._pool, self._batch_size)
-        batch = ProducerBatch((self._batches_created,), topic, partition, writer,
-                              self._loop.create_future(), now, now + self._delivery_timeout,
-                              reserved)
-        writer.try_append(timestamp, key, value, headers)  # a batch's first record always fits
-        queue = self._batches.get((topic, partition))
-        if queue is None:
-            queue = self._batches[(topic, partition)] = deque()
-            if now + self._linger < self._quiet_until:
-                self._quiet_until = now + self._linger
-        else:
-            self._quiet_until = 0.0  # the batch before it is sendable now
-        queue.append(batch)
-        if batch.deadline < self._expiry_floor:
-            self._expiry_floor = batch.deadline
-        batches, writers = self.open_batches(topic, max(partitions, partition + 1))
-        batches[partition] = batch
-        writers[partition] = writer
-        self.incomplete.add(batch)
-        if self._txn is not None and self._txn.is_transactional and \
-                self._txn.add_partition(topic, partition):
-            self.wake_sender()  # a round adds the partition to the transaction, blocked or not
-        else:
-            self.wake_sender_for(batch, True)  # a new linger deadline, or the batch before is full
+        batch: ProducerBatch = self._open(topic, partition, timestamp, key, value, headers,
+                                          reserved, partitions, self._loop.time())
         return batch
 
     # -- the sender's side -----------------------------------------------------------------
@@ -553,8 +533,7 @@ class RecordAccumulator:
             if entries:
                 batches = drained[node] = []
                 for tp, queue in entries:
-                    batches.append(queue[0])
-                    self._take(tp, queue)
+                    batches.append(self._take(tp, queue))
         if drained:
             self._closed_since_drain = self._closed_bytes_since_drain = 0
         return drained
@@ -569,19 +548,6 @@ class RecordAccumulator:
         self._take(tp, queue)
         self._closed_since_drain = self._closed_bytes_since_drain = 0
         return True
-
-    def _take(self, tp: TopicPartition, queue: deque[ProducerBatch]) -> None:
-        """Take the partition's first batch for a request."""
-        batch = queue.popleft()
-        del self._batches[tp]
-        if queue:
-            self._batches[tp] = queue  # to the back of the line
-        if batch.attempts == 0:  # first send: no more appends; compress once
-            self._unlist(batch)
-            self._drained_bytes[tp] = self._drained_bytes.get(tp, 0) + batch.writer.size
-            batch.writer.close(self._codec, self._compression_level)
-        if self._txn is not None:
-            self._txn.sequencer.assign(batch)
 
     def _unlist(self, batch: ProducerBatch) -> None:
         """The batch left its queue: it is no longer its partition's open batch."""

@@ -170,33 +170,6 @@ class ProducerBatch(BatchFields):
         watchers, self._watchers = self._watchers, None
         _run_callbacks(watchers or [])
 
-    def _wake_watchers(self) -> None:
-        """The batch is done: run its records' callbacks (the tasks awaiting them wake up in
-        that same loop callback), and tell the enqueue_many futures."""
-        if self._watchers is not None:
-            self.future.get_loop().call_soon(self._run_watchers)
-        bulks, self._bulks = self._bulks, None
-        for bulk in bulks or ():  # (BulkFuture's count, inline: this is per call and batch)
-            bulk._pending -= 1
-            if bulk._pending == 0 and not bulk.done():
-                bulk._resolve()
-
-    def complete(self, base_offset: int, log_append_time: int) -> None:
-        self.done = True
-        self._untracked = None
-        self.writer.free()
-        acked = not self.future.done()  # (else it failed already: expired in flight)
-        if acked:
-            self.future.set_result((base_offset, log_append_time))
-        self._wake_watchers()
-        if self.parent is not None:
-            self.parent._piece_done()
-        elif acked and self.pieces is None:
-            # Nothing of it leads back to it now: out of the garbage collector's way (users
-            # keep the record futures, which hold their batches: at 10,000 partitions there
-            # may be a batch a record, and walking them was most of the collector's work).
-            self._untrack()
-
     def fail(self, exc: BaseException) -> None:
         self.done = True
         ProducerBatch.failures += 1

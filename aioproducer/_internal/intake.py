@@ -105,7 +105,7 @@ class RecordIntake:
         for appender in self._appenders:
             appender.attach(cluster, accumulator,
                             None if self._txn is None else self._txn.check_can_send,
-                            self._partitioner.partition, self.open_new)
+                            self._partitioner.partition, accumulator.open_new)
 
     # -- the verbs' entries ----------------------------------------------------------------
 
@@ -641,31 +641,18 @@ class RecordIntake:
 
     def open_new(self, topic: str, partition: int, key: bytes | None, value: bytes | None,
                  timestamp_ms: int, count: int) -> ProducerBatch | None:
-        """A new batch for a record that enqueue_many's loop or the Appender (enqueue(),
-        send()) placed (bytes, no headers, its partition keyed or given) where the partition
-        has none open, if the memory is free: append()'s work without the checks they made.
-        (At 10,000 partitions a batch is opened every record or two, one a record when the
-        producer yields to the loop often, and a whole append() cost ~10 us each.) None,
-        having done nothing: append() takes the record (to raise, or to wait in line)."""
-        lifecycle = self._lifecycle
-        if lifecycle.state is not STARTED:
+        """A new batch for a record that enqueue_many's loop placed (bytes, no headers, its
+        partition keyed or given) where the partition has none open, if the memory is free:
+        append()'s work without the checks the loop made. None, having done nothing:
+        append() takes the record (to raise, or to wait in line). (The Appender calls the
+        accumulator's open_new itself: it checked the state and the transaction already.)"""
+        if self._lifecycle.state is not STARTED:
             return None
         if self._txn is not None:
             self._txn.check_can_send()
-        size = record_size_upper_bound(key, value, None)
-        if size > self._max_request_size or size > self._buffer_memory:
-            return None
-        accumulator = self._accumulator
-        memory = accumulator.batch_memory(size)
-        if not accumulator.reserve_now(memory):
-            return None
-        self._cluster.touch(topic)
-        try:
-            return accumulator.open_batch(topic, partition, timestamp_ms, key, value, None,
-                                          memory, count)
-        except BaseException:
-            accumulator.release(memory)
-            raise
+        batch: ProducerBatch | None = self._accumulator.open_new(topic, partition, key, value,
+                                                                 timestamp_ms, count)
+        return batch
 
 
 # The producer's send() and enqueue() are these methods (or an Appender that hands them its

@@ -346,14 +346,17 @@ class Sender:
             waited += queued
             if queued > waited_most:
                 waited_most = queued
+            writer = batch.writer
             if txn is not None:
-                records = batch.writer.parts(producer_id=batch.producer_id,
-                                             producer_epoch=batch.producer_epoch,
-                                             base_sequence=batch.base_sequence,
-                                             transactional=txn.is_transactional)
+                records = writer.parts(producer_id=batch.producer_id,
+                                       producer_epoch=batch.producer_epoch,
+                                       base_sequence=batch.base_sequence,
+                                       transactional=txn.is_transactional)
                 txn.sequencer.sent(batch)
-            else:
-                records = batch.writer.parts()
+            else:  # (writer.parts(), inline: this is per batch)
+                payload = writer.payload
+                assert payload is not None, "a drained batch is closed"
+                records = writer.header(payload, writer.codec, -1, -1, -1), payload
             size += len(records[0]) + len(records[1])
             topic_data.setdefault(batch.topic, []).append(
                 {"index": batch.partition, "records": records})
@@ -408,6 +411,7 @@ class Sender:
                 for p in topic["partition_responses"]:
                     results[(topic["name"], p["index"])] = p
             acked: list[ProducerBatch] = []
+            in_flight = self._in_flight
             for batch in batches:
                 p = results.get((batch.topic, batch.partition))
                 if p is None:
@@ -415,7 +419,12 @@ class Sender:
                         f"{conn.address} left {batch.topic}-{batch.partition} out of its "
                         "produce response"))
                 elif p["error_code"] == 0:
-                    self._complete(batch, p["base_offset"], p["log_append_time_ms"], acked)
+                    if self._txn is None:  # (_complete, inline: this is per batch)
+                        in_flight.pop(batch, None)
+                        batch.complete(p["base_offset"], p["log_append_time_ms"])
+                        acked.append(batch)
+                    else:
+                        self._complete(batch, p["base_offset"], p["log_append_time_ms"], acked)
                 else:
                     self._on_partition_error(conn, batch, p,
                                              response.get("node_endpoints", ()))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextvars
 import operator
 import struct
+from collections import deque
 from threading import get_ident
 from typing import Any, Callable, Generator, Iterator, Mapping
 
@@ -88,9 +89,10 @@ _MISSING = object()
 
 
 class BatchFields:
-    """A ProducerBatch's fields (its methods are batch.py's), the rest at their starting
-    values; `reserved` goes to the writer, which counts the memory the batch holds. In C a
-    batch's fields are set in one call (at many partitions a batch may hold one record)."""
+    """A ProducerBatch's fields, the rest at their starting values; `reserved` goes to the
+    writer, which counts the memory the batch holds; and its acknowledgement (complete). Its
+    other methods are batch.py's. In C a batch's fields are set in one call, and complete()
+    is one call too (at many partitions a batch may hold one record)."""
 
     __slots__ = ("number", "topic", "partition", "writer", "future", "created", "deadline",
                  "attempts", "retry_at", "base_sequence", "producer_id", "producer_epoch",
@@ -123,6 +125,35 @@ class BatchFields:
 
     def _untrack(self) -> None:
         """The C one leaves the garbage collector an acknowledged batch (see _c.c)."""
+
+    def complete(self, base_offset: int, log_append_time: int) -> None:
+        """Acknowledged (unless it failed already: expired in flight). Its records'
+        callbacks run soon, its enqueue_many futures count it, a piece tells its batch."""
+        self.done = True
+        self._untracked = None
+        self.writer.payload = None  # (BatchWriter.free(): its bytes go)
+        acked = not self.future.done()
+        if acked:
+            self.future.set_result((base_offset, log_append_time))
+        self._wake_watchers()
+        if self.parent is not None:
+            self.parent._piece_done()
+        elif acked and self.pieces is None:
+            # Nothing of it leads back to it now: out of the garbage collector's way (users
+            # keep the record futures, which hold their batches: at 10,000 partitions there
+            # may be a batch a record, and walking them was most of the collector's work).
+            self._untrack()
+
+    def _wake_watchers(self) -> None:
+        """The batch is done: run its records' callbacks (the tasks awaiting them wake up in
+        one loop callback, the subclass's _run_watchers), and tell the enqueue_many futures."""
+        if self._watchers is not None:
+            self.future.get_loop().call_soon(self._run_watchers)  # type: ignore[attr-defined]
+        bulks, self._bulks = self._bulks, None
+        for bulk in bulks or ():  # (BulkFuture's count, inline: this is per call and batch)
+            bulk._pending -= 1
+            if bulk._pending == 0 and not bulk.done():
+                bulk._resolve()
 
 
 class RecordFields:
@@ -264,6 +295,144 @@ class MemoryPool:
     def __init__(self, available: int) -> None:
         self.available = available
         self.paused = False
+
+
+# What a batch holding one record takes on the wire at most, beyond its key, value and
+# headers: the batch header, then the record's length, attributes, timestamp and offset
+# deltas, key and value lengths and header count as varints at their widest
+# (protocol.records.record_size_upper_bound, which this mirrors).
+_RECORD_MOST = HEADER_SIZE + 5 + 1 + 10 + 5 + 5 + 5 + 1
+
+
+class AccumulatorFields:
+    """The accumulator's state that opening a batch and taking it for a request read and
+    write, and those two (see _c.c, where each is one call with no Python frame: at 10,000
+    partitions a batch may hold one record). Its subclass (the RecordAccumulator) sets every
+    field, and has `open_batches`, `_count_linger_bound` and the `wake_sender` and
+    `wake_sender_for` hooks that these call."""
+
+    __slots__ = ("closing", "line", "_pool", "_loop", "_batch_size", "_first_reserve",
+                 "_max_request_size", "buffer_memory", "_linger", "_delivery_timeout",
+                 "_batches", "appendable", "incomplete", "_txn", "_quiet_until",
+                 "_expiry_floor", "_batches_created", "_said_linger_bound", "_lone_acked_at",
+                 "_lone_in_a_row", "wake_sender", "wake_sender_for", "touched", "_batch_type",
+                 "_writer_type", "_drained_bytes", "_codec", "_compression_level")
+    closing: bool
+    line: Any  # the records waiting for memory (a deque)
+    _pool: MemoryPool
+    _loop: Any
+    _batch_size: int
+    _first_reserve: int
+    _max_request_size: int
+    buffer_memory: int
+    _linger: float
+    _delivery_timeout: float
+    _batches: Any  # each partition's queued batches (a dict of deques)
+    appendable: Any  # each topic's open batches and writers (a dict of two lists)
+    incomplete: Any  # the batches without an outcome (a set)
+    _txn: Any
+    _quiet_until: float
+    _expiry_floor: float
+    _batches_created: int
+    _said_linger_bound: bool
+    _lone_acked_at: float | None
+    _lone_in_a_row: int
+    wake_sender: Callable[[], None]
+    wake_sender_for: Callable[[Any, bool], None]
+    touched: dict[str, float]
+    _batch_type: Any
+    _writer_type: Any
+    _drained_bytes: dict[tuple[str, int], int]  # each partition's bytes sent (uncompressed)
+    _codec: int
+    _compression_level: int | None
+
+    def open_new(self, topic: str, partition: int, key: bytes | None, value: bytes | None,
+                 timestamp: int, partitions: int) -> Any:
+        """A new batch holding a record (key and value bytes or None, no headers) placed
+        where its partition has no open batch, if nobody waits for memory and its memory is
+        free; else None, having done nothing (closing, or another type, too: the caller's
+        Python path raises, or waits in line). The topic counts as produced to (`touched`)."""
+        if self.closing or self.line or (key is not None and type(key) is not bytes) or \
+                (value is not None and type(value) is not bytes):
+            return None  # (the Python path checks and takes it)
+        size = _RECORD_MOST + (len(key) if key is not None else 0) + \
+            (len(value) if value is not None else 0)
+        if size > self._max_request_size or size > self.buffer_memory:
+            return None
+        memory = max(self._first_reserve, size)
+        pool = self._pool
+        if memory > pool.available:
+            return None
+        pool.available -= memory
+        now = self._loop.time()
+        self.touched[topic] = now
+        try:
+            return self._open(topic, partition, timestamp, key, value, None, memory,
+                              partitions, now)
+        except BaseException:
+            pool.available += memory  # (nobody waits in line: nobody to serve)
+            raise
+
+    def _open(self, topic: str, partition: int, timestamp: int, key: bytes | None,
+              value: bytes | None, headers: bytes | None, reserved: int, partitions: int,
+              now: float) -> Any:
+        """Open a batch at loop time `now`, with `reserved` bytes of memory already reserved
+        for it, for a record that found no room in an open one; the record is its first."""
+        if not self._said_linger_bound:
+            if self._lone_acked_at is None:
+                self._lone_in_a_row = 0
+            else:
+                self._count_linger_bound(now)  # type: ignore[attr-defined]
+        self._batches_created += 1
+        batch_size = self._batch_size
+        writer = self._writer_type(timestamp, min(reserved, batch_size))
+        writer.draw_from(self._pool, batch_size)
+        batch = self._batch_type((self._batches_created,), topic, partition, writer,
+                                 self._loop.create_future(), now, now + self._delivery_timeout,
+                                 reserved)
+        writer.try_append(timestamp, key, value, headers)  # a batch's first record always fits
+        tp = (topic, partition)
+        queue = self._batches.get(tp)
+        if queue is None:
+            queue = self._batches[tp] = deque()
+            if now + self._linger < self._quiet_until:
+                self._quiet_until = now + self._linger
+        else:
+            self._quiet_until = 0.0  # the batch before it is sendable now
+        queue.append(batch)
+        if batch.deadline < self._expiry_floor:
+            self._expiry_floor = batch.deadline
+        need = max(partitions, partition + 1)
+        open_ = self.appendable.get(topic)
+        if open_ is None or len(open_[0]) != need or len(open_[1]) != need:
+            open_ = self.open_batches(topic, need)  # type: ignore[attr-defined]
+        open_[0][partition] = batch
+        open_[1][partition] = writer
+        self.incomplete.add(batch)
+        txn = self._txn
+        if txn is not None and txn.is_transactional and txn.add_partition(topic, partition):
+            self.wake_sender()  # a round adds the partition to the transaction, blocked or not
+        else:
+            self.wake_sender_for(batch, True)  # a new linger deadline, or the batch before is full
+        return batch
+
+    def _take(self, tp: tuple[str, int], queue: Any) -> Any:
+        """Take the partition's first batch for a request (the queue to the back of the
+        line); on its first send, closed for appends and sealed (compressed) once."""
+        batch = queue.popleft()
+        del self._batches[tp]
+        if queue:
+            self._batches[tp] = queue  # to the back of the line
+        if batch.attempts == 0:  # first send: no more appends; compress once
+            open_ = self.appendable.get(batch.topic)  # no longer its partition's open batch
+            if open_ is not None and batch.partition < len(open_[0]) and \
+                    open_[0][batch.partition] is batch:
+                open_[0][batch.partition] = open_[1][batch.partition] = None
+            self._drained_bytes[tp] = self._drained_bytes.get(tp, 0) + batch.writer.size
+            batch.writer.close(self._codec, self._compression_level)
+        if self._txn is not None:
+            self._txn.sequencer.assign(batch)
+        return batch
 
 
 class RecordWriter:

@@ -1,0 +1,82 @@
+"""Instructions per record of the produce phase, counted by valgrind's callgrind: a figure
+that does not move with the machine's load, for comparing two trees' hot paths where CPU
+time cannot (on the shared 2-core machine it moved by a third from run to run at load 5-10).
+
+    python benchmarks/instructions.py PARTITIONS [RECORDS] [--shape flushed|bulk|gather]
+
+Runs itself again under `valgrind --tool=callgrind` (the embedded broker, a child process,
+is not counted), which zeroes its counters as the produce phase begins (its one call of
+os.getppid()) and dumps them as it ends (os.getpgrp()); prints the instructions per record
+and per batch acknowledged. The shapes are cpu_per_record.py's: flushed (enqueue() per
+record keeping the futures, then flush()), bulk (enqueue_many of 10,000 records a call, then
+flush()), gather (enqueue() per record, then asyncio.gather; under valgrind at 10,000
+partitions and 200,000 records it did not finish). Keyed 100-byte records, acks=1, linger
+5 ms, uvloop; ~50x slower than a plain run. Needs valgrind, and CPython's symbols for
+os_getppid and os_getpgrp (pyenv's builds have them).
+"""
+
+import argparse
+import asyncio
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+p = argparse.ArgumentParser()
+p.add_argument("partitions", type=int)
+p.add_argument("records", type=int, nargs="?", default=200_000)
+p.add_argument("--shape", default="flushed", choices=("flushed", "bulk", "gather"))
+p.add_argument("--counted", action="store_true", help=argparse.SUPPRESS)  # (under valgrind)
+args = p.parse_args()
+
+
+async def produce(bootstrap: str, topic: str, data: list[tuple[bytes, bytes]]) -> int:
+    from aioproducer import Producer
+    async with Producer(bootstrap, acks=1, linger_ms=5) as producer:
+        await producer.partitions_for(topic)
+        os.getppid()  # callgrind zeroes its counters here ...
+        if args.shape == "bulk":
+            results = [await producer.enqueue_many(topic, data[i:i + 10_000])
+                       for i in range(0, len(data), 10_000)]
+            await producer.flush()
+            for result in results:
+                await result
+        else:
+            futures = [await producer.enqueue(topic, v, k) for k, v in data]
+            if args.shape == "gather":
+                await asyncio.gather(*futures)
+            else:
+                await producer.flush()
+        os.getpgrp()  # ... and dumps them here
+        return producer.metrics().batches_sent
+
+
+if args.counted:
+    import uvloop
+    from aioproducer.testing import EmbeddedBroker
+    value = bytes(range(100))
+    data = [(b"key-%012d" % (i % 100_000), value) for i in range(args.records)]
+    with EmbeddedBroker() as broker:
+        broker.create_topic("t", args.partitions)
+        print("batches", uvloop.run(produce(broker.bootstrap, "t", data)), flush=True)
+    sys.exit(0)
+
+with tempfile.TemporaryDirectory() as out:
+    run = subprocess.run(
+        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}/counts",
+         "--zero-before=os_getppid", "--dump-before=os_getpgrp", sys.executable,
+         str(Path(__file__).resolve()), str(args.partitions), str(args.records),
+         "--shape", args.shape, "--counted"],
+        capture_output=True, text=True)
+    batches = re.search(r"^batches (\d+)", run.stdout, re.M)
+    dumps = sorted(Path(out).glob("counts.*"))
+    if run.returncode or batches is None or not dumps:
+        sys.exit(f"the counted run failed ({run.returncode}):\n{run.stdout}{run.stderr[-3000:]}")
+    totals = re.search(r"^totals: (\d+)", dumps[-1].read_text(errors="replace"), re.M)
+    assert totals is not None, "no totals in callgrind's dump"
+    instructions, batch_count = int(totals.group(1)), int(batches.group(1))
+    print(f"p{args.partitions} {args.shape}: {instructions / args.records:,.0f} instructions "
+          f"a record, {instructions / max(batch_count, 1):,.0f} a batch ({batch_count} "
+          f"batches, {instructions:,} in all)")
