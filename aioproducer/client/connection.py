@@ -287,11 +287,23 @@ class BrokerConnection(asyncio.Protocol):
         assert self._transport is not None
         if isinstance(frame, bytes):
             self._transport.write(frame)
-        elif self._joins_lines:  # a part at a time: only what the socket does not take is copied
-            for part in frame:
-                self._transport.write(part)
+        elif self._joins_lines:
+            self._write_parts(frame)
         else:  # large batches not copied into the request: one writev of its parts
             self._transport.writelines(frame)
+
+    def _write_parts(self, frame: list[bytes | memoryview]) -> None:
+        """A part at a time while the socket takes them whole (nothing copied); the rest
+        joined into one write once it does not, as writelines() does: the transport's
+        buffer then grows once, not once a part (each growth after a partial send copies
+        all it holds)."""
+        transport = self._transport
+        assert transport is not None
+        for index, part in enumerate(frame):
+            if transport.get_write_buffer_size():
+                transport.writelines(frame[index:])
+                return
+            transport.write(part)
 
     def _release_throttled(self) -> None:
         """The throttle ended: write what it held, in order (held again if it grew)."""
