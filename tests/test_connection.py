@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import random
+import time
+import tracemalloc
 
 from kafka.protocol.metadata import ApiVersionsResponse, MetadataResponse
 
@@ -112,3 +116,34 @@ async def test_a_bootstrap_address_the_brokers_advertise_otherwise_is_let_go_qui
             await asyncio.sleep(0.2)  # time for a fetch the close would have asked for
         assert len(fetches) == 1, bootstrap
     assert "closed" not in caplog.text
+
+
+async def test_a_large_request_costs_no_copy_of_itself_to_write(proxied_broker):
+    """A Produce request of large batches is written as its parts (its head, then each
+    batch's records where they lie). Python 3.11's plain socket transport joined them first
+    (asyncio's default writelines()), then copied what the socket did not take twice more:
+    a 6 MB record took 2.6x its size in memory for a moment, 1.4x now (and the CPU of the
+    copies: ~0.1 us a KB). Now only what the socket does not take is copied, once, into the
+    transport's buffer. (uvloop's and 3.12's transports write the parts where they lie.)"""
+    cluster = proxied_broker
+    topic = f"large-{random.randrange(10**6)}"
+    cluster.create_topic(topic, 1)
+    value = os.urandom(6_000_000)  # more than the kernel's socket buffers take
+    async with Producer(cluster.bootstrap, acks=1, linger_ms=0, enable_idempotence=False,
+                        max_request_size=8 * 1024 * 1024) as producer:
+        await producer.partitions_for(topic)
+        cluster.proxy.stop_reading(True)  # the socket takes only what its buffers hold
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            future = await producer.enqueue(topic, value)
+            deadline = time.monotonic() + 10
+            while producer.metrics().produce_requests < 1 and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            peak = tracemalloc.get_traced_memory()[1] - before
+        finally:
+            tracemalloc.stop()
+            cluster.proxy.stop_reading(False)
+        assert (await asyncio.wait_for(future, 30)).offset == 0
+    # The batch's buffer, and at most the request again in the transport's buffer.
+    assert peak < 2 * len(value), f"{peak / len(value):.1f}x the record's size"

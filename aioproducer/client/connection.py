@@ -96,6 +96,7 @@ class BrokerConnection(asyncio.Protocol):
         self._idle: asyncio.Future[None] | None = None  # quiet(): no request pending
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
+        self._joins_lines = False  # the transport's writelines() copies (connection_made)
         self._framing = Framing(client_id, self.address, max_response_bytes=max_response_bytes)
         # The callback and deadline of each request awaiting its response, oldest first.
         self._pending: dict[int, _Pending] = {}
@@ -286,8 +287,23 @@ class BrokerConnection(asyncio.Protocol):
         assert self._transport is not None
         if isinstance(frame, bytes):
             self._transport.write(frame)
+        elif self._joins_lines:
+            self._write_parts(frame)
         else:  # large batches not copied into the request: one writev of its parts
             self._transport.writelines(frame)
+
+    def _write_parts(self, frame: list[bytes | memoryview]) -> None:
+        """A part at a time while the socket takes them whole (nothing copied); the rest
+        joined into one write once it does not, as writelines() does: the transport's
+        buffer then grows once, not once a part (each growth after a partial send copies
+        all it holds)."""
+        transport = self._transport
+        assert transport is not None
+        for index, part in enumerate(frame):
+            if transport.get_write_buffer_size():
+                transport.writelines(frame[index:])
+                return
+            transport.write(part)
 
     def _release_throttled(self) -> None:
         """The throttle ended: write what it held, in order (held again if it grew)."""
@@ -371,6 +387,11 @@ class BrokerConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # (uvloop's transports are not asyncio.Transport subclasses, but have its methods)
         self._transport = cast(asyncio.Transport, transport)
+        # Python 3.11's plain socket transport keeps asyncio's default writelines(), which
+        # joins the parts (a copy of every byte of the request) before writing; uvloop's and
+        # 3.12's write the parts where they lie (writev, sendmsg), and the TLS transport
+        # takes them as a list.
+        self._joins_lines = type(self._transport).writelines is asyncio.WriteTransport.writelines
         # Paused above one request's worth, so a request never pauses an empty buffer by
         # itself; resumed at half of it, so the next request is written while the kernel
         # still has bytes to send (asyncio's default, 64 KiB, would pause on every large
