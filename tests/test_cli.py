@@ -20,7 +20,7 @@ from aioproducer.protocol.records import read_batches, visible_records
 from aioproducer.tools.reader import TopicReader
 from tests.support.ports import free_port
 from tests.support.processes import start_interruptible
-from tests.support.readback import _fetch_v4, consume_all
+from tests.support.readback import _fetch_v4, consume_all, fetch_until
 
 # What librdkafka writes: headers (duplicate names, a null value, bytes), null and empty keys
 # and values.
@@ -60,10 +60,7 @@ async def test_the_reader_decodes_what_librdkafka_wrote(broker, topic, codec):
     config = ProducerConfig.from_properties({"bootstrap.servers": broker.bootstrap})
     got = []
     async with TopicReader(config, topic, from_beginning=True) as reader:
-        for _ in range(20):
-            got += await reader.fetch(max_wait=0.5)
-            if len(got) >= len(RECORDS) * 3:
-                break
+        got += await fetch_until(reader, len(RECORDS) * 3)
     assert [(r.offset, r.key, r.value, _headers(r.headers)) for r in got] == \
         [(offset, key, value, headers)
          for offset, (key, value, headers) in enumerate(RECORDS * 3)]
@@ -89,10 +86,7 @@ async def test_the_reader_from_the_beginning_starts_at_offset_0(proxied_broker):
     config = ProducerConfig.from_properties({"bootstrap.servers": proxied_broker.bootstrap})
     got = []
     async with TopicReader(config, topic, from_beginning=True) as reader:
-        for _ in range(20):
-            got += await reader.fetch(max_wait=0.5)
-            if len(got) >= len(RECORDS) * 2:
-                break
+        got += await fetch_until(reader, len(RECORDS) * 2)
     assert [(r.offset, r.key, r.value) for r in got] == \
         [(offset, key, value) for offset, (key, value, _) in enumerate(RECORDS * 2)]
 
@@ -336,17 +330,11 @@ async def test_the_reader_goes_on_after_its_connection_is_cut(proxied_broker, ca
     config = ProducerConfig.from_properties({"bootstrap.servers": proxied_broker.bootstrap})
     got = []
     async with TopicReader(config, topic, from_beginning=True) as reader:
-        for _ in range(20):
-            got += await reader.fetch(max_wait=0.2)
-            if len(got) >= 3:
-                break
+        got += await fetch_until(reader, 3, max_wait=0.2)
         proxied_broker.proxy.cut_all()
         librdkafka_produce(proxied_broker.bootstrap, topic, [(None, b"after %d" % i, [])
                                                              for i in range(3)])
-        for _ in range(40):
-            got += await reader.fetch(max_wait=0.2)
-            if len(got) >= 6:
-                break
+        got += await fetch_until(reader, 6 - len(got), max_wait=0.2, rounds=40)
     assert [(r.offset, r.value) for r in got] == \
         [(i, b"before %d" % i) for i in range(3)] + [(3 + i, b"after %d" % i) for i in range(3)]
     assert f"reading {topic}: " in caplog.text and "(retrying)" in caplog.text
@@ -378,10 +366,7 @@ async def test_the_reader_waits_for_a_leader_not_ready_yet(proxied_broker, caplo
         for partition in (0, 1):
             librdkafka_produce(proxied_broker.bootstrap, topic,
                                [(None, b"v%d" % partition, [])], partition=partition)
-        for _ in range(20):
-            got += await reader.fetch(max_wait=0.2)
-            if len(got) >= 2:
-                break
+        got += await fetch_until(reader, 2, max_wait=0.2)
     assert len(refused) == 2
     assert sorted((r.partition, r.value) for r in got) == [(0, b"v0"), (1, b"v1")]
     assert "NOT_LEADER_OR_FOLLOWER" in caplog.text and "(retrying)" in caplog.text

@@ -16,7 +16,7 @@ import pytest
 from aioproducer import Producer
 from aioproducer.config import ProducerConfig
 from aioproducer.tools.reader import TopicReader
-from tests.support.readback import consume_all
+from tests.support.readback import consume_all, fetch_until
 from tests.support.throttle_watch import ThrottleWatch
 
 
@@ -156,8 +156,5 @@ async def test_the_reader_from_the_beginning_goes_on_from_where_the_log_starts(a
     config = ProducerConfig.from_properties({"bootstrap.servers": apache_kafka.bootstrap})
     got = []
     async with TopicReader(config, topic, from_beginning=True) as reader:
-        for _ in range(20):
-            got += await reader.fetch(max_wait=0.5)
-            if len(got) >= 6:
-                break
+        got += await fetch_until(reader, 6)
     assert [(r.offset, r.value) for r in got] == [(i, b"r-%d" % i) for i in range(4, 10)]

@@ -9,6 +9,7 @@ import struct
 import sys
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from kafka.record import MemoryRecords
@@ -286,3 +287,15 @@ class OutcomeReader:
 
 def transaction_outcomes(bootstrap: str, topic: str, partitions: int) -> Outcomes:
     return OutcomeReader(bootstrap, topic, partitions).read()
+
+
+async def fetch_until(reader: Any, count: int, *, max_wait: float = 0.5,
+                      rounds: int = 20) -> list[Any]:
+    """What a TopicReader (the CLI's read path) reads in at most `rounds` fetches, stopping
+    once it has `count` records."""
+    got: list[Any] = []
+    for _ in range(rounds):
+        got += await reader.fetch(max_wait=max_wait)
+        if len(got) >= count:
+            break
+    return got
