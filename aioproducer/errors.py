@@ -12,13 +12,18 @@ client), and inside a transaction any failed record makes the transaction aborta
 
 These classes and flags are the one table of Kafka's error codes: the rest of the package
 decides by flag or class (`isinstance(exc, NotCoordinatorError)`), never by a bare number.
-This module imports nothing from the package, so every layer may use it.
+This module imports nothing from the package at run time (a type checker reads the
+framing's Response, which FramingError carries), so every layer may use it: the framing's
+errors are defined here, not in the protocol layer, to be importable with the others.
 """
 
 from __future__ import annotations
 
 import enum
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
+
+if TYPE_CHECKING:
+    from .protocol.framing import Response
 
 
 class KafkaError(Exception):
@@ -188,6 +193,28 @@ class ProducerFencedError(ApplicationRecoverableError):
 
 class CorruptMessageError(RetriableError):
     """A frame or record batch failed its checks (CRC, length): corrupt, or not Kafka at all."""
+
+
+class FramingError(CorruptMessageError):
+    """The peer broke the framing, so nothing after this point of the stream can be read and
+    the connection must close (retriable: a new connection may do fine). `responses` holds the
+    responses completed before the bad bytes in the same `receive_data()` call: they are good,
+    and are handed on before the connection closes."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.responses: list[Response] = []
+
+
+class FrameSizeError(FramingError):
+    """A size prefix no Kafka broker sends: shorter than a correlation id (typically a peer
+    that is not Kafka, or TLS spoken to plaintext), or over the connection's
+    max_response_bytes (receive_message_max_bytes)."""
+
+
+class CorrelationIdError(FramingError):
+    """A response to a request while an earlier one is still unanswered: Kafka answers the
+    requests of a connection in order, so the stream cannot be trusted to match any more."""
 
 
 class UnsupportedVersionError(InvalidConfigurationError):

@@ -5,7 +5,9 @@ that wrote nothing (issue 42: 300k records of 1 KB in 16 KiB batches to the embe
 broker, which is slower than the producer at that size, took ~21,500 rounds, ~18,200 of them
 empty; now ~3,400). Nor does a batch left lingering after a write: the round after each
 write followed at once while anything was queued, and wrote nothing when what was left was
-a busy partition's next batch, still lingering. Rounds are counted on the real sender; the
+a busy partition's next batch, still lingering; nor does opening that batch, which enqueue()
+does a loop turn after closing the full one (it woke the sender for a round that only set
+the batch's linger timer). Rounds are counted on the real sender; the
 brokers are the embedded one (behind a proxy that stops reading) and the simulated cluster."""
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import asyncio
 import random
 import uuid
 from typing import Any
+
+import pytest
 
 from aioproducer import Producer
 from aioproducer.testing import SimulatedCluster
@@ -141,24 +145,31 @@ async def test_a_broker_whose_in_flight_limit_is_full_costs_no_round_per_batch(
     assert [r.value for r in got if r.partition == other] == [b"warm-up", b"not held back"]
 
 
-async def test_a_batch_left_lingering_after_a_write_costs_no_round(broker, topic):
-    """A busy partition at linger_ms > 0, fed by send(), which closes a full batch and opens
-    the next in one call: the round it wakes writes the full batch and leaves the new one
-    lingering. The next round followed at once because a batch was queued, and wrote
-    nothing (two rounds a request: 499 for 249); now the sender sleeps until that batch is
-    sendable. acks=0, so no response wakes the sender either; a 10 s linger, so none ends
-    during the test. Every record arrives, in order, once."""
+@pytest.mark.parametrize("call", ["send", "enqueue"])
+async def test_a_batch_left_lingering_after_a_write_costs_no_round(broker, topic, call):
+    """A busy partition at linger_ms > 0: each full batch is closed and the next opened
+    lingering. send() does both in one call, and the round it wakes writes the full batch
+    and leaves the new one lingering; the next round followed at once because a batch was
+    queued, and wrote nothing (499 rounds for 249 requests); now the sender sleeps until
+    that batch is sendable. enqueue() opens the next batch a loop turn after closing the
+    full one (after the round that wrote it), and that opening woke the sender for a round
+    that only set the new batch's linger timer (499 rounds too); now the opening sets the
+    timer itself. acks=0, so no response wakes the sender either; a 10 s linger, so none
+    ends during the test. Every record arrives, in order, once."""
     producer = Producer(broker.bootstrap, acks=0, enable_idempotence=False, linger_ms=10_000,
                         batch_size=1024)
     await producer.start()
     assert producer._sender is not None
     values = [b"%06d" % i + bytes(94) for i in range(2000)]  # ~9 records of 100 B a batch
-    futures = []
+    futures: list[Any] = []
     try:
         rounds = _count_rounds(producer)
         requests = producer._sender.requests
         for value in values:
-            futures.append(producer.send(topic, value, partition=0))
+            if call == "send":
+                futures.append(producer.send(topic, value, partition=0))
+            else:
+                futures.append(await producer.enqueue(topic, value, partition=0))
             await asyncio.sleep(0)  # the sender's turn, after every record
         requests = producer._sender.requests - requests
         assert requests >= 150  # (a request for each batch filled)
@@ -170,3 +181,45 @@ async def test_a_batch_left_lingering_after_a_write_costs_no_round(broker, topic
         await asyncio.wait_for(producer.close(), 30)
     got = await asyncio.to_thread(consume_all, broker.bootstrap, topic, len(values), 60)
     assert [r.value for r in got] == values
+
+
+_LINGER = 0.2  # linger_ms/1000 of the test below
+_LATE = 1.0  # seconds past its linger's end that a record may be acknowledged (a loaded host)
+
+
+@pytest.mark.parametrize("call", ["send", "enqueue"])
+async def test_a_lingering_batch_is_written_when_its_linger_ends(broker, topic, call):
+    """A batch opened while the sender sleeps, which only lingers, sets the sender's timer
+    for its linger's end rather than waking it: its record is written then, not before and
+    not much later. A lone record on an idle producer; then one that opens the next batch
+    after a full one (closed by the record before it: the full batch goes at once)."""
+    loop = asyncio.get_running_loop()
+    async with Producer(broker.bootstrap, linger_ms=round(_LINGER * 1000),
+                        batch_size=1024) as producer:
+        await producer.send(topic, b"warm-up", partition=0)  # (metadata, producer id)
+
+        async def produce(value: bytes) -> Any:
+            if call == "send":
+                return asyncio.ensure_future(producer.send(topic, value, partition=0))
+            return await producer.enqueue(topic, value, partition=0)
+
+        began = loop.time()
+        lone = await produce(b"lone")
+        await asyncio.wait_for(lone, _LINGER + _LATE + 5)
+        waited = loop.time() - began
+        assert _LINGER - 0.002 <= waited < _LINGER + _LATE, f"a lone record waited {waited} s"
+
+        # 8 records of 100 B fill a batch of 1 KiB (61 B of header, 108 a record); the 9th
+        # closes it and opens the next.
+        values = [b"%06d" % i + bytes(94) for i in range(9)]
+        handles = [await produce(value) for value in values[:-1]]
+        began = loop.time()
+        handles.append(await produce(values[-1]))
+        await asyncio.wait_for(asyncio.gather(*handles[:-1]), _LINGER + _LATE + 5)
+        assert not handles[-1].done(), "the full batch waited for the next one's linger"
+        await asyncio.wait_for(handles[-1], _LINGER + _LATE + 5)
+        waited = loop.time() - began
+        assert _LINGER - 0.002 <= waited < _LINGER + _LATE, \
+            f"the record after a full batch waited {waited} s"
+    got = await asyncio.to_thread(consume_all, broker.bootstrap, topic, 11, 60)
+    assert [r.value for r in got] == [b"warm-up", b"lone", *values]

@@ -3,6 +3,7 @@ missing from the nav, docstrings mkdocstrings cannot render), and what it builds
 and readable without the internet."""
 
 import dataclasses
+import importlib
 import os
 import re
 import subprocess
@@ -151,3 +152,50 @@ def test_every_class_a_public_call_returns_is_exported_and_documented():
         for annotation in annotations:
             to_check += _returned_classes(annotation, namespace, classes)
     assert not missing, f"returned by the public API, not exported or not documented: {missing}"
+
+
+def _every_module() -> None:
+    """Import every module of the package but `__main__` (it runs the command line), skipping
+    those whose optional dependency (pyspark, fastapi, ...) is not installed."""
+    import pkgutil
+
+    import aioproducer
+
+    for module in pkgutil.walk_packages(aioproducer.__path__, "aioproducer."):
+        if module.name == "aioproducer.__main__":
+            continue
+        try:
+            importlib.import_module(module.name)
+        except ModuleNotFoundError as exc:
+            if (exc.name or "").startswith("aioproducer"):
+                raise
+
+
+def test_every_error_is_importable_from_errors_and_on_its_page(site):
+    """Every KafkaError the package defines can be imported from `aioproducer.errors` and
+    has its entry on the errors page, whatever layer raises it (the framing's errors reached
+    users, catchable only as CorruptMessageError, their classes importable only from the
+    protocol layer). The Spark data source's own are on the integrations page."""
+    from aioproducer.errors import KafkaError
+    import aioproducer.errors
+
+    _every_module()
+    page = (site / "api" / "errors" / "index.html").read_text()
+    integrations = (site / "api" / "integrations" / "index.html").read_text()
+    classes, to_walk = set(), [KafkaError]
+    while to_walk:
+        cls = to_walk.pop()
+        if cls not in classes and cls.__module__.startswith("aioproducer."):
+            classes.add(cls)
+            to_walk += cls.__subclasses__()
+    assert len(classes) > 100  # (every Kafka error code is a class)
+    missing = []
+    for cls in classes:
+        if cls.__module__.startswith("aioproducer.integrations."):
+            if f'id="{cls.__module__}.{cls.__name__}"' not in integrations:
+                missing.append(f"{cls.__module__}.{cls.__name__}")
+        elif getattr(aioproducer.errors, cls.__name__, None) is not cls or \
+                f'id="aioproducer.errors.{cls.__name__}"' not in page:
+            missing.append(f"{cls.__module__}.{cls.__name__}")
+    assert not missing, f"errors not importable from aioproducer.errors or not documented: " \
+        f"{sorted(missing)}"

@@ -6,14 +6,9 @@ import struct
 
 import pytest
 
-from aioproducer.errors import CorruptMessageError, RetriableError
-from aioproducer.protocol.framing import (
-    MAX_RESPONSE_BYTES,
-    CorrelationIdError,
-    Framing,
-    FrameSizeError,
-    Response,
-)
+from aioproducer.errors import CorrelationIdError, CorruptMessageError, FrameSizeError, \
+    RetriableError
+from aioproducer.protocol.framing import MAX_RESPONSE_BYTES, Framing, Response
 from aioproducer.protocol.messages import ApiKey
 
 END_TXN = {"transactional_id": "tx", "producer_id": 7, "producer_epoch": 1, "committed": True}

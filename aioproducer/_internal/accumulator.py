@@ -464,6 +464,18 @@ class RecordAccumulator(AccumulatorFields):
         self._quiet_topics = topics
         return ready, next_check, unknown_leader
 
+    def lingers(self, batch: ProducerBatch) -> bool:
+        """Whether `batch`, just opened, makes nothing sendable before its linger ends: no
+        flush, not closing, nobody in line for memory (ready()'s drain_all), the only batch
+        of its partition, smaller than batch_size. The sender then need not run a round for
+        it, only by its linger's end (a round for it wrote nothing: enqueue() opens a busy
+        partition's next batch a loop turn after closing the full one)."""
+        if self._flushing or self.closing or self.line or \
+                batch.writer.size >= self._batch_size or self._linger <= _CLOCK_SLACK:
+            return False
+        queue = self._batches.get((batch.topic, batch.partition))
+        return queue is not None and len(queue) == 1 and queue[0] is batch
+
     def _all_led(self, topics: dict[str, TopicInfo]) -> bool:
         """Whether every partition of every topic appended to has a leader: then no queued
         batch's leader is unknown, and ready() may stop once every broker is ready."""

@@ -29,6 +29,7 @@ from ..errors import (
     AuthenticationError,
     BrokerUnsupportedVersionError,
     CorruptMessageError,
+    FramingError,
     KafkaConnectionError,
     KafkaError,
     RebootstrapRequiredError,
@@ -36,7 +37,7 @@ from ..errors import (
     error_for_code,
 )
 from .._version import __version__
-from ..protocol.framing import MAX_RESPONSE_BYTES, Framing, FramingError, Response
+from ..protocol.framing import MAX_RESPONSE_BYTES, Framing, Response
 from ..protocol.messages import CLIENT_VERSIONS, ApiKey, pick_version
 from ..protocol.sasl import SaslMechanism
 

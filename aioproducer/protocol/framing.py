@@ -14,7 +14,14 @@ import struct
 from collections import deque
 from typing import Any, Mapping
 
-from ..errors import CorruptMessageError, KafkaError, UnsupportedVersionError
+from ..errors import (
+    CorrelationIdError,
+    CorruptMessageError,
+    FrameSizeError,
+    FramingError,
+    KafkaError,
+    UnsupportedVersionError,
+)
 from .messages import ApiKey, Frame, decode_response, encode_request
 
 log = logging.getLogger(__name__)
@@ -30,28 +37,6 @@ MAX_RESPONSE_BYTES = 100_000_000
 # layer to decode off its event loop: decoding takes ~0.1 s per MiB of Metadata, during which
 # no timer or other connection would run. Produce responses are far smaller.
 INLINE_DECODE_BYTES = 64 * 1024
-
-
-class FramingError(CorruptMessageError):
-    """The peer broke the framing, so nothing after this point of the stream can be read and
-    the connection must close (retriable: a new connection may do fine). `responses` holds the
-    responses completed before the bad bytes in the same `receive_data()` call: they are good,
-    and are handed on before the connection closes."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.responses: list[Response] = []
-
-
-class FrameSizeError(FramingError):
-    """A size prefix no Kafka broker sends: shorter than a correlation id (typically a peer
-    that is not Kafka, or TLS spoken to plaintext), or over the connection's
-    max_response_bytes (receive_message_max_bytes)."""
-
-
-class CorrelationIdError(FramingError):
-    """A response to a request while an earlier one is still unanswered: Kafka answers the
-    requests of a connection in order, so the stream cannot be trusted to match any more."""
 
 
 class Response:
