@@ -16,7 +16,6 @@ from pytest_asyncio.plugin import PytestAsyncioFunction
 
 from aioproducer.testing import EmbeddedBroker, SimulatedCluster
 from tests.support.cancel import WAYS, cut_short
-from tests.support.ports import free_port
 from tests.support.readback import created_with
 from tests.support.proxy import FaultProxy
 from tests.support.simulated import require_embedded
@@ -95,10 +94,9 @@ class ProxiedBroker:
 def proxied_broker():
     """A broker of its own that advertises a FaultProxy's address: every client connection
     goes through the proxy. (Embedded only: an external cluster advertises itself.)"""
-    proxy_port = free_port()
-    with EmbeddedBroker(advertised_port=proxy_port) as embedded:
-        with FaultProxy(embedded.port, proxy_port) as proxy:
-            yield ProxiedBroker(embedded, proxy)
+    with FaultProxy() as proxy, EmbeddedBroker(advertised_port=proxy.port) as embedded:
+        proxy.upstream_port = embedded.port
+        yield ProxiedBroker(embedded, proxy)
 
 
 @pytest.fixture

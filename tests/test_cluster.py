@@ -31,7 +31,6 @@ from aioproducer.protocol.sasl import Scram
 from aioproducer.testing import (EmbeddedBrokerError, Listener, Principal, SaslFailure,
                                  SimulatedCluster, unsecured_jwt)
 from aioproducer.testing.cluster import SASL_MECHANISMS
-from tests.support.ports import free_port
 from tests.support.proxy import FaultProxy
 from tests.support.raw import RawConnection, call, record_batch
 from tests.support.readback import consume_all, created_with
@@ -304,7 +303,7 @@ async def test_every_known_node_down_sends_the_producer_back_to_its_bootstrap_ad
     before and during the outage all arrive, once, in order per key."""
     topic = new_topic(cluster, 3)
     node_1 = int(cluster.address(1).rsplit(":", 1)[1])
-    with FaultProxy(node_1, free_port()) as bootstrap:
+    with FaultProxy(node_1) as bootstrap:
         async with Producer(f"127.0.0.1:{bootstrap.port}", linger_ms=0,
                             reconnect_backoff_max_ms=200, retry_backoff_ms=20,
                             retry_backoff_max_ms=200, delivery_timeout_ms=60_000) as producer:

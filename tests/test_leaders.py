@@ -13,7 +13,6 @@ from kafka.protocol.producer import ProduceResponse
 
 from aioproducer import Producer
 from aioproducer.errors import InconsistentClusterIdError
-from tests.support.ports import free_port
 from tests.support.proxy import FaultProxy
 from tests.support.readback import consume_all
 
@@ -62,7 +61,7 @@ async def test_a_new_leader_named_in_the_response_gets_the_batch_at_once(proxied
     cluster.proxy.rewrite_responses(ProduceResponse, refuse_once)
     cluster.proxy.rewrite_responses(MetadataResponse, list_node_222)
     # "Node 222": a second way to the same broker, which has the records.
-    with FaultProxy(cluster.broker.port, free_port()) as new_leader:
+    with FaultProxy(cluster.broker.port) as new_leader:
         new_leader.rewrite_responses(ProduceResponse, lambda response: at_new_leader.append(1))
         async with Producer(cluster.bootstrap, linger_ms=0, retry_backoff_ms=60_000,
                             retry_backoff_max_ms=60_000) as producer:

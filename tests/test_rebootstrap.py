@@ -20,7 +20,6 @@ import pytest
 from aioproducer import Producer, ProducerConfig
 from aioproducer.errors import ConfigError
 from aioproducer.testing import SimulatedCluster
-from tests.support.ports import free_port
 from tests.support.proxy import FaultProxy
 from tests.support.readback import consume_all
 from tests.support.simulated import require_embedded
@@ -40,7 +39,7 @@ def clusters(broker):
     require_embedded(broker)
     with SimulatedCluster(3, upstream=broker, lifetime=120) as old, \
             SimulatedCluster(3, upstream=broker, lifetime=120) as new, \
-            FaultProxy(port_of(old), free_port()) as front:
+            FaultProxy(port_of(old)) as front:
         yield old, new, front
 
 

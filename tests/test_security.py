@@ -33,7 +33,6 @@ from aioproducer import Producer, ProducerConfig
 from aioproducer.errors import AuthenticationError, ConfigError, KafkaConnectionError
 from aioproducer.testing import EmbeddedBroker, Listener, SimulatedCluster
 from tests.support.backpressure import fill_a_broker_that_stops_reading
-from tests.support.ports import free_port
 from tests.support.proxy import FaultProxy
 from tests.support.readback import fetch_raw_batches
 from tests.support.simulated import require_embedded
@@ -50,12 +49,12 @@ def tls_proxy(ca, tmp_path):
     the proxy that terminates it: (broker, proxy, bootstrap, CA file)."""
     server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ca.issue_cert("127.0.0.1", "localhost").configure_cert(server)
-    proxy_port = free_port()
-    with EmbeddedBroker(advertised_port=proxy_port) as broker:
-        with FaultProxy(broker.port, proxy_port, tls=server) as proxy:
-            cafile = tmp_path / "ca.pem"
-            ca.cert_pem.write_to_path(str(cafile))
-            yield broker, proxy, f"127.0.0.1:{proxy_port}", str(cafile)
+    with FaultProxy(tls=server) as proxy, \
+            EmbeddedBroker(advertised_port=proxy.port) as broker:
+        proxy.upstream_port = broker.port
+        cafile = tmp_path / "ca.pem"
+        ca.cert_pem.write_to_path(str(cafile))
+        yield broker, proxy, f"127.0.0.1:{proxy.port}", str(cafile)
 
 
 @pytest.fixture
@@ -145,11 +144,11 @@ async def test_hostname_is_checked_unless_disabled(ca, tmp_path):
     ca.issue_cert("kafka.example").configure_cert(server)  # not our address
     cafile = tmp_path / "ca.pem"
     ca.cert_pem.write_to_path(str(cafile))
-    proxy_port = free_port()
-    with EmbeddedBroker(advertised_port=proxy_port) as broker, \
-            FaultProxy(broker.port, proxy_port, tls=server):
+    with FaultProxy(tls=server) as proxy, \
+            EmbeddedBroker(advertised_port=proxy.port) as broker:
+        proxy.upstream_port = broker.port
         broker.create_topic("named", 1)
-        bootstrap = f"127.0.0.1:{proxy_port}"
+        bootstrap = f"127.0.0.1:{proxy.port}"
         with pytest.raises(AuthenticationError, match="TLS handshake"):
             await Producer(bootstrap, security_protocol="SSL", ssl_cafile=str(cafile)).start()
         async with Producer(bootstrap, security_protocol="SSL", ssl_cafile=str(cafile),
@@ -226,25 +225,25 @@ async def test_client_certificate_from_pem_text_with_a_key_password(ca):
     settings = dict(security_protocol="SSL", ssl_ca_pem=ca.cert_pem.bytes().decode(),
                     ssl_cert_pem="".join(p.bytes().decode() for p in client_leaf.cert_chain_pems),
                     ssl_key_pem=key_pem, ssl_password="key-pw-42")
-    proxy_port = free_port()
-    with EmbeddedBroker(advertised_port=proxy_port) as broker:
+    with FaultProxy(tls=server) as proxy, \
+            EmbeddedBroker(advertised_port=proxy.port) as broker:
+        proxy.upstream_port = broker.port
         broker.create_topic("mtls", 1)
-        with FaultProxy(broker.port, proxy_port, tls=server):
-            bootstrap = f"127.0.0.1:{proxy_port}"
-            async with Producer(bootstrap, **settings) as producer:
-                assert "key-pw-42" not in repr(producer.config)
-                assert "PRIVATE KEY" not in repr(producer.config)
-                assert (await producer.send("mtls", b"v")).offset == 0
-            with pytest.raises(ConfigError, match="ssl_password") as refused:
-                await Producer(bootstrap, **dict(settings, ssl_password="wrong")).start()
-            assert "wrong" not in str(refused.value) and "PRIVATE" not in str(refused.value)
-            # Without a client certificate the broker's end refuses the handshake (under TLS
-            # 1.3 the client learns it only as the connection closes).
-            with pytest.raises(KafkaConnectionError):
-                async with Producer(bootstrap, security_protocol="SSL",
-                                    ssl_ca_pem=settings["ssl_ca_pem"], max_block_ms=3000,
-                                    request_timeout_ms=3000, delivery_timeout_ms=6000) as bare:
-                    await bare.send("mtls", b"w")
+        bootstrap = f"127.0.0.1:{proxy.port}"
+        async with Producer(bootstrap, **settings) as producer:
+            assert "key-pw-42" not in repr(producer.config)
+            assert "PRIVATE KEY" not in repr(producer.config)
+            assert (await producer.send("mtls", b"v")).offset == 0
+        with pytest.raises(ConfigError, match="ssl_password") as refused:
+            await Producer(bootstrap, **dict(settings, ssl_password="wrong")).start()
+        assert "wrong" not in str(refused.value) and "PRIVATE" not in str(refused.value)
+        # Without a client certificate the broker's end refuses the handshake (under TLS
+        # 1.3 the client learns it only as the connection closes).
+        with pytest.raises(KafkaConnectionError):
+            async with Producer(bootstrap, security_protocol="SSL",
+                                ssl_ca_pem=settings["ssl_ca_pem"], max_block_ms=3000,
+                                request_timeout_ms=3000, delivery_timeout_ms=6000) as bare:
+                await bare.send("mtls", b"w")
 
 
 # -- secrets in errors and logs, through SASL on a SimulatedCluster ------------------------

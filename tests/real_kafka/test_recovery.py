@@ -33,7 +33,6 @@ from aioproducer.errors import (BrokerInvalidRecordError, MessageTooLargeError,
                                 NotEnoughReplicasError, OutOfOrderSequenceNumberError,
                                 TransactionFailedError)
 from aioproducer.hooks import ProducerHooks
-from tests.support.ports import free_port
 from tests.support.producer_state import (active_producers, producer_ids_expiring_after,
                                           wait_forgotten)
 from tests.support.proxy import FaultProxy
@@ -91,7 +90,7 @@ async def _behind_a_proxy(apache_kafka, retries: Retries,
     """A FLOW producer whose every connection to the broker goes through a FaultProxy (and
     in a transaction begun, if `transactional_prefix`)."""
     broker_port = int(apache_kafka.bootstrap.rsplit(":", 1)[1])
-    with FaultProxy(broker_port, free_port()) as proxy:
+    with FaultProxy(broker_port) as proxy:
         proxy.front()
         extra = ({"transactional_id": f"{transactional_prefix}-{uuid.uuid4().hex[:8]}"}
                  if transactional_prefix else {})
@@ -150,7 +149,7 @@ async def test_a_request_lost_just_after_the_leader_forgot_the_producer_is_not_o
     topic = make_topic()
     address = apache_kafka.bootstrap
     values = [b"%05d" % i + b"." * 60 for i in range(1200)]
-    with FaultProxy(int(address.rsplit(":", 1)[1]), free_port()) as proxy:
+    with FaultProxy(int(address.rsplit(":", 1)[1])) as proxy:
         proxy.front()
         async with Producer(f"127.0.0.1:{proxy.port}", **FLOW) as producer:
             await _send_all(producer, topic, values[:600])

@@ -29,8 +29,12 @@ Rewrite = Callable[[Any], Any]  # a decoded response -> the one to send instead,
 
 
 class FaultProxy:
-    def __init__(self, upstream_port: int, listen_port: int,
+    def __init__(self, upstream_port: int = 0, listen_port: int = 0,
                  tls: ssl.SSLContext | None = None) -> None:
+        """`listen_port` 0: one the kernel picks when start() binds it (`port`), held from
+        then on; a port found free and bound later can be taken meanwhile (CI: "address
+        already in use"). `upstream_port` may be set after start(), before a client
+        connects: a broker that advertises the proxy's port starts after it."""
         self.upstream_port = upstream_port
         self._tls = tls  # terminate TLS here: clients speak TLS, the broker plain TCP
         self.port = listen_port
@@ -189,6 +193,7 @@ class FaultProxy:
     async def _start_server(self) -> None:
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port,
                                                   ssl=self._tls)
+        self.port = self._server.sockets[0].getsockname()[1]
 
     async def _shutdown(self) -> None:
         self._abort_all()
