@@ -25,6 +25,11 @@ def records(n: int, value_size: int, keyless: bool = False):
     return [(b"key-%012d" % (i % 100_000), value) for i in range(n)]
 
 
+def setting(text: str) -> tuple[str, int]:
+    name, _, value = text.partition("=")
+    return name, int(value)
+
+
 # -- aioproducer ---------------------------------------------------------------------------------
 
 async def aioproducer_run(args, data):
@@ -36,6 +41,7 @@ async def aioproducer_run(args, data):
         del settings["batch_size"]
     if args.batch_size:
         settings["batch_size"] = args.batch_size
+    settings.update(args.set)
     if args.idempotence:
         settings["acks"] = "all"  # idempotence needs it
     if args.scenario == "latency":
@@ -420,6 +426,8 @@ def main() -> None:
     parser.add_argument("--defaults", action="store_true",
                         help="each client's own batch size (not 16 KiB for all): the grid")
     parser.add_argument("--batch-size", type=int, default=0, help="this batch size instead")
+    parser.add_argument("--set", type=setting, action="append", default=[], metavar="NAME=INT",
+                        help="aioproducer: this integer setting (buffer_memory=67108864)")
     args = parser.parse_args()
     data = records(args.records, args.value_size, args.keyless)
     run = SYNC[args.client] if args.scenario == "sync" else \
