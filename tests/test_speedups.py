@@ -1107,6 +1107,9 @@ def _accumulator_parts(impl, loop):
             self.calls.append(("count_linger_bound", now))
             self._lone_acked_at = None
 
+        def _wake_failed(self, exc):
+            self.calls.append(("wake_failed", repr(exc)))
+
     accumulator = Accumulator()
     accumulator.calls = []
     accumulator.closing = False
@@ -1154,6 +1157,28 @@ def _accumulator_state(accumulator) -> dict:
         "drained": dict(accumulator._drained_bytes),
         "calls": list(accumulator.calls),
     }
+
+
+@pytest.mark.parametrize("impl", BOTH, ids=["python", "c"])
+async def test_a_batch_opened_whose_wake_raises_keeps_its_record(impl):
+    """Waking the sender for a new batch comes after its record is in it and it is queued:
+    a wake that raises (a bug of ours: uvloop's timer Handle had no when()) goes to
+    _wake_failed, and the opening still returns the batch with its memory held. It raised,
+    and the Appender appended the record again from the start (into that same batch), with
+    the memory given back while the batch held it."""
+    acc = _accumulator_parts(impl, asyncio.get_running_loop())
+
+    def wake_sender_for(batch, opened):
+        raise AttributeError("'uvloop.loop.Handle' object has no attribute 'when'")
+
+    acc.wake_sender_for = wake_sender_for
+    batch = acc.open_new("t", 1, b"key", b"v" * 100, 1000, 3)
+    assert batch is not None and batch.writer.count == 1
+    state = _accumulator_state(acc)
+    assert [b[0] for b in state["batches"][("t", 1)]] == [batch.number]
+    assert state["available"] == 4096 - 1024  # held by the batch
+    assert state["calls"][-1] == ("wake_failed", "AttributeError(\"'uvloop.loop.Handle' "
+                                                 "object has no attribute 'when'\")")
 
 
 def _open_and_take(impl, loop) -> list:

@@ -685,6 +685,18 @@ class RecordAccumulator(AccumulatorFields):
                 and now - last.created >= self._linger:
             self._lone_acked_at = now
 
+    def _wake_failed(self, exc: Exception) -> None:
+        """Opening a batch woke the sender (`wake_sender_for`), and that raised: a bug of
+        ours, reported through the loop's exception handler. The record is in the batch,
+        queued, so the call that opened it does not fail (the Appender would append it
+        again: uvloop's timer Handle once made records land twice); the sender is woken
+        plainly."""
+        self._loop.call_exception_handler({
+            "message": "aioproducer: waking the sender for a new batch failed (a bug: please "
+                       "report it); the record is buffered and the sender woken",
+            "exception": exc})
+        self.wake_sender()
+
     def _count_linger_bound(self, now: float) -> None:
         """A new batch: does it follow at once on a lone record that waited out its linger?"""
         acked_at, self._lone_acked_at = self._lone_acked_at, None

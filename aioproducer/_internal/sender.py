@@ -81,8 +81,11 @@ class Sender:
         self._loop = asyncio.get_running_loop()
         self._wakeup: asyncio.Future[None] | None = None
         # Kept from round to round and moved only to an earlier time: an early wake-up costs
-        # a round that finds nothing to do, a timer per round costs every round.
-        self._timer: asyncio.TimerHandle | None = None
+        # a round that finds nothing to do, a timer per round costs every round. Its time is
+        # kept beside it: uvloop's call_at() for a time under half a millisecond away gives a
+        # plain Handle (call_soon), which has no when().
+        self._timer: asyncio.Handle | None = None
+        self._timer_when = float("inf")
         self._in_flight: dict[ProducerBatch, None] = {}  # ordered set of batches on the wire
         # Requests of this round, written when it has done everything else (with the bytes of
         # their record batches).
@@ -207,15 +210,15 @@ class Sender:
 
     def _wake_by(self, when: float) -> None:
         """Make sure a round runs by loop time `when` (inf: no deadline)."""
-        timer = self._timer
-        if when == float("inf") or timer is not None and timer.when() <= when:
+        if when >= self._timer_when:
             return
-        if timer is not None:
-            timer.cancel()
+        if self._timer is not None:
+            self._timer.cancel()
         self._timer = self._loop.call_at(when, self._on_timer)
+        self._timer_when = when
 
     def _on_timer(self) -> None:
-        self._timer = None
+        self._timer, self._timer_when = None, float("inf")
         self.wake()
 
     def _send_now(self, batch: ProducerBatch) -> bool:

@@ -3347,7 +3347,7 @@ typedef struct {
 
 static PyObject *deque_type;  /* collections.deque */
 static PyObject *s_time, *s_create_future, *s_append, *s_add, *s_is_transactional,
-    *s_add_partition, *s_open_batches, *s_count_linger_bound, *s_popleft, *s_close,
+    *s_add_partition, *s_open_batches, *s_count_linger_bound, *s_wake_failed, *s_popleft, *s_close,
     *s_sequencer, *s_assign;  /* interned at import */
 
 static int
@@ -3577,6 +3577,19 @@ accumulator_open(AccumulatorFields *self, PyObject *topic, PyObject *partition,
     PyObject *call[2] = {batch, Py_True};
     PyObject *woken = adding ? PyObject_CallNoArgs(wake) : PyObject_Vectorcall(wake, call, 2, NULL);
     Py_DECREF(wake);
+    if (woken == NULL && PyErr_ExceptionMatches(PyExc_Exception)) {
+        /* The record is in its queued batch: the call has taken it, and must not fail (the
+           Appender would append it again). See _wake_failed. */
+        PyObject *type, *value, *traceback;
+        PyErr_Fetch(&type, &value, &traceback);
+        PyErr_NormalizeException(&type, &value, &traceback);
+        if (traceback != NULL)
+            PyException_SetTraceback(value, traceback);
+        woken = PyObject_CallMethodOneArg((PyObject *)self, s_wake_failed, value);
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(traceback);
+    }
     if (woken == NULL)
         goto error;
     Py_DECREF(woken);
@@ -3971,7 +3984,7 @@ PyInit__c(void)
         {&s_headers, "headers"}, {&s_time, "time"}, {&s_create_future, "create_future"},
         {&s_append, "append"}, {&s_add, "add"}, {&s_is_transactional, "is_transactional"},
         {&s_add_partition, "add_partition"}, {&s_open_batches, "open_batches"},
-        {&s_count_linger_bound, "_count_linger_bound"}, {&s_set_result, "set_result"},
+        {&s_count_linger_bound, "_count_linger_bound"}, {&s_wake_failed, "_wake_failed"}, {&s_set_result, "set_result"},
         {&s_call_soon, "call_soon"}, {&s_run_watchers, "_run_watchers"},
         {&s_piece_done, "_piece_done"}, {&s_pending, "_pending"}, {&s_resolve, "_resolve"},
         {&s_free, "free"}, {&s_popleft, "popleft"}, {&s_close, "close"},

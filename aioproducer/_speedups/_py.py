@@ -308,8 +308,8 @@ class AccumulatorFields:
     """The accumulator's state that opening a batch and taking it for a request read and
     write, and those two (see _c.c, where each is one call with no Python frame: at 10,000
     partitions a batch may hold one record). Its subclass (the RecordAccumulator) sets every
-    field, and has `open_batches`, `_count_linger_bound` and the `wake_sender` and
-    `wake_sender_for` hooks that these call."""
+    field, and has `open_batches`, `_count_linger_bound`, `_wake_failed` and the
+    `wake_sender` and `wake_sender_for` hooks that these call."""
 
     __slots__ = ("closing", "line", "_pool", "_loop", "_batch_size", "_first_reserve",
                  "_max_request_size", "buffer_memory", "_linger", "_delivery_timeout",
@@ -413,7 +413,12 @@ class AccumulatorFields:
         if txn is not None and txn.is_transactional and txn.add_partition(topic, partition):
             self.wake_sender()  # a round adds the partition to the transaction, blocked or not
         else:
-            self.wake_sender_for(batch, True)  # a new linger deadline, or the batch before is full
+            try:
+                self.wake_sender_for(batch, True)  # a new linger deadline, or the batch before is full
+            except Exception as exc:
+                # The record is in its queued batch: the call has taken it, and must not fail
+                # (the Appender would append it again). See _wake_failed.
+                self._wake_failed(exc)  # type: ignore[attr-defined]
         return batch
 
     def _take(self, tp: tuple[str, int], queue: Any) -> Any:
