@@ -214,7 +214,7 @@ class BlockingProducer(Generic[K, V]):
                     exc.accepted = outcome.result(  # type: ignore[attr-defined]
                         self._max_block + 10)
             if not isinstance(getattr(exc, "accepted", None), BulkThreadFuture):  # (none taken)
-                exc.accepted = _none_buffered()  # type: ignore[attr-defined]
+                exc.accepted = _none_buffered()  # type: ignore[union-attr]
             raise
 
     def flush(self, timeout: float | None = None) -> None:
