@@ -545,6 +545,21 @@ async def test_enqueue_many_with_a_bad_records_argument(broker, topic):
     assert [r.value for r in got] == values
 
 
+async def test_enqueue_many_says_how_to_pass_a_dataframe(broker, topic):
+    """A pandas DataFrame iterates over its column names: it was refused as "not str (record
+    0: 'key')", which names neither the DataFrame nor the fix."""
+    pandas = pytest.importorskip("pandas")
+    frame = pandas.DataFrame({"key": [b"k"], "value": [b"v"]})
+    async with Producer(broker.bootstrap) as producer:
+        with pytest.raises(InvalidRecordError, match=r"not a DataFrame .*itertuples") as caught:
+            await producer.enqueue_many(topic, frame)
+        assert len(caught.value.accepted) == 0
+        await (await producer.enqueue_many(
+            topic, frame[["key", "value"]].itertuples(index=False, name=None)))
+    got = consume_all(broker.bootstrap, topic, expected=1)
+    assert [(r.key, r.value) for r in got] == [(b"k", b"v")]
+
+
 @pytest.mark.parametrize("record", [b"v1", "v1", bytearray(b"v1")], ids=repr)
 async def test_enqueue_many_refuses_bare_values_of_length_two(broker, topic, record):
     """A value of two bytes or characters unpacks as a (key, value) pair: refused as not a
