@@ -21,7 +21,7 @@ import os
 import threading
 import weakref
 from collections import deque
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from typing import Any, Awaitable, Callable, Coroutine, Generic, Iterable, Iterator, Sequence, \
     TypeVar, Unpack, overload
@@ -33,6 +33,7 @@ from ._internal.batch import BulkFuture, BulkMetadata, ProducerBatch, RecordFutu
 from ._internal.metrics import ProducerMetrics
 from ._internal.observer import deliver, deliver_each
 from ._internal.thread_future import BulkThreadFuture, ThreadFuture
+from .client.ratelimit import LogEvery
 from .config import ProducerConfig, ProducerSettingsBase
 from .errors import BufferExhaustedError, ProducerClosedError
 from .producer import Bytes, K, Producer, V
@@ -118,6 +119,9 @@ class BlockingProducer(Generic[K, V]):
         self._by_batch: dict[ProducerBatch, list[_Produced | RecordFuture]] = {}
         # produce_many()'s BulkFutures not done yet, each followed by a thread future.
         self._bulks: set[BulkFuture] = set()
+        # A produce() refused for its arguments fails its future only: with nobody to look
+        # at it (no on_delivery), a loop of records of the wrong type failed unseen.
+        self._log_refused = LogEvery(log, logging.WARNING, 10)
         self._portal_cm = start_blocking_portal("asyncio", _backend_options(),
                                                 name="aioproducer-blocking")
         self._portal: BlockingPortal = self._portal_cm.__enter__()
@@ -190,18 +194,27 @@ class BlockingProducer(Generic[K, V]):
         cannot be cancelled. Whatever the call raises (a record refused, the producer closed,
         `records` itself raising), the records it buffered are sent: the exception's
         `accepted` (also found by `aioproducer.accepted(error)`) is such a future of those,
-        always the first len(accepted) records (resume from there). `records` is read in the
-        producer's thread as the call goes: do not change it until the call returns."""
+        always the first len(accepted) records (resume from there); a KeyboardInterrupt
+        (Ctrl-C) in this thread stops the call there too, and carries `accepted` as well.
+        `records` is read in the producer's thread as the call goes: do not change it until
+        the call returns."""
+        # What the call buffered, however it ended in the producer's thread: a Ctrl-C here
+        # stops it there (see _call), and the KeyboardInterrupt then carries this.
+        outcome: Future[BulkThreadFuture] = Future()
         try:
             future: BulkThreadFuture = self._call(
                 self._produce_many, topic, records, partition, timestamp_ms,
-                contextvars.copy_context() if self._tells_send else None)
+                contextvars.copy_context() if self._tells_send else None, outcome,
+                interruptible=True)
             return future
-        except Exception as exc:
+        except (Exception, KeyboardInterrupt) as exc:
+            # (outcome.cancel() succeeds if the call never began there: nothing buffered)
+            if isinstance(exc, KeyboardInterrupt) and not outcome.cancel():
+                with contextlib.suppress(Exception):  # (bounded: the call was cancelled)
+                    exc.accepted = outcome.result(  # type: ignore[attr-defined]
+                        self._max_block + 10)
             if not isinstance(getattr(exc, "accepted", None), BulkThreadFuture):  # (none taken)
-                nothing = BulkThreadFuture(0)
-                nothing.resolve(BulkMetadata([], bytearray(), 0), None)
-                exc.accepted = nothing  # type: ignore[attr-defined]
+                exc.accepted = _none_buffered()  # type: ignore[union-attr]
             raise
 
     def flush(self, timeout: float | None = None) -> None:
@@ -285,21 +298,30 @@ class BlockingProducer(Generic[K, V]):
     # -- the producing thread's side -------------------------------------------------------
 
     @overload
-    def _call(self, func: Callable[..., Awaitable[_T]], *args: Any) -> _T: ...
+    def _call(self, func: Callable[..., Awaitable[_T]], *args: Any,
+              interruptible: bool = False) -> _T: ...
     @overload
-    def _call(self, func: Callable[..., _T], *args: Any) -> _T: ...
+    def _call(self, func: Callable[..., _T], *args: Any, interruptible: bool = False) -> _T: ...
 
-    def _call(self, func: Callable[..., Any], *args: Any) -> Any:
+    def _call(self, func: Callable[..., Any], *args: Any, interruptible: bool = False) -> Any:
         """`func(*args)` in the producer's thread, awaited there if a coroutine, its result
         or error here. Refused (ProducerClosedError) once close() began; close() waits for
         the calls under way before it stops the thread: a call that found the producer open
-        as another thread closed it got anyio's "This portal is not running"."""
+        as another thread closed it got anyio's "This portal is not running". If
+        `interruptible`, a KeyboardInterrupt in this thread cancels the call there (else it
+        goes on unseen: a Ctrl-C'd produce_many() went on buffering its records)."""
         self._check_blocking_allowed()
         with self._gate:
             self._check_usable()
             self._calls += 1
         try:
-            return self._portal.call(func, *args)
+            running = self._portal.start_task_soon(func, *args)
+            try:
+                return running.result()
+            except KeyboardInterrupt:
+                if interruptible:
+                    running.cancel()
+                raise
         finally:
             with self._gate:
                 self._calls -= 1
@@ -402,6 +424,9 @@ class BlockingProducer(Generic[K, V]):
                     "the producer was closed before this record was sent"))
                 raise
             except Exception as exc:
+                if future._on_delivery is None:  # (as a batch that fails for good is logged)
+                    self._log_refused("produce(%r, ...) failed, the record is not sent: %r",
+                                      topic, exc)
                 _fail(future, exc)
             else:
                 batch = record._batch
@@ -443,17 +468,29 @@ class BlockingProducer(Generic[K, V]):
 
     async def _produce_many(self, topic: str, records: Iterable[tuple[K | None, V | None]],
                             partition: int | None, timestamp_ms: int | None,
-                            context: contextvars.Context | None) -> BulkThreadFuture:
-        await self._handover()  # (once closed, enqueue_many() refuses)
-        try:  # (on_send hooks see the records in `context`, the caller's, as produce()'s)
+                            context: contextvars.Context | None,
+                            outcome: Future[BulkThreadFuture]) -> BulkThreadFuture:
+        """enqueue_many() here; `outcome` gets the future of what it buffered, however it
+        ends (for a caller that a Ctrl-C took away before the call returned)."""
+        if not outcome.set_running_or_notify_cancel():  # (the caller was interrupted)
+            raise asyncio.CancelledError
+        taken: BulkThreadFuture | None = None
+        try:
+            await self._handover()  # (once closed, enqueue_many() refuses)
+            # (on_send hooks see the records in `context`, the caller's, as produce()'s)
             bulk = await self._producer._intake.enqueue_many(topic, records, partition,
                                                              timestamp_ms, context)
         except BaseException as exc:
             accepted = getattr(exc, "accepted", None)
             if isinstance(accepted, BulkFuture):
-                exc.accepted = self._follow(accepted)  # type: ignore[attr-defined]
+                exc.accepted = taken = self._follow(accepted)  # type: ignore[attr-defined]
             raise
-        return self._follow(bulk)
+        else:
+            taken = self._follow(bulk)
+            return taken
+        finally:
+            outcome.set_result(  # (None: it ended waiting for the hand-over)
+                _none_buffered() if taken is None else taken)
 
     def _follow(self, bulk: BulkFuture) -> BulkThreadFuture:
         """A thread future of `bulk`'s outcome; taken at once, as its records are buffered
@@ -535,6 +572,13 @@ def _fail(future: _Produced, exc: BaseException) -> None:
         deliver(on_delivery, None, exc)
 
 
+def _none_buffered() -> BulkThreadFuture:
+    """The `accepted` of a produce_many() that buffered no record."""
+    nothing = BulkThreadFuture(0)
+    nothing.resolve(BulkMetadata([], bytearray(), 0), None)
+    return nothing
+
+
 def _settle(future: BulkThreadFuture, bulk: BulkFuture) -> None:
     exc = bulk.exception()
     future.resolve(None if exc is not None else bulk.result(), exc)
@@ -550,11 +594,30 @@ def _forked_in_child() -> None:
     _OPEN.clear()
 
 
+class _RunAtOnce(ThreadPoolExecutor):
+    """The producer's loop's executor at interpreter exit. Python's thread pools take no more
+    work once the interpreter began to exit (before atexit functions run), and asyncio looks
+    a host name up in the loop's executor: a close at exit that had to connect to a broker
+    by name (one advertised as kafka-1:9092, say) could not ("cannot schedule new futures
+    after interpreter shutdown"), and lost its records. This one runs each call at once, in
+    the loop's thread (blocking the loop meanwhile, at exit only)."""
+
+    def submit(self, fn: Callable[..., _T], /, *args: Any, **kwargs: Any) -> Future[_T]:
+        future: Future[_T] = Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as exc:
+            future.set_exception(exc)
+        return future
+
+
 def _close_at_exit() -> None:
     """Records produced but never flushed are sent at exit (within 10 s each producer), as
     the loop's thread is a daemon that would otherwise die with them."""
     for producer in list(_OPEN):
         with contextlib.suppress(Exception):
+            producer._loop.call_soon_threadsafe(producer._loop.set_default_executor,
+                                                _RunAtOnce(max_workers=1))
             producer.close(timeout=10)
 
 

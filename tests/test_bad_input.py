@@ -545,6 +545,21 @@ async def test_enqueue_many_with_a_bad_records_argument(broker, topic):
     assert [r.value for r in got] == values
 
 
+async def test_enqueue_many_says_how_to_pass_a_dataframe(broker, topic):
+    """A pandas DataFrame iterates over its column names: it was refused as "not str (record
+    0: 'key')", which names neither the DataFrame nor the fix."""
+    pandas = pytest.importorskip("pandas")
+    frame = pandas.DataFrame({"key": [b"k"], "value": [b"v"]})
+    async with Producer(broker.bootstrap) as producer:
+        with pytest.raises(InvalidRecordError, match=r"not a DataFrame .*itertuples") as caught:
+            await producer.enqueue_many(topic, frame)
+        assert len(caught.value.accepted) == 0
+        await (await producer.enqueue_many(
+            topic, frame[["key", "value"]].itertuples(index=False, name=None)))
+    got = consume_all(broker.bootstrap, topic, expected=1)
+    assert [(r.key, r.value) for r in got] == [(b"k", b"v")]
+
+
 @pytest.mark.parametrize("record", [b"v1", "v1", bytearray(b"v1")], ids=repr)
 async def test_enqueue_many_refuses_bare_values_of_length_two(broker, topic, record):
     """A value of two bytes or characters unpacks as a (key, value) pair: refused as not a
@@ -579,6 +594,46 @@ async def test_enqueue_many_names_a_refused_record_by_its_index_in_the_input(bro
         with pytest.raises(InvalidRecordError, match=r"record 10005\b") as caught:
             await producer.enqueue_many(topic, records)
         assert len(await caught.value.accepted) == 10_005
+
+
+def _fails_on(bad: bytes):
+    def serialize(value: bytes) -> bytes:
+        if value == bad:
+            raise ValueError("cannot serialize this one")
+        return value
+    return serialize
+
+
+@pytest.mark.parametrize("settings, bad, error, says", [
+    ({"max_request_size": 10_000}, (b"k", b"x" * 20_000), RecordTooLargeError,
+     "larger than max_request_size"),
+    ({}, (b"k", "text"), InvalidRecordError, "value must be bytes"),
+    ({}, (1.5, b"v"), InvalidRecordError, "key must be bytes"),
+    ({"value_serializer": _fails_on(b"bad")}, (None, b"bad"), SerializationError,
+     "value_serializer failed"),
+], ids=["too-large", "str-value", "float-key", "serializer"])
+async def test_enqueue_many_names_a_record_refused_for_its_size_or_type(broker, topic_factory,
+                                                                         settings, bad, error,
+                                                                         says):
+    """A load that stops on one row of its file says which: a record too large or of the
+    wrong type raised its plain message ("a record of 20066 bytes ... is larger than
+    max_request_size"), leaving the caller to work the row out from len(accepted)."""
+    topic = topic_factory(1)
+    records = [(b"k", b"v%d" % i) for i in range(10_005)] + [bad] + [(b"k", b"after")]
+    async with Producer(broker.bootstrap, **settings) as producer:
+        with pytest.raises(error, match=r"^records\[10005\]: .*" + says) as caught:
+            await producer.enqueue_many(topic, records)
+        assert len(await caught.value.accepted) == 10_005
+    got = consume_all(broker.bootstrap, topic, expected=10_005)
+    assert [r.value for r in got] == [v for _, v in records[:10_005]]
+
+
+def test_produce_many_names_a_record_refused_for_its_size(broker, topic):
+    records = [(None, b"v")] * 3 + [(None, b"x" * 20_000)]
+    with BlockingProducer(broker.bootstrap, max_request_size=10_000) as producer:
+        with pytest.raises(RecordTooLargeError, match=r"^records\[3\]: a record of") as caught:
+            producer.produce_many(topic, records)
+        assert len(caught.value.accepted.result(30)) == 3
 
 
 def test_record_errors_name_the_refused_records():

@@ -5,7 +5,10 @@ flush, close, transactions and fork behave as documented. Read back with librdka
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -18,6 +21,7 @@ import pytest
 
 from aioproducer import BlockingProducer, RecordMetadata, accepted
 from aioproducer.errors import BufferExhaustedError, InvalidRecordError, ProducerClosedError
+from tests.support.ports import free_port
 from tests.support.readback import consume_all
 
 THREADS, PER_THREAD = 8, 2_000
@@ -81,6 +85,27 @@ def test_send_returns_the_metadata_and_bad_input_fails_with_its_type(broker, top
     got = consume_all(broker.bootstrap, topic, expected=2)
     assert [(r.key, r.value, r.headers) for r in got] == [(b"k", b"v", [("h", b"1")]),
                                                           (None, b"w", [])]
+
+
+def test_a_record_refused_in_the_producers_thread_is_logged_if_nobody_is_told(
+        broker, topic, caplog):
+    """A script that produce()s str values and never looks at the futures: every record was
+    refused (its future failed), flush() and close() returned, nothing was sent and nothing
+    said so. Now it is logged, one line per 10 s as a failed batch is, unless on_delivery
+    is given (it is told)."""
+    caplog.set_level(logging.WARNING, logger="aioproducer")
+    told: list[BaseException | None] = []
+    with BlockingProducer(broker.bootstrap) as producer:
+        futures = [producer.produce(topic, "row %d" % i)  # type: ignore[arg-type]
+                   for i in range(3)]
+        producer.produce(topic, "told",  # type: ignore[arg-type]
+                         on_delivery=lambda md, exc: told.append(exc))
+        producer.flush(30)
+    assert all(isinstance(f.exception(), InvalidRecordError) for f in futures)
+    assert len(told) == 1 and isinstance(told[0], InvalidRecordError)
+    said = [r.getMessage() for r in caplog.records if "not sent" in r.getMessage()]
+    assert len(said) == 1, said
+    assert repr(topic) in said[0] and "value must be bytes" in said[0]
 
 
 def test_a_blocking_call_from_a_delivery_callback_raises_instead_of_hanging(broker, topic):
@@ -268,6 +293,56 @@ def test_a_closed_producer_flushes_nothing_and_refuses_a_with_block(broker, topi
         [b"sent by close()"]
 
 
+_LEFT_OPEN = """
+import sys
+sys.modules["uvloop"] = None  # a plain install, without the [speed] extra
+from aioproducer import BlockingProducer
+
+producer = BlockingProducer(sys.argv[1])
+sys.setswitchinterval(5)  # (the producer's thread gets to run once this one waits: at exit)
+for i in range(1000):
+    producer.produce(sys.argv[2], b"%d" % i, partition=0)
+# no flush() or close(): the interpreter's exit closes it
+"""
+
+
+def test_a_producer_left_open_sends_at_exit_to_brokers_advertised_by_name(tmp_path):
+    """A script that produces, then ends without close(): the close at interpreter exit
+    connects to the partition's leader, which a real cluster advertises by name
+    (kafka-1:9092). On asyncio's own loop (no uvloop) the name is looked up in the loop's
+    thread pool, which takes no work once the interpreter is exiting: the connection failed
+    ("can't register atexit after shutdown", a traceback) and every record was lost."""
+    from aioproducer.testing.broker import _binary
+
+    port = free_port()
+    log = open(tmp_path / "tansu.log", "wb")
+    broker = subprocess.Popen(
+        [_binary(), "broker", "--listener-url", f"tcp://127.0.0.1:{port}",
+         "--advertised-listener-url", f"tcp://localhost:{port}",
+         "--storage-engine", "memory://tansu/"], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), 0.2).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and broker.poll() is None, "no broker"
+                time.sleep(0.05)
+        bootstrap = f"127.0.0.1:{port}"
+        started = time.monotonic()
+        done = subprocess.run([sys.executable, "-c", _LEFT_OPEN, bootstrap, "left-open"],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert time.monotonic() - started < 9, done.stderr  # (not the close's 10 s timeout)
+        got = consume_all(bootstrap, "left-open", expected=1000)
+        assert [r.value for r in got] == [b"%d" % i for i in range(1000)]
+    finally:
+        broker.kill()
+        broker.wait(10)
+        log.close()
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"),
                     reason="Windows has no os.fork(): there is no forked child to guard")
 # Forking a process with the producer's thread running is this test's subject (3.12+ warn).
@@ -395,6 +470,55 @@ def test_a_generator_that_raises_midway_keeps_what_it_gave(broker, topic):
         assert [md.offset for md in buffered.result(30)] == list(range(len(buffered)))
     got = consume_all(broker.bootstrap, topic, expected=len(buffered))
     assert [r.value for r in got] == [b"%d" % i for i in range(len(buffered))]
+
+
+# A loading script stopped with Ctrl-C in the middle of a produce_many() call. Its generator
+# (read in the producer's thread) says when it is under way; a small buffer_memory makes the
+# call wait for memory, where a cancellation lands, every few hundred records.
+_CTRL_C_LOAD = """
+import sys
+import aioproducer
+from aioproducer import BlockingProducer
+
+def rows():
+    for i in range(1_000_000):
+        if i == 2_000:
+            print("under way", flush=True)
+        yield None, b"row %07d" % i
+
+try:
+    with BlockingProducer(sys.argv[1], buffer_memory=65_536) as producer:
+        producer.produce_many(sys.argv[2], rows())
+except KeyboardInterrupt as interrupt:
+    buffered = aioproducer.accepted(interrupt)
+    print("interrupted", None if buffered is None else len(buffered), flush=True)
+"""
+
+
+def test_ctrl_c_in_produce_many_stops_it_and_says_what_it_buffered(broker, topic):
+    """Ctrl-C in the calling thread left the call going on in the producer's thread, which
+    buffered more records (sent by the close() on the way out) that the KeyboardInterrupt
+    said nothing of: a script that resumed from what it knew sent those again. Now the call
+    stops there too, and the interrupt carries `accepted`: exactly what was sent."""
+    from tests.support.processes import start_interruptible
+
+    load = start_interruptible([sys.executable, "-c", _CTRL_C_LOAD, broker.bootstrap, topic],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert load.stdout.readline() == "under way\n"
+        load.send_signal(signal.SIGINT)
+        out, err = load.communicate(timeout=60)
+    finally:
+        if load.poll() is None:
+            load.kill()
+            load.communicate(timeout=10)
+    assert load.returncode == 0, err
+    said = out.split()
+    assert said[0] == "interrupted" and said[1] != "None", out
+    count = int(said[1])
+    assert 2_000 <= count < 1_000_000
+    got = consume_all(broker.bootstrap, topic, expected=count)
+    assert [r.value for r in got] == [b"row %07d" % i for i in range(count)]
 
 
 def test_a_closed_producer_refuses_produce_many_and_close_settles_its_future(broker, topic):

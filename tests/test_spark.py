@@ -415,6 +415,25 @@ def test_header_cells_are_converted_per_column():
     assert (cells[:2], bad) == ([[("a", b"x")], None], 2)
 
 
+def test_a_null_topic_is_refused_saying_so_after_the_rows_before_it():
+    """A row whose topic column is null: refused as "topic must be a str, not NoneType"
+    (the producer's words for a wrong argument); now the column and the fix are named, as
+    Spark's Kafka sink names them, and the rows before it are still sent."""
+    import pyarrow as pa
+
+    from aioproducer import ProducerConfig
+    from aioproducer.errors import InvalidRecordError
+    from aioproducer.integrations.spark import WritePlan, _records
+
+    batch = pa.RecordBatch.from_pydict({"value": ["a", "b", "c"], "topic": ["t1", None, "t2"]})
+    plan = WritePlan(ProducerConfig.from_kwargs(bootstrap_servers="127.0.0.1:9092"), None,
+                     frozenset({"topic"}))
+    rows, refused = _records(batch, plan)
+    assert [(topic, value) for topic, _, value, _, _ in rows] == [("t1", b"a")]
+    assert isinstance(refused, InvalidRecordError)
+    assert "topic column holds a null" in str(refused) and '.option("topic"' in str(refused)
+
+
 def _transaction_outcomes(bootstrap: str, topic: str, partitions: int
                           ) -> tuple[list[bytes], list[bytes], list[bytes]]:
     """Values of the topic's transactional records, by what became of their transaction:

@@ -116,6 +116,12 @@ def iterate_records(records: Any) -> Iterator[Any]:
     if isinstance(records, Mapping):  # (iterated, it gives its keys alone)
         raise InvalidRecordError("records must be an iterable of (key, value) pairs, not a "
                                  f"{type(records).__name__}: pass records.items()")
+    if hasattr(records, "itertuples") and hasattr(records, "columns"):  # pandas, iterated,
+        # gives its column names ("not str (record 0: 'key')")
+        raise InvalidRecordError(
+            f"records must be an iterable of (key, value) pairs, not a {type(records).__name__}"
+            " (iterated, it gives its column names): pass "
+            "df[['key', 'value']].itertuples(index=False, name=None)")
     try:
         return iter(records)
     except TypeError:

@@ -23,7 +23,7 @@ from typing import Any, Callable, Coroutine, Iterable, Sequence, TypeVar, overlo
 
 from ..client.cluster import Cluster, TopicInfo
 from ..config import ProducerConfig
-from ..errors import InvalidRecordError, RecordTooLargeError
+from ..errors import InvalidRecordError, RecordTooLargeError, SerializationError
 from ..hooks import DeliveryCallback
 from ..protocol.records import Headers, record_size_upper_bound
 from ..serializers import MutableHeaders
@@ -630,6 +630,9 @@ class RecordIntake:
             except BaseException as exc:
                 if told is not None:
                     deliver(told, None, exc)
+                if isinstance(exc, _RECORD_ERRORS) and type(records) is not Columns:
+                    # (a Spark task's Arrow batch: its index there would mislead)
+                    _name_the_record(exc, len(out_batches))  # (one entry per record before)
                 raise
             batch, delta, _ = appended
             assert isinstance(batch, ProducerBatch)  # (only send()'s records wait apart)
@@ -668,6 +671,18 @@ for _verb, _name in ((RecordIntake.send, "send"), (RecordIntake._send_told, "sen
                      (RecordIntake.enqueue_told, "enqueue")):
     _verb.__qualname__ = f"Producer.{_name}"
 del _verb, _name
+
+
+# What enqueue_many() raises for one record of its input (not for the call as a whole).
+_RECORD_ERRORS = (InvalidRecordError, RecordTooLargeError, SerializationError)
+
+
+def _name_the_record(exc: BaseException, index: int) -> None:
+    """Put the refused record's index in the input at the front of the error's message: a
+    load of a file that stops on a type or size gives the row to look at and resume from."""
+    if len(exc.args) == 1 and isinstance(exc.args[0], str) \
+            and type(exc).__str__ is BaseException.__str__:
+        exc.args = (f"records[{index}]: {exc.args[0]}",)
 
 
 def _pair_hint(record: object) -> str:

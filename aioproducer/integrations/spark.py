@@ -621,7 +621,7 @@ def _records(batch: pa.RecordBatch, plan: WritePlan
              ) -> tuple[Iterator[_Record], InvalidRecordError | None]:
     """A record batch's rows as (topic, key, value, headers, partition), each column
     converted to Python objects at once; and the error to raise after them if a row holds a
-    null header (the rows are those before it)."""
+    null header or a null topic (the rows are those before it)."""
     n = batch.num_rows
     columns = plan.columns
     topics = _cells(batch, "topic") if "topic" in columns else repeat(plan.topic, n)
@@ -636,6 +636,13 @@ def _records(batch: pa.RecordBatch, plan: WritePlan
                                          "header: each header must be a struct with a key")
     else:
         headers = repeat(None, n)
+    if "topic" in columns and batch.column("topic").null_count:
+        null_topic = batch.column("topic").is_null().to_pylist().index(True)
+        if null_topic < n:  # (the first bad row, if a header is null too)
+            n = null_topic
+            refused = InvalidRecordError(
+                "the topic column holds a null: each row needs a topic (or set "
+                '.option("topic", ...), which wins over the column), as for Spark\'s Kafka sink')
     partitions = (batch.column("partition").to_pylist() if "partition" in columns
                   else repeat(None, n))
     rows = zip(topics, keys, _cells(batch, "value"), headers, partitions)
