@@ -6,7 +6,9 @@ tests hold both to the same bytes and partitions: change one, change the other.
 
 from __future__ import annotations
 
+import asyncio.coroutines
 import contextvars
+import inspect
 import operator
 import struct
 from collections import deque
@@ -715,6 +717,11 @@ class Appender:
     `open_new` where none is open) and return its future (in a Ready if `ready`), or, for
     anything else, `later(*args, **kwargs)`, the Python path, which checks everything
     again."""
+
+    # A coroutine function to inspect and asyncio, as what a call returns is awaited (see
+    # _c.c's mark_coroutine_function: Starlette's BackgroundTasks then await it on the loop).
+    _is_coroutine_marker = getattr(inspect, "_is_coroutine_mark", None)
+    _is_coroutine = getattr(asyncio.coroutines, "_is_coroutine", None)
 
     def __init__(self, later: Callable[..., Any], future_type: Any, ready: bool,
                  lifecycle: Any, started: Any, clock: Callable[[], float], python_only: bool,

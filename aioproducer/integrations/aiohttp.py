@@ -15,6 +15,8 @@ async def publish(request: web.Request) -> web.Response:
     async with asyncio.timeout(2):  # this request's deadline
         md = await request.app[PRODUCER].send("events", await request.read())
     return web.json_response({"partition": md.partition, "offset": md.offset})
+
+app.router.add_post("/events", publish)
 ```
 """
 
