@@ -288,9 +288,20 @@ class Producer(Generic[K, V]):
 
         Idempotent: a second call waits for the first to finish; a shorter `timeout` in it
         bounds the closing too. Cancelling a caller does not stop the closing, which goes on
-        in its own task. No task of the producer outlives close()."""
+        in its own task. No task of the producer outlives close(). On a producer whose event
+        loop has ended (which reported what it left unsent), it only marks it closed."""
         check_timeout("close(timeout=...)", timeout)
-        self._lifecycle.check_loop()
+        lifecycle = self._lifecycle
+        if lifecycle.loop is not None and lifecycle.loop.is_closed():
+            # Its loop ended without close(), which said how many records it left unsent:
+            # its tasks are gone and nothing can be flushed. Closed as far as it can be.
+            self._close_called = lifecycle.closing = True
+            if lifecycle.state is STARTED:
+                lifecycle.become(CLOSING)
+            if lifecycle.state is not CLOSED:
+                lifecycle.become(CLOSED)
+            return
+        lifecycle.check_loop()
         self._close_called = True
         await asyncio.shield(self._close_task(timeout))
 
