@@ -154,6 +154,67 @@ def test_background_tasks_send_what_producer_calls_are_given(broker, topic, capl
 
 
 @pytest.mark.filterwarnings("ignore:Using `httpx` with `starlette.testclient` is deprecated")
+def test_a_websocket_endpoint_takes_the_producer_dependency(broker, topic):
+    """`producer: ProducerDep` in a WebSocket endpoint (events streamed in over a socket):
+    the dependency took a Request, which FastAPI gives HTTP endpoints only, and the
+    connection failed with "get_producer() missing 1 required positional argument"."""
+    from fastapi import FastAPI, WebSocket, WebSocketDisconnect
+    from fastapi.testclient import TestClient
+
+    from aioproducer.integrations.fastapi import ProducerDep, producer_lifespan
+
+    app = FastAPI(lifespan=producer_lifespan(broker.bootstrap))
+
+    @app.websocket("/events")
+    async def events(websocket: WebSocket, producer: ProducerDep) -> None:
+        await websocket.accept()
+        try:
+            while True:
+                md = await producer.send(topic, await websocket.receive_bytes())
+                await websocket.send_text(str(md.offset))
+        except WebSocketDisconnect:
+            pass
+
+    with TestClient(app) as client, client.websocket_connect("/events") as socket:
+        socket.send_bytes(b"over a websocket")
+        assert socket.receive_text() == "0"
+    assert [r.value for r in consume_all(broker.bootstrap, topic, expected=1)] == \
+        [b"over a websocket"]
+
+
+@pytest.mark.filterwarnings("ignore:Using `httpx` with `starlette.testclient` is deprecated")
+def test_an_accepted_websocket_whose_send_timed_out_is_closed_try_again_later(broker, topic):
+    """add_unavailable_handler() answered a WebSocket endpoint's TimeoutError with an HTTP 503
+    on the accepted connection, which no server can send (uvicorn drops the connection): it
+    closes it with 1013, Try Again Later, and the reason."""
+    import asyncio
+
+    from fastapi import FastAPI, WebSocket
+    from fastapi.testclient import TestClient
+    from starlette.websockets import WebSocketDisconnect
+
+    from aioproducer.integrations.fastapi import ProducerDep, add_unavailable_handler, \
+        producer_lifespan
+
+    app = FastAPI(lifespan=producer_lifespan(broker.bootstrap))
+    add_unavailable_handler(app)
+
+    @app.websocket("/events")
+    async def events(websocket: WebSocket, producer: ProducerDep) -> None:
+        await websocket.accept()
+        data = await websocket.receive_bytes()
+        async with asyncio.timeout(0):  # (a deadline that has passed: as with a broker away)
+            await producer.send(topic, data)
+
+    with TestClient(app) as client, client.websocket_connect("/events") as socket:
+        socket.send_bytes(b"late")
+        with pytest.raises(WebSocketDisconnect) as closed:
+            socket.receive_text()
+    assert closed.value.code == 1013
+    assert closed.value.reason == "Kafka is unavailable (TimeoutError): try again later"
+
+
+@pytest.mark.filterwarnings("ignore:Using `httpx` with `starlette.testclient` is deprecated")
 def test_a_test_client_not_entered_is_told_its_lifespan_did_not_run():
     """`TestClient(app)` without `with` runs no lifespan, so no producer: the error says so
     (it said to create the app with producer_lifespan(...), which the user had done)."""
