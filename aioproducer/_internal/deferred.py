@@ -13,7 +13,6 @@ for an `enqueue_many()` never awaited, which buffers nothing.
 
 from __future__ import annotations
 
-import asyncio.coroutines
 import inspect
 import os
 import sys
@@ -22,6 +21,7 @@ from threading import get_ident
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Callable, Coroutine, Generator, Generic, TypeVar
 
+from .._speedups._marks import COROUTINE_MARKS
 from .lifecycle import NEW, STARTING, Lifecycle
 
 T = TypeVar("T")
@@ -113,19 +113,11 @@ class Deferred(_Coroutine[T]):
 
 
 def coroutine_function(function: F) -> F:
-    """Mark `function` a coroutine function to inspect (3.12+) and asyncio (3.11): it returns
-    an awaitable that is to be awaited (send(), enqueue(), enqueue_many()). Starlette's
-    BackgroundTasks.add_task(producer.send, ...) then awaits it on the loop, where it ran it
-    in a worker thread and dropped what it returned (the record lost)."""
-    for attribute, mark in _COROUTINE_MARKS:
+    """Mark `function` a coroutine function to inspect and asyncio (see _speedups/_marks.py):
+    it returns an awaitable that is to be awaited (send(), enqueue(), enqueue_many())."""
+    for attribute, mark in COROUTINE_MARKS.items():
         setattr(function, attribute, mark)
     return function
-
-
-# (attribute, mark) as inspect.markcoroutinefunction() and asyncio (3.11) set and test them.
-_COROUTINE_MARKS = [(attribute, getattr(module, name)) for module, name, attribute in (
-    (inspect, "_is_coroutine_mark", "_is_coroutine_marker"),
-    (asyncio.coroutines, "_is_coroutine", "_is_coroutine")) if hasattr(module, name)]
 
 
 def _close_unstarted(coro: Coroutine[Any, Any, Any]) -> None:

@@ -3319,35 +3319,23 @@ static PyTypeObject AppenderType = {
     .tp_methods = appender_methods,
 };
 
-/* What producer.send and producer.enqueue are, an Appender, marked a coroutine function to
-   inspect (3.12+: markcoroutinefunction's mark) and to asyncio (3.11: its own mark), as what a
-   call returns is awaited: Starlette's BackgroundTasks.add_task(producer.send, ...) then
-   awaits it on the loop, where it ran it in a worker thread and the record was lost. Class
-   attributes: nothing per call. _py.Appender has the same. */
+/* producer.send and producer.enqueue (Appenders) are coroutine functions to inspect and
+   asyncio, as what a call returns is awaited: the attributes that say so (see _marks.py) as
+   class attributes, nothing per call. */
 static int
 mark_coroutine_function(PyTypeObject *type)
 {
-    static const char *marks[][3] = {  /* module, its mark, the attribute it looks for */
-        {"inspect", "_is_coroutine_mark", "_is_coroutine_marker"},
-        {"asyncio.coroutines", "_is_coroutine", "_is_coroutine"},
-    };
-    for (size_t i = 0; i < sizeof(marks) / sizeof(marks[0]); i++) {
-        PyObject *module = PyImport_ImportModule(marks[i][0]);
-        if (module == NULL)
-            return -1;
-        PyObject *mark = PyObject_GetAttrString(module, marks[i][1]);
-        Py_DECREF(module);
-        if (mark == NULL) {  /* (a Python without that mark) */
-            if (!PyErr_ExceptionMatches(PyExc_AttributeError))
-                return -1;
-            PyErr_Clear();
-            continue;
-        }
-        int set = PyDict_SetItemString(type->tp_dict, marks[i][2], mark);
-        Py_DECREF(mark);
-        if (set < 0)
-            return -1;
-    }
+    PyObject *marks_module = PyImport_ImportModule("aioproducer._speedups._marks");
+    if (marks_module == NULL)
+        return -1;
+    PyObject *marks = PyObject_GetAttrString(marks_module, "COROUTINE_MARKS");
+    Py_DECREF(marks_module);
+    if (marks == NULL)
+        return -1;
+    int updated = PyDict_Update(type->tp_dict, marks);
+    Py_DECREF(marks);
+    if (updated < 0)
+        return -1;
     PyType_Modified(type);
     return 0;
 }

@@ -6,9 +6,7 @@ tests hold both to the same bytes and partitions: change one, change the other.
 
 from __future__ import annotations
 
-import asyncio.coroutines
 import contextvars
-import inspect
 import operator
 import struct
 from collections import deque
@@ -19,6 +17,7 @@ import crc32c
 
 from ..protocol.batch_layout import CRC_FROM, HEADER, HEADER_SIZE
 from ..protocol.primitives import encode_varint as _varint
+from ._marks import COROUTINE_MARKS
 
 DONE, NEEDS_BATCH, NEEDS_PYTHON = 0, 1, 2
 
@@ -718,11 +717,6 @@ class Appender:
     anything else, `later(*args, **kwargs)`, the Python path, which checks everything
     again."""
 
-    # A coroutine function to inspect and asyncio, as what a call returns is awaited (see
-    # _c.c's mark_coroutine_function: Starlette's BackgroundTasks then await it on the loop).
-    _is_coroutine_marker = getattr(inspect, "_is_coroutine_mark", None)
-    _is_coroutine = getattr(asyncio.coroutines, "_is_coroutine", None)
-
     def __init__(self, later: Callable[..., Any], future_type: Any, ready: bool,
                  lifecycle: Any, started: Any, clock: Callable[[], float], python_only: bool,
                  partition_in_python: bool) -> None:
@@ -831,6 +825,10 @@ class Appender:
 
 
 _UNSET: Any = object()  # (a key not given)
+
+
+for _name, _mark in COROUTINE_MARKS.items():  # (a coroutine function: see _marks.py)
+    setattr(Appender, _name, _mark)
 
 
 def _index(number: Any) -> int | None:
