@@ -481,7 +481,36 @@ def _setting_names() -> frozenset[str]:
                      if f.name != "bootstrap_addresses")
 
 
+# Other clients' names (librdkafka's, as confluent-kafka takes them, and aiokafka's) for
+# what has another name here, or needs no setting. difflib's nearest name for some was wrong:
+# receive_message_max_bytes (the size of a response) for librdkafka's message.max.bytes (of
+# a record), request_timeout_ms for message.timeout.ms (a record's whole time).
+_OTHER_CLIENTS: dict[str, tuple[str | None, str]] = {
+    "message_max_bytes": ("max_request_size", "librdkafka's name"),
+    "queue_buffering_max_ms": ("linger_ms", "librdkafka's name"),
+    "queue_buffering_max_kbytes": ("buffer_memory", "librdkafka's name; ours is in bytes"),
+    "queue_buffering_max_messages": (None, "buffer_memory bounds the buffer, in bytes"),
+    "batch_num_messages": (None, "batch_size bounds a batch, in bytes"),
+    "message_timeout_ms": ("delivery_timeout_ms", "librdkafka's name"),
+    "socket_timeout_ms": ("request_timeout_ms", "librdkafka's name"),
+    "compression_codec": ("compression_type", "librdkafka's name"),
+    "request_required_acks": ("acks", "librdkafka's name"),
+    "topic_metadata_refresh_interval_ms": ("metadata_max_age_ms", "librdkafka's name"),
+    "sasl_mechanisms": ("sasl_mechanism", "librdkafka's name"),
+    "max_batch_size": ("batch_size", "aiokafka's name"),
+    "sasl_plain_username": ("sasl_username", "aiokafka's name"),
+    "sasl_plain_password": ("sasl_password", "aiokafka's name"),
+    "loop": (None, "a producer runs on the event loop that starts it"),
+    "api_version": (None, "the producer agrees on versions with each broker"),
+}
+
+
 def _suggest(name: str, names: frozenset[str]) -> str:
+    ours, note = _OTHER_CLIENTS.get(name, (None, ""))
+    if ours is not None:
+        return f"; did you mean {ours!r}? ({note})"
+    if note:
+        return f": not needed ({note})"
     close = difflib.get_close_matches(name, sorted(names), n=1, cutoff=0.6)
     return f"; did you mean {close[0]!r}?" if close else ""
 

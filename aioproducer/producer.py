@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Corou
 from ._internal.accumulator import RecordAccumulator
 from ._internal.arguments import check_timeout, checked_offsets, group_fields, topic_str
 from ._internal.batch import BulkFuture, RecordFuture, RecordMetadata
+from ._internal.deferred import Deferred, coroutine_function
 from ._internal.intake import RecordIntake
 from ._internal.lifecycle import CLOSED, CLOSING, FAILED, NEW, STARTED, STARTING, \
     CloseDeadline, Lifecycle
@@ -287,9 +288,20 @@ class Producer(Generic[K, V]):
 
         Idempotent: a second call waits for the first to finish; a shorter `timeout` in it
         bounds the closing too. Cancelling a caller does not stop the closing, which goes on
-        in its own task. No task of the producer outlives close()."""
+        in its own task. No task of the producer outlives close(). On a producer whose event
+        loop has ended (which reported what it left unsent), it only marks it closed."""
         check_timeout("close(timeout=...)", timeout)
-        self._lifecycle.check_loop()
+        lifecycle = self._lifecycle
+        if lifecycle.loop is not None and lifecycle.loop.is_closed():
+            # Its loop ended without close(), which said how many records it left unsent:
+            # its tasks are gone and nothing can be flushed. Closed as far as it can be.
+            self._close_called = lifecycle.closing = True
+            if lifecycle.state is STARTED:
+                lifecycle.become(CLOSING)
+            if lifecycle.state is not CLOSED:
+                lifecycle.become(CLOSED)
+            return
+        lifecycle.check_loop()
         self._close_called = True
         await asyncio.shield(self._close_task(timeout))
 
@@ -459,6 +471,7 @@ class Producer(Generic[K, V]):
 
     # -- producing -------------------------------------------------------------------------
 
+    @coroutine_function
     def send(self, topic: str, value: V | None, key: K | None = None, *,
              partition: int | None = None,
              timestamp_ms: int | None = None,
@@ -481,6 +494,7 @@ class Producer(Generic[K, V]):
         return self._intake.send_call(topic, value, key, partition=partition,
                                       timestamp_ms=timestamp_ms, headers=headers)
 
+    @coroutine_function
     def enqueue(self, topic: str, value: V | None, key: K | None = None, *,
                 partition: int | None = None, timestamp_ms: int | None = None,
                 headers: Headers | None = None) -> Coroutine[Any, Any, RecordFuture]:
@@ -498,10 +512,10 @@ class Producer(Generic[K, V]):
         return self._intake.enqueue_call(topic, value, key, partition=partition,
                                          timestamp_ms=timestamp_ms, headers=headers)
 
-    async def enqueue_many(self, topic: str,
-                           records: Iterable[tuple[K | None, V | None]], *,
-                           partition: int | None = None,
-                           timestamp_ms: int | None = None) -> BulkFuture:
+    @coroutine_function
+    def enqueue_many(self, topic: str, records: Iterable[tuple[K | None, V | None]], *,
+                     partition: int | None = None, timestamp_ms: int | None = None
+                     ) -> Coroutine[Any, Any, BulkFuture]:
         """Buffer many (key, value) records in one call; return one future of their metadata.
 
         The bulk path of `enqueue()`: the same checks and partitioning, no per-record await or
@@ -514,9 +528,11 @@ class Producer(Generic[K, V]):
         len(accepted) records. A timeout around the call raises a TimeoutError of its own:
         `aioproducer.accepted(error)` finds the BulkFuture on any of them. `records` is read
         as the call goes (it may wait for buffer memory): do not change it until the call
-        returns.
+        returns. Nothing is buffered until it is awaited (never awaited, that is logged at
+        ERROR through the loop's exception handler, with the call's line).
         """
-        return await self._intake.enqueue_many(topic, records, partition, timestamp_ms)
+        return Deferred(self._intake.enqueue_many(topic, records, partition, timestamp_ms),
+                        "enqueue_many", topic, self._lifecycle)
 
     async def flush(self, timeout: float | None = None) -> None:
         """Send everything buffered now (ignoring linger) and wait until each of those records

@@ -325,6 +325,22 @@ async def test_calls_on_a_closed_or_unstarted_producer(broker, topic):
         await Producer(broker.bootstrap).partitions_for(topic)
 
 
+def test_a_call_never_awaited_on_a_producer_not_started_says_to_start_it():
+    """`producer = Producer(...)`, then `producer.send(...)` with both the start and the
+    await forgotten: the record's loss was put down to a wait for the topic's metadata, which
+    awaiting would not have done (it raises: not started). It says to start the producer;
+    so for enqueue_many(), which said nothing but Python's "coroutine ... never awaited"."""
+    producer = Producer("127.0.0.1:9")
+    with pytest.warns(RuntimeWarning, match=re.escape(
+            "producer.send('orders', ...) at ") + r".*test_bad_input\.py:\d+ was never "
+            r"awaited, on a producer not started: the record was not sent\. Start it first"):
+        producer.send("orders", b"v")
+    with pytest.warns(RuntimeWarning, match=r"producer\.enqueue_many\('orders', \.\.\.\) at "
+                      r".* was never awaited, on a producer not started: its records were "
+                      r"not sent"):
+        producer.enqueue_many("orders", [(None, b"v")])
+
+
 def test_calls_from_another_event_loop_are_refused(broker, topic):
     """A producer started on one loop, then called from another (a producer shared across
     asyncio.run() calls, or across tests' loops): a clear error, not a hang."""

@@ -55,6 +55,27 @@ def test_from_properties_takes_kafka_names_and_strings():
         ProducerConfig.from_properties({"bootstrap.servers": "h:1", "linger.ms": "soon"})
 
 
+@pytest.mark.parametrize("given, said", [
+    ("message.max.bytes", "; did you mean 'max.request.size'? (librdkafka's name)"),
+    ("message.timeout.ms", "; did you mean 'delivery.timeout.ms'? (librdkafka's name)"),
+    ("socket.timeout.ms", "; did you mean 'request.timeout.ms'? (librdkafka's name)"),
+    ("queue.buffering.max.ms", "; did you mean 'linger.ms'? (librdkafka's name)"),
+    ("batch.num.messages", ": not needed (batch.size bounds a batch, in bytes)"),
+    ("max_batch_size", "; did you mean 'batch_size'? (aiokafka's name)"),
+    ("loop", ": not needed (a producer runs on the event loop that starts it)"),
+])
+def test_other_clients_setting_names_are_told_ours(given, said):
+    """A confluent-kafka user's properties (librdkafka's names) or an aiokafka user's keywords:
+    the nearest of our names was the wrong setting (message.max.bytes: "did you mean
+    'receive.message.max.bytes'", the largest response) or none at all."""
+    with pytest.raises(ConfigError) as raised:
+        if "." in given:
+            ProducerConfig.from_properties({"bootstrap.servers": "h:1", given: "5"})
+        else:
+            Producer("h:1", **{given: 5})
+    assert str(raised.value) == f"unknown setting {given!r}{said}"
+
+
 def test_security_protocol_takes_any_case_as_the_java_client_does():
     """A properties file written for the Java client may say `security.protocol=ssl`."""
     config = ProducerConfig.from_properties({

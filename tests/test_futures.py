@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import gc
+import inspect
 import logging
 import os
 import sys
@@ -143,6 +144,58 @@ async def test_a_send_never_awaited_that_had_to_wait_is_reported_with_its_line(b
             reports[0] and "the record was not sent" in reports[0]
         assert f"producer.enqueue({topic!r}" in reports[1]
         assert (await producer.send(topic, b"kept")).offset == 0
+
+
+async def test_an_enqueue_many_never_awaited_is_reported_with_its_line(broker, topic, caplog):
+    """enqueue_many() buffers nothing until awaited: a call whose await was forgotten lost
+    every record with only Python's RuntimeWarning, "coroutine 'Producer.enqueue_many' was
+    never awaited" (shown once per place, and not at all where warnings are filtered). Said
+    at ERROR through the loop's exception handler, as for send(), with the topic and the
+    caller's line, and Python's warning is not given too."""
+    caplog.set_level(logging.ERROR, "asyncio")
+    async with Producer(broker.bootstrap) as producer:
+        with warnings.catch_warnings(record=True) as warned:
+            warnings.simplefilter("always")
+            producer.enqueue_many(topic, [(None, b"lost")] * 3)  # the await forgotten
+            line = sys._getframe().f_lineno - 1
+            await asyncio.sleep(0)  # (the report is a loop callback)
+        assert [str(w.message) for w in warned] == []
+        reports = [r.getMessage() for r in caplog.records if "never awaited" in r.getMessage()]
+        assert len(reports) == 1, reports
+        assert f"producer.enqueue_many({topic!r}, ...) at {__file__}:{line} was never " \
+            "awaited: its records were not sent" in reports[0]
+        await (await producer.enqueue_many(topic, [(None, b"kept")]))
+    assert [r.value for r in consume_all(broker.bootstrap, topic, expected=1)] == [b"kept"]
+
+
+@pytest.mark.parametrize("hooked", [False, True], ids=["plain", "on_send-hook"])
+async def test_starlette_background_tasks_await_the_producers_calls(broker, topic, hooked):
+    """Starlette's BackgroundTask(func, ...) awaits func's call on the loop if func is a
+    coroutine function (asyncio's test on 3.11, inspect's from 3.13), else runs it in a
+    worker thread: there send() returned a coroutine nobody awaited, and the record was lost.
+    send, enqueue and enqueue_many (compiled or not, with on_send hooks or not, started or
+    not) are coroutine functions to both: each record is sent, in order."""
+    starlette = pytest.importorskip("starlette.background")
+    from aioproducer.hooks import ProducerHooks
+
+    class Seen(ProducerHooks):
+        def on_send(self, topic, key, value, headers):
+            headers.append(("seen", b"1"))
+
+    # (inspect's test knows markcoroutinefunction's mark from 3.12; asyncio's, its own)
+    tests = [asyncio.iscoroutinefunction] + \
+        [inspect.iscoroutinefunction] * (sys.version_info >= (3, 12))
+    producer = Producer(broker.bootstrap, hooks=[Seen()] if hooked else [])
+    assert all(test(producer.send) and test(producer.enqueue) and test(producer.enqueue_many)
+               for test in tests)
+    async with producer:
+        assert all(test(producer.send) and test(producer.enqueue) for test in tests)
+        await starlette.BackgroundTask(producer.send, topic, b"send")()
+        await starlette.BackgroundTask(producer.enqueue, topic, b"enqueue")()
+        await starlette.BackgroundTask(producer.enqueue_many, topic, [(None, b"many")])()
+    got = consume_all(broker.bootstrap, topic, expected=3)
+    assert [r.value for r in got] == [b"send", b"enqueue", b"many"]
+    assert all(r.headers == ([("seen", b"1")] if hooked else []) for r in got)
 
 
 def test_a_send_from_another_thread_runs_on_the_producers_loop_unreported(broker, topic,

@@ -92,10 +92,9 @@ def test_a_sync_handler_that_calls_send_unawaited_is_told_how_to_send(broker, to
     coroutine for the producer's loop: not awaited, the request answered 200 and the record
     was lost with a RuntimeWarning. It is reported at ERROR with the topic, the handler's
     line and what to do; the way it names, `anyio.from_thread.run(producer.send, ...)`,
-    sends from a `def` handler. The same for BackgroundTasks.add_task(producer.send, ...),
-    which Starlette runs in a worker thread; an `async def` task sends."""
+    sends from a `def` handler."""
     import anyio.from_thread
-    from fastapi import BackgroundTasks, FastAPI
+    from fastapi import FastAPI
     from fastapi.testclient import TestClient
 
     from aioproducer.integrations.fastapi import ProducerDep, producer_lifespan
@@ -111,30 +110,108 @@ def test_a_sync_handler_that_calls_send_unawaited_is_told_how_to_send(broker, to
     def sent(producer: ProducerDep) -> dict:
         return {"offset": anyio.from_thread.run(producer.send, topic, b"sent").offset}
 
-    @app.post("/in-background")
-    async def in_background(producer: ProducerDep, tasks: BackgroundTasks) -> dict:
-        tasks.add_task(producer.send, topic, b"lost in a worker thread")  # (not async to it)
-
-        async def send_later() -> None:
-            await producer.send(topic, b"sent in the background")
-
-        tasks.add_task(send_later)
-        return {}
-
     caplog.set_level(logging.ERROR, "asyncio")
     with TestClient(app) as client:
         assert client.post("/forgotten").status_code == 200
         answer = client.post("/sent")
-        assert client.post("/in-background").status_code == 200
     assert answer.status_code == 200 and answer.json() == {"offset": 0}
     reports = [r.getMessage() for r in caplog.records if "never awaited" in r.getMessage()]
-    assert len(reports) == 2, reports
+    assert len(reports) == 1, reports
     assert f"producer.send({topic!r}, ...) at {__file__}:" in reports[0]
     assert "outside the producer's event loop thread" in reports[0]
     assert "anyio.from_thread.run(producer.send, topic, value)" in reports[0]
-    assert "BackgroundTasks.add_task(producer.send" in reports[1]
-    assert [r.value for r in consume_all(broker.bootstrap, topic, expected=2)] == \
-        [b"sent", b"sent in the background"]
+    assert [r.value for r in consume_all(broker.bootstrap, topic, expected=1)] == [b"sent"]
+
+
+@pytest.mark.filterwarnings("ignore:Using `httpx` with `starlette.testclient` is deprecated")
+def test_background_tasks_send_what_producer_calls_are_given(broker, topic, caplog):
+    """`tasks.add_task(producer.send, topic, value)`, as Starlette's docs show for any async
+    function: Starlette awaits a coroutine function on the loop, and runs anything else in a
+    worker thread. There send() returned a coroutine nobody awaited: the request answered 200
+    and the record was lost (reported at ERROR). send, enqueue and enqueue_many are sent,
+    after the response, in call order (tests/test_futures.py has the same with hooks, on
+    every tested Python)."""
+    from fastapi import BackgroundTasks, FastAPI
+    from fastapi.testclient import TestClient
+
+    from aioproducer.integrations.fastapi import ProducerDep, producer_lifespan
+
+    app = FastAPI(lifespan=producer_lifespan(broker.bootstrap))
+
+    @app.post("/in-background")
+    async def in_background(producer: ProducerDep, tasks: BackgroundTasks) -> dict:
+        tasks.add_task(producer.send, topic, b"send")
+        tasks.add_task(producer.enqueue, topic, b"enqueue")
+        tasks.add_task(producer.enqueue_many, topic, [(None, b"enqueue_many")])
+        return {}
+
+    caplog.set_level(logging.ERROR, "asyncio")
+    with TestClient(app) as client:
+        assert client.post("/in-background").status_code == 200
+    assert [r.getMessage() for r in caplog.records if "never awaited" in r.getMessage()] == []
+    assert [r.value for r in consume_all(broker.bootstrap, topic, expected=3)] == \
+        [b"send", b"enqueue", b"enqueue_many"]
+
+
+@pytest.mark.filterwarnings("ignore:Using `httpx` with `starlette.testclient` is deprecated")
+def test_a_websocket_endpoint_takes_the_producer_dependency(broker, topic):
+    """`producer: ProducerDep` in a WebSocket endpoint (events streamed in over a socket):
+    the dependency took a Request, which FastAPI gives HTTP endpoints only, and the
+    connection failed with "get_producer() missing 1 required positional argument"."""
+    from fastapi import FastAPI, WebSocket, WebSocketDisconnect
+    from fastapi.testclient import TestClient
+
+    from aioproducer.integrations.fastapi import ProducerDep, producer_lifespan
+
+    app = FastAPI(lifespan=producer_lifespan(broker.bootstrap))
+
+    @app.websocket("/events")
+    async def events(websocket: WebSocket, producer: ProducerDep) -> None:
+        await websocket.accept()
+        try:
+            while True:
+                md = await producer.send(topic, await websocket.receive_bytes())
+                await websocket.send_text(str(md.offset))
+        except WebSocketDisconnect:
+            pass
+
+    with TestClient(app) as client, client.websocket_connect("/events") as socket:
+        socket.send_bytes(b"over a websocket")
+        assert socket.receive_text() == "0"
+    assert [r.value for r in consume_all(broker.bootstrap, topic, expected=1)] == \
+        [b"over a websocket"]
+
+
+@pytest.mark.filterwarnings("ignore:Using `httpx` with `starlette.testclient` is deprecated")
+def test_an_accepted_websocket_whose_send_timed_out_is_closed_try_again_later(broker, topic):
+    """add_unavailable_handler() answered a WebSocket endpoint's TimeoutError with an HTTP 503
+    on the accepted connection, which no server can send (uvicorn drops the connection): it
+    closes it with 1013, Try Again Later, and the reason."""
+    import asyncio
+
+    from fastapi import FastAPI, WebSocket
+    from fastapi.testclient import TestClient
+    from starlette.websockets import WebSocketDisconnect
+
+    from aioproducer.integrations.fastapi import ProducerDep, add_unavailable_handler, \
+        producer_lifespan
+
+    app = FastAPI(lifespan=producer_lifespan(broker.bootstrap))
+    add_unavailable_handler(app)
+
+    @app.websocket("/events")
+    async def events(websocket: WebSocket, producer: ProducerDep) -> None:
+        await websocket.accept()
+        data = await websocket.receive_bytes()
+        async with asyncio.timeout(0):  # (a deadline that has passed: as with a broker away)
+            await producer.send(topic, data)
+
+    with TestClient(app) as client, client.websocket_connect("/events") as socket:
+        socket.send_bytes(b"late")
+        with pytest.raises(WebSocketDisconnect) as closed:
+            socket.receive_text()
+    assert closed.value.code == 1013
+    assert closed.value.reason == "Kafka is unavailable (TimeoutError): try again later"
 
 
 @pytest.mark.filterwarnings("ignore:Using `httpx` with `starlette.testclient` is deprecated")

@@ -528,6 +528,34 @@ async def test_kept_handles_do_not_keep_the_records(fresh_broker):
     assert growth_mb < 40, f"100,000 kept handles of 100 MB produced hold {growth_mb:.0f} MB"
 
 
+def test_a_producer_whose_loop_ended_says_so_and_closes(broker, topic, caplog):
+    """One producer kept from one asyncio.run() to the next (or from one pytest test, each
+    with its own loop, to the next): the first loop's end reports what it left and leaves it
+    unusable. A call from the next loop said to close it on its own loop, which was gone,
+    and close() raised the same, failing the test's teardown: calls say the loop ended and
+    what to do, and close() closes it."""
+    producer = Producer(broker.bootstrap)
+
+    async def first() -> None:
+        await producer.start()
+        await producer.send(topic, b"first")
+
+    async def next_one() -> None:
+        with pytest.raises(RuntimeError, match="this producer's event loop has ended .* Make "
+                                               "a producer in the loop that uses it"):
+            await producer.send(topic, b"second")
+        await producer.close()
+        await producer.close()
+        assert producer.metrics().state == "closed"
+        with pytest.raises(ProducerClosedError, match="closed"):
+            await producer.send(topic, b"third")
+
+    asyncio.run(first())
+    assert "its sender was cancelled" in caplog.text  # (what the loop's end reported)
+    asyncio.run(next_one())
+    assert [r.value for r in consume_all(broker.bootstrap, topic, expected=1)] == [b"first"]
+
+
 async def test_producers_dropped_unclosed_are_collected_and_let_go(broker, topic):
     """A handler that makes a started producer per request and forgets it (issue 37): each
     one is collected while the loop runs on, its tasks end, its sockets close, the record it

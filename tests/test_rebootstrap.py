@@ -211,3 +211,29 @@ def test_recovery_settings_from_properties():
     defaults = ProducerConfig.from_kwargs(bootstrap_servers="localhost:9092")
     assert (defaults.metadata_recovery_strategy, defaults.metadata_recovery_rebootstrap_trigger_ms,
             defaults.metadata_cluster_check_enable) == ("rebootstrap", 300000, True)
+
+
+async def test_a_broker_advertising_an_unreachable_address_is_named_once(caplog):
+    """The first Kafka a newcomer runs (a broker in a container advertising the container's
+    name): bootstrap_servers answers, the address the broker advertises does not. The
+    producer rebootstrapped several times a second with a WARNING each (about 40 lines in
+    8 s), each saying "Is a Kafka broker running there? (check bootstrap_servers)" of an
+    address bootstrap_servers does not hold. One WARNING (per 10 s) now, naming the
+    broker's advertised address as the place to look; the record fails in its time."""
+    from aioproducer.errors import DeliveryTimeoutError
+    from aioproducer.testing import EmbeddedBroker
+    from tests.support.ports import free_port
+
+    caplog.set_level(logging.DEBUG, logger="aioproducer")
+    with EmbeddedBroker(advertised_port=free_port()) as broker:  # (advertises a dead port)
+        async with Producer(f"127.0.0.1:{broker.port}", linger_ms=0, request_timeout_ms=1000,
+                            delivery_timeout_ms=3000) as producer:
+            with pytest.raises(DeliveryTimeoutError):
+                await asyncio.wait_for(producer.send("advertised", b"lost"), 10)
+            assert producer.metrics().rebootstraps > 1
+            await producer.close(timeout=0)
+    lines = rebootstrap_lines(caplog)
+    assert len(lines) == 1, lines
+    assert f"cannot connect to 127.0.0.1:{broker.advertised_port}" in lines[0]
+    assert "It is where broker 111 says it is (its advertised.listeners)" in lines[0], lines[0]
+    assert "check bootstrap_servers" not in lines[0]

@@ -385,6 +385,26 @@ async def test_illegal_transitions(broker, topic, call, advice):
                 await producer.send(topic, b"outside")
 
 
+async def test_concurrent_transaction_blocks_are_told_to_take_turns(broker, topic):
+    """Request handlers each running `async with producer.transaction()` on the app's one
+    transactional producer: the second block's begin said "cannot go from 'in transaction' to
+    'in transaction'", as if the handler had begun twice. It says a producer has one
+    transaction at a time and how to take turns; the first block commits unharmed."""
+    async with Producer(broker.bootstrap, transactional_id=_tid()) as producer:
+        async def handler(value: bytes) -> None:
+            async with producer.transaction():
+                await producer.send(topic, value)
+                await asyncio.sleep(0.05)
+
+        first, second = await asyncio.gather(handler(b"first"), handler(b"second"),
+                                             return_exceptions=True)
+    assert first is None
+    assert isinstance(second, TransactionStateError)
+    assert "one transaction at a time" in str(second) and "asyncio.Lock" in str(second)
+    assert [r.value for r in consume_all(broker.bootstrap, topic, expected=1,
+                                         isolation_level="read_committed")] == [b"first"]
+
+
 async def test_transaction_calls_need_a_transactional_id(broker):
     async with Producer(broker.bootstrap) as producer:
         with pytest.raises(TransactionStateError, match="transactional_id"):

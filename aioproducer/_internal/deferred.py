@@ -7,7 +7,8 @@ answered 200 and the record was lost with nothing but that warning. The call can
 `asyncio.run_coroutine_threadsafe(producer.send(...), loop)` makes the same call from a
 thread, and only hands the result to the loop after it returns. So the loss is said when it
 happens, as the producer says other losses: through its loop's exception handler (logged at
-ERROR by asyncio's default one), with the topic, the call's place and what to do.
+ERROR by asyncio's default one), with the topic, the call's place and what to do. The same
+for an `enqueue_many()` never awaited, which buffers nothing.
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ from threading import get_ident
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Callable, Coroutine, Generator, Generic, TypeVar
 
-from .lifecycle import Lifecycle
+from .._speedups._marks import COROUTINE_MARKS
+from .lifecycle import NEW, STARTING, Lifecycle
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
@@ -34,10 +37,10 @@ else:  # (to asyncio a coroutine all the same: collections.abc.Coroutine's metho
 
 class Deferred(_Coroutine[T]):
     """A coroutine to asyncio (awaited, or run by a Task or `run_coroutine_threadsafe()`):
-    `coro`, whose record is buffered when it runs. Collected never started, it reports the
-    record lost (`_lost`), with the line of the call when that was outside the producer's
-    loop thread (its result may be dropped elsewhere: BackgroundTasks hands it back to the
-    loop), else of the frame that dropped it (CPython drops an unawaited call's result at
+    `coro`, whose record (or enqueue_many()'s records) is buffered when it runs. Collected
+    never started, it reports the record lost (`_lost`), with the line of the call when that
+    was outside the producer's loop thread (its result may be dropped elsewhere, in another
+    thread), else of the frame that dropped it (CPython drops an unawaited call's result at
     its statement), which costs nothing until then.
     """
 
@@ -85,20 +88,36 @@ class Deferred(_Coroutine[T]):
         _lost(self._lifecycle, self._message())
 
     def _message(self) -> str:
-        call = f"producer.{self._verb}({self._topic!r}, ...) at {self._called_at or _caller(3)}"
+        verb = self._verb
+        call = f"producer.{verb}({self._topic!r}, ...) at {self._called_at or _caller(3)}"
+        many = verb == "enqueue_many"
+        lost = "its records were not sent" if many else "the record was not sent"
         if self._called_at is not None:
+            args = "topic, records" if many else "topic, value"
             return (f"{call}, called outside the producer's event loop thread (in a sync "
-                    f"`def` web handler, or by BackgroundTasks.add_task(producer.{self._verb}, "
-                    "...), which runs it in a worker thread), was never awaited: the record "
-                    "was not sent. In a FastAPI or Starlette `def` handler use "
-                    f"`anyio.from_thread.run(producer.{self._verb}, topic, value)`, or make "
-                    "the handler `async def` and await it; give add_task() an `async def` "
-                    "function that awaits it; from another thread, `asyncio."
-                    f"run_coroutine_threadsafe(producer.{self._verb}(...), loop).result()`; or "
-                    "use BlockingProducer")
-        return (f"{call} was never awaited: the record was not sent (it was to wait for its "
-                "topic's metadata, its serializer or buffer memory, which it does once "
-                "awaited). Await it, or hand it to asyncio.create_task()")
+                    f"`def` web handler, say, which runs in a worker thread), was never "
+                    f"awaited: {lost}. In a FastAPI or Starlette `def` handler use "
+                    f"`anyio.from_thread.run(producer.{verb}, {args})`, or make the handler "
+                    "`async def` and await it; from another thread, `asyncio."
+                    f"run_coroutine_threadsafe(producer.{verb}(...), loop).result()`; or use "
+                    "BlockingProducer")
+        if self._lifecycle.state in (NEW, STARTING):  # (awaited, it would have raised so)
+            return f"{call} was never awaited, on a producer not started: {lost}. Start it " \
+                "first (`await producer.start()`, or `async with Producer(...)`), then " \
+                "await the call"
+        why = "enqueue_many() buffers nothing until it is awaited" if many else \
+            "it was to wait for its topic's metadata, its serializer or buffer memory, " \
+            "which it does once awaited"
+        return f"{call} was never awaited: {lost} ({why}). Await it, or hand it to " \
+            "asyncio.create_task()"
+
+
+def coroutine_function(function: F) -> F:
+    """Mark `function` a coroutine function to inspect and asyncio (see _speedups/_marks.py):
+    it returns an awaitable that is to be awaited (send(), enqueue(), enqueue_many())."""
+    for attribute, mark in COROUTINE_MARKS.items():
+        setattr(function, attribute, mark)
+    return function
 
 
 def _close_unstarted(coro: Coroutine[Any, Any, Any]) -> None:

@@ -35,7 +35,7 @@ from .arguments import BYTES_TYPES, as_bytes, as_int, bad_partition, check_topic
     serialize_async, serializer_call, topic_str
 from .batch import BulkFuture, ProducerBatch, RecordFuture, RecordMetadata, Sending, \
     WaitingRecord
-from .deferred import Deferred
+from .deferred import Deferred, coroutine_function
 from .lifecycle import STARTED, Lifecycle
 from .observer import deliver, deliver_each, overridden
 from .partitioner import StickyPartitioner, partition_for_key
@@ -134,6 +134,7 @@ class RecordIntake:
             return _send_appended(appended)
         return Deferred(_send_appended(appended), "send", topic, lifecycle)
 
+    @coroutine_function
     def _send_told(self, topic: str, value: Any, key: Any = None, *,
                    partition: int | None = None, timestamp_ms: int | None = None,
                    headers: Headers | None = None) -> Coroutine[Any, Any, RecordMetadata]:
@@ -173,6 +174,7 @@ class RecordIntake:
             return _enqueued(appended)
         return Deferred(_enqueued(appended), "enqueue", topic, self._lifecycle)
 
+    @coroutine_function
     def enqueue_told(self, topic: str, value: Any, key: Any = None, *,
                      partition: int | None = None, timestamp_ms: int | None = None,
                      headers: Headers | None = None) -> Coroutine[Any, Any, RecordFuture]:

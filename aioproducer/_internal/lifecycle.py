@@ -74,6 +74,12 @@ class Lifecycle:
         a batch)."""
         if self.loop is not None and (get_ident() != self.thread or
                                       asyncio.get_running_loop() is not self.loop):
+            if self.loop.is_closed():  # (kept from one asyncio.run() or test to the next)
+                raise RuntimeError(
+                    "this producer's event loop has ended (asyncio.run() returned, or the "
+                    "loop of the test that started it closed): it can send nothing more. Make "
+                    "a producer in the loop that uses it (in pytest, a fixture of the same "
+                    "loop scope as the tests using it); close() just closes this one")
             # (a sync web handler's asyncio.run(producer.send(...)), say)
             thread = "" if get_ident() == self.thread else (
                 "; from another thread, run the call on the producer's loop: "

@@ -408,6 +408,13 @@ class TransactionManager:
             raise self._fatal_error()
         if self.state is TxnState.UNINITIALIZED:
             raise self._state_error("call init_transactions() (or start()) first")
+        if self.state is TxnState.IN_TRANSACTION:  # (often another task's, in a service)
+            raise self._state_error(
+                "a transaction is open already: commit_transaction() or abort_transaction() "
+                "it first. A producer has one transaction at a time: tasks that run "
+                "transactions at once (concurrent requests) must take turns (an asyncio.Lock "
+                "around `async with producer.transaction()`), or each use a producer of its "
+                "own, with a transactional_id of its own")
         self._transition(TxnState.IN_TRANSACTION)
         # Once per transaction, never in the middle of one: a feature level changed meanwhile
         # counts from the next. The request versions alone do not decide (a 4.x cluster may

@@ -3319,6 +3319,27 @@ static PyTypeObject AppenderType = {
     .tp_methods = appender_methods,
 };
 
+/* producer.send and producer.enqueue (Appenders) are coroutine functions to inspect and
+   asyncio, as what a call returns is awaited: the attributes that say so (see _marks.py) as
+   class attributes, nothing per call. */
+static int
+mark_coroutine_function(PyTypeObject *type)
+{
+    PyObject *marks_module = PyImport_ImportModule("aioproducer._speedups._marks");
+    if (marks_module == NULL)
+        return -1;
+    PyObject *marks = PyObject_GetAttrString(marks_module, "COROUTINE_MARKS");
+    Py_DECREF(marks_module);
+    if (marks == NULL)
+        return -1;
+    int updated = PyDict_Update(type->tp_dict, marks);
+    Py_DECREF(marks);
+    if (updated < 0)
+        return -1;
+    PyType_Modified(type);
+    return 0;
+}
+
 /* -- AccumulatorFields: opening a batch ---------------------------------------------------- */
 
 /* The accumulator's state that opening a batch reads and writes (its members, which the
@@ -3943,7 +3964,7 @@ PyInit__c(void)
         return NULL;
     if (PyType_Ready(&ReadyType) < 0 || PyType_Ready(&AppenderType) < 0 ||
         PyType_Ready(&MemoryPoolType) < 0 || PyType_Ready(&ColumnsType) < 0 ||
-        PyType_Ready(&AccumulatorFieldsType) < 0)
+        PyType_Ready(&AccumulatorFieldsType) < 0 || mark_coroutine_function(&AppenderType) < 0)
         return NULL;
     if (deque_type == NULL) {
         PyObject *collections = PyImport_ImportModule("collections");

@@ -17,6 +17,7 @@ import crc32c
 
 from ..protocol.batch_layout import CRC_FROM, HEADER, HEADER_SIZE
 from ..protocol.primitives import encode_varint as _varint
+from ._marks import COROUTINE_MARKS
 
 DONE, NEEDS_BATCH, NEEDS_PYTHON = 0, 1, 2
 
@@ -829,6 +830,10 @@ class Appender:
 
 
 _UNSET: Any = object()  # (a key not given)
+
+
+for _name, _mark in COROUTINE_MARKS.items():  # (a coroutine function: see _marks.py)
+    setattr(Appender, _name, _mark)
 
 
 def _index(number: Any) -> int | None:

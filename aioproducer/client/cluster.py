@@ -51,6 +51,7 @@ from .ratelimit import LogEvery
 from .tasks import TaskSet, shielded
 
 log = logging.getLogger(__name__)
+_REBOOTSTRAP_LOG_S = 10.0  # a rebootstrap WARNING at most this often (the rest at DEBUG)
 
 # Errors that make a topic unusable at once, however long we wait.
 _HARD_TOPIC_ERRORS = (InvalidTopicError, TopicAuthorizationFailedError)
@@ -154,6 +155,7 @@ class Cluster:
         self._stale = True
         self.reauthentications = 0  # for metrics (KIP-368)
         self.rebootstraps = 0  # for metrics (KIP-899, KIP-1102)
+        self._rebootstraps_said = (-_REBOOTSTRAP_LOG_S, 0)  # (last logged at, since)
         # Bumped by each rebootstrap: a connection begun before one is not kept after it.
         self._generation = 0
         # KIP-1102: when the first fetch since the last metadata answer began (None: none is
@@ -442,9 +444,19 @@ class Cluster:
                                  "brokers again", reason)
             return
         self.rebootstraps += 1
-        log.warning("rebootstrapping from bootstrap_servers %s: %s",
-                    ",".join(f"{host}:{port}" for host, port in self._config.bootstrap_addresses),
-                    reason)
+        # Said once per _REBOOTSTRAP_LOG_S at most: brokers that advertise an address this
+        # client cannot reach send it back to bootstrap_servers several times a second.
+        now, (said_at, unsaid) = self._loop.time(), self._rebootstraps_said
+        if now - said_at >= _REBOOTSTRAP_LOG_S:
+            log.warning("rebootstrapping from bootstrap_servers %s: %s%s",
+                        ",".join(f"{host}:{port}"
+                                 for host, port in self._config.bootstrap_addresses),
+                        reason, f" ({unsaid} more time(s) since the last such line)"
+                        if unsaid else "")
+            self._rebootstraps_said = (now, 0)
+        else:
+            self._rebootstraps_said = (said_at, unsaid + 1)
+            log.debug("rebootstrapping again: %s", reason)
         self._generation += 1
         self.brokers = {}
         self.topics = {name: TopicInfo(name, (-1,) * len(info.leaders), info.error, info.epochs)

@@ -149,10 +149,13 @@ class BrokerConnection(asyncio.Protocol):
                 "broker reachable from here? (check bootstrap_servers and advertised listeners)"
             ) from None
         except OSError as exc:
+            # A broker metadata named is at the address it advertises, which bootstrap_servers
+            # does not decide: a broker in a container advertising its own name, say.
+            hint = "Is a Kafka broker running there? (check bootstrap_servers)" if node_id < 0 \
+                else (f"It is where broker {node_id} says it is (its advertised.listeners): "
+                      "is that address reachable from here?")
             raise KafkaConnectionError(
-                f"cannot connect to {host}:{port}: {exc.strerror or exc}. Is a Kafka broker "
-                "running there? (check bootstrap_servers)"
-            ) from exc
+                f"cannot connect to {host}:{port}: {exc.strerror or exc}. {hint}") from exc
         try:
             await conn._negotiate_versions(expected_cluster_id)
             if sasl is not None:

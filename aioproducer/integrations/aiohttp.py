@@ -15,6 +15,8 @@ async def publish(request: web.Request) -> web.Response:
     async with asyncio.timeout(2):  # this request's deadline
         md = await request.app[PRODUCER].send("events", await request.read())
     return web.json_response({"partition": md.partition, "offset": md.offset})
+
+app.router.add_post("/events", publish)
 ```
 """
 
@@ -59,7 +61,9 @@ def unavailable_middleware(*, retry_after_s: int = 1) -> Middleware:
     stayed full for max_block_ms), a retriable Kafka error (no broker reachable, the delivery
     timed out) or ProducerClosedError (shutting down). A record whose wait ran out was
     buffered and is still sent if a broker takes it within delivery_timeout_ms: a client
-    that retries after a 503 may write the event twice (give events an id)."""
+    that retries after a 503 may write the event twice (give events an id). Not for a
+    WebSocket handler once its WebSocketResponse is prepared (no HTTP answer can go then):
+    there catch the error and `await ws.close(code=1013)` (Try Again Later)."""
     headers = retry_after(retry_after_s)
 
     @web.middleware

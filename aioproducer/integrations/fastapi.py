@@ -28,8 +28,10 @@ from __future__ import annotations
 import contextlib
 from typing import Annotated, Any, AsyncIterator, Awaitable, Callable, Sequence
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI, Request, WebSocket
+from fastapi.requests import HTTPConnection
 from fastapi.responses import JSONResponse
+from starlette.websockets import WebSocketState
 
 from .._internal.arguments import check_timeout
 from ..producer import Producer
@@ -69,9 +71,9 @@ def producer_lifespan(bootstrap_servers: str | Sequence[str] | None = None, *,
     return run
 
 
-def get_producer(request: Request) -> Producer[Any, Any]:
-    """The app's producer (a FastAPI dependency)."""
-    producer: Producer[Any, Any] | None = getattr(request.app.state, "aioproducer", None)
+def get_producer(connection: HTTPConnection) -> Producer[Any, Any]:
+    """The app's producer (a FastAPI dependency), for HTTP and WebSocket endpoints alike."""
+    producer: Producer[Any, Any] | None = getattr(connection.app.state, "aioproducer", None)
     if producer is None:
         raise RuntimeError(
             "no producer on this app: its lifespan has not run. Create the app with "
@@ -92,14 +94,22 @@ def add_unavailable_handler(app: FastAPI, *, retry_after_s: int = 1) -> None:
     stayed full for max_block_ms), a retriable Kafka error (no broker reachable, the delivery
     timed out) or ProducerClosedError (shutting down). A record whose wait ran out was
     buffered and is still sent if a broker takes it within delivery_timeout_ms: a client
-    that retries after a 503 may write the event twice (give events an id)."""
+    that retries after a 503 may write the event twice (give events an id). A WebSocket
+    endpoint's connection, once accepted, is closed with code 1013 (Try Again Later)."""
     headers = retry_after(retry_after_s)
 
-    async def unavailable(request: Request, exc: Exception) -> JSONResponse:
+    async def unavailable(connection: HTTPConnection, exc: Exception) -> JSONResponse | None:
+        if isinstance(connection, WebSocket) and \
+                connection.application_state is WebSocketState.CONNECTED and \
+                connection.client_state is WebSocketState.CONNECTED:
+            # Accepted: no HTTP answer can go any more (a server drops the connection
+            # instead). Closed with 1013, Try Again Later.
+            await connection.close(1013, unavailable_body(exc)["detail"])
+            return None
         return JSONResponse(unavailable_body(exc), status_code=503, headers=headers)
 
     for error in UNAVAILABLE:
-        app.add_exception_handler(error, unavailable)
+        app.add_exception_handler(error, unavailable)  # type: ignore[arg-type]
 
 
 def readiness_endpoint(max_pending_s: float = 5.0
