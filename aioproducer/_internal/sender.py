@@ -368,7 +368,9 @@ class Sender:
                                        base_sequence=batch.base_sequence,
                                        transactional=txn.is_transactional)
                 txn.sequencer.sent(batch)
-            else:  # (writer.parts(), inline: this is per batch)
+            else:  # writer.parts() with its defaults (no producer id, sequence or
+                # transaction), inline: the call was ~1,100 instructions a batch, 1% of the
+                # produce phase at 10,000 partitions (instructions.py 10000 100000)
                 payload = writer.payload
                 assert payload is not None, "a drained batch is closed"
                 records = writer.header(payload, writer.codec, -1, -1, -1), payload
