@@ -12,9 +12,8 @@ and per batch acknowledged. The shapes are cpu_per_record.py's: flushed (enqueue
 record keeping the futures, then flush()), bulk (enqueue_many of 10,000 records a call, then
 flush()), gather (enqueue() per record, then asyncio.gather: its count moves with the
 sender's timing, which shapes the batches, 20,000-22,100 a record at 10,000 partitions in
-three runs of one tree). Keyed 100-byte records,
-acks=1, linger 5 ms, uvloop; ~50x slower than a plain run (gather at 10,000 partitions: 54-108
-s, at load 1-11). The produce phase is given --limit seconds (default 1,200; once reported as
+three runs of one tree). Keyed 100-byte records, acks=1, linger 5 ms, uvloop; ~50x slower
+than a plain run (gather at 10,000 partitions: 54-108 s, at load 1-11). The produce phase is given --limit seconds (default 1,200; once reported as
 never finishing, not seen again in 4 runs under valgrind and 15 without): past it, the run
 fails saying what the producer held then. Needs valgrind, and CPython's symbols for
 os_getppid and os_getpgrp (pyenv's builds have them).
