@@ -522,8 +522,9 @@ class Producer(Generic[K, V]):
         handle, and for (bytes | None, bytes | None) tuples without serializers, a loop in
         the compiled speed-up. All records get the same timestamp (now, unless given) and no
         headers (but what on_send hooks add: they see each record as it is read, as
-        enqueue() shows them its own, and those records take the Python path). Whatever the call raises (a record refused for its type or size, an unknown
-        topic, a cancellation, `records` itself raising), the records before stay buffered:
+        enqueue() shows them its own, and those records take the Python path). Whatever
+        the call raises (a record refused for its type or size, an unknown topic, a
+        cancellation, `records` itself raising), the records before stay buffered:
         the exception's `accepted` attribute is the BulkFuture of those, always the first
         len(accepted) records. A timeout around the call raises a TimeoutError of its own:
         `aioproducer.accepted(error)` finds the BulkFuture on any of them. `records` is read

@@ -3,15 +3,19 @@ that does not move with the machine's load, for comparing two trees' hot paths w
 time cannot (on the shared 2-core machine it moved by a third from run to run at load 5-10).
 
     python benchmarks/instructions.py PARTITIONS [RECORDS] [--shape flushed|bulk|gather]
+        [--limit SECONDS]
 
 Runs itself again under `valgrind --tool=callgrind` (the embedded broker, a child process,
 is not counted), which zeroes its counters as the produce phase begins (its one call of
 os.getppid()) and dumps them as it ends (os.getpgrp()); prints the instructions per record
 and per batch acknowledged. The shapes are cpu_per_record.py's: flushed (enqueue() per
 record keeping the futures, then flush()), bulk (enqueue_many of 10,000 records a call, then
-flush()), gather (enqueue() per record, then asyncio.gather; under valgrind at 10,000
-partitions and 200,000 records it did not finish). Keyed 100-byte records, acks=1, linger
-5 ms, uvloop; ~50x slower than a plain run. Needs valgrind, and CPython's symbols for
+flush()), gather (enqueue() per record, then asyncio.gather: its count moves with the
+sender's timing, which shapes the batches, 20,000-22,100 a record at 10,000 partitions in
+three runs of one tree). Keyed 100-byte records, acks=1, linger 5 ms, uvloop; ~50x slower
+than a plain run (gather at 10,000 partitions: 54-108 s, at load 1-11). The produce phase is given --limit seconds (default 1,200; once reported as
+never finishing, not seen again in 4 runs under valgrind and 15 without): past it, the run
+fails saying what the producer held then. Needs valgrind, and CPython's symbols for
 os_getppid and os_getpgrp (pyenv's builds have them).
 """
 
@@ -28,6 +32,7 @@ p = argparse.ArgumentParser()
 p.add_argument("partitions", type=int)
 p.add_argument("records", type=int, nargs="?", default=200_000)
 p.add_argument("--shape", default="flushed", choices=("flushed", "bulk", "gather"))
+p.add_argument("--limit", type=float, default=1200.0, help="seconds for the produce phase")
 p.add_argument("--counted", action="store_true", help=argparse.SUPPRESS)  # (under valgrind)
 args = p.parse_args()
 
@@ -37,20 +42,33 @@ async def produce(bootstrap: str, topic: str, data: list[tuple[bytes, bytes]]) -
     async with Producer(bootstrap, acks=1, linger_ms=5) as producer:
         await producer.partitions_for(topic)
         os.getppid()  # callgrind zeroes its counters here ...
-        if args.shape == "bulk":
-            results = [await producer.enqueue_many(topic, data[i:i + 10_000])
-                       for i in range(0, len(data), 10_000)]
-            await producer.flush()
-            for result in results:
-                await result
-        else:
-            futures = [await producer.enqueue(topic, v, k) for k, v in data]
-            if args.shape == "gather":
-                await asyncio.gather(*futures)
-            else:
-                await producer.flush()
+        try:
+            await asyncio.wait_for(shape(producer, topic, data), args.limit)
+        except TimeoutError:
+            metrics = producer.metrics()
+            await producer.close(timeout=10)  # (not waiting for what is stuck)
+            sys.exit(f"the produce phase took more than --limit {args.limit:g} s: "
+                     f"{metrics.records_pending} record(s) pending (the oldest "
+                     f"{metrics.oldest_pending_s:.0f} s), {metrics.records_sent} sent, "
+                     f"{metrics.records_failed} failed, {metrics.requests_in_flight} "
+                     f"request(s) in flight, {metrics.waiting_for_memory} waiting for memory")
         os.getpgrp()  # ... and dumps them here
         return producer.metrics().batches_sent
+
+
+async def shape(producer, topic: str, data: list[tuple[bytes, bytes]]) -> None:
+    if args.shape == "bulk":
+        results = [await producer.enqueue_many(topic, data[i:i + 10_000])
+                   for i in range(0, len(data), 10_000)]
+        await producer.flush()
+        for result in results:
+            await result
+    else:
+        futures = [await producer.enqueue(topic, v, k) for k, v in data]
+        if args.shape == "gather":
+            await asyncio.gather(*futures)
+        else:
+            await producer.flush()
 
 
 if args.counted:
@@ -68,8 +86,8 @@ with tempfile.TemporaryDirectory() as out:
         ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}/counts",
          "--zero-before=os_getppid", "--dump-before=os_getpgrp", sys.executable,
          str(Path(__file__).resolve()), str(args.partitions), str(args.records),
-         "--shape", args.shape, "--counted"],
-        capture_output=True, text=True)
+         "--shape", args.shape, "--limit", str(args.limit), "--counted"],
+        capture_output=True, text=True, timeout=args.limit + 900)  # (+ start and close)
     batches = re.search(r"^batches (\d+)", run.stdout, re.M)
     dumps = sorted(Path(out).glob("counts.*"))
     if run.returncode or batches is None or not dumps:

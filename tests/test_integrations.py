@@ -8,9 +8,7 @@ import contextlib
 import importlib
 import json
 import logging
-import os
 import shutil
-import sys
 from collections import Counter
 
 import pytest

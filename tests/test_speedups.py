@@ -1272,6 +1272,28 @@ async def test_the_accumulator_opens_and_takes_alike_in_both():
     assert _open_and_take(_c, loop) == _open_and_take(_py, loop)
 
 
+class _Interrupted(BaseException):
+    """What may strike any Python line the opening runs (KeyboardInterrupt, say)."""
+
+
+@pytest.mark.parametrize("impl", BOTH, ids=["python", "c"])
+async def test_a_batch_queued_before_its_opening_raised_keeps_its_memory(impl):
+    """Most of the opening's Python runs after the batch is queued: the sender's wake.
+    Raising there, the batch stays queued and gives its memory back when it is done:
+    open_new gave it back at once as well, so the pool counted it twice (4096 free with a
+    batch of 1024 queued) and buffer_memory bounded nothing."""
+    acc = _accumulator_parts(impl, asyncio.get_running_loop())
+
+    def wake(batch, opened):
+        raise _Interrupted
+
+    acc.wake_sender_for = wake
+    with pytest.raises(_Interrupted):
+        acc.open_new("t", 1, b"key", b"v" * 100, 1000, 3)
+    assert [b.number for b in acc._batches[("t", 1)]] == [(1,)]
+    assert acc._pool.available == 4096 - 1024
+
+
 @pytest.mark.parametrize("impl", BOTH, ids=["python", "c"])
 async def test_a_batch_completes_alike_in_both(impl):
     """complete(): its future resolved (unless it failed already), its records' callbacks

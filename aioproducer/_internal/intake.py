@@ -46,6 +46,7 @@ Appended = tuple[ProducerBatch | WaitingRecord, int, int]
 # A record's key, value and headers, serialized and checked (the headers as serializers left them).
 KeyValue = tuple[bytes | None, bytes | None, Headers | None]
 _Future = TypeVar("_Future", bound=RecordFuture)  # what append() makes in its common case
+_T = TypeVar("_T")
 _CHUNK = 10_000  # enqueue_many takes its records this many at a time
 _DELTA = struct.Struct("=i")  # an offset delta in a BulkFuture (as the speed-up writes them)
 
@@ -130,9 +131,7 @@ class RecordIntake:
             if type(appended[0]) is WaitingRecord:
                 appended[0].record = sending
             return sending
-        if getattr(appended, "cr_code", None) is _SERIALIZING:  # (see _SERIALIZING)
-            return _send_appended(appended)
-        return Deferred(_send_appended(appended), "send", topic, lifecycle)
+        return _deferred(_send_appended(appended), appended, "send", topic, lifecycle)
 
     @coroutine_function
     def _send_told(self, topic: str, value: Any, key: Any = None, *,
@@ -154,7 +153,7 @@ class RecordIntake:
             return sending
         if isinstance(sending, Deferred):
             return sending.then(partial(_told_when_awaited, told=told))
-        return _told_when_awaited(sending, told)  # (an async serializer's: see _SERIALIZING)
+        return _told_when_awaited(sending, told)  # (an async serializer's: see _deferred)
 
     def enqueue(self, topic: str, value: Any, key: Any = None, *,
                 partition: int | None = None, timestamp_ms: int | None = None,
@@ -170,9 +169,7 @@ class RecordIntake:
             return Ready(appended)
         if isinstance(appended, tuple):
             return Ready(RecordFuture(*appended))
-        if getattr(appended, "cr_code", None) is _SERIALIZING:  # (see _SERIALIZING)
-            return _enqueued(appended)
-        return Deferred(_enqueued(appended), "enqueue", topic, self._lifecycle)
+        return _deferred(_enqueued(appended), appended, "enqueue", topic, self._lifecycle)
 
     @coroutine_function
     def enqueue_told(self, topic: str, value: Any, key: Any = None, *,
@@ -190,9 +187,7 @@ class RecordIntake:
             raise
         if not isinstance(appended, (RecordFuture, tuple)):
             enqueued = _enqueued(appended) if told is None else _enqueued_told(appended, told)
-            if getattr(appended, "cr_code", None) is _SERIALIZING:  # (see _SERIALIZING)
-                return enqueued
-            return Deferred(enqueued, "enqueue", topic, self._lifecycle)
+            return _deferred(enqueued, appended, "enqueue", topic, self._lifecycle)
         future = appended if isinstance(appended, RecordFuture) else RecordFuture(*appended)
         if told is not None:
             future.add_done_callback(partial(_tell_outcome, told))
@@ -663,11 +658,6 @@ class RecordIntake:
 # The producer's send() and enqueue() are these methods (or an Appender that hands them its
 # arguments): a call with an argument missing, or one too many, names the verb the user
 # called, "Producer.send() missing 1 required positional argument: 'value'", not ours.
-# In the producer's loop, the coroutine of a record an async serializer serializes stays a
-# plain one (Python warns if it is never awaited), not a Deferred: one is made per record
-# there, and the wrapper was 10-15% of the record's CPU (3.5 us).
-_SERIALIZING = RecordIntake._append_serialized.__code__
-
 for _verb, _name in ((RecordIntake.send, "send"), (RecordIntake._send_told, "send"),
                      (RecordIntake.enqueue, "enqueue"),
                      (RecordIntake.enqueue_told, "enqueue")):
@@ -694,6 +684,21 @@ def _pair_hint(record: object) -> str:
     if isinstance(record, (tuple, list)) and len(record) == 3:
         return ": its records have no headers (a record with headers: enqueue() or send())"
     return ""
+
+
+_SERIALIZING = RecordIntake._append_serialized.__code__  # (see _deferred)
+
+
+def _deferred(finishing: Coroutine[Any, Any, _T], appending: Coroutine[Any, Any, Appended],
+              verb: str, topic: object, lifecycle: Lifecycle) -> Coroutine[Any, Any, _T]:
+    """What send() or enqueue() returns for a record that `appending` buffers once awaited:
+    `finishing` (which awaits it) in a Deferred, which reports the record lost if it is
+    dropped unawaited. Not where `appending` awaits an async serializer in the producer's
+    loop: one is made per record there, and the wrapper was 10-15% of the record's CPU (3.5
+    us); Python's own warning says that one was never awaited."""
+    if getattr(appending, "cr_code", None) is _SERIALIZING:
+        return finishing
+    return Deferred(finishing, verb, topic, lifecycle)
 
 
 async def _enqueued(appending: Coroutine[Any, Any, Appended]) -> RecordFuture:

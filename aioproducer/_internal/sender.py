@@ -9,10 +9,10 @@ or fails them) and wakes the task.
 Between rounds it sleeps until the earliest deadline (linger, retry backoff, delivery
 timeout, reconnect, metadata age) or until something wakes it; not at all while a broker it
 wrote to has room for another request and a batch queued for it is sendable (lingering ones
-are not). A connection whose write
-buffer holds more than a request's worth unsent (`paused`) has no room either, whatever
-acks is: at acks=0, where nothing else bounds what is written, its records wait in the
-accumulator, inside buffer_memory, so enqueue() feels a slow broker as at acks=1.
+are not). A connection whose write buffer holds more than a request's worth unsent
+(`paused`) has no room either, whatever acks is: at acks=0, where nothing else bounds
+what is written, its records wait in the accumulator, inside buffer_memory, so enqueue()
+feels a slow broker as at acks=1.
 
 A batch opened or closed wakes it only if its broker can take a request now (`wake_for`):
 one that cannot (paused, in-flight full, throttled, re-authenticating) wakes the sender
@@ -371,7 +371,9 @@ class Sender:
                                        base_sequence=batch.base_sequence,
                                        transactional=txn.is_transactional)
                 txn.sequencer.sent(batch)
-            else:  # (writer.parts(), inline: this is per batch)
+            else:  # writer.parts() with its defaults (no producer id, sequence or
+                # transaction), inline: the call was ~1,100 instructions a batch, 1% of the
+                # produce phase at 10,000 partitions (instructions.py 10000 100000)
                 payload = writer.payload
                 assert payload is not None, "a drained batch is closed"
                 records = writer.header(payload, writer.codec, -1, -1, -1), payload

@@ -3706,12 +3706,9 @@ accumulator_open_new(AccumulatorFields *self, PyObject *const *args, Py_ssize_t 
         return NULL;
     }
     Py_DECREF(clock);
-    pool->available -= memory;
-    PyObject *batch = accumulator_open(self, topic, args[1], timestamp, key, value, Py_None,
-                                       memory, partitions, now);
-    if (batch == NULL)
-        pool->available += memory;  /* (nobody waits in line: nobody to serve) */
-    return batch;
+    pool->available -= memory;  /* (the batch's: see _py.AccumulatorFields.open_new) */
+    return accumulator_open(self, topic, args[1], timestamp, key, value, Py_None, memory,
+                            partitions, now);
 }
 
 /* _take(tp, queue): see _py.AccumulatorFields._take. */

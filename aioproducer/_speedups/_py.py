@@ -364,15 +364,16 @@ class AccumulatorFields:
         pool = self._pool
         if memory > pool.available:
             return None
-        pool.available -= memory
         now = self._loop.time()
         self.touched[topic] = now
-        try:
-            return self._open(topic, partition, timestamp, key, value, None, memory,
-                              partitions, now)
-        except BaseException:
-            pool.available += memory  # (nobody waits in line: nobody to serve)
-            raise
+        # The batch's from here, not given back if the opening raises: what _open can meet
+        # strikes any line (KeyboardInterrupt, RecursionError, MemoryError), and most of
+        # its Python runs once the batch is queued (the sender's wake), which gives the
+        # memory back itself when done: given back here too, it counted twice. (The
+        # intake's reserve_now() and open_batch() give nothing back either.)
+        pool.available -= memory
+        return self._open(topic, partition, timestamp, key, value, None, memory, partitions,
+                          now)
 
     def _open(self, topic: str, partition: int, timestamp: int, key: bytes | None,
               value: bytes | None, headers: bytes | None, reserved: int, partitions: int,

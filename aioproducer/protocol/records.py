@@ -52,7 +52,8 @@ class BatchWriter(RecordWriter):
               transactional: bool = False) -> tuple[bytes, bytes | memoryview]:
         """The batch as it goes on the wire (after close()), in two parts: its 61-byte
         header and its records, not copied next to each other (a Produce request writes a
-        large payload where it lies); may be called again for a retry."""
+        large payload where it lies); may be called again for a retry. (The sender makes
+        a non-idempotent batch's parts inline, with header()'s defaults: keep the two alike.)"""
         payload = self.payload
         assert payload is not None, "close() the batch before encoding it"
         attributes = (self.codec | TRANSACTIONAL) if transactional else self.codec
