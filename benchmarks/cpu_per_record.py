@@ -10,7 +10,8 @@ on an embedded broker (the least load-sensitive
 figure on a shared machine: the process's CPU seconds over the produce phase, not wall
 time). --profile SHAPE prints a cProfile of that shape's first round (thread CPU time)
 instead of timing it. --gc adds, per shape (the median round's), the collector's CPU per
-record and its full collections (a gc.callbacks timer), and minor page faults per batch.
+record, its full collections and its young (generation-0) collections per 1,000 records (a
+gc.callbacks timer), and minor page faults per batch.
 
     python benchmarks/cpu_per_record.py PARTITIONS [RECORDS] [--size B] [--rounds N]
         [--shapes gather,flushed,bulk,send,yielding,tasks,sync,syncbulk] [--profile SHAPE]
@@ -38,7 +39,7 @@ p.add_argument("--gc", action="store_true", help="the collector's CPU and page f
 args = p.parse_args()
 value = os.urandom(args.size)
 data = [(b"key-%012d" % (i % 100_000), value) for i in range(args.records)]
-collector = {"s": 0.0, "full": 0, "at": 0.0}  # the collector's CPU seconds, full collections
+collector = {"s": 0.0, "full": 0, "young": 0, "at": 0.0}  # CPU seconds, full and young ones
 
 
 def _timed_collection(phase, info):
@@ -47,6 +48,7 @@ def _timed_collection(phase, info):
     else:
         collector["s"] += time.thread_time() - collector["at"]
         collector["full"] += info["generation"] == 2
+        collector["young"] += info["generation"] == 0
 
 
 if args.gc:
@@ -54,11 +56,12 @@ if args.gc:
 
 
 def snapshot():
-    return collector["s"], collector["full"], resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    return (collector["s"], collector["full"], collector["young"],
+            resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
 
 
 def since(before):
-    """The collector's seconds and full collections, and minor faults, since `before`."""
+    """The collector's seconds, full and young collections, and minor faults, since `before`."""
     return tuple(now - then for now, then in zip(snapshot(), before))
 
 
@@ -160,7 +163,7 @@ async def one(bootstrap, topic, shape, profile):
 
 
 batches = []  # acknowledged per round
-costs = []  # per round: the collector's seconds, its full collections, minor faults
+costs = []  # per round: the collector's seconds, its full and young collections, minor faults
 with EmbeddedBroker() as broker:
     n = 0
     for shape in args.shapes.split(","):
@@ -185,8 +188,9 @@ with EmbeddedBroker() as broker:
             median = results[len(results) // 2]
             extra = ""
             if args.gc:
-                seconds, full, faults = median[1]
-                extra = (f"; collector {seconds / args.records * 1e6:.2f} us/record ({full} full), "
+                seconds, full, young, faults = median[1]
+                extra = (f"; collector {seconds / args.records * 1e6:.2f} us/record ({full} full, "
+                         f"{young / args.records * 1000:.2f} young per 1,000 records), "
                          f"{faults / max(median[2], 1):.2f} minor faults/batch")
             results = [us for us, _, _ in results]
             print(f"{IMPLEMENTATION} p{args.partitions} s{args.size} {shape}: us CPU/record "

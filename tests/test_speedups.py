@@ -387,7 +387,9 @@ def test_produce_request_same_bytes_in_both(version):
                     if type(p["records"]) is tuple]
         large = [payload for payload in payloads if len(payload) >= 16384]
         if large:  # written where they lie: the frame is its parts, the payloads among them
-            referenced = [part for part in frame if any(part is p for p in large)]
+            # (a sealed writer's as a memoryview of it: what transports write)
+            referenced = [part for part in frame if any(
+                part is p or type(part) is memoryview and part.obj is p for p in large)]
             assert type(frame) is list and len(referenced) == len(large)
             assert all(type(part) is bytes for part in frame if part not in referenced)
             frame = b"".join(frame)
@@ -593,6 +595,42 @@ async def test_an_acknowledged_batch_is_out_of_the_collectors_way():
     assert (await records[0]).offset == 5 and (await asyncio.gather(records[0]))[0].offset == 5
     with pytest.raises(RuntimeError):
         await records[1]
+
+
+@pytest.mark.skipif(_speedups.IMPLEMENTATION != "c",
+                    reason="the C speed-up's (Python cannot keep objects from the collector)")
+async def test_a_pending_batch_is_out_of_the_collectors_way_until_it_fails_or_splits():
+    """At many partitions a batch is opened every record or two: one the accumulator opens
+    (its asyncio future, its partition's queue and that queue's key with it) starts out of
+    the garbage collector's way, as does the list of records watching it (gather's) and its
+    payload once sealed, so that no pending batch is promoted to the collector's oldest
+    generation, whose growth brings full collections (each walking every object the
+    process holds). A failure or a split, which may lead back to it, hands it back."""
+    from aioproducer._internal.batch import ProducerBatch, RecordFuture
+    from aioproducer.protocol.records import BatchWriter
+    acc = _accumulator_parts(_c, asyncio.get_running_loop())
+    acc._batch_type, acc._writer_type = ProducerBatch, BatchWriter
+    acked, failed, split = (acc.open_new("t", p, b"k", b"v", 1000, 3) for p in range(3))
+    for batch in (acked, failed, split):
+        assert not gc.is_tracked(batch) and not gc.is_tracked(batch.future)
+    queue = acc._batches[("t", 0)]
+    assert not gc.is_tracked(queue) and not any(gc.is_tracked(tp) for tp in acc._batches)
+    record = RecordFuture(acked, 0, 1000)
+    record.add_done_callback(lambda future: None)
+    assert acked._watchers == [record] and not gc.is_tracked(acked._watchers)
+    assert acc._take(("t", 0), queue) is acked
+    payload = acked.writer.payload
+    assert payload == acked.writer.parts()[1] and len(payload) == acked.writer.size - 61
+    assert not gc.is_tracked(payload)
+    acked.complete(5, -1)
+    assert not gc.is_tracked(acked) and not gc.is_tracked(acked.future)
+    assert (await record).offset == 5
+    failed.fail(RuntimeError("refused"))
+    assert gc.is_tracked(failed) and gc.is_tracked(failed.future)
+    split.split_into([ProducerBatch((3, i), "t", 2, BatchWriter(0, 100),
+                                    asyncio.get_running_loop().create_future(), 0.0, 60.0, 0)
+                      for i in range(2)])
+    assert gc.is_tracked(split) and gc.is_tracked(split.future)
 
 
 @pytest.mark.parametrize("impl", BOTH, ids=["python", "c"])

@@ -137,6 +137,7 @@ class ProducerBatch(BatchFields):
             piece.first_delta = first
             first += piece.record_count
         self.pieces = pieces
+        self._track()  # (opened out of the collector's way: its pieces lead back to it)
         self.writer.free()
 
     def _piece_of(self, offset_delta: int) -> ProducerBatch:
@@ -155,17 +156,6 @@ class ProducerBatch(BatchFields):
         else:
             self.fail(failure)
 
-    def watch(self, record: RecordFuture) -> None:
-        """Run `record`'s done callbacks once this batch is done, or soon if it is: either
-        way in one loop callback for all the records watched meanwhile (asyncio.gather over
-        records acknowledged already would otherwise cost a loop callback per record)."""
-        if self._watchers is not None:
-            self._watchers.append(record)
-            return
-        self._watchers = [record]
-        if self.future.done():
-            self.future.get_loop().call_soon(self._run_watchers)
-
     def _run_watchers(self) -> None:
         watchers, self._watchers = self._watchers, None
         _run_callbacks(watchers or [])
@@ -173,6 +163,7 @@ class ProducerBatch(BatchFields):
     def fail(self, exc: BaseException) -> None:
         self.done = True
         ProducerBatch.failures += 1
+        self._track()  # (opened out of the collector's way, as its records' futures)
         for record in self._untracked or ():
             record._track()  # the failure's traceback may come to hold frames that hold them
         self._untracked = None

@@ -426,14 +426,18 @@ class Sender:
             throttle_ms = response.get("throttle_time_ms", 0)
             if throttle_ms > 0:
                 self._throttled(conn, throttle_ms)
-            results = {}
+            # Each topic's answers by partition (no tuple key a partition: at many
+            # partitions there is a batch, and an answer, every record or two).
+            results: dict[str, dict[int, dict[str, Any]]] = {}
             for topic in response["responses"]:
+                by_index = results.setdefault(topic["name"], {})
                 for p in topic["partition_responses"]:
-                    results[(topic["name"], p["index"])] = p
+                    by_index[p["index"]] = p
             acked: list[ProducerBatch] = []
             in_flight = self._in_flight
             for batch in batches:
-                p = results.get((batch.topic, batch.partition))
+                answers = results.get(batch.topic)
+                p = answers.get(batch.partition) if answers is not None else None
                 if p is None:
                     self._retry_or_fail(batch, KafkaConnectionError(
                         f"{conn.address} left {batch.topic}-{batch.partition} out of its "

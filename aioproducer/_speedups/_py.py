@@ -127,6 +127,9 @@ class BatchFields:
     def _untrack(self) -> None:
         """The C one leaves the garbage collector an acknowledged batch (see _c.c)."""
 
+    def _track(self) -> None:
+        """The C one hands a batch opened out of the collector's way back to it (_c.c)."""
+
     def complete(self, base_offset: int, log_append_time: int) -> None:
         """Acknowledged (unless it failed already: expired in flight). Its records'
         callbacks run soon, its enqueue_many futures count it, a piece tells its batch."""
@@ -144,6 +147,18 @@ class BatchFields:
             # keep the record futures, which hold their batches: at 10,000 partitions there
             # may be a batch a record, and walking them was most of the collector's work).
             self._untrack()
+
+    def watch(self, record: Any) -> None:
+        """Run `record`'s done callbacks once this batch is done, or soon if it is: either
+        way in one loop callback for all the records watched meanwhile (asyncio.gather over
+        records acknowledged already would otherwise cost a loop callback per record). (In
+        C the list of them is kept from the garbage collector: see _c.c.)"""
+        if self._watchers is not None:
+            self._watchers.append(record)
+            return
+        self._watchers = [record]
+        if self.future.done():
+            self.future.get_loop().call_soon(self._run_watchers)  # type: ignore[attr-defined]
 
     def _wake_watchers(self) -> None:
         """The batch is done: run its records' callbacks (the tasks awaiting them wake up in
