@@ -540,3 +540,55 @@ def test_a_task_sees_the_jvm_that_fed_it_die(tmp_path):
             os.killpg(jvm.pid, signal.SIGKILL)  # the "daemon" and the worker too
         jvm.wait(10)
     assert verdict.read_text() == "False", "the worker did not see its JVM die"
+
+
+def test_a_task_sees_the_jvm_that_fed_it_exiting(tmp_path):
+    """The JVM's children get a new parent only at the very end of its exit, after its
+    threads closed the sockets they share (the worker's input ends there): a commit in
+    between found the parent chain as before (CI once more: the killed-driver test on
+    Kafka, rows_already_committed 800, not 400). Here the process playing the JVM ends its
+    main thread (the kernel's exit begun, flagged in /proc) while another of its threads
+    keeps it, and its child, there: the worker's watch says it is gone."""
+    import contextlib
+    import os
+    import platform
+    import signal
+    import subprocess
+    import sys
+
+    sys_exit = {"x86_64": 60, "aarch64": 93}.get(platform.machine())
+    if sys_exit is None or not os.path.exists("/proc/self/stat"):
+        pytest.skip("needs Linux's /proc and the exit system call's number here")
+    ready, verdict = tmp_path / "ready", tmp_path / "verdict"
+    worker = (
+        "import pathlib, time\n"
+        "from aioproducer.integrations.spark import _spark_watch\n"
+        "alive = _spark_watch()\n"
+        f"pathlib.Path({str(ready)!r}).write_text(str(alive()))\n"
+        "for _ in range(100):\n"
+        "    time.sleep(0.05)\n"
+        "    if not alive(): break\n"
+        f"pathlib.Path({str(verdict)!r}).write_text(str(alive()))\n")
+    daemon = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {worker!r}])"
+    # The "JVM": its daemon run from another thread; its main thread ends once the worker
+    # is under way (the system call, not Python's exit, which would end every thread).
+    jvm_script = (
+        "import ctypes, pathlib, subprocess, sys, threading, time\n"
+        f"threading.Thread(target=subprocess.run, args=([sys.executable, '-c', {daemon!r}],))"
+        ".start()\n"
+        "for _ in range(200):\n"
+        f"    if pathlib.Path({str(ready)!r}).exists(): break\n"
+        "    time.sleep(0.1)\n"
+        f"ctypes.CDLL(None).syscall({sys_exit}, 0)\n")
+    jvm = subprocess.Popen([sys.executable, "-c", jvm_script], start_new_session=True)
+    try:
+        for _ in range(200):  # (bounded: 20 s)
+            if verdict.exists() and verdict.read_text():
+                break
+            time.sleep(0.1)
+        assert ready.read_text() == "True", "alive while its JVM runs"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(jvm.pid, signal.SIGKILL)  # the "daemon" and the worker too
+        jvm.wait(10)
+    assert verdict.read_text() == "False", "the worker did not see its JVM exiting"

@@ -434,24 +434,44 @@ def _spark_watch() -> Callable[[], bool]:
     format allows an end without its end marker): the task would commit a transaction of
     the rows before the kill, and the replay would find the micro-batch committed and skip
     the rest (seen once in CI, a killed driver). The worker's parent is PySpark's daemon
-    (or the JVM), the daemon's the JVM: a parent gone gives its child a new parent at once.
-    Without /proc, only the worker's own parent is watched."""
+    (or the JVM), the daemon's the JVM: a parent gone gives its child a new parent, but only
+    at the end of its exit, after it closed its sockets (the input's end): in between it is
+    exiting (seen once more in CI, the same test), which /proc says too. Without /proc, only
+    the worker's own parent is watched."""
     parent = os.getppid()
     grandparent = _parent_of(parent)
 
     def alive() -> bool:
-        return os.getppid() == parent and (grandparent is None
-                                           or _parent_of(parent) == grandparent)
+        return os.getppid() == parent and (grandparent is None or (
+            _parent_of(parent) == grandparent
+            and not _exiting(parent) and not _exiting(grandparent)))
     return alive
 
 
-def _parent_of(pid: int) -> int | None:
+def _stat(pid: int) -> list[bytes]:
+    """/proc/<pid>/stat's fields after the command (state, ppid, ..., flags); [] if gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
             # pid (comm) state ppid ...: comm may hold spaces and parentheses
-            return int(stat.read().rpartition(b")")[2].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
+            return stat.read().rpartition(b")")[2].split()
+    except OSError:
+        return []
+
+
+def _parent_of(pid: int) -> int | None:
+    fields = _stat(pid)
+    return int(fields[1]) if len(fields) > 1 else None
+
+
+_PF_EXITING = 0x4  # (the kernel's task flag, set as a process's exit begins)
+
+
+def _exiting(pid: int) -> bool:
+    """Whether the process is gone, a zombie, or on its way out (its main thread's exit
+    begun: set before its other threads close the sockets they share)."""
+    fields = _stat(pid)
+    return len(fields) < 7 or fields[0] in (b"Z", b"X", b"x") \
+        or bool(int(fields[6]) & _PF_EXITING)
 
 
 class _ReadAhead:
