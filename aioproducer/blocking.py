@@ -21,7 +21,7 @@ import os
 import threading
 import weakref
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from functools import partial
 from typing import Any, Awaitable, Callable, Coroutine, Generic, Iterable, Iterator, Sequence, \
     TypeVar, Unpack, overload
@@ -317,6 +317,13 @@ class BlockingProducer(Generic[K, V]):
         try:
             running = self._portal.start_task_soon(func, *args)
             try:
+                if interruptible:
+                    # The kernel gives a process's SIGINT to any of its threads: taken by
+                    # another, it is raised in this one only when it next runs Python, and a
+                    # wait without a timeout ran none until the call ended (CI: a Ctrl-C'd
+                    # produce_many() buffered every record before the interrupt came).
+                    while not running.done():
+                        wait((running,), 0.1)
                 return running.result()
             except KeyboardInterrupt:
                 if interruptible:

@@ -474,11 +474,13 @@ def test_a_generator_that_raises_midway_keeps_what_it_gave(broker, topic):
 
 # A loading script stopped with Ctrl-C in the middle of a produce_many() call. Its generator
 # (read in the producer's thread) says when it is under way, and from then on gives a row
-# each ~0.1 ms (at full speed the whole load was buffered, on a loaded machine, before the
-# signal came: 1 run in 4); a small buffer_memory makes the call wait for memory, where a
-# cancellation lands, every few hundred records.
+# each ~0.1 ms (20 s for the rest: the interrupt must stop it well before); a small
+# buffer_memory makes the call wait for memory, where a cancellation lands, every few
+# hundred records. The calling thread blocks SIGINT, so the signal always reaches another
+# thread, as the kernel may choose anyway (CI: every record buffered, the interrupt raised
+# only as the call returned).
 _CTRL_C_LOAD = """
-import sys, time
+import signal, sys, time
 import aioproducer
 from aioproducer import BlockingProducer
 
@@ -492,6 +494,9 @@ def rows():
 
 try:
     with BlockingProducer(sys.argv[1], buffer_memory=65_536) as producer:
+        # The kernel gives a process's SIGINT to any thread that does not block it: here
+        # never this one (its threads, started above, keep their masks).
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         producer.produce_many(sys.argv[2], rows())
 except KeyboardInterrupt as interrupt:
     buffered = aioproducer.accepted(interrupt)
