@@ -497,6 +497,19 @@ def _where_reading_stopped(bootstrap: str, topic: str, read: Counter[bytes]) -> 
     return "\n".join(lines)
 
 
+def _watching_worker(ready, verdict) -> str:
+    """A script playing the Python worker: its watch's answer at the start written to
+    `ready`, then (within 5 s) its answer once it says gone, written to `verdict`."""
+    return ("import pathlib, time\n"
+            "from aioproducer.integrations.spark import _spark_watch\n"
+            "alive = _spark_watch()\n"
+            f"pathlib.Path({str(ready)!r}).write_text(str(alive()))\n"
+            "for _ in range(100):\n"
+            "    time.sleep(0.05)\n"
+            "    if not alive(): break\n"
+            f"pathlib.Path({str(verdict)!r}).write_text(str(alive()))\n")
+
+
 def test_a_task_sees_the_jvm_that_fed_it_die(tmp_path):
     """A task's transaction is committed only while the JVM that feeds its Python worker is
     there: killed between two Arrow batches, the JVM leaves an input that ends cleanly, and
@@ -510,15 +523,7 @@ def test_a_task_sees_the_jvm_that_fed_it_die(tmp_path):
     import sys
 
     ready, verdict = tmp_path / "ready", tmp_path / "verdict"
-    worker = (
-        "import pathlib, time\n"
-        "from aioproducer.integrations.spark import _spark_watch\n"
-        "alive = _spark_watch()\n"
-        f"pathlib.Path({str(ready)!r}).write_text(str(alive()))\n"
-        "for _ in range(100):\n"
-        "    time.sleep(0.05)\n"
-        "    if not alive(): break\n"
-        f"pathlib.Path({str(verdict)!r}).write_text(str(alive()))\n")
+    worker = _watching_worker(ready, verdict)
     spawn = "import subprocess, sys; subprocess.run([sys.executable, '-c', sys.argv[1]])"
     # (the "daemon" waits for its worker; the "JVM" for its daemon)
     jvm = subprocess.Popen([sys.executable, "-c", spawn,
@@ -558,17 +563,10 @@ def test_a_task_sees_the_jvm_that_fed_it_exiting(tmp_path):
 
     sys_exit = {"x86_64": 60, "aarch64": 93}.get(platform.machine())
     if sys_exit is None or not os.path.exists("/proc/self/stat"):
-        pytest.skip("needs Linux's /proc and the exit system call's number here")
+        # (the watch reads /proc, Linux's; the "JVM" ends its main thread by number)
+        pytest.skip("needs Linux's /proc and an exit system call number known for this CPU")
     ready, verdict = tmp_path / "ready", tmp_path / "verdict"
-    worker = (
-        "import pathlib, time\n"
-        "from aioproducer.integrations.spark import _spark_watch\n"
-        "alive = _spark_watch()\n"
-        f"pathlib.Path({str(ready)!r}).write_text(str(alive()))\n"
-        "for _ in range(100):\n"
-        "    time.sleep(0.05)\n"
-        "    if not alive(): break\n"
-        f"pathlib.Path({str(verdict)!r}).write_text(str(alive()))\n")
+    worker = _watching_worker(ready, verdict)
     daemon = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {worker!r}])"
     # The "JVM": its daemon run from another thread; its main thread ends once the worker
     # is under way (the system call, not Python's exit, which would end every thread).

@@ -598,7 +598,8 @@ async def test_an_acknowledged_batch_is_out_of_the_collectors_way():
 
 
 @pytest.mark.skipif(_speedups.IMPLEMENTATION != "c",
-                    reason="the C speed-up's (Python cannot keep objects from the collector)")
+                    reason="the pure-Python twin cannot untrack objects from the garbage "
+                           "collector (only C can): nothing to check there")
 async def test_a_pending_batch_is_out_of_the_collectors_way_until_it_fails_or_splits():
     """At many partitions a batch is opened every record or two: one the accumulator opens
     (its asyncio future, its partition's queue and that queue's key with it) starts out of
