@@ -160,3 +160,42 @@ async def test_ready_stops_early_only_when_no_queued_partition_can_lack_a_leader
     accumulator.open_batch("u", 1, 0, None, b"v", None, size, 2)  # no leader
     ready, _, unknown = accumulator.ready(TwoTopics(), batch.created)
     assert ready == {0} and unknown == {"u"}
+
+
+class _Interrupted(BaseException):
+    """What may strike any Python line the opening runs (KeyboardInterrupt, say)."""
+
+
+async def test_a_turn_in_line_whose_batch_opening_fails_holds_no_memory_twice():
+    """enqueue()'s turn came (it holds its memory) and its record needs a new batch: an
+    opening that fails before its batch is queued gives the memory back once and buffers
+    nothing (the record is refused with the error); one that fails after (a
+    KeyboardInterrupt in the sender's wake) leaves the batch queued, holding its memory.
+    append_granted gave the memory back around the opening either way: counted free while
+    a queued batch held it (or twice)."""
+    config = ProducerConfig.from_kwargs(bootstrap_servers="127.0.0.1:9092", linger_ms=1000,
+                                        enable_idempotence=False, buffer_memory=1 << 20)
+    size = record_size_upper_bound(None, b"v", None)
+
+    def grows_lists_but_fails(topic, partitions):
+        raise RuntimeError("the topic's lists could not grow")
+
+    def wake_interrupted(batch, opened):
+        raise _Interrupted
+
+    for failing, value in (("open_batches", grows_lists_but_fails),
+                           ("wake_sender_for", wake_interrupted)):
+        accumulator = RecordAccumulator(config, Codec.NONE, None, Observer(()))
+        memory = accumulator.batch_memory(size)
+        setattr(accumulator, failing, value)
+        assert accumulator.reserve_now(memory)
+        waiting = accumulator.turn_soon("t", 1, 0, None, b"v", None, memory, 4)
+        await waiting.turn
+        with pytest.raises((RuntimeError, _Interrupted)):
+            accumulator.append_granted(waiting)
+        queued = [batch for queue in accumulator._batches.values() for batch in queue]
+        assert len(queued) == (1 if failing == "wake_sender_for" else 0), failing
+        assert set(queued) == accumulator.incomplete
+        held = sum(batch.writer.reserved for batch in queued)
+        assert accumulator.memory_available + held == 1 << 20, failing
+        assert not accumulator.line

@@ -1333,6 +1333,152 @@ async def test_a_batch_queued_before_its_opening_raised_keeps_its_memory(impl):
     assert acc._pool.available == 4096 - 1024
 
 
+class _Once:
+    """Raises `exc` the first time it is called, and nothing after (a passing failure)."""
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc: BaseException | None = exc
+
+    def __call__(self) -> None:
+        exc, self.exc = self.exc, None
+        if exc is not None:
+            raise exc
+
+
+class _RaisingQueue(collections.deque):
+    def __init__(self, boom, batches) -> None:
+        super().__init__(batches)
+        self.boom = boom
+
+    def append(self, batch) -> None:
+        self.boom()
+        super().append(batch)
+
+
+class _RaisingSet:
+    """The incomplete set, whose add() may fail (not a set: the opening calls its add())."""
+
+    def __init__(self, boom) -> None:
+        self.boom, self.batches = boom, set()
+
+    def add(self, batch) -> None:
+        self.boom()
+        self.batches.add(batch)
+
+    def discard(self, batch) -> None:
+        self.batches.discard(batch)
+
+    def __contains__(self, batch) -> bool:
+        return batch in self.batches
+
+    def __iter__(self):
+        return iter(self.batches)
+
+
+class _RaisingTxn:
+    def __init__(self, boom) -> None:
+        self.boom = boom
+
+    @property
+    def is_transactional(self) -> bool:
+        self.boom()
+        return False
+
+
+def _make_step_raise(step: str, acc, parts, boom) -> None:
+    """Make one step of the opening of a batch for partition 1 of "t" call `boom`."""
+    if step == "lone record count":
+        acc._lone_acked_at = 99.0
+
+        def count(now):
+            boom()
+            acc._lone_acked_at = None
+        acc._count_linger_bound = count
+    elif step == "batch future":
+        make = acc._loop.create_future
+        acc._loop.create_future = lambda: (boom(), make())[1]
+    elif step == "open lists":  # the topic grew: its lists grow
+        parts.topics["t"] = types.SimpleNamespace(leaders=(1, 1, 1, 1))
+        grow = acc.open_batches
+        acc.open_batches = lambda topic, count: (boom(), grow(topic, count))[1]
+    elif step == "transaction check":
+        acc._txn = _RaisingTxn(boom)
+    elif step == "transaction partition":
+        acc._txn = types.SimpleNamespace(is_transactional=True,
+                                         add_partition=lambda *tp: (boom(), True)[1])
+    elif step == "incomplete set":
+        acc.incomplete = _RaisingSet(boom)
+    elif step == "partition queue":  # a batch before it, closed for appends
+        acc._pool.available -= 1024
+        acc._open("t", 1, 5, b"key", b"v" * 100, None, 1024, 3, 100.0)
+        acc.appendable["t"][0][1] = acc.appendable["t"][1][1] = None
+        acc._batches[("t", 1)] = _RaisingQueue(boom, acc._batches[("t", 1)])
+    elif step == "wake":
+        acc.wake_sender_for = lambda batch, opened: boom()
+    else:
+        assert step == "transaction wake"
+        acc._txn = types.SimpleNamespace(is_transactional=True,
+                                         add_partition=lambda *tp: True)
+        acc.wake_sender = boom
+
+
+_OPENING_STEPS = ["lone record count", "batch future", "open lists", "transaction check",
+                  "transaction partition", "incomplete set", "partition queue", "wake",
+                  "transaction wake"]
+
+
+@pytest.mark.parametrize("impl", BOTH, ids=["python", "c"])
+@pytest.mark.parametrize("step", _OPENING_STEPS)
+async def test_a_record_is_buffered_once_whichever_step_of_its_batch_s_opening_fails(impl, step):
+    """send() of a placed record whose partition has no open batch: the Appender opens one
+    (open_new), and where that raises, its Python path (`later`) takes the record again. So
+    an opening that raises has queued nothing and given its memory back: each of its steps
+    made to fail once (an Exception), the record is in a batch exactly once and the free
+    memory is buffer_memory less what the queued batches hold. Failing after the batch was
+    queued, the Appender took the record twice (stop 49: on uvloop, the wake); before, the
+    memory stayed taken. Only the wake comes after queueing (at linger_ms=0 it may write
+    the batch): what it raises goes to _wake_failed. A KeyboardInterrupt-like failure is
+    raised, the record then in no batch, or (from the wake) in its queued batch, which
+    holds its memory."""
+    loop = asyncio.get_running_loop()
+    for exc in (RuntimeError("a passing failure"), _Interrupted()):
+        acc = _accumulator_parts(impl, loop)
+        acc.open_batches("t", 3)
+        parts = _Started(impl, loop)
+        _make_step_raise(step, acc, parts, _Once(exc))
+        taken_again: list = []
+
+        def later(topic, value, key, *, partition):  # the Python path: reserve, open
+            taken_again.append(value)
+            acc._pool.available -= 1024
+            count = len(parts.topics[topic].leaders)
+            return acc._open(topic, partition, 5, key, value, None, 1024, count, 100.0)
+
+        appender = impl.Appender(later, _future_class(impl), False, parts, "started",
+                                 lambda: 0.005, False, False)
+        appender.attach(parts, acc, None, lambda topic, leaders: 2, acc.open_new)
+        before = sum(len(queue) for queue in acc._batches.values())
+        try:
+            appender("t", b"v" * 100, b"key", partition=1)
+        except _Interrupted:
+            raised = True
+        else:
+            raised = False
+        queued = [batch for queue in acc._batches.values() for batch in queue]
+        new = queued[before:]
+        kept = step.endswith("wake")
+        assert raised == isinstance(exc, _Interrupted), (step, exc)
+        assert len(new) == (0 if raised and not kept else 1), (step, exc, len(taken_again))
+        assert all(batch.writer.count == 1 for batch in new)
+        assert acc._pool.available == 4096 - sum(b.writer.reserved for b in queued), (step, exc)
+        assert all(batch in acc.incomplete for batch in queued)
+        assert acc.appendable["t"][0][1] is (new[0] if new else None)
+        if not raised and not kept:
+            assert taken_again == [b"v" * 100]  # refused by open_new, taken by `later`
+        if kept and not raised:
+            assert acc.calls[-1] == ("wake_failed", repr(exc))
+
+
 @pytest.mark.parametrize("impl", BOTH, ids=["python", "c"])
 async def test_a_batch_completes_alike_in_both(impl):
     """complete(): its future resolved (unless it failed already), its records' callbacks

@@ -302,18 +302,21 @@ class RecordAccumulator(AccumulatorFields):
         self.line.popleft()
         self._pool.paused = bool(self.line)
         try:
-            batch = self._append_to_open(waiting.topic, waiting.partition, waiting.timestamp,
-                                         waiting.key, waiting.value, waiting.headers)
-            if batch is None:
-                self.close_for_appends(waiting.topic, waiting.partition)
+            try:
+                batch = self._append_to_open(waiting.topic, waiting.partition,
+                                             waiting.timestamp, waiting.key, waiting.value,
+                                             waiting.headers)
+                if batch is None:
+                    self.close_for_appends(waiting.topic, waiting.partition)
+            except BaseException:
+                self._pool.available += waiting.memory
+                raise
+            if batch is None:  # (the opening gives the memory back if it queues nothing)
                 batch = self.open_batch(waiting.topic, waiting.partition, waiting.timestamp,
                                         waiting.key, waiting.value, waiting.headers,
                                         waiting.memory, waiting.partitions)
             else:
                 self._pool.available += waiting.memory  # it fit in a batch opened meanwhile
-        except BaseException:
-            self._pool.available += waiting.memory
-            raise
         finally:
             self._serve_line()
         return batch
@@ -370,11 +373,24 @@ class RecordAccumulator(AccumulatorFields):
                     waiting.granted = True
                     waiting.turn.set_result(None)
                     return
-                self.close_for_appends(waiting.topic, waiting.partition)
-                batch = self.open_batch(waiting.topic, waiting.partition, waiting.timestamp,
-                                        waiting.key, waiting.value, waiting.headers,
-                                        waiting.memory, waiting.partitions)
-            line.popleft()
+                line.popleft()
+                closed = False
+                try:
+                    self.close_for_appends(waiting.topic, waiting.partition)
+                    closed = True
+                    batch = self.open_batch(waiting.topic, waiting.partition,
+                                            waiting.timestamp, waiting.key, waiting.value,
+                                            waiting.headers, waiting.memory,
+                                            waiting.partitions)
+                except BaseException as exc:  # refused (the opening gave its memory back)
+                    if not closed:
+                        self._pool.available += waiting.memory
+                    waiting.fail(exc)
+                    if isinstance(exc, Exception):
+                        continue
+                    raise
+            else:
+                line.popleft()
             waiting.append_to(batch, batch.writer.count - 1)
 
     def _expire_line(self) -> None:
@@ -415,8 +431,11 @@ class RecordAccumulator(AccumulatorFields):
         """Open a batch, with `reserved` bytes of memory already reserved for it, for a record
         that try_append() found no room for; the record is its first. (The opening itself is
         the speed-up's `_open`; `open_new` is the short path of a record placed by compiled
-        code, the Appender or enqueue_many's loop, with no Python frame.)"""
+        code, the Appender or enqueue_many's loop, with no Python frame.) Raising, it has
+        queued nothing and given `reserved` back (but for what a KeyboardInterrupt in the
+        sender's wake leaves: the batch, queued)."""
         if self.closing:
+            self._pool.available += reserved
             raise closed_while_buffering()
         batch: ProducerBatch = self._open(topic, partition, timestamp, key, value, headers,
                                           reserved, partitions, self._loop.time())

@@ -3209,7 +3209,8 @@ as_index(PyObject *number)
    partitioner's choice and an int-like's __index__, which `later` asks again and gets the
    same answer. A keyed record (or one given its partition) whose partition has no open
    batch gets one from open_new, which opens it if the memory is free and returns it (else
-   None, having done nothing: then `later` does it all, and raises what open_new raised).
+   None, having done nothing; an Exception it raises, it raised having queued nothing and
+   given the memory back: then `later` does it all, and raises what open_new raised).
    At many partitions a batch is opened every record or two (one record a batch when the
    producer yields to the loop often), and `later` (a coroutine, and the intake's checks
    again) cost ~10 us each. */
@@ -3531,7 +3532,7 @@ mark_coroutine_function(PyTypeObject *type)
 static PyObject *deque_type;  /* collections.deque */
 static PyObject *s_time, *s_create_future, *s_append, *s_add, *s_is_transactional,
     *s_add_partition, *s_open_batches, *s_count_linger_bound, *s_wake_failed, *s_popleft, *s_close,
-    *s_sequencer, *s_assign;  /* interned at import */
+    *s_sequencer, *s_assign, *s_discard;  /* interned at import */
 
 static int
 accumulator_traverse(AccumulatorFields *self, visitproc visit, void *arg)
@@ -3588,21 +3589,52 @@ writer_make(PyTypeObject *type, long long timestamp, Py_ssize_t limit, PyObject 
     return (PyObject *)writer;
 }
 
-/* The opening (see _py.AccumulatorFields._open): a new reference to the batch, or NULL. */
+/* Take `batch` out of the incomplete set again (an opening undone before its batch was
+   queued), keeping the error that undid it. */
+static void
+accumulator_unlist(AccumulatorFields *self, PyObject *batch)
+{
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    if (PySet_Check(self->incomplete)) {
+        if (PySet_Discard(self->incomplete, batch) < 0)
+            PyErr_Clear();
+    }
+    else {
+        PyObject *gone = PyObject_CallMethodOneArg(self->incomplete, s_discard, batch);
+        if (gone == NULL)
+            PyErr_Clear();
+        Py_XDECREF(gone);
+    }
+    PyErr_Restore(type, value, traceback);
+}
+
+/* The opening (see _py.AccumulatorFields._open): a new reference to the batch, or NULL.
+   Every step that can fail comes before the batch is queued (then `reserved` goes back to
+   the pool: the caller may take the record again), but the sender's wake, which needs it
+   queued (at linger_ms=0 it may write it at once); what that raises goes to _wake_failed. */
 static PyObject *
 accumulator_open(AccumulatorFields *self, PyObject *topic, PyObject *partition,
                  long long timestamp, PyObject *key, PyObject *value, PyObject *headers,
                  Py_ssize_t reserved, Py_ssize_t partitions, double now)
 {
-    Py_ssize_t p = PyLong_AsSsize_t(partition);
-    if (p == -1 && PyErr_Occurred())
-        return NULL;
-    if (p < 0) {
-        PyErr_SetString(PyExc_ValueError, "a partition is not negative");
+    if (self->pool == NULL || !PyObject_TypeCheck(self->pool, &MemoryPoolType)) {
+        PyErr_SetString(PyExc_TypeError, "the accumulator's fields are not set (or not of "
+                        "their types)");
         return NULL;
     }
-    if (self->pool == NULL || !PyObject_TypeCheck(self->pool, &MemoryPoolType) ||
-        self->batch_type == NULL || !PyType_Check(self->batch_type) ||
+    MemoryPool *pool = (MemoryPool *)Py_NewRef(self->pool);  /* (what `reserved` came from) */
+    PyObject *batch = NULL, *writer = NULL, *future = NULL, *number = NULL, *created = NULL,
+        *deadline = NULL, *held = NULL, *tp = NULL, *open = NULL, *queue = NULL, *wake = NULL;
+    int fresh = 0, adding = 0;
+    Py_ssize_t p = PyLong_AsSsize_t(partition);
+    if (p == -1 && PyErr_Occurred())
+        goto error;
+    if (p < 0) {
+        PyErr_SetString(PyExc_ValueError, "a partition is not negative");
+        goto error;
+    }
+    if (self->batch_type == NULL || !PyType_Check(self->batch_type) ||
         !PyType_IsSubtype((PyTypeObject *)self->batch_type, &BatchFieldsType) ||
         self->writer_type == NULL || !PyType_Check(self->writer_type) ||
         self->loop == NULL || self->batches == NULL || !PyDict_CheckExact(self->batches) ||
@@ -3610,7 +3642,7 @@ accumulator_open(AccumulatorFields *self, PyObject *topic, PyObject *partition,
         self->incomplete == NULL || self->wake_sender_for == NULL) {
         PyErr_SetString(PyExc_TypeError, "the accumulator's fields are not set (or not of "
                         "their types)");
-        return NULL;
+        goto error;
     }
     if (!self->said_linger_bound) {
         if (self->lone_acked_at == NULL || self->lone_acked_at == Py_None)
@@ -3621,16 +3653,14 @@ accumulator_open(AccumulatorFields *self, PyObject *topic, PyObject *partition,
                 : PyObject_CallMethodOneArg((PyObject *)self, s_count_linger_bound, stamp);
             Py_XDECREF(stamp);
             if (counted == NULL)
-                return NULL;
+                goto error;
             Py_DECREF(counted);
         }
     }
     self->batches_created++;
-    PyObject *batch = NULL, *writer = NULL, *future = NULL, *number = NULL, *created = NULL,
-        *deadline = NULL, *held = NULL, *tp = NULL, *open = NULL;
     writer = writer_make((PyTypeObject *)self->writer_type, timestamp,
                          reserved < self->batch_size ? reserved : self->batch_size,
-                         self->pool, self->batch_size);
+                         (PyObject *)pool, self->batch_size);
     if (writer == NULL)
         goto error;
     future = PyObject_CallMethodNoArgs(self->loop, s_create_future);
@@ -3668,35 +3698,26 @@ accumulator_open(AccumulatorFields *self, PyObject *topic, PyObject *partition,
     if (appended < 0)
         goto error;
 
-    /* Queued behind the partition's batches. */
+    /* The partition's queue (a new one holding the batch already: queued below by
+       listing it), and its open-batch lists (grown first if the topic grew). */
     if ((tp = PyTuple_Pack(2, topic, partition)) == NULL)
         goto error;
-    PyObject *queue = PyDict_GetItemWithError(self->batches, tp);
+    queue = PyDict_GetItemWithError(self->batches, tp);
+    Py_XINCREF(queue);
     if (queue == NULL) {
         if (PyErr_Occurred() || (queue = PyObject_CallNoArgs(deque_type)) == NULL)
             goto error;
+        fresh = 1;
         /* Neither holds anything that leads back to it (a queue holds batches; the key a
            str and an int): the collector need not walk them, and at many partitions a
            partition's queue is made again for each batch (it goes when drained empty). */
         PyObject_GC_UnTrack(queue);
         PyObject_GC_UnTrack(tp);
-        int stored = PyDict_SetItem(self->batches, tp, queue);
-        Py_DECREF(queue);  /* (the dict holds it) */
-        if (stored < 0)
+        PyObject *queued = PyObject_CallMethodOneArg(queue, s_append, batch);
+        if (queued == NULL)
             goto error;
-        if (now + self->linger < self->quiet_until)
-            self->quiet_until = now + self->linger;
+        Py_DECREF(queued);
     }
-    else
-        self->quiet_until = 0.0;  /* the batch before it is sendable now */
-    PyObject *queued = PyObject_CallMethodOneArg(queue, s_append, batch);
-    if (queued == NULL)
-        goto error;
-    Py_DECREF(queued);
-    if (now + self->delivery_timeout < self->expiry_floor)
-        self->expiry_floor = now + self->delivery_timeout;
-
-    /* The partition's open batch now (the lists grown first if the topic grew). */
     Py_ssize_t need = partitions > p + 1 ? partitions : p + 1;
     open = PyDict_GetItemWithError(self->appendable, topic);
     Py_XINCREF(open);
@@ -3725,23 +3746,8 @@ accumulator_open(AccumulatorFields *self, PyObject *topic, PyObject *partition,
             goto error;
         }
     }
-    if (PyList_SetItem(PyTuple_GET_ITEM(open, 0), p, Py_NewRef(batch)) < 0 ||
-        PyList_SetItem(PyTuple_GET_ITEM(open, 1), p, Py_NewRef(writer)) < 0)
-        goto error;
-    if (PySet_Check(self->incomplete)) {
-        if (PySet_Add(self->incomplete, batch) < 0)
-            goto error;
-    }
-    else {
-        PyObject *added = PyObject_CallMethodOneArg(self->incomplete, s_add, batch);
-        if (added == NULL)
-            goto error;
-        Py_DECREF(added);
-    }
 
-    /* Wake the sender: a round adds the partition to a transaction, blocked or not; else a
-       new linger deadline, or the batch before is full. */
-    int adding = 0;
+    /* A transaction's new partition (a round adds it, blocked or not: woken plainly). */
     PyObject *txn = self->txn;
     if (txn != NULL && txn != Py_None) {
         Py_INCREF(txn);
@@ -3759,12 +3765,45 @@ accumulator_open(AccumulatorFields *self, PyObject *topic, PyObject *partition,
         if (adding < 0)
             goto error;
     }
-    PyObject *wake = adding ? self->wake_sender : self->wake_sender_for;
+    wake = Py_XNewRef(adding ? self->wake_sender : self->wake_sender_for);
     if (wake == NULL) {
         PyErr_SetString(PyExc_AttributeError, "the accumulator has no wake_sender");
         goto error;
     }
-    Py_INCREF(wake);
+
+    /* Queued: incomplete, then in its partition's queue (each undone if the next fails). */
+    if (PySet_Check(self->incomplete)) {
+        if (PySet_Add(self->incomplete, batch) < 0)
+            goto error;
+    }
+    else {
+        PyObject *added = PyObject_CallMethodOneArg(self->incomplete, s_add, batch);
+        if (added == NULL)
+            goto error;
+        Py_DECREF(added);
+    }
+    PyObject *queued = fresh ? (PyDict_SetItem(self->batches, tp, queue) < 0 ? NULL : Py_None)
+        : PyObject_CallMethodOneArg(queue, s_append, batch);
+    if (queued == NULL) {
+        accumulator_unlist(self, batch);
+        goto error;
+    }
+    if (!fresh)
+        Py_DECREF(queued);
+
+    /* From here nothing fails: the call has taken the record. */
+    if (fresh) {
+        if (now + self->linger < self->quiet_until)
+            self->quiet_until = now + self->linger;
+    }
+    else
+        self->quiet_until = 0.0;  /* the batch before it is sendable now */
+    if (now + self->delivery_timeout < self->expiry_floor)
+        self->expiry_floor = now + self->delivery_timeout;
+    PyList_SetItem(PyTuple_GET_ITEM(open, 0), p, Py_NewRef(batch));  /* (p < their sizes) */
+    PyList_SetItem(PyTuple_GET_ITEM(open, 1), p, Py_NewRef(writer));
+
+    /* Wake the sender: a new linger deadline, or the batch before is full. */
     PyObject *call[2] = {batch, Py_True};
     PyObject *woken = adding ? PyObject_CallNoArgs(wake) : PyObject_Vectorcall(wake, call, 2, NULL);
     Py_DECREF(wake);
@@ -3781,9 +3820,8 @@ accumulator_open(AccumulatorFields *self, PyObject *topic, PyObject *partition,
         Py_XDECREF(value);
         Py_XDECREF(traceback);
     }
-    if (woken == NULL)
-        goto error;
-    Py_DECREF(woken);
+    Py_XDECREF(woken);
+    Py_DECREF(queue);
     Py_DECREF(open);
     Py_DECREF(tp);
     Py_DECREF(held);
@@ -3792,8 +3830,20 @@ accumulator_open(AccumulatorFields *self, PyObject *topic, PyObject *partition,
     Py_DECREF(number);
     Py_DECREF(future);
     Py_DECREF(writer);
+    Py_DECREF(pool);
+    if (woken == NULL) {
+        /* (a BaseException, KeyboardInterrupt say: raised, the batch kept with its memory;
+           the Appender takes nothing again on one) */
+        Py_DECREF(batch);
+        return NULL;
+    }
     return batch;
 error:
+    /* Nothing queued: the memory reserved for the batch is the pool's again. */
+    pool->available += reserved;
+    Py_DECREF(pool);
+    Py_XDECREF(wake);
+    Py_XDECREF(queue);
     Py_XDECREF(open);
     Py_XDECREF(tp);
     Py_XDECREF(held);
@@ -3876,7 +3926,7 @@ accumulator_open_new(AccumulatorFields *self, PyObject *const *args, Py_ssize_t 
         return NULL;
     }
     Py_DECREF(clock);
-    pool->available -= memory;  /* (the batch's: see _py.AccumulatorFields.open_new) */
+    pool->available -= memory;  /* (given back by the opening if it queues nothing) */
     return accumulator_open(self, topic, args[1], timestamp, key, value, Py_None, memory,
                             partitions, now);
 }
@@ -4177,7 +4227,7 @@ PyInit__c(void)
         {&s_call_soon, "call_soon"}, {&s_run_watchers, "_run_watchers"},
         {&s_piece_done, "_piece_done"}, {&s_pending, "_pending"}, {&s_resolve, "_resolve"},
         {&s_free, "free"}, {&s_popleft, "popleft"}, {&s_close, "close"},
-        {&s_sequencer, "sequencer"}, {&s_assign, "assign"},
+        {&s_sequencer, "sequencer"}, {&s_assign, "assign"}, {&s_discard, "discard"},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if (*names[i].name == NULL &&

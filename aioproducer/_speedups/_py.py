@@ -381,12 +381,7 @@ class AccumulatorFields:
             return None
         now = self._loop.time()
         self.touched[topic] = now
-        # The batch's from here, not given back if the opening raises: what _open can meet
-        # strikes any line (KeyboardInterrupt, RecursionError, MemoryError), and most of
-        # its Python runs once the batch is queued (the sender's wake), which gives the
-        # memory back itself when done: given back here too, it counted twice. (The
-        # intake's reserve_now() and open_batch() give nothing back either.)
-        pool.available -= memory
+        pool.available -= memory  # (given back by the opening if it queues nothing)
         return self._open(topic, partition, timestamp, key, value, None, memory, partitions,
                           now)
 
@@ -394,48 +389,70 @@ class AccumulatorFields:
               value: bytes | None, headers: bytes | None, reserved: int, partitions: int,
               now: float) -> Any:
         """Open a batch at loop time `now`, with `reserved` bytes of memory already reserved
-        for it, for a record that found no room in an open one; the record is its first."""
-        if not self._said_linger_bound:
-            if self._lone_acked_at is None:
-                self._lone_in_a_row = 0
-            else:
-                self._count_linger_bound(now)  # type: ignore[attr-defined]
-        self._batches_created += 1
-        batch_size = self._batch_size
-        writer = self._writer_type(timestamp, min(reserved, batch_size))
-        writer.draw_from(self._pool, batch_size)
-        batch = self._batch_type((self._batches_created,), topic, partition, writer,
-                                 self._loop.create_future(), now, now + self._delivery_timeout,
-                                 reserved)
-        writer.try_append(timestamp, key, value, headers)  # a batch's first record always fits
-        tp = (topic, partition)
-        queue = self._batches.get(tp)
-        if queue is None:
-            queue = self._batches[tp] = deque()
+        for it, for a record that found no room in an open one; the record is its first.
+        Every step that can fail comes before the batch is queued (failing, it gives
+        `reserved` back, having queued nothing: the caller may take the record again), but
+        the sender's wake, which needs it queued (at linger_ms=0 it may write it at once):
+        what that raises goes to _wake_failed, or, not an Exception (KeyboardInterrupt),
+        is raised with the batch kept (and its memory held)."""
+        pool = self._pool
+        try:
+            if not self._said_linger_bound:
+                if self._lone_acked_at is None:
+                    self._lone_in_a_row = 0
+                else:
+                    self._count_linger_bound(now)  # type: ignore[attr-defined]
+            self._batches_created += 1
+            batch_size = self._batch_size
+            writer = self._writer_type(timestamp, min(reserved, batch_size))
+            writer.draw_from(pool, batch_size)
+            batch = self._batch_type((self._batches_created,), topic, partition, writer,
+                                     self._loop.create_future(), now,
+                                     now + self._delivery_timeout, reserved)
+            writer.try_append(timestamp, key, value, headers)  # a first record always fits
+            tp = (topic, partition)
+            queue = self._batches.get(tp)
+            fresh = queue is None
+            if fresh:
+                queue = deque((batch,))  # (queued below by listing it)
+            need = max(partitions, partition + 1)
+            open_ = self.appendable.get(topic)
+            if open_ is None or len(open_[0]) != need or len(open_[1]) != need:
+                open_ = self.open_batches(topic, need)  # type: ignore[attr-defined]
+            txn = self._txn
+            adding = txn is not None and txn.is_transactional and \
+                txn.add_partition(topic, partition)  # a round adds it, blocked or not
+            # Queued: incomplete, then in its partition's queue (undone if that fails).
+            self.incomplete.add(batch)
+            try:
+                if fresh:
+                    self._batches[tp] = queue
+                else:
+                    queue.append(batch)
+            except BaseException:
+                self.incomplete.discard(batch)
+                raise
+        except BaseException:
+            pool.available += reserved  # nothing queued: the pool's again
+            raise
+        if fresh:
             if now + self._linger < self._quiet_until:
                 self._quiet_until = now + self._linger
         else:
             self._quiet_until = 0.0  # the batch before it is sendable now
-        queue.append(batch)
         if batch.deadline < self._expiry_floor:
             self._expiry_floor = batch.deadline
-        need = max(partitions, partition + 1)
-        open_ = self.appendable.get(topic)
-        if open_ is None or len(open_[0]) != need or len(open_[1]) != need:
-            open_ = self.open_batches(topic, need)  # type: ignore[attr-defined]
         open_[0][partition] = batch
         open_[1][partition] = writer
-        self.incomplete.add(batch)
-        txn = self._txn
-        if txn is not None and txn.is_transactional and txn.add_partition(topic, partition):
-            self.wake_sender()  # a round adds the partition to the transaction, blocked or not
-        else:
-            try:
-                self.wake_sender_for(batch, True)  # a new linger deadline, or the batch before is full
-            except Exception as exc:
-                # The record is in its queued batch: the call has taken it, and must not fail
-                # (the Appender would append it again). See _wake_failed.
-                self._wake_failed(exc)  # type: ignore[attr-defined]
+        try:
+            if adding:
+                self.wake_sender()
+            else:
+                self.wake_sender_for(batch, True)  # a new linger end, or the one before full
+        except Exception as exc:
+            # The record is in its queued batch: the call has taken it, and must not fail
+            # (the Appender would append it again). See _wake_failed.
+            self._wake_failed(exc)  # type: ignore[attr-defined]
         return batch
 
     def _take(self, tp: tuple[str, int], queue: Any) -> Any:
@@ -840,7 +857,7 @@ class Appender:
             return future  # (None: a full batch to close first, or no opener: `later`)
         try:
             batch = self._open_new(topic, partition, key, value, timestamp, count)
-        except Exception:  # `later` raises it
+        except Exception:  # (raised having queued nothing) `later` raises it
             return None
         return None if batch is None else self._future_type(batch, 0, timestamp)
 
