@@ -19,6 +19,7 @@ import importlib.util
 import logging
 import os
 import threading
+import time
 import weakref
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -48,6 +49,8 @@ _T = TypeVar("_T")
 # the producer's buffer_memory bounds what is buffered, this bounds what waits to be.
 _QUEUE_LIMIT = 5_000
 _POLL = 0.001  # how often the pump looks at the queue while records keep coming
+# How often a calling thread's wait looks up (see _wait_for): a Ctrl-C is raised that soon.
+_STEP = 0.1
 _OPEN: weakref.WeakSet[BlockingProducer[Any, Any]] = weakref.WeakSet()
 
 
@@ -180,8 +183,10 @@ class BlockingProducer(Generic[K, V]):
         """Produce one record and wait for its acknowledgement (at most `timeout` seconds:
         then TimeoutError, and the record may still be sent)."""
         self._check_blocking_allowed()
-        return self.produce(topic, value, key, partition=partition, timestamp_ms=timestamp_ms,
-                            headers=headers).result(timeout)
+        future = self.produce(topic, value, key, partition=partition,
+                              timestamp_ms=timestamp_ms, headers=headers)
+        _wait_for(future, timeout)  # (a Ctrl-C stops the wait: the record is still sent)
+        return future.result(0)
 
     def produce_many(self, topic: str, records: Iterable[tuple[K | None, V | None]], *,
                      partition: int | None = None,
@@ -220,11 +225,13 @@ class BlockingProducer(Generic[K, V]):
     def flush(self, timeout: float | None = None) -> None:
         """Send everything produced so far (linger no longer counts) and wait until each
         record is acknowledged or failed; TimeoutError if `timeout` (seconds) passes first.
-        Once closed, it returns at once (close() sent everything), as Producer.flush() does."""
+        Once closed, it returns at once (close() sent everything), as Producer.flush() does.
+        A Ctrl-C (KeyboardInterrupt) stops the wait: the records stay buffered, and are sent
+        (close() waits for them)."""
         if self._closed and not self._forked:
             return
         try:
-            self._call(self._flush, timeout)
+            self._call(self._flush, timeout, interruptible=True)
         except ProducerClosedError:
             if self._closed and not self._forked:  # closed by another thread meanwhile
                 return
@@ -233,7 +240,10 @@ class BlockingProducer(Generic[K, V]):
     def close(self, timeout: float | None = None) -> None:
         """Send what is queued and buffered, then stop the producer and its thread. With
         `timeout` (seconds), records not acknowledged by then fail with
-        ProducerClosedError. A second call returns at once."""
+        ProducerClosedError. A second call returns at once. A Ctrl-C (KeyboardInterrupt)
+        while it waits closes at once, as close(timeout=0) (the Java client's interrupted
+        close() forces the close too): the records not acknowledged yet fail with
+        ProducerClosedError (their futures and on_delivery say so), then it is raised."""
         if self._closed:
             return
         if threading.get_ident() == self._loop_thread:
@@ -247,7 +257,14 @@ class BlockingProducer(Generic[K, V]):
         if self._forked:
             return  # the loop's thread is not in this process
         try:
-            self._portal.call(self._close, timeout)
+            closing = self._portal.start_task_soon(self._close, timeout)
+            try:
+                _wait_for(closing)
+            except KeyboardInterrupt:
+                self._portal.start_task_soon(self._producer.close, 0)  # (joins, sooner)
+                _wait_for(closing)
+                raise
+            closing.result()
         finally:
             with self._gate:  # the calls that began before: each ends once the producer
                 while self._calls:  # closed (records in line for memory fail, say)
@@ -307,9 +324,10 @@ class BlockingProducer(Generic[K, V]):
         """`func(*args)` in the producer's thread, awaited there if a coroutine, its result
         or error here. Refused (ProducerClosedError) once close() began; close() waits for
         the calls under way before it stops the thread: a call that found the producer open
-        as another thread closed it got anyio's "This portal is not running". If
-        `interruptible`, a KeyboardInterrupt in this thread cancels the call there (else it
-        goes on unseen: a Ctrl-C'd produce_many() went on buffering its records)."""
+        as another thread closed it got anyio's "This portal is not running". A
+        KeyboardInterrupt in this thread stops the wait (see _wait_for); if `interruptible`
+        it cancels the call there too (else the call goes on: a Ctrl-C'd produce_many() went
+        on buffering its records)."""
         self._check_blocking_allowed()
         with self._gate:
             self._check_usable()
@@ -317,13 +335,7 @@ class BlockingProducer(Generic[K, V]):
         try:
             running = self._portal.start_task_soon(func, *args)
             try:
-                if interruptible:
-                    # The kernel gives a process's SIGINT to any of its threads: taken by
-                    # another, it is raised in this one only when it next runs Python, and a
-                    # wait without a timeout ran none until the call ended (CI: a Ctrl-C'd
-                    # produce_many() buffered every record before the interrupt came).
-                    while not running.done():
-                        wait((running,), 0.1)
+                _wait_for(running)
                 return running.result()
             except KeyboardInterrupt:
                 if interruptible:
@@ -362,9 +374,15 @@ class BlockingProducer(Generic[K, V]):
 
     def _wait_for_room(self) -> None:
         """Wait until the pump has taken the queue down to half its limit (not to one below
-        it: that would be a thread hop per record)."""
+        it: that would be a thread hop per record). A Ctrl-C stops the wait (see _wait_for):
+        the record is not produced."""
         self._room.clear()
-        if len(self._queue) >= _QUEUE_LIMIT and not self._room.wait(self._max_block):
+        deadline = time.monotonic() + self._max_block
+        while len(self._queue) >= _QUEUE_LIMIT and not self._room.is_set():
+            left = deadline - time.monotonic()
+            if left > 0:
+                self._room.wait(min(left, _STEP))
+                continue
             raise BufferExhaustedError(
                 f"{len(self._queue)} records still queued for the producer after "
                 f"max_block_ms={self._producer.config.max_block_ms}: it cannot keep up "
@@ -577,6 +595,20 @@ def _fail(future: _Produced, exc: BaseException) -> None:
     on_delivery = future._on_delivery
     if on_delivery is not None:
         deliver(on_delivery, None, exc)
+
+
+def _wait_for(future: Future[Any], timeout: float | None = None) -> None:
+    """Wait until `future` is done, or `timeout` seconds, in _STEP waits. The kernel gives a
+    process's SIGINT to any of its threads: taken by another, its KeyboardInterrupt is raised
+    in this one only when it next runs Python, and a wait without a timeout ran none until the
+    future was done (CI: a Ctrl-C'd produce_many() buffered every record first; a Ctrl-C'd
+    flush() waited for the broker)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while not future.done():
+        left = _STEP if deadline is None else min(_STEP, deadline - time.monotonic())
+        if left <= 0:
+            return
+        wait((future,), left)
 
 
 def _none_buffered() -> BulkThreadFuture:

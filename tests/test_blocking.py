@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import queue
 import signal
 import socket
 import subprocess
@@ -689,3 +690,111 @@ def test_a_call_that_reached_the_producers_thread_as_close_ended_there_ends(brok
         assert raised is None
     else:
         assert isinstance(raised, ProducerClosedError), repr(raised)
+
+
+# A script whose blocking call waits on a broker that holds its answers back (the test
+# stalls the proxy in front of it), stopped there with Ctrl-C. As in _CTRL_C_LOAD, the
+# calling thread blocks SIGINT, so the signal reaches another thread. It says when it is
+# interrupted and what became of the record that was waiting; the test then lets the
+# answers flow, and the script closes the producer.
+_CTRL_C_WAIT = """
+import signal, sys, time
+from aioproducer import BlockingProducer
+
+topic, call = sys.argv[2], sys.argv[3]
+producer = BlockingProducer(sys.argv[1], acks=1, linger_ms=0, buffer_memory=65_536,
+                            max_block_ms=120_000, delivery_timeout_ms=120_000)
+producer.send(topic, b"first", timeout=30)
+print("connected", flush=True)
+sys.stdin.readline()  # the answers are held back from now on
+waiting = producer.produce(topic, b"waiting")
+produced = [waiting]
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+print("calling", flush=True)
+started = time.monotonic()
+try:
+    if call == "flush":
+        producer.flush()
+    elif call == "close":
+        producer.close()
+    elif call == "send":
+        producer.send(topic, b"sent")
+    else:  # buffer_memory fills, then the queue for the producer's thread: produce() waits
+        for i in range(50_000):
+            produced.append(producer.produce(topic, b"%05d" % i + bytes(1_000)))
+    print("returned", flush=True)
+except KeyboardInterrupt:
+    print("interrupted", round(time.monotonic() - started, 1),
+          type(waiting.exception(5)).__name__ if call == "close" else waiting.done(),
+          flush=True)
+sys.stdin.readline()  # the answers flow again
+producer.close(30)
+outcomes = [f.exception(0) for f in produced]
+print("sent", sum(exc is None for exc in outcomes),
+      "failed", sorted({type(exc).__name__ for exc in outcomes if exc is not None}), flush=True)
+"""
+
+
+def _lines_of(process: subprocess.Popen) -> "queue.Queue[str]":
+    """The process's stdout lines, read by a thread: a test waits for each with a timeout."""
+    lines: queue.Queue[str] = queue.Queue()
+
+    def read() -> None:
+        for line in process.stdout:
+            lines.put(line)
+
+    threading.Thread(target=read, daemon=True).start()
+    return lines
+
+
+@pytest.mark.parametrize("call", ["flush", "close", "send", "produce"])
+def test_ctrl_c_stops_a_blocking_call_waiting_on_the_broker(proxied_broker, call):
+    """Ctrl-C in flush(), close(), send() or a produce() waiting for room, while the broker
+    holds its answers back: each waited on the producer's thread with no timeout (produce():
+    max_block_ms), so a Ctrl-C the kernel gave another thread was raised only as the call
+    returned (never, here, while the answers were held). Now it is raised within a fraction
+    of a second. flush() and send() leave their records buffered, and they are sent; close()
+    closes at once, the record not acknowledged failing with ProducerClosedError; produce()
+    has produced the records before the one it waited with, which are sent. (Before: no
+    "interrupted" line within 10 s.)"""
+    from tests.support.processes import start_interruptible
+
+    cluster = proxied_broker
+    cluster.create_topic("held", 1)
+    script = start_interruptible(
+        [sys.executable, "-c", _CTRL_C_WAIT, cluster.bootstrap, "held", call],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = _lines_of(script)
+        assert lines.get(timeout=30) == "connected\n"
+        cluster.proxy.stall(True)
+        script.stdin.write("held\n")
+        script.stdin.flush()
+        assert lines.get(timeout=30) == "calling\n"
+        time.sleep(1.0 if call == "produce" else 0.5)  # (under way: waiting on the broker)
+        script.send_signal(signal.SIGINT)
+        said = lines.get(timeout=10).split()
+        assert said[0] == "interrupted", said
+        assert float(said[1]) < 8, said
+        assert said[2] == ("ProducerClosedError" if call == "close" else "False"), said
+        cluster.proxy.stall(False)
+        script.stdin.write("flowing\n")
+        script.stdin.flush()
+        outcome = lines.get(timeout=60).rstrip("\n").split(maxsplit=3)
+        _, err = script.communicate(timeout=30)
+    finally:
+        cluster.proxy.stall(False)
+        if script.poll() is None:
+            script.kill()
+            script.communicate(timeout=10)
+    assert script.returncode == 0, err
+    assert outcome[0] == "sent", outcome
+    sent = int(outcome[1])
+    if call == "close":
+        assert (sent, outcome[3]) == (0, "['ProducerClosedError']")
+    else:
+        assert outcome[3] == "[]" and sent >= 1
+    # (The proxy held the answers only: the broker has the record whose close failed it.)
+    written = 1 + sent + (call == "send") + (call == "close")
+    got = consume_all(cluster.bootstrap, "held", expected=written)
+    assert [r.value for r in got[:2]] == [b"first", b"waiting"] and len(got) == written
