@@ -237,3 +237,34 @@ async def test_a_broker_advertising_an_unreachable_address_is_named_once(caplog)
     assert f"cannot connect to 127.0.0.1:{broker.advertised_port}" in lines[0]
     assert "It is where broker 111 says it is (its advertised.listeners)" in lines[0], lines[0]
     assert "check bootstrap_servers" not in lines[0]
+
+
+async def test_a_broker_advertising_an_unreachable_address_is_asked_at_a_backing_off_pace(
+        monkeypatch):
+    """Against a broker advertising an address the client cannot reach, the producer goes
+    back to bootstrap_servers each time the advertised one fails to connect. Each
+    rebootstrap started the broker's reconnect backoff afresh, and it asked the bootstrap
+    broker for metadata ~5 times a second for as long as a record waited. The backoff now
+    keeps growing (to reconnect_backoff_max_ms, 1 s by default) across rebootstraps."""
+    from aioproducer.errors import DeliveryTimeoutError
+    from aioproducer.protocol.messages import ApiKey
+    from aioproducer.testing import EmbeddedBroker
+    from tests.support.leadership import WireLog
+    from tests.support.ports import free_port
+
+    wire = WireLog().install(monkeypatch)
+    with EmbeddedBroker(advertised_port=free_port()) as broker:  # (advertises a dead port)
+        async with Producer(f"127.0.0.1:{broker.port}", linger_ms=0, request_timeout_ms=1000,
+                            delivery_timeout_ms=9000) as producer:
+            sending = asyncio.ensure_future(producer.send("advertised", b"lost"))
+            await asyncio.sleep(2)  # (the backoff grows to its cap: 50 ms doubled 5 times)
+            counted_from = len(wire.events)
+            await asyncio.sleep(5)
+            window = wire.events[counted_from:]
+            rebootstraps = producer.metrics().rebootstraps
+            with pytest.raises(DeliveryTimeoutError):
+                await asyncio.wait_for(sending, 10)
+            await producer.close(timeout=0)
+    asked = [e for e in window if e.out and e.api_key == ApiKey.METADATA]
+    assert rebootstraps > 2
+    assert len(asked) <= 8, f"{len(asked)} metadata requests in 5 s"

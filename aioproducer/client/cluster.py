@@ -108,11 +108,14 @@ class TopicInfo:
 
 
 class _Backoff:
-    __slots__ = ("failures", "not_before")
+    """A broker's reconnect backoff: its failures in a row, and the address they were at."""
+
+    __slots__ = ("failures", "not_before", "address")
 
     def __init__(self) -> None:
         self.failures = 0
         self.not_before = 0.0
+        self.address: tuple[str, int] | None = None
 
 
 class Cluster:
@@ -371,6 +374,10 @@ class Cluster:
             except CorruptMessageError as exc:  # its partitions have no leader we can reach
                 self._bad_address("%s: ignored", exc)
         self.brokers = brokers
+        for node_id, backoff in list(self._backoff.items()):
+            broker = brokers.get(node_id)
+            if broker is not None and backoff.address != (broker.host, broker.port):
+                del self._backoff[node_id]  # (elsewhere now: not the address that failed)
         self.controller_id = response["controller_id"]
         topics_info: dict[str, TopicInfo] = {}
         for t in response["topics"]:
@@ -465,8 +472,10 @@ class Cluster:
             task = self._connecting.pop(node_id)
             if task is not asyncio.current_task():  # (one that asked for this ends itself)
                 task.cancel()  # (its waiters get a KafkaConnectionError)
-        for node_id in [n for n in self._backoff if n >= 0]:
-            del self._backoff[node_id]
+        # The brokers' reconnect backoffs stay, growing (the Java client keys them by node
+        # id too): the bootstrap servers may name the same addresses again. Started afresh,
+        # a broker advertising an address this client cannot reach sent it back to
+        # bootstrap_servers for metadata ~5 times a second.
         for conn in list(self._connections.values()):
             # (_connection_closed marks the metadata stale and wakes the sender)
             conn.close(KafkaConnectionError(f"connection to {conn.address} closed: the "
@@ -637,6 +646,7 @@ class Cluster:
             # backoff stays: the bootstrap servers may name that address again.)
             self._stale = True
             backoff = self._backoff.setdefault(broker.node_id, _Backoff())
+            backoff.address = (broker.host, broker.port)
             delay = exponential_backoff(config.reconnect_backoff_ms / 1000, failures,
                                         config.reconnect_backoff_max_ms / 1000)
             backoff.failures = failures + 1
