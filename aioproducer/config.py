@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import operator
 import os
 import re
 import ssl
@@ -266,28 +267,24 @@ class ProducerConfig:
 
     def _validated(self, explicit_idempotence: Any,
                    explicit_batch_size: bool = True) -> "ProducerConfig":
+        # An int-like (numpy's and pandas' integers: a setting read from a DataFrame) is the
+        # int it stands for; a bool is not a number here.
+        whole: dict[str, Any] = {name: _whole(getattr(self, name)) for name, _ in _INT_SETTINGS}
+        whole.update(compression_level=_whole(self.compression_level), acks=_whole(self.acks))
+        self = dataclasses.replace(self, **{name: number for name, number in whole.items()
+                                            if number is not None})
         changes: dict[str, Any] = {"bootstrap_addresses": _parse_bootstrap(self.bootstrap_servers)}
-        # None is aiokafka's default spelling of no compression; "none" (Java's) is kept.
+        # None is aiokafka's default spelling of no compression; "none" (Java's) is kept. Any
+        # case, as security_protocol (the Java client's are lowercase, librdkafka any case).
         codec = "none" if self.compression_type is None else self.compression_type
+        codec = codec.lower() if isinstance(codec, str) else codec
         acks = {"all": -1, "-1": -1, -1: -1, "1": 1, 1: 1, "0": 0, 0: 0}.get(
             self.acks if isinstance(self.acks, (int, str)) and not isinstance(self.acks, bool)
             else None)
         if acks is None:
             raise ConfigError(f"acks must be 0, 1 or \"all\" (or -1), not {self.acks!r}")
         changes["acks"] = acks
-        for name, low in (("linger_ms", 0), ("batch_size", 1), ("buffer_memory", 1),
-                          ("max_block_ms", 0), ("max_request_size", 1),
-                          ("receive_message_max_bytes", 1 << 16),
-                          ("request_timeout_ms", 1), ("delivery_timeout_ms", 1), ("retries", 0),
-                          ("retry_backoff_ms", 0), ("retry_backoff_max_ms", 0),
-                          ("reconnect_backoff_ms", 0), ("reconnect_backoff_max_ms", 0),
-                          ("socket_connection_setup_timeout_ms", 1),
-                          ("socket_connection_setup_timeout_max_ms", 1),
-                          ("max_in_flight_requests_per_connection", 1),
-                          ("metadata_max_age_ms", 0), ("metadata_max_idle_ms", 1000),
-                          ("metadata_recovery_rebootstrap_trigger_ms", 1),
-                          ("transaction_timeout_ms", 1),
-                          ("partitioner_availability_timeout_ms", 0)):
+        for name, low in _INT_SETTINGS:
             _check_int(name, getattr(self, name), low)
         if codec not in _CODECS:
             raise ConfigError(f"compression_type must be one of {', '.join(_CODECS)}, not "
@@ -513,6 +510,30 @@ def _suggest(name: str, names: frozenset[str]) -> str:
         return f": not needed ({note})"
     close = difflib.get_close_matches(name, sorted(names), n=1, cutoff=0.6)
     return f"; did you mean {close[0]!r}?" if close else ""
+
+
+# The int settings, each with its least value.
+_INT_SETTINGS = (("linger_ms", 0), ("batch_size", 1), ("buffer_memory", 1), ("max_block_ms", 0),
+                 ("max_request_size", 1), ("receive_message_max_bytes", 1 << 16),
+                 ("request_timeout_ms", 1), ("delivery_timeout_ms", 1), ("retries", 0),
+                 ("retry_backoff_ms", 0), ("retry_backoff_max_ms", 0),
+                 ("reconnect_backoff_ms", 0), ("reconnect_backoff_max_ms", 0),
+                 ("socket_connection_setup_timeout_ms", 1),
+                 ("socket_connection_setup_timeout_max_ms", 1),
+                 ("max_in_flight_requests_per_connection", 1), ("metadata_max_age_ms", 0),
+                 ("metadata_max_idle_ms", 1000), ("metadata_recovery_rebootstrap_trigger_ms", 1),
+                 ("transaction_timeout_ms", 1), ("partitioner_availability_timeout_ms", 0))
+
+
+def _whole(value: Any) -> int | None:
+    """An int-like that is not an int (numpy.int64: its __index__) as an int; else None
+    (an int itself, a bool, anything else: the checks take it as it is)."""
+    if type(value) is int or isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        return None
+    try:
+        return operator.index(value)
+    except Exception:  # (a broken __index__: refused as what it is)
+        return None
 
 
 def _check_int(name: str, value: Any, low: int, high: int = _MAX_INT, where: str = "") -> None:

@@ -102,6 +102,55 @@ def test_acks_takes_an_int_enum_but_not_a_float_or_bool():
             ProducerConfig.from_kwargs(bootstrap_servers="h:1", acks=wrong)
 
 
+def test_compression_type_takes_any_case_as_security_protocol_does():
+    """`compression_type="LZ4"` was refused while security_protocol took any case (and
+    librdkafka's compression.codec takes "LZ4")."""
+    for given, codec in (("LZ4", "lz4"), ("GZip", "gzip"), ("Zstd", "zstd"), ("NONE", "none")):
+        assert ProducerConfig.from_kwargs(bootstrap_servers="h:1",
+                                          compression_type=given).compression_type == codec
+    assert ProducerConfig.from_properties({"bootstrap.servers": "h:1",
+                                           "compression.type": "SNAPPY"}
+                                          ).compression_type == "snappy"
+    assert ProducerConfig.from_kwargs(bootstrap_servers="h:1", compression_type="ZSTD",
+                                      compression_level=19).compression_level == 19
+    for wrong in ("lz5", 4):
+        with pytest.raises(ConfigError, match="compression_type must be one of"):
+            ProducerConfig.from_kwargs(bootstrap_servers="h:1", compression_type=wrong)
+
+
+class _Index:
+    """An int-like as numpy's and pandas' integers are: __index__, not an int."""
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+
+    def __index__(self) -> int:
+        return self.number
+
+
+def test_int_settings_take_numpy_integers_and_other_int_likes():
+    """Settings read from a DataFrame or a numpy array are numpy integers: they were
+    refused ("linger_ms must be an int, not int64"). Any int-like (its __index__) is the
+    int it stands for, checked as one; a bool or a float is still refused."""
+    numpy = pytest.importorskip("numpy")
+    for make in (numpy.int64, numpy.int32, numpy.uint16, _Index):
+        config = ProducerConfig.from_kwargs(
+            bootstrap_servers="h:1", linger_ms=make(5), batch_size=make(32768),
+            acks=make(1), compression_type="gzip", compression_level=make(6),
+            retries=make(3), max_in_flight_requests_per_connection=make(5))
+        assert (config.linger_ms, config.batch_size, config.acks, config.compression_level,
+                config.retries) == (5, 32768, 1, 6, 3), make
+        assert all(type(value) is int for value in (
+            config.linger_ms, config.batch_size, config.acks, config.compression_level,
+            config.retries, config.max_in_flight_requests_per_connection)), make
+    assert Producer("h:1", linger_ms=numpy.int64(7)).config.linger_ms == 7
+    with pytest.raises(ConfigError, match="linger_ms must be between 0 and"):
+        ProducerConfig.from_kwargs(bootstrap_servers="h:1", linger_ms=numpy.int64(-1))
+    for wrong in (True, numpy.float64(5.0), 5.0):
+        with pytest.raises(ConfigError, match="linger_ms must be an int"):
+            ProducerConfig.from_kwargs(bootstrap_servers="h:1", linger_ms=wrong)
+
+
 def test_compression_type_none_is_aiokafkas_spelling_of_none():
     """aiokafka's default is compression_type=None: code moved over says so, and gets no
     compression (the setting reads "none", the Java client's spelling, once validated)."""
@@ -111,8 +160,8 @@ def test_compression_type_none_is_aiokafkas_spelling_of_none():
     assert Producer(config=ProducerConfig("h:1", compression_type=None)
                     ).config.compression_type == "none"
     with pytest.raises(ConfigError, match="compression_type must be one of none, gzip, "
-                                          "snappy, lz4, zstd, not 'None'"):
-        ProducerConfig.from_kwargs(bootstrap_servers="h:1", compression_type="None")
+                                          "snappy, lz4, zstd, not 'null'"):
+        ProducerConfig.from_kwargs(bootstrap_servers="h:1", compression_type="null")
     with pytest.raises(ConfigError, match=r"compression_level must be between -1 and 9 "
                                           r"with compression_type='gzip'"):
         ProducerConfig.from_kwargs(bootstrap_servers="h:1", compression_type="gzip",
