@@ -132,6 +132,31 @@ async def test_a_failing_hook_costs_no_record(broker, topic, caplog):
     assert any("delivery callback" in m for m in messages)
 
 
+async def test_a_header_a_hook_added_wrongly_is_said_to_be_the_hook_s(broker, topic):
+    """An on_send hook that adds a str header value (a trace id as text): the record is
+    refused, saying the header came from the hook. The message named the header alone, and
+    the user looked for it in their own send() call, which had none. The hooks that asked
+    to be told are told the refusal, as of any refusal at the call."""
+    told: list[BaseException | None] = []
+
+    class Tracing(ProducerHooks):
+        def on_send(self, topic, key, value, headers):
+            headers.append(("traceparent", "00-4bf92f3577b34da6-01"))
+            return lambda metadata, exc: told.append(exc)
+
+    async with Producer(broker.bootstrap, hooks=[Tracing()]) as producer:
+        for verb in (producer.send, producer.enqueue):
+            with pytest.raises(InvalidRecordError) as refused:
+                await verb(topic, b"v")
+            assert str(refused.value) == (
+                "header 'traceparent' must have a bytes or None value, not str (encode it: "
+                ".encode()) (added by the on_send hook of Tracing)")
+            assert told.pop() is refused.value and not told
+    with BlockingProducer(broker.bootstrap, hooks=[Tracing()]) as blocking:
+        assert "added by the on_send hook of Tracing" in str(
+            blocking.produce(topic, b"v").exception(10))
+
+
 async def test_hooks_told_of_retries_errors_and_throttling(cluster):
     """Through the simulated cluster: a retriable refusal reaches on_retry, then the batch's
     ack; a fatal one reaches on_error and the record's callback; a throttle reaches

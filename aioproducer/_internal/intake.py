@@ -204,6 +204,15 @@ class RecordIntake:
             callback = hook(topic, key, value, record_headers)
             if callback is not None:
                 told.append(callback)
+            try:  # what it added, checked here to say so (the user's own are checked above)
+                checked_headers(record_headers)
+            except InvalidRecordError as exc:
+                refused = InvalidRecordError(
+                    f"{exc} (added by the on_send hook of "
+                    f"{type(getattr(hook, '__self__', hook)).__name__})")
+                for callback in told:  # (told as a refusal at the call is)
+                    deliver(callback, None, refused)
+                raise refused from None
         outcome = None if not told else told[0] if len(told) == 1 \
             else partial(deliver_each, told)
         return record_headers or None, outcome
