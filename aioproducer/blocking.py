@@ -503,8 +503,8 @@ class BlockingProducer(Generic[K, V]):
         try:
             await self._handover()  # (once closed, enqueue_many() refuses)
             # (on_send hooks see the records in `context`, the caller's, as produce()'s)
-            bulk = await self._producer._intake.enqueue_many(topic, records, partition,
-                                                             timestamp_ms, context)
+            bulk = await self._producer._enqueue_many_for(context, topic, records, partition,
+                                                          timestamp_ms)
         except BaseException as exc:
             accepted = getattr(exc, "accepted", None)
             if isinstance(accepted, BulkFuture):

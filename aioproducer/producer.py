@@ -12,6 +12,7 @@ import sys
 import traceback
 import warnings
 import weakref
+from contextvars import Context
 from threading import get_ident
 from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Coroutine, \
     Generic, Iterable, Sequence, TypeAlias, TypeVar, Unpack, overload
@@ -534,6 +535,13 @@ class Producer(Generic[K, V]):
         """
         return Deferred(self._intake.enqueue_many(topic, records, partition, timestamp_ms),
                         "enqueue_many", topic, self._lifecycle)
+
+    async def _enqueue_many_for(self, context: Context | None, topic: str,
+                                records: Iterable[tuple[K | None, V | None]],
+                                partition: int | None, timestamp_ms: int | None) -> BulkFuture:
+        """enqueue_many() for a call made in another thread (BlockingProducer.produce_many()):
+        on_send hooks see the records in `context`, the calling thread's."""
+        return await self._intake.enqueue_many(topic, records, partition, timestamp_ms, context)
 
     async def flush(self, timeout: float | None = None) -> None:
         """Send everything buffered now (ignoring linger) and wait until each of those records
