@@ -206,7 +206,7 @@ class Producer(Generic[K, V]):
         if txn is not None:
             txn.on_change = sender.wake
         cluster.release_topic = accumulator.release_topic
-        accumulator.touched = cluster.used_at  # (a new batch's topic is produced to)
+        accumulator.touched = cluster.touched  # (a new batch's topic is produced to)
         self._intake.attach(cluster, accumulator, txn, sender.node_unavailable)
         if txn is not None and txn.is_transactional:
             self._transactions = TransactionFlow(txn, accumulator, self._tasks, lifecycle,

@@ -134,7 +134,7 @@ class Cluster:
         self._not_recovering = LogEvery(log, logging.WARNING, 30)  # metadata_recovery "none"
         self._refused = LogEvery(log, logging.WARNING, 30)  # another cluster's metadata
         # When each topic was last produced to (a new batch; the accumulator writes it too).
-        self.used_at: dict[str, float] = {}
+        self.touched: dict[str, float] = {}
         self._loop = asyncio.get_running_loop()
         self.brokers: dict[int, Broker] = {}
         self.controller_id = -1  # where CreateTopics goes (aioproducer topic create)
@@ -222,16 +222,16 @@ class Cluster:
 
     def touch(self, topic: str) -> None:
         """`topic` is being produced to: keep its metadata (see metadata_max_idle_ms)."""
-        self.used_at[topic] = self._loop.time()
+        self.touched[topic] = self._loop.time()
 
     def _forget_idle_topics(self) -> None:
         """Stop fetching metadata for topics nothing was produced to for metadata_max_idle_ms
         (the Java client's rule, KIP-526), so a service that writes to many short-lived
         topics does not fetch all of them for ever."""
         cutoff = self._loop.time() - self._config.metadata_max_idle_ms / 1000
-        for topic in [t for t, used in self.used_at.items() if used < cutoff]:
+        for topic in [t for t, used in self.touched.items() if used < cutoff]:
             if self.release_topic(topic):
-                del self.used_at[topic]
+                del self.touched[topic]
                 self._wanted.discard(topic)
                 self.topics.pop(topic, None)
 
