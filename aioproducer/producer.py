@@ -421,6 +421,11 @@ class Producer(Generic[K, V]):
                                "record(s) unsent): call `await producer.close()` before the "
                                "loop ends (or use `async with`)",
                     "producer": self})
+                if self._cluster is not None:
+                    # Its sockets, while the loop runs to close them: left open, each
+                    # transport warned (ResourceWarning) when the producer was collected
+                    # after the loop closed.
+                    self._cluster.close()
             return
         exc = task.exception()
         if exc is not None:

@@ -556,6 +556,39 @@ def test_a_producer_whose_loop_ended_says_so_and_closes(broker, topic, caplog):
     assert [r.value for r in consume_all(broker.bootstrap, topic, expected=1)] == [b"first"]
 
 
+@pytest.mark.parametrize("runner", ["asyncio", "uvloop"])
+def test_a_producer_left_open_as_its_loop_ends_closes_its_sockets(broker, topic, runner):
+    """A script's asyncio.run() that ends with its producer open (the loop's end reports
+    it): its connections stayed open, and when the producer was collected after the loop
+    closed, each transport warned ("unclosed transport <_SelectorSocketTransport fd=7>",
+    uvloop's "unclosed resource <TCPTransport ...>"). Its sockets close with the loop now;
+    the one warning left is the producer's own, naming the line that made it."""
+    run = asyncio.run if runner == "asyncio" else pytest.importorskip("uvloop").run
+    kept: list[Producer] = []
+
+    async def script() -> None:
+        producer = Producer(broker.bootstrap)
+        await producer.start()
+        await producer.send(topic, b"sent")
+        kept.append(producer)
+
+    def fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    run(asyncio.sleep(0))  # (uvloop's first loop keeps two descriptors of its own)
+    before = fds()
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        run(script())
+        after_run = fds()
+        kept.clear()
+        gc.collect()
+    said = [str(w.message) for w in warned if issubclass(w.category, ResourceWarning)]
+    del warned  # (each holds its source)
+    assert after_run <= before, f"{after_run - before} file descriptors left open"
+    assert len(said) == 1 and said[0].startswith("unclosed <Producer"), said
+
+
 async def test_producers_dropped_unclosed_are_collected_and_let_go(broker, topic):
     """A handler that makes a started producer per request and forgets it (issue 37): each
     one is collected while the loop runs on, its tasks end, its sockets close, the record it
