@@ -199,3 +199,44 @@ async def test_a_turn_in_line_whose_batch_opening_fails_holds_no_memory_twice():
         held = sum(batch.writer.reserved for batch in queued)
         assert accumulator.memory_available + held == 1 << 20, failing
         assert not accumulator.line
+
+
+async def test_a_send_in_line_whose_batch_opening_fails_is_refused_and_the_line_goes_on():
+    """send()'s records wait in line for memory; freed memory serves them, each opening its
+    batch. One whose opening fails is refused with the error (its future says so), in no
+    batch, its memory free again, and the records behind it are served. The failure went up
+    through release() to whoever freed the memory, the record left at the head of the line,
+    its batch queued (the failure came after queueing), to be appended again at the next
+    release."""
+    from aioproducer._internal.batch import RecordFuture
+
+    config = ProducerConfig.from_kwargs(bootstrap_servers="127.0.0.1:9092", linger_ms=1000,
+                                        enable_idempotence=False, batch_size=1024,
+                                        buffer_memory=2048)
+    accumulator = RecordAccumulator(config, Codec.NONE, None, Observer(()))
+    size = record_size_upper_bound(None, b"v", None)
+    memory = accumulator.batch_memory(size)
+    assert accumulator.reserve_now(2048)  # all of it, as two full batches would hold
+    waiting = [accumulator.join_line("t", partition, 0, None, b"%d" % partition, None,
+                                     memory, 4, for_send=True) for partition in (1, 2)]
+    futures = []
+    for entry in waiting:
+        entry.record = RecordFuture(entry, 0, 0)
+        futures.append(entry.record)
+    grow = accumulator.open_batches
+    failures = [RuntimeError("the topic's lists could not grow")]
+
+    def fails_once(topic, partitions):
+        if failures:
+            raise failures.pop()
+        return grow(topic, partitions)
+
+    accumulator.open_batches = fails_once  # type: ignore[method-assign]
+    accumulator.release(2048)  # (a finished batch's memory)
+    assert not accumulator.line
+    with pytest.raises(RuntimeError, match="could not grow"):
+        futures[0].result()
+    queued = [batch for queue in accumulator._batches.values() for batch in queue]
+    assert [(b.partition, b.writer.count) for b in queued] == [(2, 1)]
+    assert futures[1]._batch is queued[0]
+    assert accumulator.memory_available + queued[0].writer.reserved == 2048
