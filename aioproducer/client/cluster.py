@@ -314,16 +314,20 @@ class Cluster:
             if refresh.cancelled():  # by close(): said at the top of the loop
                 continue
             exc = refresh.exception()
+            if exc is not None and (not isinstance(exc, KafkaError) or exc.fatal or
+                                    isinstance(exc, InconsistentClusterIdError)):
+                raise exc  # (a failed TLS handshake, say)
+            # Looked up after a failed fetch too: another's (the sender's) may have brought it
+            # meanwhile. Against a broker advertising an address this client cannot reach,
+            # the fetches alternate (bootstrap_servers answer, the broker named fails and
+            # sends the next back to them), and this one's were all the failing ones.
+            info = self.topics.get(topic)
+            if info is not None and info.error is None and info.leaders:
+                return info
             if exc is not None:
-                if not isinstance(exc, KafkaError) or exc.fatal or \
-                        isinstance(exc, InconsistentClusterIdError):  # (a failed TLS handshake)
-                    raise exc
                 last_error = exc
             else:
                 answered = True
-                info = self.topics.get(topic)
-                if info is not None and info.error is None and info.leaders:
-                    return info
                 if info is not None and isinstance(info.error, _HARD_TOPIC_ERRORS):
                     raise info.error
                 last_error = info.error if info is not None else None
