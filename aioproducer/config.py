@@ -393,7 +393,10 @@ class ProducerConfig:
                 explicit_idempotence is False or not conflicts):
             raise ConfigError("transactional_id needs enable_idempotence=True")
         if conflicts and (explicit_idempotence is True or self.transactional_id is not None):
-            raise ConfigError("enable_idempotence conflicts with " + ", ".join(conflicts))
+            # (a user who set a transactional id and acks=1 never named enable_idempotence)
+            cause = "enable_idempotence" if explicit_idempotence is True else \
+                "transactional_id needs idempotence, which"
+            raise ConfigError(f"{cause} conflicts with " + ", ".join(conflicts))
         if conflicts:
             changes["enable_idempotence"] = False  # only defaulted: off, as in the Java client
         return dataclasses.replace(self, **changes)

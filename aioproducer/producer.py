@@ -676,7 +676,9 @@ class Producer(Generic[K, V]):
         """Commit a consumer group's offsets as part of the transaction (consume-transform-
         produce, exactly once). `offsets`: {(topic, partition): next_offset_to_read} or a
         list of objects with .topic, .partition and .offset (confluent-kafka's
-        TopicPartition). `group_metadata`: the group id, or an object (or mapping) with
+        TopicPartition, as `consumer.position(consumer.assignment())` gives them; a logical
+        offset there, a partition not read from yet, is left out, as librdkafka does).
+        `group_metadata`: the group id, or an object (or mapping) with
         group_id and, for fencing of zombie consumers (KIP-447), generation_id, member_id and
         group_instance_id."""
         transactions = self._transaction_flow()

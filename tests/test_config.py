@@ -124,8 +124,13 @@ def test_defaulted_idempotence_turns_off_quietly_when_settings_conflict():
     assert not ProducerConfig.from_kwargs(bootstrap_servers="h:1", retries=0).enable_idempotence
     with pytest.raises(ConfigError, match="enable_idempotence conflicts with retries=0"):
         ProducerConfig.from_kwargs(bootstrap_servers="h:1", retries=0, enable_idempotence=True)
-    with pytest.raises(ConfigError, match="acks"):
+    # A transactional producer at acks=0: the message names what the user set.
+    with pytest.raises(ConfigError, match="^transactional_id needs idempotence, which "
+                                          "conflicts with acks=0 \\(needs \"all\"\\)$"):
         ProducerConfig.from_kwargs(bootstrap_servers="h:1", acks=0, transactional_id="t")
+    with pytest.raises(ConfigError, match="^enable_idempotence conflicts with acks=1"):
+        ProducerConfig.from_kwargs(bootstrap_servers="h:1", acks=1, transactional_id="t",
+                                   enable_idempotence=True)
     with pytest.raises(ConfigError, match="transactional_id needs"):
         ProducerConfig.from_kwargs(bootstrap_servers="h:1", transactional_id="t",
                                    enable_idempotence=False)
@@ -141,7 +146,8 @@ async def test_a_config_given_to_a_producer_with_a_transactional_id_needs_idempo
     with pytest.raises(ConfigError, match="transactional_id needs enable_idempotence=True"):
         Producer(config=ProducerConfig("h:1", enable_idempotence=False, transactional_id="t"))
     acks_1 = ProducerConfig.from_kwargs(bootstrap_servers="h:1", acks=1)
-    with pytest.raises(ConfigError, match="enable_idempotence conflicts with acks=1"):
+    with pytest.raises(ConfigError, match="transactional_id needs idempotence, which conflicts "
+                                          "with acks=1"):
         Producer(config=dataclasses.replace(acks_1, transactional_id="t"))
     assert Producer(config=dataclasses.replace(
         ProducerConfig.from_kwargs(bootstrap_servers="h:1"), transactional_id="t")

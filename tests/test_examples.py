@@ -1,7 +1,9 @@
 """Every example runs as written (each starts its own embedded broker), and so does every
 Python block of the README and the documentation pages."""
 
+import ast
 import asyncio
+import code
 import contextlib
 import os
 import re
@@ -198,6 +200,36 @@ def _secure_cluster(broker: Any, tmp_path: Path) -> Iterator[dict[str, str]]:
                           listeners={"SECURE": listener}) as cluster:
         yield {'"broker.example.com:9093"': repr(cluster.bootstrap_servers),
                '"ca.pem"': repr(str(cafile))}
+
+
+class _AsyncioRepl(code.InteractiveConsole):
+    """`python -m asyncio`'s console as it compiles what is typed or pasted into it, line by
+    line (code.InteractiveConsole with top-level await, as asyncio's own subclass), running
+    nothing: an empty line ends an indented block there."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.compile.compiler.flags |= ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+        self.errors: list[BaseException] = []
+
+    def runcode(self, compiled: Any) -> None:
+        pass
+
+    def showsyntaxerror(self, filename: str | None = None, **kwargs: Any) -> None:
+        self.errors.append(sys.exc_info()[1])
+
+
+@pytest.mark.parametrize("page", [page for page in PAGES if python_blocks(page)])
+def test_doc_python_blocks_paste_into_python_m_asyncio(page):
+    """The pages say their blocks' top-level await runs in `python -m asyncio`: pasted there
+    (Python 3.11's and 3.12's console), a block with an empty line inside a `with` or a
+    class failed ("unexpected indent" at the line after it), the README's and getting
+    started's first example among them."""
+    for number, block in enumerate(python_blocks(page), 1):
+        console = _AsyncioRepl()
+        for line in [*block.splitlines(), ""]:
+            console.push(line)
+        assert not console.errors, f"{page}: python block {number}: {console.errors[0]!r}"
 
 
 def test_every_page_with_python_is_run():
