@@ -49,10 +49,13 @@ Bytes: TypeAlias = bytes | bytearray | memoryview
 if TYPE_CHECKING:  # (a default, PEP 696: Any where a serializer's type cannot be inferred,
     # a lambda's say; typing's own TypeVar takes one from Python 3.13)
     from typing_extensions import TypeVar as DefaultedTypeVar
-    K = DefaultedTypeVar("K", default=Any)  # what send() takes as keys: Bytes, or what
-    V = DefaultedTypeVar("V", default=Any)  # key_serializer takes; and as values
+    # What send() takes as keys: Bytes, or what key_serializer takes; and as values. Only
+    # taken, never given back: contravariant, so a producer of Bytes is one of bytes too
+    # (a parameter typed Producer[bytes, bytes] takes Producer("host:9092")).
+    K = DefaultedTypeVar("K", default=Any, contravariant=True)
+    V = DefaultedTypeVar("V", default=Any, contravariant=True)
 else:
-    K, V = TypeVar("K"), TypeVar("V")
+    K, V = TypeVar("K", contravariant=True), TypeVar("V", contravariant=True)
 
 
 class Producer(Generic[K, V]):
