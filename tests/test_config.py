@@ -14,6 +14,9 @@ def test_defaults_follow_the_java_client():
     memory as it grows, and 10 KB records made a batch each; the README's Settings)."""
     config = ProducerConfig.from_kwargs(bootstrap_servers="a:1,[::1]:2")
     assert config.bootstrap_addresses == (("a", 1), ("::1", 2))
+    # (a comma too many, as a script joining addresses leaves one: skipped, as by Java's)
+    assert ProducerConfig.from_kwargs(bootstrap_servers="a:1, [::1]:2, ").bootstrap_addresses \
+        == (("a", 1), ("::1", 2))
     assert (config.acks, config.enable_idempotence, config.linger_ms, config.batch_size) == \
         (-1, True, 5, 262144)
     assert (config.buffer_memory, config.max_block_ms, config.delivery_timeout_ms) == \
@@ -117,6 +120,16 @@ def test_compression_type_none_is_aiokafkas_spelling_of_none():
                                           r"with compression_type='gzip'"):
         ProducerConfig.from_kwargs(bootstrap_servers="h:1", compression_type="gzip",
                                    compression_level=10)
+
+
+def test_a_listener_given_as_a_bootstrap_server_says_what_to_drop():
+    """advertised.listeners' spelling, copied into bootstrap_servers."""
+    with pytest.raises(ConfigError, match="'PLAINTEXT://kafka:9092' is not \"host:port\" .*: "
+                                          "drop PLAINTEXT:// \\(a listener's name; "
+                                          "security_protocol says how to connect\\)$"):
+        ProducerConfig.from_kwargs(bootstrap_servers="PLAINTEXT://kafka:9092")
+    with pytest.raises(ConfigError, match="is empty"):
+        ProducerConfig.from_kwargs(bootstrap_servers=" , ")
 
 
 def test_defaulted_idempotence_turns_off_quietly_when_settings_conflict():
