@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import re
@@ -26,7 +27,8 @@ import stat
 import string
 import sys
 import time
-from typing import Any, AsyncGenerator, AsyncIterator, BinaryIO, Callable, Sequence
+from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, BinaryIO, Callable, \
+    Sequence
 
 from ._version import __version__
 from .config import ProducerConfig, _setting_names
@@ -378,8 +380,9 @@ async def _produce(args: argparse.Namespace, properties: dict[str, str]) -> int:
                                 record = _record(text.removesuffix(b"\n"), args.format,
                                                  separator)
                                 if record is not None:
-                                    sent.append(
-                                        (line, await producer.enqueue(args.topic, **record)))
+                                    enqueued = producer.enqueue(args.topic, **record)
+                                    sent.append((line, await (enqueued if sent else _first(
+                                        enqueued, args.topic, producer.config.max_block_ms))))
                             except (InvalidRecordError, RecordTooLargeError, ValueError) as exc:
                                 raise ValueError(f"line {line}: {exc}") from exc
                             resume = line + 1
@@ -393,6 +396,21 @@ async def _produce(args: argparse.Namespace, properties: dict[str, str]) -> int:
     if interrupted:
         return 128 + signal.SIGTERM if terminated() else 130
     return 1 if any(future.exception() for _, future in sent) else 0
+
+
+async def _first(enqueued: Awaitable[RecordFuture], topic: str,
+                 max_block_ms: int) -> RecordFuture:
+    """The first record's enqueue(): it waits for the topic's metadata, up to max.block.ms
+    (a minute), which for a topic that does not exist (no auto-creation) passed in silence;
+    after 2 s a line on stderr says what it waits for."""
+    notice = asyncio.get_running_loop().call_later(2, functools.partial(
+        print, f"aioproducer produce: waiting for topic {topic!r} in the cluster's metadata "
+        f"(up to max.block.ms={max_block_ms}): does it exist? (aioproducer topic create "
+        f"{topic} --partitions N ...)", file=sys.stderr, flush=True))
+    try:
+        return await enqueued
+    finally:
+        notice.cancel()
 
 
 async def _lines(source: BinaryIO) -> AsyncGenerator[bytes, None]:
