@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import re
@@ -26,7 +27,8 @@ import stat
 import string
 import sys
 import time
-from typing import Any, AsyncGenerator, AsyncIterator, BinaryIO, Sequence
+from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, BinaryIO, Callable, \
+    Sequence
 
 from ._version import __version__
 from .config import ProducerConfig, _setting_names
@@ -163,14 +165,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except asyncio.CancelledError:  # (SIGTERM's: see _stop_on_sigterm)
+        return 128 + signal.SIGTERM
 
 
 def _add_connection_options(parser: argparse.ArgumentParser, help: str) -> None:
     parser.add_argument("--bootstrap-servers", help=help)
     parser.add_argument("--producer-props", nargs="*", default=[], metavar="KEY=VALUE",
+                        type=_key_value,
                         help="producer settings: Kafka names (linger.ms=5) or ours (linger_ms=5)")
     parser.add_argument("--producer.config", dest="producer_config", metavar="FILE",
                         help="a properties file of producer settings")
+
+
+def _key_value(text: str) -> str:
+    """A --producer-props item. The list takes every word after it, the topic too when it
+    comes next (`--producer-props acks=1 orders`): argparse then said only that the topic was
+    missing."""
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not KEY=VALUE (the list takes every word after it: put a topic "
+            "before --producer-props)")
+    return text
 
 
 def _add_client_options(parser: argparse.ArgumentParser) -> None:
@@ -196,9 +212,7 @@ def _properties(args: argparse.Namespace) -> dict[str, str]:
                                  "(the line is not shown: it may hold a secret)")
             raw[name] = value
     for prop in getattr(args, "producer_props", ()):
-        name, sep, value = prop.partition("=")
-        if not sep:
-            raise ValueError(f"--producer-props takes KEY=VALUE, not {prop!r}")
+        name, _, value = prop.partition("=")  # (each has one: _key_value)
         raw[name.strip()] = value
     raw = {name.replace("_", ".").replace("-", "."): value for name, value in raw.items()}
     if args.bootstrap_servers:
@@ -344,9 +358,10 @@ def _encode(value: Any) -> bytes | None:
 async def _produce(args: argparse.Namespace, properties: dict[str, str]) -> int:
     """Reads bytes and splits lines at b"\\n" only, so values pass through as given.
 
-    However it stops (the end of the input, a bad line, Ctrl-C), it sends what it read, then
-    says how many records were produced and from which line to resume, so that a re-run
-    does not produce the first lines twice. Ctrl-C once stops reading; twice, at once."""
+    However it stops (the end of the input, a bad line, Ctrl-C or SIGTERM), it sends what it
+    read, then says how many records were produced and from which line to resume, so that a
+    re-run does not produce the first lines twice. Ctrl-C once stops reading; twice, at once."""
+    terminated = _stop_on_sigterm()
     separator = None if args.key_separator is None else os.fsencode(args.key_separator)
     started = time.perf_counter()
     sent: list[tuple[int, RecordFuture]] = []
@@ -365,8 +380,9 @@ async def _produce(args: argparse.Namespace, properties: dict[str, str]) -> int:
                                 record = _record(text.removesuffix(b"\n"), args.format,
                                                  separator)
                                 if record is not None:
-                                    sent.append(
-                                        (line, await producer.enqueue(args.topic, **record)))
+                                    enqueued = producer.enqueue(args.topic, **record)
+                                    sent.append((line, await (enqueued if sent else _first(
+                                        enqueued, args.topic, producer.config.max_block_ms))))
                             except (InvalidRecordError, RecordTooLargeError, ValueError) as exc:
                                 raise ValueError(f"line {line}: {exc}") from exc
                             resume = line + 1
@@ -378,8 +394,23 @@ async def _produce(args: argparse.Namespace, properties: dict[str, str]) -> int:
         if sent or resume != 1:
             _report(args.topic, sent, time.perf_counter() - started, resume)
     if interrupted:
-        return 130
+        return 128 + signal.SIGTERM if terminated() else 130
     return 1 if any(future.exception() for _, future in sent) else 0
+
+
+async def _first(enqueued: Awaitable[RecordFuture], topic: str,
+                 max_block_ms: int) -> RecordFuture:
+    """The first record's enqueue(): it waits for the topic's metadata, up to max.block.ms
+    (a minute), which for a topic that does not exist (no auto-creation) passed in silence;
+    after 2 s a line on stderr says what it waits for."""
+    notice = asyncio.get_running_loop().call_later(2, functools.partial(
+        print, f"aioproducer produce: waiting for topic {topic!r} in the cluster's metadata "
+        f"(up to max.block.ms={max_block_ms}): does it exist? (aioproducer topic create "
+        f"{topic} --partitions N ...)", file=sys.stderr, flush=True))
+    try:
+        return await enqueued
+    finally:
+        notice.cancel()
 
 
 async def _lines(source: BinaryIO) -> AsyncGenerator[bytes, None]:
@@ -402,6 +433,26 @@ async def _lines(source: BinaryIO) -> AsyncGenerator[bytes, None]:
         transport.close()
         with contextlib.suppress(OSError):
             os.set_blocking(fd, True)  # as the shell that shares it expects
+
+
+def _stop_on_sigterm() -> Callable[[], bool]:
+    """SIGTERM (`timeout`, `kill`, a supervisor stopping it) stops the command as a first
+    Ctrl-C does, by cancelling it: its default action ended the process at once, without a
+    word, and `produce` lost the lines it had read and not sent yet. A second one ends it at
+    once. Returns whether one came."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    came = False
+
+    def stop() -> None:
+        nonlocal came
+        came = True
+        loop.remove_signal_handler(signal.SIGTERM)  # (the default again: a second one kills)
+        if task is not None:
+            task.cancel()
+
+    loop.add_signal_handler(signal.SIGTERM, stop)
+    return lambda: came
 
 
 def _uncancel() -> None:
@@ -446,7 +497,8 @@ def _check_consume_arguments(parser: argparse.ArgumentParser, args: argparse.Nam
 
 async def _consume(args: argparse.Namespace, config: ProducerConfig) -> int:
     """Prints records as they come until --max of them, or --timeout seconds without one;
-    then (or on Ctrl-C) says on stderr how many it printed."""
+    then (or on Ctrl-C or SIGTERM) says on stderr how many it printed."""
+    _stop_on_sigterm()
     separator = None if args.key_separator is None else os.fsencode(args.key_separator)
     out = sys.stdout.buffer
     printed = 0

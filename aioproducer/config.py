@@ -390,7 +390,10 @@ class ProducerConfig:
                 explicit_idempotence is False or not conflicts):
             raise ConfigError("transactional_id needs enable_idempotence=True")
         if conflicts and (explicit_idempotence is True or self.transactional_id is not None):
-            raise ConfigError("enable_idempotence conflicts with " + ", ".join(conflicts))
+            # (a user who set a transactional id and acks=1 never named enable_idempotence)
+            cause = "enable_idempotence" if explicit_idempotence is True else \
+                "transactional_id needs idempotence, which"
+            raise ConfigError(f"{cause} conflicts with " + ", ".join(conflicts))
         if conflicts:
             changes["enable_idempotence"] = False  # only defaulted: off, as in the Java client
         return dataclasses.replace(self, **changes)
@@ -577,11 +580,17 @@ def _parse_bootstrap(servers: Any) -> tuple[tuple[str, int], ...]:
                           f"\"host:port\", not {servers!r}")
     addresses = []
     for item in items:
+        if isinstance(servers, str) and not item.strip():
+            continue  # "h:9092," (joined in a script, say): skipped, as the Java client does
         match = _ADDRESS.match(item)
         port = int(match["port"]) if match else 0
         if not match or not 0 < port < 65536:
+            # A listener as advertised.listeners spells it ("PLAINTEXT://kafka:9092")
+            scheme, found, _ = item.strip().partition("://")
+            hint = (f": drop {scheme}:// (a listener's name; security_protocol says how to "
+                    "connect)") if found else ""
             raise ConfigError(f"bootstrap_servers: {item!r} is not \"host:port\" (e.g. "
-                              "\"localhost:9092\" or \"[::1]:9092\")")
+                              f"\"localhost:9092\" or \"[::1]:9092\"){hint}")
         addresses.append((match["ipv6"] or match["host"], port))
     if not addresses:
         raise ConfigError("bootstrap_servers is empty: give at least one \"host:port\"")

@@ -50,10 +50,13 @@ Bytes: TypeAlias = bytes | bytearray | memoryview
 if TYPE_CHECKING:  # (a default, PEP 696: Any where a serializer's type cannot be inferred,
     # a lambda's say; typing's own TypeVar takes one from Python 3.13)
     from typing_extensions import TypeVar as DefaultedTypeVar
-    K = DefaultedTypeVar("K", default=Any)  # what send() takes as keys: Bytes, or what
-    V = DefaultedTypeVar("V", default=Any)  # key_serializer takes; and as values
+    # What send() takes as keys: Bytes, or what key_serializer takes; and as values. Only
+    # taken, never given back: contravariant, so a producer of Bytes is one of bytes too
+    # (a parameter typed Producer[bytes, bytes] takes Producer("host:9092")).
+    K = DefaultedTypeVar("K", default=Any, contravariant=True)
+    V = DefaultedTypeVar("V", default=Any, contravariant=True)
 else:
-    K, V = TypeVar("K"), TypeVar("V")
+    K, V = TypeVar("K", contravariant=True), TypeVar("V", contravariant=True)
 
 
 class Producer(Generic[K, V]):
@@ -689,7 +692,9 @@ class Producer(Generic[K, V]):
         """Commit a consumer group's offsets as part of the transaction (consume-transform-
         produce, exactly once). `offsets`: {(topic, partition): next_offset_to_read} or a
         list of objects with .topic, .partition and .offset (confluent-kafka's
-        TopicPartition). `group_metadata`: the group id, or an object (or mapping) with
+        TopicPartition, as `consumer.position(consumer.assignment())` gives them; a logical
+        offset there, a partition not read from yet, is left out, as librdkafka does).
+        `group_metadata`: the group id, or an object (or mapping) with
         group_id and, for fencing of zombie consumers (KIP-447), generation_id, member_id and
         group_instance_id."""
         transactions = self._transaction_flow()

@@ -240,6 +240,23 @@ def test_consume_of_a_topic_that_does_not_exist_says_so_and_creates_nothing(brok
         assert "Traceback" not in done.stderr
 
 
+def test_produce_to_a_topic_that_does_not_exist_says_what_it_waits_for(broker):
+    """On a cluster that creates no topics, the first record waits max.block.ms (a minute by
+    default) for the topic's metadata: that passed in silence, then the error came. After 2 s
+    a line says what it waits for (the same on Kafka 4.4 with auto.create.topics.enable=false:
+    60.2 s of silence before)."""
+    topic = f"missing-{uuid.uuid4().hex[:8]}"
+    done = cli("produce", topic, "--bootstrap-servers", broker.bootstrap, "--producer-props",
+               "allow.auto.create.topics=false", "max.block.ms=4000", stdin="hello\n")
+    assert done.returncode == 1
+    said = done.stderr.splitlines()
+    assert said[0] == (f"aioproducer produce: waiting for topic '{topic}' in the cluster's "
+                       "metadata (up to max.block.ms=4000): does it exist? (aioproducer topic "
+                       f"create {topic} --partitions N ...)"), done.stderr
+    assert f"topic '{topic}' is not in the cluster's metadata after max_block_ms=4000" in \
+        done.stderr
+
+
 def test_consume_of_a_partition_that_does_not_exist_says_which_there_are(broker, topic):
     done = cli("consume", topic, "--bootstrap-servers", broker.bootstrap, "--partition", "3")
     assert done.returncode == 1

@@ -14,6 +14,9 @@ def test_defaults_follow_the_java_client():
     memory as it grows, and 10 KB records made a batch each; the README's Settings)."""
     config = ProducerConfig.from_kwargs(bootstrap_servers="a:1,[::1]:2")
     assert config.bootstrap_addresses == (("a", 1), ("::1", 2))
+    # (a comma too many, as a script joining addresses leaves one: skipped, as by Java's)
+    assert ProducerConfig.from_kwargs(bootstrap_servers="a:1, [::1]:2, ").bootstrap_addresses \
+        == (("a", 1), ("::1", 2))
     assert (config.acks, config.enable_idempotence, config.linger_ms, config.batch_size) == \
         (-1, True, 5, 262144)
     assert (config.buffer_memory, config.max_block_ms, config.delivery_timeout_ms) == \
@@ -168,13 +171,28 @@ def test_compression_type_none_is_aiokafkas_spelling_of_none():
                                    compression_level=10)
 
 
+def test_a_listener_given_as_a_bootstrap_server_says_what_to_drop():
+    """advertised.listeners' spelling, copied into bootstrap_servers."""
+    with pytest.raises(ConfigError, match="'PLAINTEXT://kafka:9092' is not \"host:port\" .*: "
+                                          "drop PLAINTEXT:// \\(a listener's name; "
+                                          "security_protocol says how to connect\\)$"):
+        ProducerConfig.from_kwargs(bootstrap_servers="PLAINTEXT://kafka:9092")
+    with pytest.raises(ConfigError, match="is empty"):
+        ProducerConfig.from_kwargs(bootstrap_servers=" , ")
+
+
 def test_defaulted_idempotence_turns_off_quietly_when_settings_conflict():
     assert not ProducerConfig.from_kwargs(bootstrap_servers="h:1", acks=1).enable_idempotence
     assert not ProducerConfig.from_kwargs(bootstrap_servers="h:1", retries=0).enable_idempotence
     with pytest.raises(ConfigError, match="enable_idempotence conflicts with retries=0"):
         ProducerConfig.from_kwargs(bootstrap_servers="h:1", retries=0, enable_idempotence=True)
-    with pytest.raises(ConfigError, match="acks"):
+    # A transactional producer at acks=0: the message names what the user set.
+    with pytest.raises(ConfigError, match="^transactional_id needs idempotence, which "
+                                          "conflicts with acks=0 \\(needs \"all\"\\)$"):
         ProducerConfig.from_kwargs(bootstrap_servers="h:1", acks=0, transactional_id="t")
+    with pytest.raises(ConfigError, match="^enable_idempotence conflicts with acks=1"):
+        ProducerConfig.from_kwargs(bootstrap_servers="h:1", acks=1, transactional_id="t",
+                                   enable_idempotence=True)
     with pytest.raises(ConfigError, match="transactional_id needs"):
         ProducerConfig.from_kwargs(bootstrap_servers="h:1", transactional_id="t",
                                    enable_idempotence=False)
@@ -190,7 +208,8 @@ async def test_a_config_given_to_a_producer_with_a_transactional_id_needs_idempo
     with pytest.raises(ConfigError, match="transactional_id needs enable_idempotence=True"):
         Producer(config=ProducerConfig("h:1", enable_idempotence=False, transactional_id="t"))
     acks_1 = ProducerConfig.from_kwargs(bootstrap_servers="h:1", acks=1)
-    with pytest.raises(ConfigError, match="enable_idempotence conflicts with acks=1"):
+    with pytest.raises(ConfigError, match="transactional_id needs idempotence, which conflicts "
+                                          "with acks=1"):
         Producer(config=dataclasses.replace(acks_1, transactional_id="t"))
     assert Producer(config=dataclasses.replace(
         ProducerConfig.from_kwargs(bootstrap_servers="h:1"), transactional_id="t")

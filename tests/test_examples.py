@@ -1,7 +1,9 @@
 """Every example runs as written (each starts its own embedded broker), and so does every
 Python block of the README and the documentation pages."""
 
+import ast
 import asyncio
+import code
 import contextlib
 import os
 import re
@@ -200,6 +202,36 @@ def _secure_cluster(broker: Any, tmp_path: Path) -> Iterator[dict[str, str]]:
                '"ca.pem"': repr(str(cafile))}
 
 
+class _AsyncioRepl(code.InteractiveConsole):
+    """`python -m asyncio`'s console as it compiles what is typed or pasted into it, line by
+    line (code.InteractiveConsole with top-level await, as asyncio's own subclass), running
+    nothing: an empty line ends an indented block there."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.compile.compiler.flags |= ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+        self.errors: list[BaseException] = []
+
+    def runcode(self, compiled: Any) -> None:
+        pass
+
+    def showsyntaxerror(self, filename: str | None = None, **kwargs: Any) -> None:
+        self.errors.append(sys.exc_info()[1])
+
+
+@pytest.mark.parametrize("page", [page for page in PAGES if python_blocks(page)])
+def test_doc_python_blocks_paste_into_python_m_asyncio(page):
+    """The pages say their blocks' top-level await runs in `python -m asyncio`: pasted there
+    (Python 3.11's and 3.12's console), a block with an empty line inside a `with` or a
+    class failed ("unexpected indent" at the line after it), the README's and getting
+    started's first example among them."""
+    for number, block in enumerate(python_blocks(page), 1):
+        console = _AsyncioRepl()
+        for line in [*block.splitlines(), ""]:
+            console.push(line)
+        assert not console.errors, f"{page}: python block {number}: {console.errors[0]!r}"
+
+
 def test_every_page_with_python_is_run():
     """The pages below hold the blocks test_doc_python_blocks runs: a page that gains its
     first python block is run too, and one that lost them all is not run for nothing."""
@@ -362,6 +394,89 @@ def test_cli_produce_sends_what_a_pipe_gave_while_it_waits_and_stops_on_ctrl_c(b
     assert "3 of 3 records produced" in report and "resume from line 4" in report, report
 
 
+def _catches_sigterm(process: subprocess.Popen[bytes], limit: float = 20) -> bool:
+    """Whether the process set a SIGTERM handler, waited for up to `limit` seconds (its
+    start takes a second or two on a loaded machine)."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline and process.poll() is None:
+        with open(f"/proc/{process.pid}/status") as status:
+            caught = next(int(line.split()[1], 16) for line in status
+                          if line.startswith("SigCgt:"))
+        if caught & 1 << (signal.SIGTERM - 1):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _unread(pipe: Any) -> int:
+    """Bytes written to the pipe that its reader has not read yet."""
+    import fcntl
+    import termios
+
+    return int.from_bytes(fcntl.ioctl(pipe.fileno(), termios.FIONREAD, b"\0" * 4), sys.byteorder)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads /proc")
+def test_cli_produce_stopped_by_sigterm_sends_what_it_read(broker, topic):
+    """`kill`, `timeout 60 aioproducer produce ...`, a supervisor stopping it: SIGTERM
+    stops it as a first Ctrl-C does. It ended the command at once, without a word, and the
+    lines it had read but not sent (held here by a 10 s linger) were lost: 0 of 3 arrived."""
+    from tests.support.readback import consume_all
+
+    cli = subprocess.Popen([sys.executable, "-m", "aioproducer", "produce", topic,
+                            "--bootstrap-servers", broker.bootstrap,
+                            "--producer-props", "linger.ms=10000"],
+                           stdin=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        cli.stdin.write(b"a\nb\nc\n")
+        cli.stdin.flush()
+        assert _catches_sigterm(cli), "SIGTERM would end it at once, as its default"
+        for _ in range(200):  # at most 10 s: until it has read the lines
+            if not _unread(cli.stdin):
+                break
+            time.sleep(0.05)
+        time.sleep(0.5)  # (to have buffered them; the checks below hold however many it had)
+        cli.send_signal(signal.SIGTERM)
+        assert cli.wait(20) == 128 + signal.SIGTERM
+        report = cli.stderr.read().decode()
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.wait(10)
+        cli.stdin.close()
+        cli.stderr.close()
+    produced = int(report.split(" of ")[0]) if report else 0
+    assert [r.value for r in consume_all(broker.bootstrap, topic, expected=produced)] == \
+        [b"a", b"b", b"c"][:produced]
+    if produced:
+        assert f"{produced} of {produced} records produced" in report, report
+        assert f"resume from line {produced + 1}" in report, report
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads /proc")
+def test_cli_consume_stopped_by_sigterm_says_what_it_printed(broker, topic):
+    """As on Ctrl-C: it ended without a word, or saying how many records it printed."""
+    cli = subprocess.Popen([sys.executable, "-m", "aioproducer", "consume", topic,
+                            "--bootstrap-servers", broker.bootstrap],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        assert _catches_sigterm(cli), "SIGTERM would end it at once, as its default"
+        import select
+
+        assert select.select([cli.stderr], [], [], 20)[0], "it never said where it reads from"
+        started = cli.stderr.readline().decode()
+        assert started.startswith(f"reading {topic} from the latest offsets"), started
+        cli.send_signal(signal.SIGTERM)
+        assert cli.wait(20) == 128 + signal.SIGTERM
+        report = cli.stderr.read().decode()
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.wait(10)
+        cli.stderr.close()
+    assert report == f"0 records consumed from {topic}\n", report
+
+
 def test_cli_produce_from_dev_null_ends_at_once(broker, topic):
     """/dev/null is a device the event loop cannot watch: it is read as a file."""
     done = subprocess.run([sys.executable, "-m", "aioproducer", "produce", topic,
@@ -407,6 +522,10 @@ def test_cli_perf_refuses_no_records():
       "--key-separator", ":"), "--key-separator applies to --format lines"),
     (("produce", "t", "--bootstrap-servers", "127.0.0.1:1", "--key-separator", ""),
      "--key-separator must not be empty"),
+    # (it said "the following arguments are required: topic", which the user had given)
+    (("produce", "--bootstrap-servers", "127.0.0.1:1", "--producer-props", "acks=1", "orders"),
+     "argument --producer-props: 'orders' is not KEY=VALUE (the list takes every word after "
+     "it: put a topic before --producer-props)"),
 ])
 def test_cli_refuses_bad_arguments_before_starting(args, says):
     """Said in argparse's words (exit 2), not as a traceback, a 60 s wait for a topic

@@ -459,6 +459,47 @@ async def test_send_offsets_to_transaction(broker, topic_factory):
     assert _markers(broker.bootstrap, sink, 0) == ["data", "COMMIT"]
 
 
+async def test_confluent_kafkas_consumer_positions_go_in_as_they_are(broker, topic_factory):
+    """confluent-kafka's consume-transform-produce idiom: send_offsets_to_transaction(
+    consumer.position(consumer.assignment()), consumer.consumer_group_metadata()). A partition
+    the consumer has read nothing from yet is at the logical position OFFSET_INVALID (-1001),
+    which librdkafka's producer leaves out; ours refused the whole list ("offsets must map
+    ..."), so the partitions that were read could not commit their offsets."""
+    from confluent_kafka import OFFSET_INVALID, Consumer, TopicPartition
+
+    source, sink = topic_factory(2), topic_factory(1)
+    group = f"group-{uuid.uuid4().hex[:8]}"
+    async with Producer(broker.bootstrap) as plain:
+        await plain.send(source, b"input", partition=0)
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group,
+                         "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+    try:
+        consumer.assign([TopicPartition(source, 0), TopicPartition(source, 1)])
+        message = None
+        for _ in range(100):  # at most 10 s
+            message = await asyncio.to_thread(consumer.poll, 0.1)
+            if message is not None and message.error() is None:
+                break
+        assert message is not None and message.value() == b"input"
+        positions = consumer.position(consumer.assignment())
+        assert sorted((p.partition, p.offset) for p in positions) == [(0, 1), (1, OFFSET_INVALID)]
+        async with Producer(broker.bootstrap, transactional_id=_tid()) as producer:
+            async with producer.transaction():
+                await producer.send(sink, message.value().upper())
+                await producer.send_offsets_to_transaction(
+                    positions, consumer.consumer_group_metadata())
+            async with producer.transaction():  # none read yet: nothing to commit
+                await producer.send(sink, b"nothing read")
+                await producer.send_offsets_to_transaction(
+                    [TopicPartition(source, 1, OFFSET_INVALID)], group)
+        committed = await asyncio.to_thread(
+            consumer.committed, [TopicPartition(source, 0), TopicPartition(source, 1)], 10)
+    finally:
+        consumer.close()
+    assert [c.offset for c in committed] == [1, OFFSET_INVALID]  # none committed for 1
+    assert _markers(broker.bootstrap, sink, 0) == ["data", "COMMIT", "data", "COMMIT"]
+
+
 async def test_committed_offsets_are_what_committed_transactions_sent(broker, topic_factory):
     """committed_offsets() reads back what send_offsets_to_transaction() committed, as
     librdkafka's consumer does: a committed transaction's offset, not an aborted one's, nor

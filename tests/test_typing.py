@@ -152,6 +152,33 @@ async def main() -> None:
         await raw.enqueue("t", bytearray(b"v"), key=memoryview(b"k"))
     with BlockingProducer("h:1", value_serializer=str.encode) as text:
         text.produce("t", "a str")
+
+
+# A function typed for the producer it uses: one made without serializers takes bytes (and
+# more), so it is such a producer, as one of Orders is a producer of a subclass's.
+async def publish(producer: Producer[bytes, bytes]) -> None:
+    await producer.send("t", b"v")
+
+
+def publish_sync(producer: BlockingProducer[bytes, bytes]) -> None:
+    producer.produce("t", b"v")
+
+
+class RushOrder(Order):
+    pass
+
+
+async def publish_rush(producer: Producer[int, RushOrder]) -> None:
+    await producer.send("t", RushOrder(1), key=1)
+
+
+async def passes() -> None:
+    async with Producer("h:1") as raw:
+        await publish(raw)
+    async with Producer("h:1", key_serializer=IntKey(), value_serializer=order_bytes) as orders:
+        await publish_rush(orders)
+    with BlockingProducer("h:1") as blocking:
+        publish_sync(blocking)
 """
 
 WRONG_TYPES = """
@@ -185,7 +212,9 @@ def _strict(tmp_path, name: str, code: str) -> subprocess.CompletedProcess[str]:
 
 def test_keys_and_values_are_typed_by_the_serializers(tmp_path):
     """Without a serializer send() takes bytes (or a bytearray, a memoryview); with one,
-    what it takes; with a lambda, anything."""
+    what it takes; with a lambda, anything. Producers are contravariant in what they take:
+    a parameter typed Producer[bytes, bytes] takes Producer("host:9092") (it was an error,
+    "Producer[bytes | bytearray | memoryview, ...]" expected "Producer[bytes, bytes]")."""
     done = _strict(tmp_path, "typed.py", TYPED_BY_SERIALIZERS)
     assert done.returncode == 0, done.stdout + done.stderr
 

@@ -95,11 +95,15 @@ def as_bytes(obj: Any, what: str) -> bytes:
 
 
 def checked_offsets(offsets: Any) -> dict[tuple[str, int], int]:
-    """send_offsets_to_transaction's offsets, checked before any request goes out."""
+    """send_offsets_to_transaction's offsets, checked before any request goes out. A list of
+    objects is confluent-kafka's TopicPartitions, as `consumer.position(consumer.assignment())`
+    gives them: a partition not read from yet has a logical offset there (OFFSET_INVALID,
+    -1001), which is left out, as librdkafka's own producer does."""
     items: list[Any]
     try:
         items = [(*tp, offset) for tp, offset in offsets.items()] if isinstance(offsets, Mapping) \
-            else [(tp.topic, tp.partition, tp.offset) for tp in offsets]
+            else [(tp.topic, tp.partition, tp.offset) for tp in offsets
+                  if not (type(tp.offset) is int and tp.offset < 0)]
     except (TypeError, AttributeError):
         items = [None]
     for item in items:

@@ -150,10 +150,11 @@ class BrokerConnection(asyncio.Protocol):
             ) from None
         except OSError as exc:
             # A broker metadata named is at the address it advertises, which bootstrap_servers
-            # does not decide: a broker in a container advertising its own name, say.
+            # does not decide: a broker in a container advertising its own name, say. (Or it
+            # is down: one Kafka node restarting, the usual case in development.)
             hint = "Is a Kafka broker running there? (check bootstrap_servers)" if node_id < 0 \
                 else (f"It is where broker {node_id} says it is (its advertised.listeners): "
-                      "is that address reachable from here?")
+                      "is the broker up, and that address reachable from here?")
             raise KafkaConnectionError(
                 f"cannot connect to {host}:{port}: {exc.strerror or exc}. {hint}") from exc
         try:
