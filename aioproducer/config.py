@@ -275,11 +275,13 @@ class ProducerConfig:
                                             if number is not None})
         changes: dict[str, Any] = {"bootstrap_addresses": _parse_bootstrap(self.bootstrap_servers)}
         # None is aiokafka's default spelling of no compression; "none" (Java's) is kept. Any
-        # case, as security_protocol (the Java client's are lowercase, librdkafka any case).
+        # case, as security_protocol (the Java client's are lowercase, librdkafka any case);
+        # acks="ALL" as well.
         codec = "none" if self.compression_type is None else self.compression_type
         codec = codec.lower() if isinstance(codec, str) else codec
         acks = {"all": -1, "-1": -1, -1: -1, "1": 1, 1: 1, "0": 0, 0: 0}.get(
-            self.acks if isinstance(self.acks, (int, str)) and not isinstance(self.acks, bool)
+            self.acks.strip().lower() if isinstance(self.acks, str) else
+            self.acks if isinstance(self.acks, int) and not isinstance(self.acks, bool)
             else None)
         if acks is None:
             raise ConfigError(f"acks must be 0, 1 or \"all\" (or -1), not {self.acks!r}")

@@ -100,7 +100,9 @@ def test_acks_takes_an_int_enum_but_not_a_float_or_bool():
     class Acks(enum.IntEnum):
         LEADER = 1
     assert ProducerConfig.from_kwargs(bootstrap_servers="h:1", acks=Acks.LEADER).acks == 1
-    for wrong in (1.0, True):
+    # Any case, as compression_type and security_protocol take ("ALL" was refused).
+    assert ProducerConfig.from_kwargs(bootstrap_servers="h:1", acks="ALL").acks == -1
+    for wrong in (1.0, True, "al"):
         with pytest.raises(ConfigError, match="acks must be"):
             ProducerConfig.from_kwargs(bootstrap_servers="h:1", acks=wrong)
 
