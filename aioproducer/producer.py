@@ -718,7 +718,9 @@ class Producer(Generic[K, V]):
         raises (and re-raises). The block's exception, a cancellation say, always goes on up:
         an abort that fails too is a note on it (the next transaction call says what state
         that left). The abort goes on in a task of its own when the block is cancelled (a
-        cancel scope cancels every await in it); the next transaction() waits for it."""
+        cancel scope cancels every await in it); the next transaction() waits for it. Cut
+        short in its commit (the body done), the commit goes on: a note on the cancellation
+        says so."""
         ending = self._transaction_flow().ending()
         if ending is not None:
             await asyncio.wait({ending})  # the last one's commit or abort
@@ -735,7 +737,14 @@ class Producer(Generic[K, V]):
                 except Exception as abort_error:
                     exc.add_note(f"aborting the transaction failed too: {abort_error!r}")
             raise
-        await self.commit_transaction()
+        try:
+            await self.commit_transaction()
+        except asyncio.CancelledError as cancelled:  # (a timeout, say: not an abort)
+            cancelled.add_note(
+                "the transaction's commit was under way and goes on: the block's records may "
+                "be committed; `await producer.commit_transaction()` returns once it is, or "
+                "raises why not (do not redo the transaction before)")
+            raise
 
     def _transaction_flow(self) -> TransactionFlow:
         if self.config.transactional_id is None:

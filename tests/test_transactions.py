@@ -12,6 +12,7 @@ import asyncio
 import os
 import sys
 import threading
+import traceback
 import uuid
 
 import pytest
@@ -154,6 +155,28 @@ async def test_a_cancelled_commit_goes_on_and_a_second_call_waits_for_it(proxied
             await producer.send("slow-commit", b"c")
     assert _markers(cluster.broker.bootstrap, "slow-commit", 0) == \
         ["data", "data", "COMMIT", "data", "COMMIT"]
+
+
+async def test_a_transaction_block_cut_short_in_its_commit_says_the_commit_goes_on(
+        proxied_broker):
+    """The block's body done, a timeout fires while its commit waits (the broker slow): the
+    commit goes on, and the TimeoutError's chain says so (a user who took it for an abort and
+    redid the transaction wrote it twice); commit_transaction() again returns once committed."""
+    cluster = proxied_broker
+    cluster.create_topic("cut-in-commit", 1)
+    async with Producer(cluster.bootstrap, transactional_id=_tid(), linger_ms=0,
+                        request_timeout_ms=10_000) as producer:
+        with pytest.raises(TimeoutError) as caught:
+            async with asyncio.timeout(0.5):
+                async with producer.transaction():
+                    await producer.send("cut-in-commit", b"a")
+                    cluster.proxy.stall(True)
+                    await producer.enqueue("cut-in-commit", b"b")
+        cluster.proxy.stall(False)
+        told = "".join(traceback.format_exception(caught.value))
+        assert "the transaction's commit was under way and goes on" in told, told
+        await asyncio.wait_for(producer.commit_transaction(), 10)
+    assert _markers(cluster.broker.bootstrap, "cut-in-commit", 0) == ["data", "data", "COMMIT"]
 
 
 async def test_a_cancelled_init_transactions_goes_on_and_a_second_call_waits_for_it(
