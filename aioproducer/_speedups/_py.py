@@ -878,6 +878,42 @@ def watch_batches(batches: list[Any], bulk: Any) -> int:
     return pending
 
 
+def produce_parts(batches: list[Any], in_flight: dict[Any, None], now: float
+                  ) -> tuple[list[dict[str, Any]], int, float, float, float]:
+    """A Produce request's topic_data for `batches` (sealed, not idempotent: no producer id
+    or sequence), a batch's records its (header, payload), topics in order of first
+    appearance; each batch put in `in_flight`. With the bytes of their record batches, the
+    earliest delivery deadline, and the sum and the longest of their times queued (loop time
+    `now` less their creation). (In C one call a request: at 10,000 partitions ~490 batches.)"""
+    if type(batches) is not list or type(in_flight) is not dict:
+        raise TypeError("produce_parts takes a list of batches and a dict")
+    by_topic: dict[str, list[dict[str, Any]]] = {}
+    size = 0
+    earliest, waited, most = float("inf"), 0.0, 0.0
+    for batch in batches:
+        if not isinstance(batch, BatchFields):
+            raise TypeError("produce_parts takes a list of batches")
+        deadline, queued = float(batch.deadline), now - float(batch.created)
+        if deadline < earliest:
+            earliest = deadline
+        waited += queued
+        if queued > most:
+            most = queued
+        writer = batch.writer
+        if not isinstance(writer, RecordWriter):
+            raise TypeError("a batch's writer is a RecordWriter")
+        payload = writer.payload
+        if payload is None:
+            raise ValueError("a batch in a request is closed (sealed) first")
+        header = writer.header(payload, writer.codec, -1, -1, -1)
+        size += len(header) + len(payload)
+        by_topic.setdefault(batch.topic, []).append(
+            {"index": batch.partition, "records": (header, payload)})
+        in_flight[batch] = None
+    return ([{"name": t, "partition_data": p} for t, p in by_topic.items()], size, earliest,
+            waited, most)
+
+
 def encode_produce(version: int, correlation_id: int, client_id: str | None,
                    body: Mapping[str, Any]) -> bytes | list[bytes | memoryview] | None:
     """The C module writes common Produce requests in one call; here None leaves every one
