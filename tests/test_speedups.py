@@ -1452,3 +1452,65 @@ async def test_a_request_s_partitions_are_built_from_its_batches(impl):
 async def test_a_request_s_partitions_alike_in_both():
     loop = asyncio.get_running_loop()
     assert _request_of(_c, loop)[:-1] == _request_of(_py, loop)[:-1]
+
+
+def _settled(impl, loop, complete: bool) -> tuple[list, list]:
+    """settle_produce over four batches of `impl` (one answered with an error, one left out,
+    one with a record's callback waiting): what each batch came to, and the loop callbacks
+    it asked for."""
+    ran: list = []
+
+    class Batch(impl.BatchFields):
+        __slots__ = ()
+
+        def _run_watchers(self):
+            ran.append(("own", self.number))
+
+    def batch(number, topic, partition):
+        writer = impl.RecordWriter(0, 100)
+        writer.payload = b"records"
+        return Batch((number,), topic, partition, writer, loop.create_future(), 0.0, 60.0, 0)
+    a0, a1, a2, b0 = batch(1, "a", 0), batch(2, "a", 1), batch(3, "a", 2), batch(4, "b", 0)
+    b0._watchers = ["a record"]
+    answer = {"index": 0, "error_code": 0, "base_offset": 40, "log_append_time_ms": -1}
+    refused = {"index": 1, "error_code": 6, "base_offset": -1, "log_append_time_ms": -1}
+    responses = [{"name": "b", "partition_responses": [answer | {"base_offset": 7}]},
+                 {"name": "a", "partition_responses": [refused, answer]}]
+    in_flight = dict.fromkeys([a0, a1, a2, b0])
+    acked, rest = impl.settle_produce([a0, a1, a2, b0], responses, in_flight,
+                                      lambda woken: ran.append([b.number for b in woken]),
+                                      complete)
+    outcome = [[b.number for b in acked],
+               [(b.number, p and p["error_code"]) for b, p in rest],
+               [b.number for b in in_flight],
+               [b.future.result() if b.future.done() else None for b in (a0, a1, a2, b0)],
+               [b.writer.payload for b in (a0, b0)]]
+    return outcome, ran
+
+
+@pytest.mark.parametrize("impl", BOTH, ids=["python", "c"])
+async def test_a_response_s_answers_settle_their_batches(impl):
+    """settle_produce(): each batch answered without an error leaves in_flight and is
+    completed with its offset; their records' callbacks run in one loop callback for them
+    all (run_watchers), not a loop handle each; a batch refused, or left out of the
+    response, is handed back with its answer (or None) for the sender, in order. Without
+    `complete` (idempotent: the sequencer is told first) every batch is handed back."""
+    loop = asyncio.get_running_loop()
+    outcome, ran = _settled(impl, loop, complete=True)
+    assert outcome == [[(1,), (4,)], [((2,), 6), ((3,), None)], [(2,), (3,)],
+                       [(40, -1), None, None, (7, -1)], [None, None]]
+    assert ran == []
+    await asyncio.sleep(0)
+    assert ran == [[(4,)]]  # one callback, with the batch whose record waits
+    outcome, ran = _settled(impl, loop, complete=False)
+    assert outcome == [[], [((1,), 0), ((2,), 6), ((3,), None), ((4,), 0)],
+                       [(1,), (2,), (3,), (4,)], [None] * 4, [b"records"] * 2]
+    with pytest.raises(TypeError):
+        impl.settle_produce(["not a batch"], [], {}, print, True)
+
+
+@needs_c
+async def test_a_response_s_answers_settle_alike_in_both():
+    loop = asyncio.get_running_loop()
+    for complete in (True, False):
+        assert _settled(_c, loop, complete) == _settled(_py, loop, complete)

@@ -130,16 +130,20 @@ class BatchFields:
     def _track(self) -> None:
         """The C one hands a batch opened out of the collector's way back to it (_c.c)."""
 
-    def complete(self, base_offset: int, log_append_time: int) -> None:
+    def complete(self, base_offset: int, log_append_time: int,
+                 woken: list[Any] | None = None) -> None:
         """Acknowledged (unless it failed already: expired in flight). Its records'
-        callbacks run soon, its enqueue_many futures count it, a piece tells its batch."""
+        callbacks run soon (given a list `woken`, the batch is added to it instead: its
+        caller runs them), its enqueue_many futures count it, a piece tells its batch."""
+        if woken is not None and not isinstance(woken, list):
+            raise TypeError("complete()'s woken is a list")
         self.done = True
         self._untracked = None
         self.writer.payload = None  # (BatchWriter.free(): its bytes go)
         acked = not self.future.done()
         if acked:
             self.future.set_result((base_offset, log_append_time))
-        self._wake_watchers()
+        self._wake_watchers(woken)
         if self.parent is not None:
             self.parent._piece_done()
         elif acked and self.pieces is None:
@@ -160,10 +164,13 @@ class BatchFields:
         if self.future.done():
             self.future.get_loop().call_soon(self._run_watchers)  # type: ignore[attr-defined]
 
-    def _wake_watchers(self) -> None:
+    def _wake_watchers(self, woken: list[Any] | None = None) -> None:
         """The batch is done: run its records' callbacks (the tasks awaiting them wake up in
-        one loop callback, the subclass's _run_watchers), and tell the enqueue_many futures."""
-        if self._watchers is not None:
+        one loop callback, the subclass's _run_watchers; or `woken`'s caller's), and tell
+        the enqueue_many futures."""
+        if self._watchers is not None and woken is not None:
+            woken.append(self)
+        elif self._watchers is not None:
             self.future.get_loop().call_soon(self._run_watchers)  # type: ignore[attr-defined]
         bulks, self._bulks = self._bulks, None
         for bulk in bulks or ():  # (BulkFuture's count, inline: this is per call and batch)
@@ -912,6 +919,45 @@ def produce_parts(batches: list[Any], in_flight: dict[Any, None], now: float
         in_flight[batch] = None
     return ([{"name": t, "partition_data": p} for t, p in by_topic.items()], size, earliest,
             waited, most)
+
+
+def settle_produce(batches: list[Any], responses: list[dict[str, Any]],
+                   in_flight: dict[Any, None], run_watchers: Callable[[list[Any]], object],
+                   complete: bool) -> tuple[list[Any], list[tuple[Any, Any]]]:
+    """Match a Produce response's answers (its topics: name and partition_responses) to the
+    request's batches. With `complete`, each batch answered without an error leaves
+    `in_flight` and is completed, and their records' callbacks run in one loop callback,
+    run_watchers(batches) (a loop handle, a context and a bound method a batch were promoted
+    by the garbage collector mid-response at 10,000 partitions); `rest` holds (batch, its
+    answer or None) for the others, in order (without `complete`, every batch)."""
+    if type(batches) is not list or not isinstance(responses, list) or \
+            type(in_flight) is not dict:
+        raise TypeError("settle_produce takes a list of batches, a list of topics' answers "
+                        "and a dict")
+    answers: dict[str, dict[int, dict[str, Any]]] = {}
+    for topic in responses:
+        listed = answers.setdefault(topic["name"], {})
+        for given in topic["partition_responses"]:
+            listed[given["index"]] = given
+    acked: list[Any] = []
+    rest: list[tuple[Any, Any]] = []
+    woken: list[Any] = []
+    for batch in batches:
+        if not isinstance(batch, BatchFields):
+            raise TypeError("settle_produce takes a list of batches")
+        by_index = answers.get(batch.topic)
+        answer = by_index.get(batch.partition) if by_index is not None else None
+        code = answer["error_code"] if answer is not None and complete else None
+        if answer is None or not (type(code) is int and code == 0):
+            rest.append((batch, answer))
+            continue
+        base_offset, log_append_time = answer["base_offset"], answer["log_append_time_ms"]
+        in_flight.pop(batch, None)
+        batch.complete(base_offset, log_append_time, woken)
+        acked.append(batch)
+    if woken:
+        woken[0].future.get_loop().call_soon(run_watchers, woken)
+    return acked, rest
 
 
 def encode_produce(version: int, correlation_id: int, client_id: str | None,
