@@ -1514,3 +1514,42 @@ async def test_a_response_s_answers_settle_alike_in_both():
     loop = asyncio.get_running_loop()
     for complete in (True, False):
         assert _settled(_c, loop, complete) == _settled(_py, loop, complete)
+
+
+def _drained(impl, loop) -> list:
+    """_drain over an accumulator of `impl`: partitions of two topics led by brokers 1 and 2
+    (one unknown), a batch in retry backoff, a request limit that a third batch would pass;
+    what it took per broker, and what it left queued."""
+    acc = _accumulator_parts(impl, loop)
+    acc._max_request_size = acc.buffer_memory = 100_000
+    acc._pool = impl.MemoryPool(100_000)
+    for topic, partition, size in [("t", 0, 900), ("t", 1, 900), ("t", 2, 900), ("u", 0, 10),
+                                   ("t", 0, 10), ("u", 1, 10), ("t", 1, 10)]:
+        assert acc.open_new(topic, partition, b"k", b"v" * size, 1000, 3) is not None
+    acc._batches[("u", 1)][0].retry_at = 100.5  # in backoff until then
+    topics = {"t": types.SimpleNamespace(leaders=(1, 2, 1)),
+              "u": types.SimpleNamespace(leaders=(1, -1))}
+    one = acc._batches[("t", 0)][0].writer.size
+    drained = acc._drain(topics, {1: None, 2: None}, 2 * one + 5, 100.0)
+    return [{node: [(b.topic, b.partition, b.number) for b in taken]
+             for node, taken in drained.items()},
+            _accumulator_state(acc)["order"],
+            [len(queue) for queue in acc._batches.values()]]
+
+
+@pytest.mark.parametrize("impl", BOTH, ids=["python", "c"])
+async def test_a_drain_takes_a_request_s_worth_per_broker(impl):
+    """_drain(): per broker asked for, the first batch of each partition it leads, least
+    recently drained first, up to max_request_size (a request's first batch whatever its
+    size); none in retry backoff, none for a partition whose leader is unknown or not
+    asked for; each taken (sealed, its queue to the back of the line)."""
+    taken, order, left = _drained(impl, asyncio.get_running_loop())
+    assert taken == {1: [("t", 0, (1,)), ("t", 2, (3,))], 2: [("t", 1, (2,))]}
+    assert order == [("u", 0), ("u", 1), ("t", 0), ("t", 1)]  # (u-0's leader is unknown)
+    assert left == [1, 1, 1, 1]
+
+
+@needs_c
+async def test_a_drain_alike_in_both():
+    loop = asyncio.get_running_loop()
+    assert _drained(_c, loop) == _drained(_py, loop)

@@ -518,43 +518,10 @@ class RecordAccumulator(AccumulatorFields):
         partitions least recently drained first (so no partition starves). One pass over
         the queued partitions, which stops once every broker's request is full: a request
         costs the batches it takes, not every partition queued (10,000 of them, 1 MiB
-        requests of 2 KiB batches: each drain scanned 10,000 to take 450)."""
-        sizes = dict.fromkeys(nodes, 0)
-        chosen: dict[int, list[tuple[TopicPartition, deque[ProducerBatch]]]] = \
-            {node: [] for node in sizes}
-        full: set[int] = set()
-        topics = cluster.topics
-        last_topic: str | None = None
-        leaders: Sequence[int] = ()
-        txn = self._txn
-        for tp, queue in self._batches.items():
-            topic, partition = tp
-            if topic is not last_topic:  # (cluster.leader_for, inline)
-                info = topics.get(topic)
-                leaders, last_topic = (info.leaders if info is not None else ()), topic
-            leader = leaders[partition] if partition < len(leaders) else -1
-            size = sizes.get(leader)
-            if size is None or leader in full:
-                continue
-            batch = queue[0]
-            if batch.retry_at - now > _CLOCK_SLACK:
-                continue
-            if txn is not None and not txn.may_send(batch):
-                continue
-            entries = chosen[leader]
-            if entries and size + batch.writer.size > max_request_size:
-                full.add(leader)
-                if len(full) == len(sizes):
-                    break
-                continue
-            sizes[leader] = size + batch.writer.size
-            entries.append((tp, queue))
-        drained: dict[int, list[ProducerBatch]] = {}
-        for node, entries in chosen.items():
-            if entries:
-                batches = drained[node] = []
-                for tp, queue in entries:
-                    batches.append(self._take(tp, queue))
+        requests of 2 KiB batches: each drain scanned 10,000 to take 450). The pass and the
+        takings are the speed-up's `_drain`, one call (~490 batches a request there)."""
+        drained: dict[int, list[ProducerBatch]] = self._drain(cluster.topics, nodes,
+                                                              max_request_size, now)
         if drained:
             self._closed_since_drain = self._closed_bytes_since_drain = 0
         return drained

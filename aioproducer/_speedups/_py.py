@@ -11,7 +11,7 @@ import operator
 import struct
 from collections import deque
 from threading import get_ident
-from typing import Any, Callable, Generator, Iterator, Mapping
+from typing import Any, Callable, Generator, Iterable, Iterator, Mapping
 
 import crc32c
 
@@ -324,6 +324,8 @@ class MemoryPool:
 # headers: the batch header, then the record's length, attributes, timestamp and offset
 # deltas, key and value lengths and header count as varints at their widest
 # (protocol.records.record_size_upper_bound, which this mirrors).
+# accumulator.py's: a retry backoff a hair from its end is over (uvloop's clock is in ms).
+_CLOCK_SLACK = 1e-6
 _RECORD_MOST = HEADER_SIZE + 5 + 1 + 10 + 5 + 5 + 5 + 1
 
 
@@ -444,6 +446,45 @@ class AccumulatorFields:
                 # (the Appender would append it again). See _wake_failed.
                 self._wake_failed(exc)  # type: ignore[attr-defined]
         return batch
+
+    def _drain(self, topics: dict[str, Any], nodes: Iterable[int], max_request_size: int,
+               now: float) -> dict[int, list[Any]]:
+        """Take at most one batch per partition for each broker in `nodes`, up to
+        `max_request_size`, partitions least recently drained first (see
+        RecordAccumulator.drain); `topics` is the cluster's metadata (TopicInfo by name)."""
+        sizes = dict.fromkeys(nodes, 0)
+        chosen: dict[int, list[tuple[tuple[str, int], Any]]] = {node: [] for node in sizes}
+        full: set[int] = set()
+        last_topic: str | None = None
+        leaders: Any = ()
+        txn = self._txn
+        for tp, queue in self._batches.items():
+            topic, partition = tp
+            if topic is not last_topic:  # (cluster.leader_for, inline)
+                info = topics.get(topic)
+                leaders, last_topic = (info.leaders if info is not None else ()), topic
+            leader = leaders[partition] if partition < len(leaders) else -1
+            size = sizes.get(leader)
+            if size is None or leader in full:
+                continue
+            batch = queue[0]
+            if batch.retry_at - now > _CLOCK_SLACK:
+                continue
+            if txn is not None and not txn.may_send(batch):
+                continue
+            entries = chosen[leader]
+            if entries and size + batch.writer.size > max_request_size:
+                full.add(leader)
+                if len(full) == len(sizes):
+                    break
+                continue
+            sizes[leader] = size + batch.writer.size
+            entries.append((tp, queue))
+        drained: dict[int, list[Any]] = {}
+        for node, entries in chosen.items():
+            if entries:
+                drained[node] = [self._take(tp, queue) for tp, queue in entries]
+        return drained
 
     def _take(self, tp: tuple[str, int], queue: Any) -> Any:
         """Take the partition's first batch for a request (the queue to the back of the
