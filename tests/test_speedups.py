@@ -1553,3 +1553,49 @@ async def test_a_drain_takes_a_request_s_worth_per_broker(impl):
 async def test_a_drain_alike_in_both():
     loop = asyncio.get_running_loop()
     assert _drained(_c, loop) == _drained(_py, loop)
+
+
+def _acked_counts(impl, loop) -> list:
+    """take_acked and count_acked over four acknowledged batches of `impl` (one no longer
+    incomplete: it expired in flight), of two topics, created at different times."""
+    def batch(number, topic, records, created):
+        writer = impl.RecordWriter(0, 1 << 16)
+        for _ in range(records):
+            assert writer.try_append(0, b"k", b"v" * 30, None)
+        made = impl.BatchFields((number,), topic, 0, writer, loop.create_future(), created,
+                                created + 60.0, 1024 * number)
+        return made
+    batches = [batch(3, "a", 2, 99.9985), batch(1, "b", 1, 99.0), batch(7, "a", 5, 99.997),
+               batch(5, "a", 1, 10.0)]
+    incomplete = set(batches[:3]) | {"another"}
+    counted, freed, records, newest = impl.take_acked(batches, incomplete)
+    buckets = [0] * 4
+    by_topic, total = impl.count_acked(counted, 100.0, (0.002, 0.005, 0.5), buckets)
+    return [[b.number for b in counted], freed, records, newest, incomplete == {"another"},
+            by_topic, round(total, 9), buckets,
+            [b.writer.size for b in batches]]
+
+
+@pytest.mark.parametrize("impl", BOTH, ids=["python", "c"])
+async def test_acknowledged_batches_are_counted_once(impl):
+    """take_acked(): of a response's acknowledged batches, those still incomplete, taken out
+    of it, with their memory, records and the newest creation number (flush() counts by
+    it); count_acked(): per topic their records, batches and bytes, and each one's time
+    since its creation into the latency histogram (bisect_left), with their sum."""
+    loop = asyncio.get_running_loop()
+    counted, freed, records, newest, left, by_topic, total, buckets, sizes = \
+        _acked_counts(impl, loop)
+    assert counted == [(3,), (1,), (7,)] and left
+    assert (freed, records, newest) == (1024 * 11, 8, 7)
+    assert by_topic == {"a": [7, 2, sizes[0] + sizes[2]], "b": [1, 1, sizes[1]]}
+    assert buckets == [1, 1, 0, 1] and total == round(0.0015 + 1.0 + 0.003, 9)
+    with pytest.raises(TypeError):
+        impl.take_acked(["not a batch"], set())
+    with pytest.raises(TypeError):
+        impl.count_acked([], 1.0, (0.1,), [0])  # one bucket more than bounds
+
+
+@needs_c
+async def test_acknowledged_batches_counted_alike_in_both():
+    loop = asyncio.get_running_loop()
+    assert _acked_counts(_c, loop) == _acked_counts(_py, loop)

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 from ..client.ratelimit import LogEvery
 from ..errors import BufferExhaustedError, DeliveryTimeoutError, ProducerClosedError, \
     TransactionAbortedError
-from .._speedups import AccumulatorFields, MemoryPool
+from .._speedups import AccumulatorFields, MemoryPool, take_acked
 from ..protocol.compression import Codec
 from ..protocol.records import BatchWriter, encode_headers, read_batches
 from .batch import ProducerBatch, TopicPartition, WaitingRecord
@@ -626,7 +626,7 @@ class RecordAccumulator(AccumulatorFields):
         else:
             self.incomplete.discard(batch)
             if self._flushes:
-                self._flushed((batch,))
+                self._flushed((batch,), batch.number[0])
             self.release(batch.reserved)
             self.records_failed += batch.record_count
             self._observer.failed(batch.topic, batch.partition, batch.record_count, failure)
@@ -637,19 +637,12 @@ class RecordAccumulator(AccumulatorFields):
         response: return their memory and count them, in one call rather than one per batch
         (at 10,000 partitions a batch may hold a single record)."""
         incomplete = self.incomplete
-        counted: list[ProducerBatch] = []
-        freed = records = 0
-        for batch in batches:
-            if batch in incomplete:  # (else it had its outcome already: expired in flight)
-                incomplete.discard(batch)
-                writer = batch.writer
-                freed += writer.reserved
-                records += writer.count
-                counted.append(batch)
+        # (Those that had their outcome already, expired in flight, are not counted again.)
+        counted, freed, records, newest = take_acked(batches, incomplete)
         if not counted:
             return
         if self._flushes:
-            self._flushed(counted)
+            self._flushed(counted, newest)
         self.release(freed)
         self.records_sent += records
         self.batches_sent += len(counted)
@@ -746,11 +739,14 @@ class RecordAccumulator(AccumulatorFields):
         return len({batch.number[0] for batch in self.incomplete
                     if batch.number[0] <= flush.upto})
 
-    def _flushed(self, batches: Iterable[ProducerBatch]) -> None:
-        """`batches` left `incomplete`: count them off the flush() calls that wait for them."""
+    def _flushed(self, batches: Sequence[ProducerBatch], newest: int) -> None:
+        """`batches` left `incomplete`: count them off the flush() calls that wait for them
+        (each of them all, when none was made after the call: `newest`, their latest
+        number[0])."""
         for flush in self._flushes:
             upto = flush.upto
-            flush.left -= sum(1 for batch in batches if batch.number[0] <= upto)
+            flush.left -= len(batches) if newest <= upto else \
+                sum(1 for batch in batches if batch.number[0] <= upto)
             if flush.left <= 0 and not flush.done.done():
                 flush.done.set_result(None)
 

@@ -3242,6 +3242,148 @@ done:
     return result;
 }
 
+/* -- take_acked, count_acked: a response's acknowledged batches counted ------------------ */
+
+/* The batch's writer as a RecordWriter, or NULL with TypeError. */
+static RecordWriter *
+writer_of(PyObject *batch)
+{
+    if (!PyObject_TypeCheck(batch, &BatchFieldsType) || ((BatchFields *)batch)->writer == NULL ||
+        !PyObject_TypeCheck(((BatchFields *)batch)->writer, &RecordWriterType)) {
+        PyErr_SetString(PyExc_TypeError, "takes a list of batches (with their writers)");
+        return NULL;
+    }
+    return (RecordWriter *)((BatchFields *)batch)->writer;
+}
+
+/* take_acked(batches, incomplete): see _py.take_acked. */
+static PyObject *
+py_take_acked(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (!takes_args(nargs, 2, "take_acked(batches, incomplete)"))
+        return NULL;
+    PyObject *batches = args[0], *incomplete = args[1];
+    if (!PyList_CheckExact(batches) || !PySet_Check(incomplete)) {
+        PyErr_SetString(PyExc_TypeError, "take_acked takes a list of batches and a set");
+        return NULL;
+    }
+    PyObject *counted = PyList_New(0);
+    Py_ssize_t freed = 0, records = 0;
+    long long newest = 0;
+    for (Py_ssize_t i = 0; counted != NULL && i < PyList_GET_SIZE(batches); i++) {
+        PyObject *batch = Py_NewRef(PyList_GET_ITEM(batches, i));
+        RecordWriter *writer = writer_of(batch);
+        int in = writer == NULL ? -1 : PySet_Discard(incomplete, batch);
+        if (in > 0) {  /* (else it had its outcome already: expired in flight) */
+            PyObject *number = ((BatchFields *)batch)->number;
+            long long first = number != NULL && PyTuple_Check(number) && PyTuple_GET_SIZE(number)
+                ? PyLong_AsLongLong(PyTuple_GET_ITEM(number, 0)) : -1;
+            if (first == -1 && PyErr_Occurred())
+                in = -1;
+            freed += writer->reserved;
+            records += writer->count;
+            if (first > newest)
+                newest = first;
+            if (in > 0 && PyList_Append(counted, batch) < 0)
+                in = -1;
+        }
+        Py_DECREF(batch);
+        if (in < 0)
+            Py_CLEAR(counted);
+    }
+    if (counted == NULL)
+        return NULL;
+    PyObject *result = Py_BuildValue("(OnnL)", counted, freed, records, newest);
+    Py_DECREF(counted);
+    return result;
+}
+
+/* count_acked(batches, now, bounds, buckets): see _py.count_acked. */
+static PyObject *
+py_count_acked(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (!takes_args(nargs, 4, "count_acked(batches, now, bounds, buckets)"))
+        return NULL;
+    PyObject *batches = args[0], *bounds = args[2], *buckets = args[3];
+    double now = PyFloat_AsDouble(args[1]);
+    if (now == -1.0 && PyErr_Occurred())
+        return NULL;
+    if (!PyList_CheckExact(batches) || !PyTuple_Check(bounds) || !PyList_Check(buckets) ||
+        PyList_GET_SIZE(buckets) != PyTuple_GET_SIZE(bounds) + 1 || PyTuple_GET_SIZE(bounds) > 64) {
+        PyErr_SetString(PyExc_TypeError, "count_acked takes a list of batches, a tuple of at "
+                        "most 64 bounds and a list of one bucket more");
+        return NULL;
+    }
+    double limits[64];
+    Py_ssize_t edges = PyTuple_GET_SIZE(bounds);
+    for (Py_ssize_t k = 0; k < edges; k++)
+        if ((limits[k] = PyFloat_AsDouble(PyTuple_GET_ITEM(bounds, k))) == -1.0 && PyErr_Occurred())
+            return NULL;
+    Py_ssize_t *hits = PyMem_Calloc(edges + 1, sizeof(Py_ssize_t));
+    PyObject *by_topic = PyDict_New(), *result = NULL;
+    double total = 0.0;
+    if (hits == NULL || by_topic == NULL) {
+        if (hits == NULL)
+            PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(batches); i++) {
+        PyObject *batch = PyList_GET_ITEM(batches, i);  /* (nothing here runs Python) */
+        RecordWriter *writer = writer_of(batch);
+        BatchFields *fields = (BatchFields *)batch;
+        if (writer == NULL)
+            goto done;
+        if (fields->topic == NULL || fields->created == NULL) {
+            PyErr_SetString(PyExc_AttributeError, "the batch's fields are not set");
+            goto done;
+        }
+        double created = PyFloat_AsDouble(fields->created);
+        if (created == -1.0 && PyErr_Occurred())
+            goto done;
+        PyObject *counts = PyDict_GetItemWithError(by_topic, fields->topic);
+        if (counts == NULL) {
+            if (PyErr_Occurred() || (counts = Py_BuildValue("[iii]", 0, 0, 0)) == NULL)
+                goto done;
+            int stored = PyDict_SetItem(by_topic, fields->topic, counts);
+            Py_DECREF(counts);  /* (held by by_topic) */
+            if (stored < 0)
+                goto done;
+        }
+        Py_ssize_t add[3] = {writer->count, 1, writer->size};
+        for (int k = 0; k < 3; k++) {
+            Py_ssize_t was = PyLong_AsSsize_t(PyList_GET_ITEM(counts, k));
+            PyObject *sum = was == -1 && PyErr_Occurred() ? NULL : PyLong_FromSsize_t(was + add[k]);
+            if (sum == NULL)
+                goto done;
+            PyList_SetItem(counts, k, sum);
+        }
+        double latency = now - created;
+        Py_ssize_t low = 0, high = edges;  /* bisect_left */
+        while (low < high) {
+            Py_ssize_t mid = (low + high) / 2;
+            if (limits[mid] < latency)
+                low = mid + 1;
+            else
+                high = mid;
+        }
+        hits[low]++;
+        total += latency;
+    }
+    for (Py_ssize_t k = 0; k <= edges; k++) {
+        if (!hits[k])
+            continue;
+        Py_ssize_t was = PyLong_AsSsize_t(PyList_GET_ITEM(buckets, k));
+        PyObject *sum = was == -1 && PyErr_Occurred() ? NULL : PyLong_FromSsize_t(was + hits[k]);
+        if (sum == NULL || PyList_SetItem(buckets, k, sum) < 0)
+            goto done;
+    }
+    result = Py_BuildValue("(Od)", by_topic, total);
+done:
+    PyMem_Free(hits);
+    Py_XDECREF(by_topic);
+    return result;
+}
+
 /* The accumulator's fields (see AccumulatorFields below): here for the Appender, which reads
    `line` and `appendable` from them. */
 typedef struct {
@@ -4591,6 +4733,14 @@ static PyMethodDef module_methods[] = {
      "`in_flight` and is completed, and their records' callbacks run in one loop callback,\n"
      "run_watchers(batches); `rest` holds (batch, its answer or None) for the others, in\n"
      "order (without `complete`, every batch)."},
+    {"take_acked", (PyCFunction)(void (*)(void))py_take_acked, METH_FASTCALL,
+     "take_acked(batches, incomplete) -> (counted, freed, records, newest)\n\n"
+     "Of `batches` (acknowledged), those in `incomplete`, taken out of it, with the memory\n"
+     "they hold, their records, and the newest one's creation number (number[0])."},
+    {"count_acked", (PyCFunction)(void (*)(void))py_count_acked, METH_FASTCALL,
+     "count_acked(batches, now, bounds, buckets) -> ({topic: [records, batches, bytes]}, total)\n\n"
+     "Per topic the records, batches and bytes of `batches` (acknowledged); each one's time\n"
+     "since its creation counted into `buckets` (bisect_left over `bounds`), and their sum."},
     {"decode_produce", (PyCFunction)(void (*)(void))py_decode_produce, METH_FASTCALL,
      "decode_produce(version, frame) -> dict | None\n\n"
      "A Produce response's body as protocol/messages.py's decode_response reads it, or None\n"

@@ -6,6 +6,7 @@ tests hold both to the same bytes and partitions: change one, change the other.
 
 from __future__ import annotations
 
+import bisect
 import contextvars
 import operator
 import struct
@@ -999,6 +1000,54 @@ def settle_produce(batches: list[Any], responses: list[dict[str, Any]],
     if woken:
         woken[0].future.get_loop().call_soon(run_watchers, woken)
     return acked, rest
+
+
+def take_acked(batches: list[Any], incomplete: set[Any]) -> tuple[list[Any], int, int, int]:
+    """Of `batches` (acknowledged: most often a response's), those still in `incomplete`,
+    taken out of it; with the memory they hold, their records, and the newest one's creation
+    number (number[0]: flush() counts them off by it). (In C one call a response.)"""
+    if type(batches) is not list or not isinstance(incomplete, set):
+        raise TypeError("take_acked takes a list of batches and a set")
+    counted: list[Any] = []
+    freed = records = newest = 0
+    for batch in batches:
+        if not isinstance(batch, BatchFields) or not isinstance(batch.writer, RecordWriter):
+            raise TypeError("takes a list of batches (with their writers)")
+        if batch in incomplete:  # (else it had its outcome already: expired in flight)
+            incomplete.discard(batch)
+            writer = batch.writer
+            freed += writer.reserved
+            records += writer.count
+            newest = max(newest, batch.number[0])
+            counted.append(batch)
+    return counted, freed, records, newest
+
+
+def count_acked(batches: list[Any], now: float, bounds: tuple[float, ...], buckets: list[int]
+                ) -> tuple[dict[str, list[int]], float]:
+    """Per topic, the records, batches and bytes of `batches` (acknowledged); each one's time
+    since its creation (loop time `now` less its `created`) counted into the histogram
+    `buckets` (bisect_left over `bounds`), and their sum. (In C one call a response.)"""
+    if type(batches) is not list or not isinstance(bounds, tuple) or \
+            not isinstance(buckets, list) or len(buckets) != len(bounds) + 1 or len(bounds) > 64:
+        raise TypeError("count_acked takes a list of batches, a tuple of at most 64 bounds "
+                        "and a list of one bucket more")
+    by_topic: dict[str, list[int]] = {}
+    total = 0.0
+    for batch in batches:
+        if not isinstance(batch, BatchFields) or not isinstance(batch.writer, RecordWriter):
+            raise TypeError("takes a list of batches (with their writers)")
+        writer = batch.writer
+        counts = by_topic.get(batch.topic)
+        if counts is None:
+            counts = by_topic[batch.topic] = [0, 0, 0]
+        counts[0] += writer.count
+        counts[1] += 1
+        counts[2] += writer.size
+        latency = now - batch.created
+        buckets[bisect.bisect_left(bounds, latency)] += 1
+        total += latency
+    return by_topic, total
 
 
 def encode_produce(version: int, correlation_id: int, client_id: str | None,
