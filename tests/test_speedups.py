@@ -634,6 +634,30 @@ async def test_a_pending_batch_is_out_of_the_collectors_way_until_it_fails_or_sp
     assert gc.is_tracked(split) and gc.is_tracked(split.future)
 
 
+@needs_c
+async def test_a_pending_batch_s_enqueue_many_futures_are_out_of_the_collectors_way():
+    """The list of enqueue_many futures a pending batch keeps (`_bulks`, one a batch: at
+    10,000 partitions ~12,000 a run of 200k records, promoted while pending, set off a
+    full collection) is out of the garbage collector's way while its batch is, and is
+    handed back with the batch (a split)."""
+    from aioproducer._internal.batch import ProducerBatch
+    from aioproducer.protocol.records import BatchWriter
+    acc = _accumulator_parts(_c, asyncio.get_running_loop())
+    acc._batch_type, acc._writer_type = ProducerBatch, BatchWriter
+    pending, split = (acc.open_new("t", p, b"k", b"v", 1000, 3) for p in range(2))
+    bulk = types.SimpleNamespace(_pending=2, done=lambda: False, _resolve=lambda: None)
+    assert _c.watch_batches([pending, split], bulk) == 2
+    assert pending._bulks == [bulk] and not gc.is_tracked(pending._bulks)
+    assert not gc.is_tracked(split._bulks)
+    split.split_into([ProducerBatch((2, i), "t", 1, BatchWriter(0, 100),
+                                    asyncio.get_running_loop().create_future(), 0.0, 60.0, 0)
+                      for i in range(2)])
+    assert gc.is_tracked(split) and gc.is_tracked(split._bulks)
+    tracked = ProducerBatch((9,), "t", 2, BatchWriter(0, 100),
+                            asyncio.get_running_loop().create_future(), 0.0, 60.0, 0)
+    assert _c.watch_batches([tracked], bulk) == 1 and gc.is_tracked(tracked._bulks)
+
+
 @pytest.mark.parametrize("impl", BOTH, ids=["python", "c"])
 def test_batch_fields_start_alike_and_hand_the_reservation_to_the_writer(impl):
     class Batch(impl.BatchFields):

@@ -879,6 +879,9 @@ batch_fields_track(PyObject *self, PyObject *unused)
     PyObject *future = ((BatchFields *)self)->future;
     if (future != NULL && PyObject_IS_GC(future) && !PyObject_GC_IsTracked(future))
         PyObject_GC_Track(future);
+    PyObject *bulks = ((BatchFields *)self)->bulks;  /* (see py_watch_batches) */
+    if (bulks != NULL && PyList_CheckExact(bulks) && !PyObject_GC_IsTracked(bulks))
+        PyObject_GC_Track(bulks);
     Py_RETURN_NONE;
 }
 
@@ -2423,6 +2426,12 @@ py_watch_batches(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             failed = list == NULL;
             if (!failed) {
                 PyList_SET_ITEM(list, 0, Py_NewRef(bulk));
+                /* A pending batch the accumulator opened is out of the collector's way, and
+                   so is its list while it is (its _track() hands both back): one a batch,
+                   kept while it is pending, they were promoted, and set off a full
+                   collection in enqueue_many at 10,000 partitions. */
+                if (fields && !PyObject_GC_IsTracked(batch))
+                    PyObject_GC_UnTrack(list);
                 failed = PyObject_SetAttr(batch, s_bulks, list) < 0;
                 Py_DECREF(list);
             }
