@@ -4808,6 +4808,7 @@ PyInit__c(void)
         {&s_topic, "topic"}, {&s_partition, "partition"}, {&s_metadata_type, "_metadata_type"},
         {&s_metadata, "metadata"}, {&s_exception_for, "exception_for"}, {&s_watch, "watch"},
         {&s_watchers, "_watchers"}, {&s_bulks, "_bulks"},
+        {&s_may_send, "may_send"},
         {&s_done, "done"}, {&s_cancelled, "cancelled"}, {&s_get_loop, "get_loop"},
         {&s_result, "result"}, {&s_exception, "exception"}, {&s_context, "context"},
         {&s_state, "state"}, {&s_thread, "thread"}, {&s_loop_running, "loop_running"},
@@ -4820,7 +4821,7 @@ PyInit__c(void)
         {&s_call_soon, "call_soon"}, {&s_run_watchers, "_run_watchers"},
         {&s_piece_done, "_piece_done"}, {&s_pending, "_pending"}, {&s_resolve, "_resolve"},
         {&s_free, "free"}, {&s_popleft, "popleft"}, {&s_close, "close"},
-        {&s_sequencer, "sequencer"}, {&s_assign, "assign"}, {&s_may_send, "may_send"},
+        {&s_sequencer, "sequencer"}, {&s_assign, "assign"},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if (*names[i].name == NULL &&
