@@ -634,6 +634,32 @@ async def test_a_pending_batch_is_out_of_the_collectors_way_until_it_fails_or_sp
     assert gc.is_tracked(split) and gc.is_tracked(split.future)
 
 
+@pytest.mark.skipif(_speedups.IMPLEMENTATION != "c",
+                    reason="the pure-Python twin cannot untrack objects from the garbage "
+                           "collector (only C can): nothing to check there")
+async def test_a_pending_batch_s_enqueue_many_futures_are_out_of_the_collectors_way():
+    """The list of enqueue_many futures a pending batch keeps (`_bulks`, one a batch: at
+    10,000 partitions ~12,000 a run of 200k records, promoted while pending, set off a
+    full collection) is out of the garbage collector's way while its batch is, and is
+    handed back with the batch (a split)."""
+    from aioproducer._internal.batch import ProducerBatch
+    from aioproducer.protocol.records import BatchWriter
+    acc = _accumulator_parts(_c, asyncio.get_running_loop())
+    acc._batch_type, acc._writer_type = ProducerBatch, BatchWriter
+    pending, split = (acc.open_new("t", p, b"k", b"v", 1000, 3) for p in range(2))
+    bulk = types.SimpleNamespace(_pending=2, done=lambda: False, _resolve=lambda: None)
+    assert _c.watch_batches([pending, split], bulk) == 2
+    assert pending._bulks == [bulk] and not gc.is_tracked(pending._bulks)
+    assert not gc.is_tracked(split._bulks)
+    split.split_into([ProducerBatch((2, i), "t", 1, BatchWriter(0, 100),
+                                    asyncio.get_running_loop().create_future(), 0.0, 60.0, 0)
+                      for i in range(2)])
+    assert gc.is_tracked(split) and gc.is_tracked(split._bulks)
+    tracked = ProducerBatch((9,), "t", 2, BatchWriter(0, 100),
+                            asyncio.get_running_loop().create_future(), 0.0, 60.0, 0)
+    assert _c.watch_batches([tracked], bulk) == 1 and gc.is_tracked(tracked._bulks)
+
+
 @pytest.mark.parametrize("impl", BOTH, ids=["python", "c"])
 def test_batch_fields_start_alike_and_hand_the_reservation_to_the_writer(impl):
     class Batch(impl.BatchFields):
@@ -1532,3 +1558,216 @@ async def test_a_batch_completes_alike_in_both(impl):
     assert failed.done and isinstance(failed.future.exception(), RuntimeError)
     with pytest.raises(TypeError):
         watched.complete(5)
+
+
+
+def _request_of(impl, loop) -> list:
+    """produce_parts over batches of `impl` for two topics (one batch compressed, one with a
+    payload of 16 KiB or more): the request frame written from what it returns, against the
+    one written from each batch's own header and payload, and what else it returns."""
+    def batch(number, topic, partition, records, created, codec=0):
+        writer = impl.RecordWriter(1000 + number, 1 << 20)
+        for i in range(records):
+            assert writer.try_append(1000 + number + i, b"k%d" % i, b"v" * (40 + number),
+                                     None)
+        writer.payload, writer.codec = writer.seal(), codec
+        if codec:
+            writer.payload = b"pretend-compressed:" + bytes(writer.payload)
+        return impl.BatchFields((number,), topic, partition, writer, loop.create_future(),
+                                created, created + 120.0, 0)
+    batches = [batch(1, "a", 3, 2, 99.0), batch(2, "b", 0, 1, 99.5, codec=1),
+               batch(3, "a", 1, 400, 98.0), batch(4, "a", 7, 1, 99.9)]
+    by_hand: dict = {}
+    for b in batches:
+        by_hand.setdefault(b.topic, []).append({"index": b.partition, "records": (
+            b.writer.header(b.writer.payload, b.writer.codec, -1, -1, -1), b.writer.payload)})
+
+    def frame(topic_data):
+        body = {"transactional_id": None, "acks": 1, "timeout_ms": 30000,
+                "topic_data": topic_data}
+        written = messages.encode_request(ApiKey.PRODUCE, 9, 7, "c", body)
+        return b"".join(map(bytes, written)) if isinstance(written, list) else written
+
+    in_flight = {"already": None}
+    topic_data, size, earliest, waited, most = impl.produce_parts(batches, in_flight, 100.0)
+    return [frame(topic_data), frame([{"name": t, "partition_data": p}
+                                      for t, p in by_hand.items()]),
+            size, sum(61 + len(b.writer.payload) for b in batches), earliest,
+            round(waited, 9), round(most, 9), [getattr(b, "number", b) for b in in_flight],
+            [t["name"] for t in topic_data],
+            [gc.is_tracked(p) for t in topic_data for p in t["partition_data"]]]
+
+
+@pytest.mark.parametrize("impl", BOTH, ids=["python", "c"])
+async def test_a_request_s_partitions_are_built_from_its_batches(impl):
+    """produce_parts(): each batch's records as the header its writer gives and its sealed
+    payload, grouped by topic in order of first appearance; the batches put in flight; the
+    request's record bytes, earliest deadline, and the batches' times queued (summed and
+    longest). In C the per-partition dicts stay out of the garbage collector's way: at
+    10,000 partitions a request has ~490, and they were promoted mid-round."""
+    loop = asyncio.get_running_loop()
+    frame, by_hand, size, sizes, earliest, waited, most, in_flight, topics, tracked = \
+        _request_of(impl, loop)
+    assert frame == by_hand and len(frame) > 16384
+    assert size == sizes and topics == ["a", "b"]
+    assert in_flight == ["already", (1,), (2,), (3,), (4,)]
+    assert (earliest, waited, most) == (98.0 + 120.0, 3.6, 2.0)
+    assert tracked == [impl is _py] * 4
+    with pytest.raises(ValueError, match="sealed"):
+        impl.produce_parts([impl.BatchFields((9,), "a", 0, impl.RecordWriter(0, 100),
+                                             loop.create_future(), 0.0, 1.0, 0)], {}, 1.0)
+    with pytest.raises(TypeError):
+        impl.produce_parts(["not a batch"], {}, 1.0)
+
+
+@needs_c
+async def test_a_request_s_partitions_alike_in_both():
+    loop = asyncio.get_running_loop()
+    assert _request_of(_c, loop)[:-1] == _request_of(_py, loop)[:-1]
+
+
+def _settled(impl, loop, complete: bool) -> tuple[list, list]:
+    """settle_produce over four batches of `impl` (one answered with an error, one left out,
+    one with a record's callback waiting): what each batch came to, and the loop callbacks
+    it asked for."""
+    ran: list = []
+
+    class Batch(impl.BatchFields):
+        __slots__ = ()
+
+        def _run_watchers(self):
+            ran.append(("own", self.number))
+
+    def batch(number, topic, partition):
+        writer = impl.RecordWriter(0, 100)
+        writer.payload = b"records"
+        return Batch((number,), topic, partition, writer, loop.create_future(), 0.0, 60.0, 0)
+    a0, a1, a2, b0 = batch(1, "a", 0), batch(2, "a", 1), batch(3, "a", 2), batch(4, "b", 0)
+    b0._watchers = ["a record"]
+    answer = {"index": 0, "error_code": 0, "base_offset": 40, "log_append_time_ms": -1}
+    refused = {"index": 1, "error_code": 6, "base_offset": -1, "log_append_time_ms": -1}
+    responses = [{"name": "b", "partition_responses": [answer | {"base_offset": 7}]},
+                 {"name": "a", "partition_responses": [refused, answer]}]
+    in_flight = dict.fromkeys([a0, a1, a2, b0])
+    acked, rest = impl.settle_produce([a0, a1, a2, b0], responses, in_flight,
+                                      lambda woken: ran.append([b.number for b in woken]),
+                                      complete)
+    outcome = [[b.number for b in acked],
+               [(b.number, p and p["error_code"]) for b, p in rest],
+               [b.number for b in in_flight],
+               [b.future.result() if b.future.done() else None for b in (a0, a1, a2, b0)],
+               [b.writer.payload for b in (a0, b0)]]
+    return outcome, ran
+
+
+@pytest.mark.parametrize("impl", BOTH, ids=["python", "c"])
+async def test_a_response_s_answers_settle_their_batches(impl):
+    """settle_produce(): each batch answered without an error leaves in_flight and is
+    completed with its offset; their records' callbacks run in one loop callback for them
+    all (run_watchers), not a loop handle each; a batch refused, or left out of the
+    response, is handed back with its answer (or None) for the sender, in order. Without
+    `complete` (idempotent: the sequencer is told first) every batch is handed back."""
+    loop = asyncio.get_running_loop()
+    outcome, ran = _settled(impl, loop, complete=True)
+    assert outcome == [[(1,), (4,)], [((2,), 6), ((3,), None)], [(2,), (3,)],
+                       [(40, -1), None, None, (7, -1)], [None, None]]
+    assert ran == []
+    await asyncio.sleep(0)
+    assert ran == [[(4,)]]  # one callback, with the batch whose record waits
+    outcome, ran = _settled(impl, loop, complete=False)
+    assert outcome == [[], [((1,), 0), ((2,), 6), ((3,), None), ((4,), 0)],
+                       [(1,), (2,), (3,), (4,)], [None] * 4, [b"records"] * 2]
+    with pytest.raises(TypeError):
+        impl.settle_produce(["not a batch"], [], {}, print, True)
+
+
+@needs_c
+async def test_a_response_s_answers_settle_alike_in_both():
+    loop = asyncio.get_running_loop()
+    for complete in (True, False):
+        assert _settled(_c, loop, complete) == _settled(_py, loop, complete)
+
+
+def _drained(impl, loop) -> list:
+    """_drain over an accumulator of `impl`: partitions of two topics led by brokers 1 and 2
+    (one unknown), a batch in retry backoff, a request limit that a third batch would pass;
+    what it took per broker, and what it left queued."""
+    acc = _accumulator_parts(impl, loop)
+    acc._max_request_size = acc.buffer_memory = 100_000
+    acc._pool = impl.MemoryPool(100_000)
+    for topic, partition, size in [("t", 0, 900), ("t", 1, 900), ("t", 2, 900), ("u", 0, 10),
+                                   ("t", 0, 10), ("u", 1, 10), ("t", 1, 10)]:
+        assert acc.open_new(topic, partition, b"k", b"v" * size, 1000, 3) is not None
+    acc._batches[("u", 1)][0].retry_at = 100.5  # in backoff until then
+    topics = {"t": types.SimpleNamespace(leaders=(1, 2, 1)),
+              "u": types.SimpleNamespace(leaders=(1, -1))}
+    one = acc._batches[("t", 0)][0].writer.size
+    drained = acc._drain(topics, {1: None, 2: None}, 2 * one + 5, 100.0)
+    return [{node: [(b.topic, b.partition, b.number) for b in taken]
+             for node, taken in drained.items()},
+            _accumulator_state(acc)["order"],
+            [len(queue) for queue in acc._batches.values()]]
+
+
+@pytest.mark.parametrize("impl", BOTH, ids=["python", "c"])
+async def test_a_drain_takes_a_request_s_worth_per_broker(impl):
+    """_drain(): per broker asked for, the first batch of each partition it leads, least
+    recently drained first, up to max_request_size (a request's first batch whatever its
+    size); none in retry backoff, none for a partition whose leader is unknown or not
+    asked for; each taken (sealed, its queue to the back of the line)."""
+    taken, order, left = _drained(impl, asyncio.get_running_loop())
+    assert taken == {1: [("t", 0, (1,)), ("t", 2, (3,))], 2: [("t", 1, (2,))]}
+    assert order == [("u", 0), ("u", 1), ("t", 0), ("t", 1)]  # (u-0's leader is unknown)
+    assert left == [1, 1, 1, 1]
+
+
+@needs_c
+async def test_a_drain_alike_in_both():
+    loop = asyncio.get_running_loop()
+    assert _drained(_c, loop) == _drained(_py, loop)
+
+
+def _acked_counts(impl, loop) -> list:
+    """take_acked and count_acked over four acknowledged batches of `impl` (one no longer
+    incomplete: it expired in flight), of two topics, created at different times."""
+    def batch(number, topic, records, created):
+        writer = impl.RecordWriter(0, 1 << 16)
+        for _ in range(records):
+            assert writer.try_append(0, b"k", b"v" * 30, None)
+        made = impl.BatchFields((number,), topic, 0, writer, loop.create_future(), created,
+                                created + 60.0, 1024 * number)
+        return made
+    batches = [batch(3, "a", 2, 99.9985), batch(1, "b", 1, 99.0), batch(7, "a", 5, 99.997),
+               batch(5, "a", 1, 10.0)]
+    incomplete = set(batches[:3]) | {"another"}
+    counted, freed, records, newest = impl.take_acked(batches, incomplete)
+    buckets = [0] * 4
+    by_topic, total = impl.count_acked(counted, 100.0, (0.002, 0.005, 0.5), buckets)
+    return [[b.number for b in counted], freed, records, newest, incomplete == {"another"},
+            by_topic, round(total, 9), buckets,
+            [b.writer.size for b in batches]]
+
+
+@pytest.mark.parametrize("impl", BOTH, ids=["python", "c"])
+async def test_acknowledged_batches_are_counted_once(impl):
+    """take_acked(): of a response's acknowledged batches, those still incomplete, taken out
+    of it, with their memory, records and the newest creation number (flush() counts by
+    it); count_acked(): per topic their records, batches and bytes, and each one's time
+    since its creation into the latency histogram (bisect_left), with their sum."""
+    loop = asyncio.get_running_loop()
+    counted, freed, records, newest, left, by_topic, total, buckets, sizes = \
+        _acked_counts(impl, loop)
+    assert counted == [(3,), (1,), (7,)] and left
+    assert (freed, records, newest) == (1024 * 11, 8, 7)
+    assert by_topic == {"a": [7, 2, sizes[0] + sizes[2]], "b": [1, 1, sizes[1]]}
+    assert buckets == [1, 1, 0, 1] and total == round(0.0015 + 1.0 + 0.003, 9)
+    with pytest.raises(TypeError):
+        impl.take_acked(["not a batch"], set())
+    with pytest.raises(TypeError):
+        impl.count_acked([], 1.0, (0.1,), [0])  # one bucket more than bounds
+
+
+@needs_c
+async def test_acknowledged_batches_counted_alike_in_both():
+    loop = asyncio.get_running_loop()
+    assert _acked_counts(_c, loop) == _acked_counts(_py, loop)

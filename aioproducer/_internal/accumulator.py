@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 from ..client.ratelimit import LogEvery
 from ..errors import BufferExhaustedError, DeliveryTimeoutError, ProducerClosedError, \
     TransactionAbortedError
-from .._speedups import AccumulatorFields, MemoryPool
+from .._speedups import AccumulatorFields, MemoryPool, take_acked
 from ..protocol.compression import Codec
 from ..protocol.records import BatchWriter, encode_headers, read_batches
 from .batch import ProducerBatch, TopicPartition, WaitingRecord
@@ -537,43 +537,10 @@ class RecordAccumulator(AccumulatorFields):
         partitions least recently drained first (so no partition starves). One pass over
         the queued partitions, which stops once every broker's request is full: a request
         costs the batches it takes, not every partition queued (10,000 of them, 1 MiB
-        requests of 2 KiB batches: each drain scanned 10,000 to take 450)."""
-        sizes = dict.fromkeys(nodes, 0)
-        chosen: dict[int, list[tuple[TopicPartition, deque[ProducerBatch]]]] = \
-            {node: [] for node in sizes}
-        full: set[int] = set()
-        topics = cluster.topics
-        last_topic: str | None = None
-        leaders: Sequence[int] = ()
-        txn = self._txn
-        for tp, queue in self._batches.items():
-            topic, partition = tp
-            if topic is not last_topic:  # (cluster.leader_for, inline)
-                info = topics.get(topic)
-                leaders, last_topic = (info.leaders if info is not None else ()), topic
-            leader = leaders[partition] if partition < len(leaders) else -1
-            size = sizes.get(leader)
-            if size is None or leader in full:
-                continue
-            batch = queue[0]
-            if batch.retry_at - now > _CLOCK_SLACK:
-                continue
-            if txn is not None and not txn.may_send(batch):
-                continue
-            entries = chosen[leader]
-            if entries and size + batch.writer.size > max_request_size:
-                full.add(leader)
-                if len(full) == len(sizes):
-                    break
-                continue
-            sizes[leader] = size + batch.writer.size
-            entries.append((tp, queue))
-        drained: dict[int, list[ProducerBatch]] = {}
-        for node, entries in chosen.items():
-            if entries:
-                batches = drained[node] = []
-                for tp, queue in entries:
-                    batches.append(self._take(tp, queue))
+        requests of 2 KiB batches: each drain scanned 10,000 to take 450). The pass and the
+        takings are the speed-up's `_drain`, one call (~490 batches a request there)."""
+        drained: dict[int, list[ProducerBatch]] = self._drain(cluster.topics, nodes,
+                                                              max_request_size, now)
         if drained:
             self._closed_since_drain = self._closed_bytes_since_drain = 0
         return drained
@@ -678,7 +645,7 @@ class RecordAccumulator(AccumulatorFields):
         else:
             self.incomplete.discard(batch)
             if self._flushes:
-                self._flushed((batch,))
+                self._flushed((batch,), batch.number[0])
             self.release(batch.reserved)
             self.records_failed += batch.record_count
             self._observer.failed(batch.topic, batch.partition, batch.record_count, failure)
@@ -689,19 +656,12 @@ class RecordAccumulator(AccumulatorFields):
         response: return their memory and count them, in one call rather than one per batch
         (at 10,000 partitions a batch may hold a single record)."""
         incomplete = self.incomplete
-        counted: list[ProducerBatch] = []
-        freed = records = 0
-        for batch in batches:
-            if batch in incomplete:  # (else it had its outcome already: expired in flight)
-                incomplete.discard(batch)
-                writer = batch.writer
-                freed += writer.reserved
-                records += writer.count
-                counted.append(batch)
+        # (Those that had their outcome already, expired in flight, are not counted again.)
+        counted, freed, records, newest = take_acked(batches, incomplete)
         if not counted:
             return
         if self._flushes:
-            self._flushed(counted)
+            self._flushed(counted, newest)
         self.release(freed)
         self.records_sent += records
         self.batches_sent += len(counted)
@@ -798,11 +758,14 @@ class RecordAccumulator(AccumulatorFields):
         return len({batch.number[0] for batch in self.incomplete
                     if batch.number[0] <= flush.upto})
 
-    def _flushed(self, batches: Iterable[ProducerBatch]) -> None:
-        """`batches` left `incomplete`: count them off the flush() calls that wait for them."""
+    def _flushed(self, batches: Sequence[ProducerBatch], newest: int) -> None:
+        """`batches` left `incomplete`: count them off the flush() calls that wait for them
+        (each of them all, when none was made after the call: `newest`, their latest
+        number[0])."""
         for flush in self._flushes:
             upto = flush.upto
-            flush.left -= sum(1 for batch in batches if batch.number[0] <= upto)
+            flush.left -= len(batches) if newest <= upto else \
+                sum(1 for batch in batches if batch.number[0] <= upto)
             if flush.left <= 0 and not flush.done.done():
                 flush.done.set_result(None)
 

@@ -13,6 +13,7 @@ import logging
 from typing import Any, Callable, Sequence
 
 from ..hooks import HOOK_METHODS, DeliveryCallback, ProducerHooks
+from .._speedups import count_acked
 from .batch import ProducerBatch, RecordMetadata
 from .metrics import LATENCY_BOUNDS_S, Histogram, TopicMetrics
 
@@ -124,26 +125,21 @@ class Observer:
 
     def acked(self, batches: list[ProducerBatch], now: float) -> None:
         """Batches acknowledged (by one response, most often): counted in one call, not one
-        per batch, as with 10,000 partitions a batch may hold a single record."""
-        topics, on_ack = self._topics, self._on_ack
+        per batch, as with 10,000 partitions a batch may hold a single record (the counting
+        itself one compiled call, the speed-up's count_acked)."""
         histogram = self._record_latency
-        buckets, total = histogram.counts, 0.0
-        for batch in batches:
-            topic, writer = batch.topic, batch.writer
-            counts = topics.get(topic)
-            if counts is None:
-                counts = self._counts(topic)
-            record_count = writer.count
-            counts.records_sent += record_count
-            counts.batches_sent += 1
-            counts.bytes_sent += writer.size
-            latency_s = now - batch.created
-            buckets[bisect.bisect_left(LATENCY_BOUNDS_S, latency_s)] += 1
-            total += latency_s
-            for hook in on_ack:
-                _call(hook, topic, batch.partition, batch.future.result()[0], record_count,
-                      latency_s)
+        by_topic, total = count_acked(batches, now, LATENCY_BOUNDS_S, histogram.counts)
         histogram.sum += total
+        for topic, (records, batch_count, size) in by_topic.items():
+            counts = self._counts(topic)
+            counts.records_sent += records
+            counts.batches_sent += batch_count
+            counts.bytes_sent += size
+        if self._on_ack:
+            for batch in batches:
+                for hook in self._on_ack:
+                    _call(hook, batch.topic, batch.partition, batch.future.result()[0],
+                          batch.writer.count, now - batch.created)
 
     def failed(self, topic: str, partition: int, record_count: int,
                error: BaseException) -> None:

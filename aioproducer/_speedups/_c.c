@@ -561,6 +561,51 @@ crc32c_of(PyObject *data, PyObject *value)
     return PyObject_Vectorcall(crc32c_function, args, 2, NULL);
 }
 
+/* The batch's header for `payload` (its sealed records, any bytes-like), 61 bytes. */
+static PyObject *
+batch_header(RecordWriter *self, PyObject *payload, long long attributes,
+             long long producer_id, long long epoch, long long base_sequence)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(payload, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    Py_ssize_t length = view.len;
+    PyBuffer_Release(&view);
+    if (length > INT32_MAX - BATCH_HEADER_SIZE) {
+        PyErr_SetString(PyExc_OverflowError, "the batch is too large");
+        return NULL;
+    }
+    PyObject *header = PyBytes_FromStringAndSize(NULL, BATCH_HEADER_SIZE);
+    if (header == NULL)
+        return NULL;
+    char *out = PyBytes_AS_STRING(header);
+    put_be(out, 0, 8);                                            /* base offset */
+    put_be(out + 8, BATCH_HEADER_SIZE - 12 + length, 4);          /* batch length */
+    put_be(out + 12, (uint64_t)-1, 4);                            /* leader epoch */
+    out[16] = 2;                                                  /* magic */
+    put_be(out + 21, (uint64_t)attributes, 2);
+    put_be(out + 23, (uint64_t)(self->count - 1), 4);             /* last offset delta */
+    put_be(out + 27, (uint64_t)self->base_timestamp, 8);
+    put_be(out + 35, (uint64_t)self->max_timestamp, 8);
+    put_be(out + 43, (uint64_t)producer_id, 8);
+    put_be(out + 51, (uint64_t)epoch, 2);
+    put_be(out + 53, (uint64_t)base_sequence, 4);
+    put_be(out + 57, (uint64_t)self->count, 4);
+    /* The CRC covers attributes to the end of the payload: the header's part, then the
+     * payload where it lies (no copy of it next to the header). */
+    PyObject *crc = PyLong_FromUnsignedLong(crc32c_small(out + 21, BATCH_HEADER_SIZE - 21));
+    PyObject *whole = crc ? crc32c_of(payload, crc) : NULL;
+    Py_XDECREF(crc);
+    unsigned long checksum = whole ? PyLong_AsUnsignedLong(whole) : (unsigned long)-1;
+    Py_XDECREF(whole);
+    if (PyErr_Occurred()) {
+        Py_DECREF(header);
+        return NULL;
+    }
+    put_be(out + 17, checksum, 4);
+    return header;
+}
+
 static PyObject *
 writer_header(RecordWriter *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -581,46 +626,7 @@ writer_header(RecordWriter *self, PyObject *const *args, Py_ssize_t nargs)
             return NULL;
         }
     }
-    long long attributes = value[0], producer_id = value[1], epoch = value[2],
-              base_sequence = value[3];
-    Py_buffer view;
-    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
-        return NULL;
-    Py_ssize_t payload = view.len;
-    PyBuffer_Release(&view);
-    if (payload > INT32_MAX - BATCH_HEADER_SIZE) {
-        PyErr_SetString(PyExc_OverflowError, "the batch is too large");
-        return NULL;
-    }
-    PyObject *header = PyBytes_FromStringAndSize(NULL, BATCH_HEADER_SIZE);
-    if (header == NULL)
-        return NULL;
-    char *out = PyBytes_AS_STRING(header);
-    put_be(out, 0, 8);                                            /* base offset */
-    put_be(out + 8, BATCH_HEADER_SIZE - 12 + payload, 4);         /* batch length */
-    put_be(out + 12, (uint64_t)-1, 4);                            /* leader epoch */
-    out[16] = 2;                                                  /* magic */
-    put_be(out + 21, (uint64_t)attributes, 2);
-    put_be(out + 23, (uint64_t)(self->count - 1), 4);             /* last offset delta */
-    put_be(out + 27, (uint64_t)self->base_timestamp, 8);
-    put_be(out + 35, (uint64_t)self->max_timestamp, 8);
-    put_be(out + 43, (uint64_t)producer_id, 8);
-    put_be(out + 51, (uint64_t)epoch, 2);
-    put_be(out + 53, (uint64_t)base_sequence, 4);
-    put_be(out + 57, (uint64_t)self->count, 4);
-    /* The CRC covers attributes to the end of the payload: the header's part, then the
-     * payload where it lies (no copy of it next to the header). */
-    PyObject *crc = PyLong_FromUnsignedLong(crc32c_small(out + 21, BATCH_HEADER_SIZE - 21));
-    PyObject *whole = crc ? crc32c_of(args[0], crc) : NULL;
-    Py_XDECREF(crc);
-    unsigned long checksum = whole ? PyLong_AsUnsignedLong(whole) : (unsigned long)-1;
-    Py_XDECREF(whole);
-    if (PyErr_Occurred()) {
-        Py_DECREF(header);
-        return NULL;
-    }
-    put_be(out + 17, checksum, 4);
-    return header;
+    return batch_header(self, args[0], value[0], value[1], value[2], value[3]);
 }
 
 static PyMethodDef writer_methods[] = {
@@ -873,6 +879,9 @@ batch_fields_track(PyObject *self, PyObject *unused)
     PyObject *future = ((BatchFields *)self)->future;
     if (future != NULL && PyObject_IS_GC(future) && !PyObject_GC_IsTracked(future))
         PyObject_GC_Track(future);
+    PyObject *bulks = ((BatchFields *)self)->bulks;  /* (see py_watch_batches) */
+    if (bulks != NULL && PyList_CheckExact(bulks) && !PyObject_GC_IsTracked(bulks))
+        PyObject_GC_Track(bulks);
     Py_RETURN_NONE;
 }
 
@@ -882,13 +891,17 @@ static PyObject *s_done, *s_get_loop, *s_set_result, *s_call_soon, *s_run_watche
     *s_piece_done, *s_pending, *s_resolve, *s_free;  /* (interned at import) */
 
 static int
-batch_wake_watchers(BatchFields *self)
+batch_wake_watchers(BatchFields *self, PyObject *woken)
 {
     if (self->future == NULL) {
         PyErr_SetString(PyExc_AttributeError, "the batch has no future");
         return -1;
     }
-    if (self->watchers != NULL && self->watchers != Py_None) {
+    if (self->watchers != NULL && self->watchers != Py_None && woken != NULL) {
+        if (PyList_Append(woken, (PyObject *)self) < 0)  /* (its caller runs them) */
+            return -1;
+    }
+    else if (self->watchers != NULL && self->watchers != Py_None) {
         PyObject *loop = PyObject_CallMethodNoArgs(self->future, s_get_loop);
         if (loop == NULL)
             return -1;
@@ -979,23 +992,22 @@ batch_fields_watch(BatchFields *self, PyObject *record)
 static PyObject *
 batch_fields_wake_watchers(BatchFields *self, PyObject *unused)
 {
-    if (batch_wake_watchers(self) < 0)
+    if (batch_wake_watchers(self, NULL) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
 
-/* complete(base_offset, log_append_time): see _py.BatchFields.complete. One call per batch
-   a response acknowledges, where ProducerBatch.complete was five Python frames (at 10,000
-   partitions a batch may hold one record). */
-static PyObject *
-batch_fields_complete(BatchFields *self, PyObject *const *args, Py_ssize_t nargs)
+/* complete(base_offset, log_append_time[, woken]): see _py.BatchFields.complete. One call per
+   batch a response acknowledges, where ProducerBatch.complete was five Python frames (at
+   10,000 partitions a batch may hold one record). 0, or -1 with an error set. */
+static int
+batch_complete(BatchFields *self, PyObject *base_offset, PyObject *log_append_time,
+               PyObject *woken)
 {
-    if (!takes_args(nargs, 2, "complete(base_offset, log_append_time)"))
-        return NULL;
     if (self->future == NULL || self->writer == NULL || self->parent == NULL ||
         self->pieces == NULL) {
         PyErr_SetString(PyExc_AttributeError, "the batch's fields are not set");
-        return NULL;
+        return -1;
     }
     Py_XSETREF(self->done, Py_NewRef(Py_True));
     Py_XSETREF(self->untracked, Py_NewRef(Py_None));
@@ -1005,7 +1017,7 @@ batch_fields_complete(BatchFields *self, PyObject *const *args, Py_ssize_t nargs
     else {
         PyObject *freed = PyObject_CallMethodNoArgs(writer, s_free);
         if (freed == NULL)
-            return NULL;
+            return -1;
         Py_DECREF(freed);
     }
     PyObject *future = Py_NewRef(self->future);
@@ -1013,7 +1025,7 @@ batch_fields_complete(BatchFields *self, PyObject *const *args, Py_ssize_t nargs
     int acked = done == NULL ? -1 : !PyObject_IsTrue(done);
     Py_XDECREF(done);
     if (acked > 0) {  /* (else it failed already: expired in flight) */
-        PyObject *outcome = PyTuple_Pack(2, args[0], args[1]);
+        PyObject *outcome = PyTuple_Pack(2, base_offset, log_append_time);
         PyObject *set = outcome == NULL ? NULL
             : PyObject_CallMethodOneArg(future, s_set_result, outcome);
         Py_XDECREF(outcome);
@@ -1022,20 +1034,41 @@ batch_fields_complete(BatchFields *self, PyObject *const *args, Py_ssize_t nargs
         Py_XDECREF(set);
     }
     Py_DECREF(future);
-    if (acked < 0 || batch_wake_watchers(self) < 0)
-        return NULL;
+    if (acked < 0 || batch_wake_watchers(self, woken) < 0)
+        return -1;
     if (self->parent != Py_None) {
         PyObject *parent = Py_NewRef(self->parent);
         PyObject *told = PyObject_CallMethodNoArgs(parent, s_piece_done);
         Py_DECREF(parent);
         if (told == NULL)
-            return NULL;
+            return -1;
         Py_DECREF(told);
     }
-    else if (acked && self->pieces == Py_None)
+    else if (acked && self->pieces == Py_None) {
         /* Nothing of it leads back to it now: out of the garbage collector's way (users
            keep the record futures, which hold their batches). */
-        return batch_fields_untrack((PyObject *)self, NULL);
+        PyObject *untracked = batch_fields_untrack((PyObject *)self, NULL);
+        if (untracked == NULL)
+            return -1;
+        Py_DECREF(untracked);
+    }
+    return 0;
+}
+
+static PyObject *
+batch_fields_complete(BatchFields *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 && nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "complete(base_offset, log_append_time, woken=None)");
+        return NULL;
+    }
+    PyObject *woken = nargs == 3 && args[2] != Py_None ? args[2] : NULL;
+    if (woken != NULL && !PyList_Check(woken)) {
+        PyErr_SetString(PyExc_TypeError, "complete()'s woken is a list");
+        return NULL;
+    }
+    if (batch_complete(self, args[0], args[1], woken) < 0)
+        return NULL;
     Py_RETURN_NONE;
 }
 
@@ -1046,9 +1079,10 @@ static PyMethodDef batch_fields_methods[] = {
      "_track(): back in the garbage collector's way, with its asyncio future (a batch that\n"
      "fails or is split: see _speedups/_c.c)."},
     {"complete", (PyCFunction)(void (*)(void))batch_fields_complete, METH_FASTCALL,
-     "complete(base_offset, log_append_time): acknowledged (unless it failed already); its\n"
-     "records' callbacks run soon, its enqueue_many futures count it, a piece tells its\n"
-     "batch, and a whole batch leaves the garbage collector's way."},
+     "complete(base_offset, log_append_time, woken=None): acknowledged (unless it failed\n"
+     "already); its records' callbacks run soon (given a list `woken`, the batch is added to\n"
+     "it instead: its caller runs them), its enqueue_many futures count it, a piece tells\n"
+     "its batch, and a whole batch leaves the garbage collector's way."},
     {"watch", (PyCFunction)batch_fields_watch, METH_O,
      "watch(record): run `record`'s done callbacks once this batch is done, or soon if it\n"
      "is: either way in one loop callback for all the records watched meanwhile."},
@@ -2392,6 +2426,12 @@ py_watch_batches(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             failed = list == NULL;
             if (!failed) {
                 PyList_SET_ITEM(list, 0, Py_NewRef(bulk));
+                /* A pending batch the accumulator opened is out of the collector's way, and
+                   so is its list while it is (its _track() hands both back): one a batch,
+                   kept while it is pending, they were promoted, and set off a full
+                   collection in enqueue_many at 10,000 partitions. */
+                if (fields && !PyObject_GC_IsTracked(batch))
+                    PyObject_GC_UnTrack(list);
                 failed = PyObject_SetAttr(batch, s_bulks, list) < 0;
                 Py_DECREF(list);
             }
@@ -2941,6 +2981,416 @@ done:
     if (body == NULL && !PyErr_Occurred())
         Py_RETURN_NONE;
     return body;
+}
+
+/* -- produce_parts: a Produce request's partitions, from its batches ----------------------- */
+
+/* A dict of `count` key/value pairs (str keys), untracked when no value can lead back to it
+   (ints, bytes, an untracked tuple of those): a request's or a response's per-partition dicts, one
+   a batch, which the collector would otherwise count toward its next collection and walk. */
+static PyObject *
+plain_dict(PyObject *const *pairs, Py_ssize_t count)
+{
+    PyObject *dict = PyDict_New();
+    if (dict == NULL)
+        return NULL;
+    int plain = 1;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *value = pairs[2 * i + 1];
+        plain &= !PyObject_IS_GC(value) || !PyObject_GC_IsTracked(value);
+        if (PyDict_SetItem(dict, pairs[2 * i], value) < 0) {
+            Py_DECREF(dict);
+            return NULL;
+        }
+    }
+    if (plain && PyObject_GC_IsTracked(dict))
+        PyObject_GC_UnTrack(dict);
+    return dict;
+}
+
+/* produce_parts(batches, in_flight, now): see _py.produce_parts. One call a request where the
+   sender's loop was ~40 lines of Python a batch (at 10,000 partitions ~490 batches a
+   request, a batch every 16 records). */
+static PyObject *
+py_produce_parts(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (!takes_args(nargs, 3, "produce_parts(batches, in_flight, now)"))
+        return NULL;
+    PyObject *batches = args[0], *in_flight = args[1];
+    if (!PyList_CheckExact(batches) || !PyDict_CheckExact(in_flight)) {
+        PyErr_SetString(PyExc_TypeError, "produce_parts takes a list of batches and a dict");
+        return NULL;
+    }
+    double now = PyFloat_AsDouble(args[2]);
+    if (now == -1.0 && PyErr_Occurred())
+        return NULL;
+    double earliest = Py_HUGE_VAL, waited = 0.0, most = 0.0;
+    Py_ssize_t size = 0;
+    PyObject *by_topic = PyDict_New(), *result = NULL, *topic_data = NULL;
+    if (by_topic == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(batches); i++) {
+        PyObject *batch = Py_NewRef(PyList_GET_ITEM(batches, i));
+        PyObject *header = NULL, *records = NULL, *entry = NULL;
+        int ok = 0;
+        if (!PyObject_TypeCheck(batch, &BatchFieldsType)) {
+            PyErr_SetString(PyExc_TypeError, "produce_parts takes a list of batches");
+            goto next;
+        }
+        BatchFields *fields = (BatchFields *)batch;
+        if (fields->writer == NULL || fields->topic == NULL || fields->partition == NULL ||
+            fields->created == NULL || fields->deadline == NULL) {
+            PyErr_SetString(PyExc_AttributeError, "the batch's fields are not set");
+            goto next;
+        }
+        double deadline = PyFloat_AsDouble(fields->deadline);
+        double created = PyFloat_AsDouble(fields->created);
+        if ((deadline == -1.0 || created == -1.0) && PyErr_Occurred())
+            goto next;
+        if (deadline < earliest)
+            earliest = deadline;
+        double queued = now - created;
+        waited += queued;
+        if (queued > most)
+            most = queued;
+        if (!PyObject_TypeCheck(fields->writer, &RecordWriterType)) {
+            PyErr_SetString(PyExc_TypeError, "a batch's writer is a RecordWriter");
+            goto next;
+        }
+        RecordWriter *writer = (RecordWriter *)fields->writer;
+        PyObject *payload = writer->payload;
+        if (payload == NULL || payload == Py_None) {
+            PyErr_SetString(PyExc_ValueError, "a batch in a request is closed (sealed) first");
+            goto next;
+        }
+        Py_INCREF(payload);
+        header = batch_header(writer, payload, writer->codec, -1, -1, -1);
+        Py_ssize_t length = header == NULL ? -1 : PyObject_Length(payload);
+        if (length >= 0)
+            records = PyTuple_Pack(2, header, payload);
+        Py_DECREF(payload);
+        if (records == NULL)
+            goto next;
+        size += BATCH_HEADER_SIZE + length;
+        if (!PyObject_IS_GC(PyTuple_GET_ITEM(records, 1)))
+            PyObject_GC_UnTrack(records);  /* (bytes, SealedRecords: see plain_dict) */
+        PyObject *pairs[4] = {s_index, fields->partition, s_records, records};
+        if ((entry = plain_dict(pairs, 2)) == NULL)
+            goto next;
+        PyObject *listed = PyDict_GetItemWithError(by_topic, fields->topic);
+        if (listed == NULL) {
+            if (PyErr_Occurred() || (listed = PyList_New(0)) == NULL)
+                goto next;
+            int stored = PyDict_SetItem(by_topic, fields->topic, listed);
+            Py_DECREF(listed);  /* (held by by_topic) */
+            if (stored < 0)
+                goto next;
+        }
+        ok = PyList_Append(listed, entry) == 0 && PyDict_SetItem(in_flight, batch, Py_None) == 0;
+    next:
+        Py_XDECREF(header);
+        Py_XDECREF(records);
+        Py_XDECREF(entry);
+        Py_DECREF(batch);
+        if (!ok)
+            goto done;
+    }
+    if ((topic_data = PyList_New(0)) == NULL)
+        goto done;
+    PyObject *name, *partitions;
+    Py_ssize_t at = 0;
+    while (PyDict_Next(by_topic, &at, &name, &partitions)) {
+        PyObject *pairs[4] = {s_name, name, s_partition_data, partitions};
+        PyObject *topic = PyDict_New();
+        int failed = topic == NULL || PyDict_SetItem(topic, pairs[0], pairs[1]) < 0 ||
+            PyDict_SetItem(topic, pairs[2], pairs[3]) < 0 || PyList_Append(topic_data, topic) < 0;
+        Py_XDECREF(topic);
+        if (failed)
+            goto done;
+    }
+    result = Py_BuildValue("(Onddd)", topic_data, size, earliest, waited, most);
+done:
+    Py_XDECREF(topic_data);
+    Py_DECREF(by_topic);
+    return result;
+}
+
+/* -- settle_produce: a Produce response's answers matched to the request's batches --------- */
+
+/* dict[key] as a new reference; NULL with KeyError (or the lookup's error) if missing. */
+static PyObject *
+required(PyObject *dict, PyObject *key)
+{
+    if (!PyDict_Check(dict)) {
+        PyErr_SetString(PyExc_TypeError, "a Produce response's answers are dicts");
+        return NULL;
+    }
+    PyObject *value = PyDict_GetItemWithError(dict, key);
+    if (value == NULL && !PyErr_Occurred())
+        PyErr_SetObject(PyExc_KeyError, key);
+    return Py_XNewRef(value);
+}
+
+/* settle_produce(batches, responses, in_flight, run_watchers, complete): see
+   _py.settle_produce. At 10,000 partitions a response answers ~490 batches. */
+static PyObject *
+py_settle_produce(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (!takes_args(nargs, 5, "settle_produce(batches, responses, in_flight, run_watchers, "
+                    "complete)"))
+        return NULL;
+    PyObject *batches = args[0], *responses = args[1], *in_flight = args[2];
+    int complete = PyObject_IsTrue(args[4]);
+    if (complete < 0)
+        return NULL;
+    if (!PyList_CheckExact(batches) || !PyList_Check(responses) || !PyDict_CheckExact(in_flight)) {
+        PyErr_SetString(PyExc_TypeError, "settle_produce takes a list of batches, a list of "
+                        "topics' answers and a dict");
+        return NULL;
+    }
+    PyObject *answers = PyDict_New(), *acked = PyList_New(0), *rest = PyList_New(0),
+        *woken = PyList_New(0), *result = NULL;
+    if (answers == NULL || acked == NULL || rest == NULL || woken == NULL)
+        goto done;
+    /* Each topic's answers by partition index. */
+    for (Py_ssize_t t = 0; t < PyList_GET_SIZE(responses); t++) {
+        PyObject *topic = Py_NewRef(PyList_GET_ITEM(responses, t));
+        PyObject *name = required(topic, s_name);
+        PyObject *partitions = name == NULL ? NULL : required(topic, s_partition_responses);
+        Py_DECREF(topic);
+        PyObject *by_index = NULL;
+        int failed = partitions == NULL;
+        if (!failed && !PyList_Check(partitions)) {
+            PyErr_SetString(PyExc_TypeError, "a topic's answers are a list");
+            failed = 1;
+        }
+        if (!failed) {
+            by_index = PyDict_GetItemWithError(answers, name);
+            if (by_index != NULL)
+                Py_INCREF(by_index);
+            else if (PyErr_Occurred() || (by_index = PyDict_New()) == NULL ||
+                     PyDict_SetItem(answers, name, by_index) < 0)
+                failed = 1;
+        }
+        for (Py_ssize_t i = 0; !failed && i < PyList_GET_SIZE(partitions); i++) {
+            PyObject *answer = Py_NewRef(PyList_GET_ITEM(partitions, i));
+            PyObject *index = required(answer, s_index);
+            failed = index == NULL || PyDict_SetItem(by_index, index, answer) < 0;
+            Py_XDECREF(index);
+            Py_DECREF(answer);
+        }
+        Py_XDECREF(by_index);
+        Py_XDECREF(partitions);
+        Py_XDECREF(name);
+        if (failed)
+            goto done;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(batches); i++) {
+        PyObject *batch = Py_NewRef(PyList_GET_ITEM(batches, i));
+        PyObject *answer = NULL, *code = NULL, *base = NULL, *time = NULL;
+        int failed = 1;
+        if (!PyObject_TypeCheck(batch, &BatchFieldsType)) {
+            PyErr_SetString(PyExc_TypeError, "settle_produce takes a list of batches");
+            goto next;
+        }
+        BatchFields *fields = (BatchFields *)batch;
+        if (fields->topic == NULL || fields->partition == NULL) {
+            PyErr_SetString(PyExc_AttributeError, "the batch's fields are not set");
+            goto next;
+        }
+        PyObject *by_index = PyDict_GetItemWithError(answers, fields->topic);
+        if (by_index != NULL)
+            answer = Py_XNewRef(PyDict_GetItemWithError(by_index, fields->partition));
+        if (PyErr_Occurred())
+            goto next;
+        int fine = 0;
+        if (answer != NULL && complete) {
+            if ((code = required(answer, s_error_code)) == NULL)
+                goto next;
+            fine = PyLong_CheckExact(code) && PyLong_AsLong(code) == 0;
+        }
+        if (!fine) {
+            PyObject *pair = PyTuple_Pack(2, batch, answer != NULL ? answer : Py_None);
+            failed = pair == NULL || PyList_Append(rest, pair) < 0;
+            Py_XDECREF(pair);
+            goto next;
+        }
+        if ((base = required(answer, s_base_offset)) == NULL ||
+            (time = required(answer, s_log_append_time_ms)) == NULL)
+            goto next;
+        PyObject *left = PyDict_GetItemWithError(in_flight, batch);  /* in_flight.pop(batch) */
+        if ((left == NULL && PyErr_Occurred()) ||
+            (left != NULL && PyDict_DelItem(in_flight, batch) < 0))
+            goto next;
+        failed = batch_complete(fields, base, time, woken) < 0 || PyList_Append(acked, batch) < 0;
+    next:
+        Py_XDECREF(answer);
+        Py_XDECREF(code);
+        Py_XDECREF(base);
+        Py_XDECREF(time);
+        Py_DECREF(batch);
+        if (failed)
+            goto done;
+    }
+    if (PyList_GET_SIZE(woken)) {  /* their records' callbacks, in one loop callback */
+        PyObject *first = (PyObject *)PyList_GET_ITEM(woken, 0);
+        PyObject *loop = PyObject_CallMethodNoArgs(((BatchFields *)first)->future, s_get_loop);
+        PyObject *handle = loop == NULL ? NULL
+            : PyObject_CallMethodObjArgs(loop, s_call_soon, args[3], woken, NULL);
+        Py_XDECREF(loop);
+        if (handle == NULL)
+            goto done;
+        Py_DECREF(handle);
+    }
+    result = PyTuple_Pack(2, acked, rest);
+done:
+    Py_XDECREF(answers);
+    Py_XDECREF(acked);
+    Py_XDECREF(rest);
+    Py_XDECREF(woken);
+    return result;
+}
+
+/* -- take_acked, count_acked: a response's acknowledged batches counted ------------------ */
+
+/* The batch's writer as a RecordWriter, or NULL with TypeError. */
+static RecordWriter *
+writer_of(PyObject *batch)
+{
+    if (!PyObject_TypeCheck(batch, &BatchFieldsType) || ((BatchFields *)batch)->writer == NULL ||
+        !PyObject_TypeCheck(((BatchFields *)batch)->writer, &RecordWriterType)) {
+        PyErr_SetString(PyExc_TypeError, "takes a list of batches (with their writers)");
+        return NULL;
+    }
+    return (RecordWriter *)((BatchFields *)batch)->writer;
+}
+
+/* take_acked(batches, incomplete): see _py.take_acked. */
+static PyObject *
+py_take_acked(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (!takes_args(nargs, 2, "take_acked(batches, incomplete)"))
+        return NULL;
+    PyObject *batches = args[0], *incomplete = args[1];
+    if (!PyList_CheckExact(batches) || !PySet_Check(incomplete)) {
+        PyErr_SetString(PyExc_TypeError, "take_acked takes a list of batches and a set");
+        return NULL;
+    }
+    PyObject *counted = PyList_New(0);
+    Py_ssize_t freed = 0, records = 0;
+    long long newest = 0;
+    for (Py_ssize_t i = 0; counted != NULL && i < PyList_GET_SIZE(batches); i++) {
+        PyObject *batch = Py_NewRef(PyList_GET_ITEM(batches, i));
+        RecordWriter *writer = writer_of(batch);
+        int in = writer == NULL ? -1 : PySet_Discard(incomplete, batch);
+        if (in > 0) {  /* (else it had its outcome already: expired in flight) */
+            PyObject *number = ((BatchFields *)batch)->number;
+            long long first = number != NULL && PyTuple_Check(number) && PyTuple_GET_SIZE(number)
+                ? PyLong_AsLongLong(PyTuple_GET_ITEM(number, 0)) : -1;
+            if (first == -1 && PyErr_Occurred())
+                in = -1;
+            freed += writer->reserved;
+            records += writer->count;
+            if (first > newest)
+                newest = first;
+            if (in > 0 && PyList_Append(counted, batch) < 0)
+                in = -1;
+        }
+        Py_DECREF(batch);
+        if (in < 0)
+            Py_CLEAR(counted);
+    }
+    if (counted == NULL)
+        return NULL;
+    PyObject *result = Py_BuildValue("(OnnL)", counted, freed, records, newest);
+    Py_DECREF(counted);
+    return result;
+}
+
+/* count_acked(batches, now, bounds, buckets): see _py.count_acked. */
+static PyObject *
+py_count_acked(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (!takes_args(nargs, 4, "count_acked(batches, now, bounds, buckets)"))
+        return NULL;
+    PyObject *batches = args[0], *bounds = args[2], *buckets = args[3];
+    double now = PyFloat_AsDouble(args[1]);
+    if (now == -1.0 && PyErr_Occurred())
+        return NULL;
+    if (!PyList_CheckExact(batches) || !PyTuple_Check(bounds) || !PyList_Check(buckets) ||
+        PyList_GET_SIZE(buckets) != PyTuple_GET_SIZE(bounds) + 1 || PyTuple_GET_SIZE(bounds) > 64) {
+        PyErr_SetString(PyExc_TypeError, "count_acked takes a list of batches, a tuple of at "
+                        "most 64 bounds and a list of one bucket more");
+        return NULL;
+    }
+    double limits[64];
+    Py_ssize_t edges = PyTuple_GET_SIZE(bounds);
+    for (Py_ssize_t k = 0; k < edges; k++)
+        if ((limits[k] = PyFloat_AsDouble(PyTuple_GET_ITEM(bounds, k))) == -1.0 && PyErr_Occurred())
+            return NULL;
+    Py_ssize_t *hits = PyMem_Calloc(edges + 1, sizeof(Py_ssize_t));
+    PyObject *by_topic = PyDict_New(), *result = NULL;
+    double total = 0.0;
+    if (hits == NULL || by_topic == NULL) {
+        if (hits == NULL)
+            PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(batches); i++) {
+        PyObject *batch = PyList_GET_ITEM(batches, i);  /* (nothing here runs Python) */
+        RecordWriter *writer = writer_of(batch);
+        BatchFields *fields = (BatchFields *)batch;
+        if (writer == NULL)
+            goto done;
+        if (fields->topic == NULL || fields->created == NULL) {
+            PyErr_SetString(PyExc_AttributeError, "the batch's fields are not set");
+            goto done;
+        }
+        double created = PyFloat_AsDouble(fields->created);
+        if (created == -1.0 && PyErr_Occurred())
+            goto done;
+        PyObject *counts = PyDict_GetItemWithError(by_topic, fields->topic);
+        if (counts == NULL) {
+            if (PyErr_Occurred() || (counts = Py_BuildValue("[iii]", 0, 0, 0)) == NULL)
+                goto done;
+            int stored = PyDict_SetItem(by_topic, fields->topic, counts);
+            Py_DECREF(counts);  /* (held by by_topic) */
+            if (stored < 0)
+                goto done;
+        }
+        Py_ssize_t add[3] = {writer->count, 1, writer->size};
+        for (int k = 0; k < 3; k++) {
+            Py_ssize_t was = PyLong_AsSsize_t(PyList_GET_ITEM(counts, k));
+            PyObject *sum = was == -1 && PyErr_Occurred() ? NULL : PyLong_FromSsize_t(was + add[k]);
+            if (sum == NULL)
+                goto done;
+            PyList_SetItem(counts, k, sum);
+        }
+        double latency = now - created;
+        Py_ssize_t low = 0, high = edges;  /* bisect_left */
+        while (low < high) {
+            Py_ssize_t mid = (low + high) / 2;
+            if (limits[mid] < latency)
+                low = mid + 1;
+            else
+                high = mid;
+        }
+        hits[low]++;
+        total += latency;
+    }
+    for (Py_ssize_t k = 0; k <= edges; k++) {
+        if (!hits[k])
+            continue;
+        Py_ssize_t was = PyLong_AsSsize_t(PyList_GET_ITEM(buckets, k));
+        PyObject *sum = was == -1 && PyErr_Occurred() ? NULL : PyLong_FromSsize_t(was + hits[k]);
+        if (sum == NULL || PyList_SetItem(buckets, k, sum) < 0)
+            goto done;
+    }
+    result = Py_BuildValue("(Od)", by_topic, total);
+done:
+    PyMem_Free(hits);
+    Py_XDECREF(by_topic);
+    return result;
 }
 
 /* The accumulator's fields (see AccumulatorFields below): here for the Appender, which reads
@@ -4042,7 +4492,179 @@ error:
     return NULL;
 }
 
+/* _drain(topics, nodes, max_request_size, now): see _py.AccumulatorFields._drain. One call
+   a round where drain() was a Python pass over the partitions it takes from (at 10,000
+   partitions ~490 a request). */
+typedef struct {
+    long id;
+    Py_ssize_t size;
+    int full;
+    PyObject *entries;  /* tp, queue, tp, queue, ... of the batches chosen */
+} DrainNode;
+
+static PyObject *s_may_send;  /* (interned at import) */
+
+/* accumulator.py's _CLOCK_SLACK: a retry backoff a hair from its end is over. */
+#define CLOCK_SLACK 1e-6
+
+static PyObject *
+accumulator_drain(AccumulatorFields *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (!takes_args(nargs, 4, "_drain(topics, nodes, max_request_size, now)"))
+        return NULL;
+    PyObject *topics = args[0];
+    if (self->batches == NULL || !PyDict_CheckExact(self->batches) || self->txn == NULL ||
+        !PyDict_Check(topics)) {
+        PyErr_SetString(PyExc_TypeError, "the accumulator's fields are not set, or topics is "
+                        "not a dict");
+        return NULL;
+    }
+    Py_ssize_t most = PyLong_AsSsize_t(args[2]);
+    double now = PyFloat_AsDouble(args[3]);
+    if (PyErr_Occurred())
+        return NULL;
+    PyObject *ids = PySequence_List(args[1]);
+    if (ids == NULL)
+        return NULL;
+    Py_ssize_t count = PyList_GET_SIZE(ids), full = 0;
+    DrainNode *nodes = PyMem_Calloc(count ? count : 1, sizeof(DrainNode));
+    PyObject *batches = Py_NewRef(self->batches), *leaders = NULL, *result = NULL;
+    PyObject *last_topic = NULL;  /* (compared by identity, held by its key) */
+    if (nodes == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < count; k++) {
+        nodes[k].id = PyLong_AsLong(PyList_GET_ITEM(ids, k));
+        if ((nodes[k].id == -1 && PyErr_Occurred()) || (nodes[k].entries = PyList_New(0)) == NULL)
+            goto done;
+    }
+    Py_ssize_t at = 0;
+    PyObject *tp, *queue;
+    while (count && PyDict_Next(batches, &at, &tp, &queue)) {
+        Py_INCREF(tp);
+        Py_INCREF(queue);
+        PyObject *batch = NULL;
+        int failed = 1;
+        if (!PyTuple_CheckExact(tp) || PyTuple_GET_SIZE(tp) != 2) {
+            PyErr_SetString(PyExc_TypeError, "a queue's key is (topic, partition)");
+            goto next;
+        }
+        PyObject *topic = PyTuple_GET_ITEM(tp, 0);
+        if (topic != last_topic) {  /* (cluster.leader_for, inline: this is per partition) */
+            last_topic = topic;
+            Py_CLEAR(leaders);
+            PyObject *info = PyDict_GetItemWithError(topics, topic);
+            if (info == NULL && PyErr_Occurred())
+                goto next;
+            if (info != NULL && (leaders = PyObject_GetAttr(info, s_leaders)) == NULL)
+                goto next;
+        }
+        long leader = -1;
+        Py_ssize_t partition = PyLong_AsSsize_t(PyTuple_GET_ITEM(tp, 1));
+        if (partition == -1 && PyErr_Occurred())
+            goto next;
+        if (leaders != NULL) {
+            Py_ssize_t known = PyObject_Length(leaders);
+            if (known < 0)
+                goto next;
+            if (0 <= partition && partition < known) {
+                PyObject *id = PySequence_GetItem(leaders, partition);
+                leader = id == NULL ? -1 : PyLong_AsLong(id);
+                Py_XDECREF(id);
+                if (PyErr_Occurred())
+                    goto next;
+            }
+        }
+        DrainNode *node = NULL;
+        for (Py_ssize_t k = 0; k < count && node == NULL; k++)
+            if (nodes[k].id == leader)
+                node = &nodes[k];
+        failed = 0;
+        if (node == NULL || node->full)
+            goto next;
+        failed = 1;
+        if ((batch = PySequence_GetItem(queue, 0)) == NULL)
+            goto next;
+        if (!PyObject_TypeCheck(batch, &BatchFieldsType) ||
+            ((BatchFields *)batch)->retry_at == NULL ||
+            ((BatchFields *)batch)->writer == NULL ||
+            !PyObject_TypeCheck(((BatchFields *)batch)->writer, &RecordWriterType)) {
+            PyErr_SetString(PyExc_TypeError, "a queue holds batches (with their writers)");
+            goto next;
+        }
+        double retry_at = PyFloat_AsDouble(((BatchFields *)batch)->retry_at);
+        if (retry_at == -1.0 && PyErr_Occurred())
+            goto next;
+        failed = 0;
+        if (retry_at - now > CLOCK_SLACK)
+            goto next;
+        if (self->txn != Py_None) {
+            PyObject *may = PyObject_CallMethodOneArg(self->txn, s_may_send, batch);
+            int yes = may == NULL ? -1 : PyObject_IsTrue(may);
+            Py_XDECREF(may);
+            if (yes <= 0) {
+                failed = yes < 0;
+                goto next;
+            }
+        }
+        Py_ssize_t size = ((RecordWriter *)((BatchFields *)batch)->writer)->size;
+        if (PyList_GET_SIZE(node->entries) && node->size + size > most) {
+            node->full = 1;
+            if (++full == count)
+                failed = -1;  /* every request is full: the rest would only be skipped */
+            goto next;
+        }
+        node->size += size;
+        failed = PyList_Append(node->entries, tp) < 0 || PyList_Append(node->entries, queue) < 0;
+    next:
+        Py_XDECREF(batch);
+        Py_DECREF(tp);
+        Py_DECREF(queue);
+        if (failed > 0)
+            goto done;
+        if (failed < 0)
+            break;
+    }
+    /* The batches taken, after the pass (_take changes the dict it walked). */
+    PyObject *drained = PyDict_New();
+    if (drained == NULL)
+        goto done;
+    for (Py_ssize_t k = 0; k < count; k++) {
+        PyObject *entries = nodes[k].entries;
+        if (!PyList_GET_SIZE(entries))
+            continue;
+        PyObject *taken = PyList_New(0);
+        int failed = taken == NULL || PyDict_SetItem(drained, PyList_GET_ITEM(ids, k), taken) < 0;
+        for (Py_ssize_t i = 0; !failed && i + 1 < PyList_GET_SIZE(entries); i += 2) {
+            PyObject *pair[2] = {PyList_GET_ITEM(entries, i), PyList_GET_ITEM(entries, i + 1)};
+            PyObject *batch = accumulator_take(self, pair, 2);
+            failed = batch == NULL || PyList_Append(taken, batch) < 0;
+            Py_XDECREF(batch);
+        }
+        Py_XDECREF(taken);
+        if (failed) {
+            Py_DECREF(drained);
+            goto done;
+        }
+    }
+    result = drained;
+done:
+    if (nodes != NULL)
+        for (Py_ssize_t k = 0; k < count; k++)
+            Py_XDECREF(nodes[k].entries);
+    PyMem_Free(nodes);
+    Py_XDECREF(leaders);
+    Py_DECREF(batches);
+    Py_DECREF(ids);
+    return result;
+}
+
 static PyMethodDef accumulator_methods[] = {
+    {"_drain", (PyCFunction)(void (*)(void))accumulator_drain, METH_FASTCALL,
+     "_drain(topics, nodes, max_request_size, now) -> {node: [batch, ...]}\n\n"
+     "Take at most one batch per partition for each broker in `nodes`, up to\n"
+     "max_request_size, partitions least recently drained first (see RecordAccumulator.drain)."},
     {"_take", (PyCFunction)(void (*)(void))accumulator_take, METH_FASTCALL,
      "_take(tp, queue) -> batch\n\n"
      "Take the partition's first batch for a request: off its queue (the queue to the back\n"
@@ -4157,6 +4779,27 @@ static PyMethodDef module_methods[] = {
      "writes it, or None when the body is not the common case the sender builds. A batch's\n"
      "records may be its (header, payload); a payload of 16 KiB or more is not copied: the\n"
      "frame is then the list of its parts, [bytes, payload, bytes, ...], to write in order."},
+    {"produce_parts", (PyCFunction)(void (*)(void))py_produce_parts, METH_FASTCALL,
+     "produce_parts(batches, in_flight, now) -> (topic_data, size, earliest, waited, most)\n\n"
+     "A Produce request's topic_data for `batches` (sealed, not idempotent), each batch's\n"
+     "records its (header, payload), and each batch put in `in_flight`; with the bytes of\n"
+     "their record batches, the earliest delivery deadline, and the sum and the longest of\n"
+     "their times queued (loop time `now` less their creation)."},
+    {"settle_produce", (PyCFunction)(void (*)(void))py_settle_produce, METH_FASTCALL,
+     "settle_produce(batches, responses, in_flight, run_watchers, complete) -> (acked, rest)\n\n"
+     "Match a Produce response's answers (its topics: name and partition_responses) to the\n"
+     "request's batches. With `complete`, each batch answered without an error leaves\n"
+     "`in_flight` and is completed, and their records' callbacks run in one loop callback,\n"
+     "run_watchers(batches); `rest` holds (batch, its answer or None) for the others, in\n"
+     "order (without `complete`, every batch)."},
+    {"take_acked", (PyCFunction)(void (*)(void))py_take_acked, METH_FASTCALL,
+     "take_acked(batches, incomplete) -> (counted, freed, records, newest)\n\n"
+     "Of `batches` (acknowledged), those in `incomplete`, taken out of it, with the memory\n"
+     "they hold, their records, and the newest one's creation number (number[0])."},
+    {"count_acked", (PyCFunction)(void (*)(void))py_count_acked, METH_FASTCALL,
+     "count_acked(batches, now, bounds, buckets) -> ({topic: [records, batches, bytes]}, total)\n\n"
+     "Per topic the records, batches and bytes of `batches` (acknowledged); each one's time\n"
+     "since its creation counted into `buckets` (bisect_left over `bounds`), and their sum."},
     {"decode_produce", (PyCFunction)(void (*)(void))py_decode_produce, METH_FASTCALL,
      "decode_produce(version, frame) -> dict | None\n\n"
      "A Produce response's body as protocol/messages.py's decode_response reads it, or None\n"
@@ -4215,6 +4858,7 @@ PyInit__c(void)
         {&s_topic, "topic"}, {&s_partition, "partition"}, {&s_metadata_type, "_metadata_type"},
         {&s_metadata, "metadata"}, {&s_exception_for, "exception_for"}, {&s_watch, "watch"},
         {&s_watchers, "_watchers"}, {&s_bulks, "_bulks"},
+        {&s_may_send, "may_send"},
         {&s_done, "done"}, {&s_cancelled, "cancelled"}, {&s_get_loop, "get_loop"},
         {&s_result, "result"}, {&s_exception, "exception"}, {&s_context, "context"},
         {&s_state, "state"}, {&s_thread, "thread"}, {&s_loop_running, "loop_running"},

@@ -6,12 +6,13 @@ tests hold both to the same bytes and partitions: change one, change the other.
 
 from __future__ import annotations
 
+import bisect
 import contextvars
 import operator
 import struct
 from collections import deque
 from threading import get_ident
-from typing import Any, Callable, Generator, Iterator, Mapping
+from typing import Any, Callable, Generator, Iterable, Iterator, Mapping
 
 import crc32c
 
@@ -130,16 +131,20 @@ class BatchFields:
     def _track(self) -> None:
         """The C one hands a batch opened out of the collector's way back to it (_c.c)."""
 
-    def complete(self, base_offset: int, log_append_time: int) -> None:
+    def complete(self, base_offset: int, log_append_time: int,
+                 woken: list[Any] | None = None) -> None:
         """Acknowledged (unless it failed already: expired in flight). Its records'
-        callbacks run soon, its enqueue_many futures count it, a piece tells its batch."""
+        callbacks run soon (given a list `woken`, the batch is added to it instead: its
+        caller runs them), its enqueue_many futures count it, a piece tells its batch."""
+        if woken is not None and not isinstance(woken, list):
+            raise TypeError("complete()'s woken is a list")
         self.done = True
         self._untracked = None
         self.writer.payload = None  # (BatchWriter.free(): its bytes go)
         acked = not self.future.done()
         if acked:
             self.future.set_result((base_offset, log_append_time))
-        self._wake_watchers()
+        self._wake_watchers(woken)
         if self.parent is not None:
             self.parent._piece_done()
         elif acked and self.pieces is None:
@@ -160,10 +165,13 @@ class BatchFields:
         if self.future.done():
             self.future.get_loop().call_soon(self._run_watchers)  # type: ignore[attr-defined]
 
-    def _wake_watchers(self) -> None:
+    def _wake_watchers(self, woken: list[Any] | None = None) -> None:
         """The batch is done: run its records' callbacks (the tasks awaiting them wake up in
-        one loop callback, the subclass's _run_watchers), and tell the enqueue_many futures."""
-        if self._watchers is not None:
+        one loop callback, the subclass's _run_watchers; or `woken`'s caller's), and tell
+        the enqueue_many futures."""
+        if self._watchers is not None and woken is not None:
+            woken.append(self)
+        elif self._watchers is not None:
             self.future.get_loop().call_soon(self._run_watchers)  # type: ignore[attr-defined]
         bulks, self._bulks = self._bulks, None
         for bulk in bulks or ():  # (BulkFuture's count, inline: this is per call and batch)
@@ -317,6 +325,8 @@ class MemoryPool:
 # headers: the batch header, then the record's length, attributes, timestamp and offset
 # deltas, key and value lengths and header count as varints at their widest
 # (protocol.records.record_size_upper_bound, which this mirrors).
+# accumulator.py's: a retry backoff a hair from its end is over (uvloop's clock is in ms).
+_CLOCK_SLACK = 1e-6
 _RECORD_MOST = HEADER_SIZE + 5 + 1 + 10 + 5 + 5 + 5 + 1
 
 
@@ -454,6 +464,45 @@ class AccumulatorFields:
             # (the Appender would append it again). See _wake_failed.
             self._wake_failed(exc)  # type: ignore[attr-defined]
         return batch
+
+    def _drain(self, topics: dict[str, Any], nodes: Iterable[int], max_request_size: int,
+               now: float) -> dict[int, list[Any]]:
+        """Take at most one batch per partition for each broker in `nodes`, up to
+        `max_request_size`, partitions least recently drained first (see
+        RecordAccumulator.drain); `topics` is the cluster's metadata (TopicInfo by name)."""
+        sizes = dict.fromkeys(nodes, 0)
+        chosen: dict[int, list[tuple[tuple[str, int], Any]]] = {node: [] for node in sizes}
+        full: set[int] = set()
+        last_topic: str | None = None
+        leaders: Any = ()
+        txn = self._txn
+        for tp, queue in self._batches.items():
+            topic, partition = tp
+            if topic is not last_topic:  # (cluster.leader_for, inline)
+                info = topics.get(topic)
+                leaders, last_topic = (info.leaders if info is not None else ()), topic
+            leader = leaders[partition] if partition < len(leaders) else -1
+            size = sizes.get(leader)
+            if size is None or leader in full:
+                continue
+            batch = queue[0]
+            if batch.retry_at - now > _CLOCK_SLACK:
+                continue
+            if txn is not None and not txn.may_send(batch):
+                continue
+            entries = chosen[leader]
+            if entries and size + batch.writer.size > max_request_size:
+                full.add(leader)
+                if len(full) == len(sizes):
+                    break
+                continue
+            sizes[leader] = size + batch.writer.size
+            entries.append((tp, queue))
+        drained: dict[int, list[Any]] = {}
+        for node, entries in chosen.items():
+            if entries:
+                drained[node] = [self._take(tp, queue) for tp, queue in entries]
+        return drained
 
     def _take(self, tp: tuple[str, int], queue: Any) -> Any:
         """Take the partition's first batch for a request (the queue to the back of the
@@ -893,6 +942,129 @@ def watch_batches(batches: list[Any], bulk: Any) -> int:
                 bulks.append(bulk)
             pending += 1
     return pending
+
+
+def produce_parts(batches: list[Any], in_flight: dict[Any, None], now: float
+                  ) -> tuple[list[dict[str, Any]], int, float, float, float]:
+    """A Produce request's topic_data for `batches` (sealed, not idempotent: no producer id
+    or sequence), a batch's records its (header, payload), topics in order of first
+    appearance; each batch put in `in_flight`. With the bytes of their record batches, the
+    earliest delivery deadline, and the sum and the longest of their times queued (loop time
+    `now` less their creation). (In C one call a request: at 10,000 partitions ~490 batches.)"""
+    if type(batches) is not list or type(in_flight) is not dict:
+        raise TypeError("produce_parts takes a list of batches and a dict")
+    by_topic: dict[str, list[dict[str, Any]]] = {}
+    size = 0
+    earliest, waited, most = float("inf"), 0.0, 0.0
+    for batch in batches:
+        if not isinstance(batch, BatchFields):
+            raise TypeError("produce_parts takes a list of batches")
+        deadline, queued = float(batch.deadline), now - float(batch.created)
+        if deadline < earliest:
+            earliest = deadline
+        waited += queued
+        if queued > most:
+            most = queued
+        writer = batch.writer
+        if not isinstance(writer, RecordWriter):
+            raise TypeError("a batch's writer is a RecordWriter")
+        payload = writer.payload
+        if payload is None:
+            raise ValueError("a batch in a request is closed (sealed) first")
+        header = writer.header(payload, writer.codec, -1, -1, -1)
+        size += len(header) + len(payload)
+        by_topic.setdefault(batch.topic, []).append(
+            {"index": batch.partition, "records": (header, payload)})
+        in_flight[batch] = None
+    return ([{"name": t, "partition_data": p} for t, p in by_topic.items()], size, earliest,
+            waited, most)
+
+
+def settle_produce(batches: list[Any], responses: list[dict[str, Any]],
+                   in_flight: dict[Any, None], run_watchers: Callable[[list[Any]], object],
+                   complete: bool) -> tuple[list[Any], list[tuple[Any, Any]]]:
+    """Match a Produce response's answers (its topics: name and partition_responses) to the
+    request's batches. With `complete`, each batch answered without an error leaves
+    `in_flight` and is completed, and their records' callbacks run in one loop callback,
+    run_watchers(batches) (a loop handle, a context and a bound method a batch were promoted
+    by the garbage collector mid-response at 10,000 partitions); `rest` holds (batch, its
+    answer or None) for the others, in order (without `complete`, every batch)."""
+    if type(batches) is not list or not isinstance(responses, list) or \
+            type(in_flight) is not dict:
+        raise TypeError("settle_produce takes a list of batches, a list of topics' answers "
+                        "and a dict")
+    answers: dict[str, dict[int, dict[str, Any]]] = {}
+    for topic in responses:
+        listed = answers.setdefault(topic["name"], {})
+        for given in topic["partition_responses"]:
+            listed[given["index"]] = given
+    acked: list[Any] = []
+    rest: list[tuple[Any, Any]] = []
+    woken: list[Any] = []
+    for batch in batches:
+        if not isinstance(batch, BatchFields):
+            raise TypeError("settle_produce takes a list of batches")
+        by_index = answers.get(batch.topic)
+        answer = by_index.get(batch.partition) if by_index is not None else None
+        code = answer["error_code"] if answer is not None and complete else None
+        if answer is None or not (type(code) is int and code == 0):
+            rest.append((batch, answer))
+            continue
+        base_offset, log_append_time = answer["base_offset"], answer["log_append_time_ms"]
+        in_flight.pop(batch, None)
+        batch.complete(base_offset, log_append_time, woken)
+        acked.append(batch)
+    if woken:
+        woken[0].future.get_loop().call_soon(run_watchers, woken)
+    return acked, rest
+
+
+def take_acked(batches: list[Any], incomplete: set[Any]) -> tuple[list[Any], int, int, int]:
+    """Of `batches` (acknowledged: most often a response's), those still in `incomplete`,
+    taken out of it; with the memory they hold, their records, and the newest one's creation
+    number (number[0]: flush() counts them off by it). (In C one call a response.)"""
+    if type(batches) is not list or not isinstance(incomplete, set):
+        raise TypeError("take_acked takes a list of batches and a set")
+    counted: list[Any] = []
+    freed = records = newest = 0
+    for batch in batches:
+        if not isinstance(batch, BatchFields) or not isinstance(batch.writer, RecordWriter):
+            raise TypeError("takes a list of batches (with their writers)")
+        if batch in incomplete:  # (else it had its outcome already: expired in flight)
+            incomplete.discard(batch)
+            writer = batch.writer
+            freed += writer.reserved
+            records += writer.count
+            newest = max(newest, batch.number[0])
+            counted.append(batch)
+    return counted, freed, records, newest
+
+
+def count_acked(batches: list[Any], now: float, bounds: tuple[float, ...], buckets: list[int]
+                ) -> tuple[dict[str, list[int]], float]:
+    """Per topic, the records, batches and bytes of `batches` (acknowledged); each one's time
+    since its creation (loop time `now` less its `created`) counted into the histogram
+    `buckets` (bisect_left over `bounds`), and their sum. (In C one call a response.)"""
+    if type(batches) is not list or not isinstance(bounds, tuple) or \
+            not isinstance(buckets, list) or len(buckets) != len(bounds) + 1 or len(bounds) > 64:
+        raise TypeError("count_acked takes a list of batches, a tuple of at most 64 bounds "
+                        "and a list of one bucket more")
+    by_topic: dict[str, list[int]] = {}
+    total = 0.0
+    for batch in batches:
+        if not isinstance(batch, BatchFields) or not isinstance(batch.writer, RecordWriter):
+            raise TypeError("takes a list of batches (with their writers)")
+        writer = batch.writer
+        counts = by_topic.get(batch.topic)
+        if counts is None:
+            counts = by_topic[batch.topic] = [0, 0, 0]
+        counts[0] += writer.count
+        counts[1] += 1
+        counts[2] += writer.size
+        latency = now - batch.created
+        buckets[bisect.bisect_left(bounds, latency)] += 1
+        total += latency
+    return by_topic, total
 
 
 def encode_produce(version: int, correlation_id: int, client_id: str | None,
