@@ -416,6 +416,26 @@ def _unread(pipe: Any) -> int:
     return int.from_bytes(fcntl.ioctl(pipe.fileno(), termios.FIONREAD, b"\0" * 4), sys.byteorder)
 
 
+@contextlib.contextmanager
+def _terminated(cli: subprocess.Popen[bytes]) -> Iterator[Callable[[], str]]:
+    """`with _terminated(cli) as stop:` ... `report = stop()`: SIGTERM, the exit code it
+    should give (128 + SIGTERM, as a shell reports it), and what it said on stderr; the
+    process killed at the end if it still runs (a failed assertion before stop())."""
+    def stop() -> str:
+        cli.send_signal(signal.SIGTERM)
+        assert cli.wait(20) == 128 + signal.SIGTERM
+        return cli.stderr.read().decode()
+    try:
+        yield stop
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.wait(10)
+        for pipe in (cli.stdin, cli.stderr):
+            if pipe is not None:
+                pipe.close()
+
+
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads /proc")
 def test_cli_produce_stopped_by_sigterm_sends_what_it_read(broker, topic):
     """`kill`, `timeout 60 aioproducer produce ...`, a supervisor stopping it: SIGTERM
@@ -427,7 +447,7 @@ def test_cli_produce_stopped_by_sigterm_sends_what_it_read(broker, topic):
                             "--bootstrap-servers", broker.bootstrap,
                             "--producer-props", "linger.ms=10000"],
                            stdin=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
+    with _terminated(cli) as stop:
         cli.stdin.write(b"a\nb\nc\n")
         cli.stdin.flush()
         assert _catches_sigterm(cli), "SIGTERM would end it at once, as its default"
@@ -436,15 +456,7 @@ def test_cli_produce_stopped_by_sigterm_sends_what_it_read(broker, topic):
                 break
             time.sleep(0.05)
         time.sleep(0.5)  # (to have buffered them; the checks below hold however many it had)
-        cli.send_signal(signal.SIGTERM)
-        assert cli.wait(20) == 128 + signal.SIGTERM
-        report = cli.stderr.read().decode()
-    finally:
-        if cli.poll() is None:
-            cli.kill()
-            cli.wait(10)
-        cli.stdin.close()
-        cli.stderr.close()
+        report = stop()
     produced = int(report.split(" of ")[0]) if report else 0
     assert [r.value for r in consume_all(broker.bootstrap, topic, expected=produced)] == \
         [b"a", b"b", b"c"][:produced]
@@ -459,21 +471,14 @@ def test_cli_consume_stopped_by_sigterm_says_what_it_printed(broker, topic):
     cli = subprocess.Popen([sys.executable, "-m", "aioproducer", "consume", topic,
                             "--bootstrap-servers", broker.bootstrap],
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
+    with _terminated(cli) as stop:
         assert _catches_sigterm(cli), "SIGTERM would end it at once, as its default"
         import select
 
         assert select.select([cli.stderr], [], [], 20)[0], "it never said where it reads from"
         started = cli.stderr.readline().decode()
         assert started.startswith(f"reading {topic} from the latest offsets"), started
-        cli.send_signal(signal.SIGTERM)
-        assert cli.wait(20) == 128 + signal.SIGTERM
-        report = cli.stderr.read().decode()
-    finally:
-        if cli.poll() is None:
-            cli.kill()
-            cli.wait(10)
-        cli.stderr.close()
+        report = stop()
     assert report == f"0 records consumed from {topic}\n", report
 
 
