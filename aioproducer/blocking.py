@@ -377,8 +377,12 @@ class BlockingProducer(Generic[K, V]):
         it: that would be a thread hop per record). A Ctrl-C stops the wait (see _wait_for):
         the record is not produced."""
         self._room.clear()
+        if len(self._queue) < _QUEUE_LIMIT:
+            return
+        # (Only the pump's signal ends the wait: the queue a record shorter, as the pump
+        # fails one that waited max_block_ms in line, is not room.)
         deadline = time.monotonic() + self._max_block
-        while len(self._queue) >= _QUEUE_LIMIT and not self._room.is_set():
+        while not self._room.is_set():
             left = deadline - time.monotonic()
             if left > 0:
                 self._room.wait(min(left, _STEP))
