@@ -394,6 +394,11 @@ def test_cli_produce_sends_what_a_pipe_gave_while_it_waits_and_stops_on_ctrl_c(b
     assert "3 of 3 records produced" in report and "resume from line 4" in report, report
 
 
+_READS_PROC = pytest.mark.skipif(
+    not os.path.exists("/proc/self/status"),
+    reason="waits for the CLI's SIGTERM handler, read from Linux's /proc")
+
+
 def _catches_sigterm(process: subprocess.Popen[bytes], limit: float = 20) -> bool:
     """Whether the process set a SIGTERM handler, waited for up to `limit` seconds (its
     start takes a second or two on a loaded machine)."""
@@ -436,7 +441,7 @@ def _terminated(cli: subprocess.Popen[bytes]) -> Iterator[Callable[[], str]]:
                 pipe.close()
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads /proc")
+@_READS_PROC
 def test_cli_produce_stopped_by_sigterm_sends_what_it_read(broker, topic):
     """`kill`, `timeout 60 aioproducer produce ...`, a supervisor stopping it: SIGTERM
     stops it as a first Ctrl-C does. It ended the command at once, without a word, and the
@@ -465,7 +470,7 @@ def test_cli_produce_stopped_by_sigterm_sends_what_it_read(broker, topic):
         assert f"resume from line {produced + 1}" in report, report
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads /proc")
+@_READS_PROC
 def test_cli_consume_stopped_by_sigterm_says_what_it_printed(broker, topic):
     """As on Ctrl-C: it ended without a word, or saying how many records it printed."""
     cli = subprocess.Popen([sys.executable, "-m", "aioproducer", "consume", topic,

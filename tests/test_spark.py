@@ -497,6 +497,14 @@ def _where_reading_stopped(bootstrap: str, topic: str, read: Counter[bytes]) -> 
     return "\n".join(lines)
 
 
+def _wait_written(path, seconds: float) -> None:
+    """Wait (bounded: `seconds`) until the script has written `path`."""
+    for _ in range(int(seconds * 10)):
+        if path.exists() and path.read_text():
+            return
+        time.sleep(0.1)
+
+
 def _watching_worker(ready, verdict) -> str:
     """A script playing the Python worker: its watch's answer at the start written to
     `ready`, then (within 5 s) its answer once it says gone, written to `verdict`."""
@@ -530,16 +538,10 @@ def test_a_task_sees_the_jvm_that_fed_it_die(tmp_path):
                             f"import subprocess, sys; subprocess.run([sys.executable, '-c', "
                             f"{worker!r}])"], start_new_session=True)
     try:
-        for _ in range(200):  # (bounded: 20 s)
-            if ready.exists() and ready.read_text():
-                break
-            time.sleep(0.1)
+        _wait_written(ready, 20)
         assert ready.read_text() == "True", "alive while its JVM runs"
         os.kill(jvm.pid, signal.SIGKILL)
-        for _ in range(100):  # (bounded: 10 s)
-            if verdict.exists() and verdict.read_text():
-                break
-            time.sleep(0.1)
+        _wait_written(verdict, 10)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(jvm.pid, signal.SIGKILL)  # the "daemon" and the worker too
@@ -580,10 +582,7 @@ def test_a_task_sees_the_jvm_that_fed_it_exiting(tmp_path):
         f"ctypes.CDLL(None).syscall({sys_exit}, 0)\n")
     jvm = subprocess.Popen([sys.executable, "-c", jvm_script], start_new_session=True)
     try:
-        for _ in range(200):  # (bounded: 20 s)
-            if verdict.exists() and verdict.read_text():
-                break
-            time.sleep(0.1)
+        _wait_written(verdict, 20)
         assert ready.read_text() == "True", "alive while its JVM runs"
     finally:
         with contextlib.suppress(ProcessLookupError):

@@ -597,9 +597,13 @@ async def test_an_acknowledged_batch_is_out_of_the_collectors_way():
         await records[1]
 
 
-@pytest.mark.skipif(_speedups.IMPLEMENTATION != "c",
-                    reason="the pure-Python twin cannot untrack objects from the garbage "
-                           "collector (only C can): nothing to check there")
+_UNTRACKS = pytest.mark.skipif(
+    _speedups.IMPLEMENTATION != "c",
+    reason="the pure-Python twin cannot untrack objects from the garbage collector (only C "
+           "can): nothing to check there")
+
+
+@_UNTRACKS
 async def test_a_pending_batch_is_out_of_the_collectors_way_until_it_fails_or_splits():
     """At many partitions a batch is opened every record or two: one the accumulator opens
     (its asyncio future, its partition's queue and that queue's key with it) starts out of
@@ -634,9 +638,7 @@ async def test_a_pending_batch_is_out_of_the_collectors_way_until_it_fails_or_sp
     assert gc.is_tracked(split) and gc.is_tracked(split.future)
 
 
-@pytest.mark.skipif(_speedups.IMPLEMENTATION != "c",
-                    reason="the pure-Python twin cannot untrack objects from the garbage "
-                           "collector (only C can): nothing to check there")
+@_UNTRACKS
 async def test_a_pending_batch_s_enqueue_many_futures_are_out_of_the_collectors_way():
     """The list of enqueue_many futures a pending batch keeps (`_bulks`, one a batch: at
     10,000 partitions ~12,000 a run of 200k records, promoted while pending, set off a
