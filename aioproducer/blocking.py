@@ -634,6 +634,12 @@ def _backend_options() -> dict[str, Any]:
 def _forked_in_child() -> None:
     for producer in list(_OPEN):
         producer._forked = producer._closed = True
+        # Its portal's thread is the parent's: marked stopped (as anyio's stop() does), the
+        # portal's exit when the producer is collected does not wait for that thread. It
+        # waited forever: a forked child that exited normally (a gunicorn worker) hung.
+        producer._portal._event_loop_thread_id = None
+        for task in asyncio.all_tasks(producer._loop):  # (the parent's: they never run here)
+            task._log_destroy_pending = False  # type: ignore[attr-defined]
     _OPEN.clear()
 
 

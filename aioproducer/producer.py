@@ -293,12 +293,15 @@ class Producer(Generic[K, V]):
         Idempotent: a second call waits for the first to finish; a shorter `timeout` in it
         bounds the closing too. Cancelling a caller does not stop the closing, which goes on
         in its own task. No task of the producer outlives close(). On a producer whose event
-        loop has ended (which reported what it left unsent), it only marks it closed."""
+        loop has ended (which reported what it left unsent), or in a child process forked
+        after it started, it only marks it closed."""
         check_timeout("close(timeout=...)", timeout)
         lifecycle = self._lifecycle
-        if lifecycle.loop is not None and lifecycle.loop.is_closed():
+        if lifecycle.loop is not None and (lifecycle.loop.is_closed() or lifecycle.forked):
             # Its loop ended without close(), which said how many records it left unsent:
-            # its tasks are gone and nothing can be flushed. Closed as far as it can be.
+            # its tasks are gone and nothing can be flushed (in a forked child, they are the
+            # parent's: only the parent's close() sends its records). Closed as far as it can
+            # be.
             self._close_called = lifecycle.closing = True
             if lifecycle.state is STARTED:
                 lifecycle.become(CLOSING)
@@ -463,7 +466,8 @@ class Producer(Generic[K, V]):
         """Dropped unclosed while its loop runs on (a handler that makes a producer and
         forgets it): warn, and let its parts go on the loop (see `_let_go`)."""
         lifecycle = getattr(self, "_lifecycle", None)
-        if lifecycle is None or lifecycle.state not in (STARTED, FAILED, CLOSING):
+        if lifecycle is None or lifecycle.state not in (STARTED, FAILED, CLOSING) or \
+                lifecycle.forked:  # (a forked child's copy: the parent's closes it)
             return
         unclosed = f"unclosed {self!r} created at {self._created_at}"
         _warn(f"{unclosed}: call `await producer.close()` (or use `async with`)",

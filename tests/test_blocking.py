@@ -371,6 +371,45 @@ def test_after_fork_the_child_is_told_to_create_its_own(broker, topic):
         [b"parent", b"parent again"]
 
 
+_FORKED_CHILD_EXITS = """
+import os, sys, time
+from aioproducer import BlockingProducer
+
+producer = BlockingProducer(sys.argv[1])
+producer.send(sys.argv[2], b"parent", timeout=30)
+pid = os.fork()
+if pid == 0:
+    sys.exit(0)  # a child that leaves as a script or a gunicorn worker does: atexit, collection
+deadline = time.monotonic() + 20
+while (ended := os.waitpid(pid, os.WNOHANG)) == (0, 0) and time.monotonic() < deadline:
+    time.sleep(0.05)
+if ended == (0, 0):
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    print("the child hung")
+else:
+    print("the child exited", os.waitstatus_to_exitcode(ended[1]))
+producer.send(sys.argv[2], b"parent again", timeout=30)
+producer.close()
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"),
+                    reason="Windows has no os.fork(): there is no forked child to guard")
+def test_a_child_forked_from_a_producers_process_exits(broker, topic):
+    """A child forked after a BlockingProducer started that leaves normally (sys.exit, the end
+    of a script, a gunicorn worker), not by os._exit as multiprocessing's children do: the
+    producer's thread portal was collected at the child's exit and waited for the parent's
+    thread, which is not in the child. The child hung until killed."""
+    done = subprocess.run([sys.executable, "-c", _FORKED_CHILD_EXITS, broker.bootstrap, topic],
+                          capture_output=True, text=True, timeout=90, check=False)
+    assert done.stdout.split("\n")[0] == "the child exited 0", done.stderr
+    assert "Task was destroyed" not in done.stderr  # (the parent's tasks, collected there)
+    assert done.returncode == 0, done.stderr
+    assert [r.value for r in consume_all(broker.bootstrap, topic, expected=2)] == \
+        [b"parent", b"parent again"]
+
+
 def test_asyncio_code_does_not_import_the_blocking_facade():
     """Its thread portal (anyio's) loads on first use of BlockingProducer, not with the
     package: ~50 ms of imports an asyncio service never needs."""

@@ -8,9 +8,11 @@ import gc
 import os
 import random
 import resource
+import subprocess
 import sys
 import warnings
 import weakref
+from typing import Any
 
 import pytest
 from kafka.protocol.producer import InitProducerIdResponse
@@ -554,6 +556,103 @@ def test_a_producer_whose_loop_ended_says_so_and_closes(broker, topic, caplog):
     assert "its sender was cancelled" in caplog.text  # (what the loop's end reported)
     asyncio.run(next_one())
     assert [r.value for r in consume_all(broker.bootstrap, topic, expected=1)] == [b"first"]
+
+
+_SESSION_FIXTURE_TESTS = """
+import os
+
+import pytest
+import pytest_asyncio
+
+from aioproducer import Producer
+{mark}
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def producer():
+    async with Producer(os.environ["BOOTSTRAP"]) as producer:
+        yield producer
+
+
+async def test_one(producer):
+    assert (await producer.send(os.environ["TOPIC"], b"one")).offset >= 0
+
+
+async def test_two(producer):
+    assert (await producer.send(os.environ["TOPIC"], b"two")).offset >= 0
+"""
+
+
+def test_a_session_fixtures_producer_in_function_loop_tests_says_what_to_change(
+        broker, topic, tmp_path):
+    """pytest-asyncio runs a session-scoped async fixture on the session's loop and each test
+    on a loop of its own (its default): the tests' sends said to use one producer per
+    event loop, which the user did. The error now says what to change in pytest, and the
+    change it names makes the tests pass."""
+    runs = {}
+    for mark in ("", 'pytestmark = pytest.mark.asyncio(loop_scope="session")'):
+        (tmp_path / "test_users.py").write_text(_SESSION_FIXTURE_TESTS.format(mark=mark))
+        runs[mark] = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o",
+             "asyncio_mode=auto", "--rootdir", str(tmp_path), "-c", "/dev/null",
+             str(tmp_path / "test_users.py")], capture_output=True, text=True, timeout=120,
+            check=False, cwd=tmp_path, env={**os.environ, "BOOTSTRAP": broker.bootstrap, "TOPIC": topic})
+    as_written, on_the_fixtures_loop = runs.values()
+    assert "2 failed" in as_written.stdout, as_written.stdout
+    assert ('run the tests on the fixture\'s loop (`pytestmark = '
+            'pytest.mark.asyncio(loop_scope="session")`') in as_written.stdout
+    assert "2 passed" in on_the_fixtures_loop.stdout, on_the_fixtures_loop.stdout
+    assert sorted(r.value for r in consume_all(broker.bootstrap, topic, expected=2)) == \
+        [b"one", b"two"]
+
+
+def _use_in_forked_child(producer: Producer, topic: str, report: Any) -> None:
+    """A multiprocessing child's work: send on the producer the parent started, then close."""
+    async def child() -> list[str]:
+        said = []
+        try:
+            await asyncio.wait_for(producer.send(topic, b"child"), 10)
+            said.append("sent")
+        except (ProducerClosedError, RuntimeError) as error:
+            said.append(f"{type(error).__name__}: {error}")
+        await producer.close()  # (a child's cleanup: it raised as the send did)
+        said.append(producer.metrics().state)
+        return said
+
+    report.send(asyncio.run(child()))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"),
+                    reason="Windows has no os.fork(): there is no forked child to guard")
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+async def test_a_producer_started_before_fork_tells_the_child_to_start_its_own(broker, topic):
+    """multiprocessing's fork start method (the default on Linux before 3.14) with a started
+    producer: the child's send said the producer belonged to another event loop ("use one
+    producer per event loop"), which says nothing of the fork, and close() in the child raised
+    the same. Now it is a ProducerClosedError naming os.fork() and what to do; close() marks
+    the child's copy closed; the parent's producer goes on."""
+    import multiprocessing
+
+    async with Producer(broker.bootstrap) as producer:
+        await producer.send(topic, b"parent")
+        context = multiprocessing.get_context("fork")
+        report, child_end = context.Pipe()
+        child = context.Process(target=_use_in_forked_child, args=(producer, topic, child_end))
+        child.start()
+        try:
+            assert await asyncio.to_thread(report.poll, 30), "the child said nothing"
+            said = report.recv()
+        finally:
+            child.join(10)
+            if child.exitcode is None:
+                child.kill()
+                child.join()
+        await producer.send(topic, b"parent again")
+    error, state = said
+    assert error.startswith("ProducerClosedError: this producer was started before os.fork()")
+    assert "Create and start a new producer in this process" in error
+    assert state == "closed" and child.exitcode == 0
+    assert [r.value for r in consume_all(broker.bootstrap, topic, expected=2)] == \
+        [b"parent", b"parent again"]
 
 
 @pytest.mark.parametrize("runner", ["asyncio", "uvloop"])

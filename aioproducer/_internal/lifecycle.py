@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import os
 from threading import get_ident
 from typing import Any, Callable, Iterable, NoReturn
 
@@ -44,6 +45,13 @@ def next_state(current: State, target: State) -> State:
     return target
 
 
+_PYTEST_LOOPS = (
+    ". In pytest-asyncio, a producer fixture of a wider scope than function runs on a loop of "
+    "that scope, and each test on a loop of its own: run the tests on the fixture's loop "
+    "(`pytestmark = pytest.mark.asyncio(loop_scope=\"session\")` in their module for a "
+    "session-scoped fixture), or make the fixture function-scoped")
+
+
 class Lifecycle:
     """One producer's state (changed only through the table) and the event loop it belongs
     to. Shared by the producer and its record intake, so the verbs and the append path ask
@@ -59,6 +67,7 @@ class Lifecycle:
         # running loop is a syscall).
         self.thread: int | None = None
         self.loop_running: Callable[[], bool] = lambda: False
+        self.pid: int | None = None  # the process: a forked child has the loop's copy only
 
     def become(self, state: State) -> None:
         self.state = next_state(self.state, state)
@@ -67,21 +76,36 @@ class Lifecycle:
         self.loop = asyncio.get_running_loop()
         self.thread = get_ident()
         self.loop_running = self.loop.is_running
+        self.pid = os.getpid()
+
+    @property
+    def forked(self) -> bool:
+        """Whether this is a child forked after the producer started (multiprocessing's
+        fork start method, a pre-forking server): its loop and sockets are the parent's."""
+        return self.pid is not None and os.getpid() != self.pid
 
     def check_loop(self) -> None:
         """Refuse a call from an event loop other than the producer's (its tasks and futures
         live there: the call would hang or fail obscurely, and from another thread, corrupt
         a batch)."""
+        # (None in a child forked inside the loop: asyncio forgets the running loop there)
         if self.loop is not None and (get_ident() != self.thread or
-                                      asyncio.get_running_loop() is not self.loop):
+                                      asyncio._get_running_loop() is not self.loop):
+            if self.forked:
+                raise ProducerClosedError(
+                    "this producer was started before os.fork() (multiprocessing's fork "
+                    "start method, a server's worker processes): its connections and event "
+                    "loop belong to the parent process. Create and start a new producer in "
+                    "this process (with multiprocessing, in the function the child runs)")
             if self.loop.is_closed():  # (kept from one asyncio.run() or test to the next)
                 raise RuntimeError(
                     "this producer's event loop has ended (asyncio.run() returned, or the "
                     "loop of the test that started it closed): it can send nothing more. Make "
                     "a producer in the loop that uses it (in pytest, a fixture of the same "
                     "loop scope as the tests using it); close() just closes this one")
-            # (a sync web handler's asyncio.run(producer.send(...)), say)
-            thread = "" if get_ident() == self.thread else (
+            # (a sync web handler's asyncio.run(producer.send(...)), say; in the same thread,
+            # most often pytest-asyncio's session fixture used by tests on their own loops)
+            thread = _PYTEST_LOOPS if get_ident() == self.thread else (
                 "; from another thread, run the call on the producer's loop: "
                 "asyncio.run_coroutine_threadsafe(producer.send(...), loop).result(), or "
                 "anyio.from_thread.run(producer.send, topic, value) in a sync web handler; or "
