@@ -52,6 +52,9 @@ _POLL = 0.001  # how often the pump looks at the queue while records keep coming
 # How often a calling thread's wait looks up (see _wait_for): a Ctrl-C is raised that soon.
 _STEP = 0.1
 _OPEN: weakref.WeakSet[BlockingProducer[Any, Any]] = weakref.WeakSet()
+# What an on_delivery's first parameter is called when it takes confluent-kafka's order,
+# on_delivery(err, msg): ours is the Java client's, (metadata, exception).
+_ERROR_NAMES = frozenset({"err", "error", "exc", "exception", "e", "ex"})
 
 
 class BlockingProducer(Generic[K, V]):
@@ -125,6 +128,7 @@ class BlockingProducer(Generic[K, V]):
         # A produce() refused for its arguments fails its future only: with nobody to look
         # at it (no on_delivery), a loop of records of the wrong type failed unseen.
         self._log_refused = LogEvery(log, logging.WARNING, 10)
+        self._checked_on_delivery: object = None  # the code of the last on_delivery checked
         self._portal_cm = start_blocking_portal("asyncio", _backend_options(),
                                                 name="aioproducer-blocking")
         self._portal: BlockingPortal = self._portal_cm.__enter__()
@@ -157,10 +161,17 @@ class BlockingProducer(Generic[K, V]):
                 headers: Headers | None = None,
                 on_delivery: DeliveryCallback | None = None) -> Future[RecordMetadata]:
         """Queue one record; returns at once with a future of its metadata. `on_delivery`
-        (metadata, None) or (None, exception) runs in the producer's thread: keep it short.
-        Waits (up to max_block_ms) only while 5,000 records are queued for that thread."""
+        (metadata, None) or (None, exception) runs in the producer's thread: keep it short
+        (one whose first parameter is named `err`, confluent-kafka's order, raises
+        TypeError). Waits (up to max_block_ms) only while 5,000 records are queued for that
+        thread."""
         if self._closed:  # (or forked: that closes it too)
             self._check_usable()
+        if on_delivery is not None:
+            code = getattr(on_delivery, "__code__", None)  # (a function's or a method's)
+            if code is not self._checked_on_delivery:
+                _check_delivery_order(on_delivery, code)
+                self._checked_on_delivery = code
         future: _Produced = _Produced()
         future._record = (topic, value, key, partition, timestamp_ms, headers,
                           contextvars.copy_context() if self._tells_send else None)
@@ -599,6 +610,22 @@ def _fail(future: _Produced, exc: BaseException) -> None:
     on_delivery = future._on_delivery
     if on_delivery is not None:
         deliver(on_delivery, None, exc)
+
+
+def _check_delivery_order(on_delivery: DeliveryCallback, code: Any) -> None:
+    """Refuse a callback written for confluent-kafka's on_delivery(err, msg): called with
+    (metadata, None), it took every record delivered for a failure, and each failure for
+    a delivery."""
+    if code is None:  # (a partial or a callable object: its parameters are not read)
+        return
+    first = 1 if hasattr(on_delivery, "__self__") else 0  # (a bound method's self)
+    names = code.co_varnames[first:code.co_argcount]
+    if names and names[0] in _ERROR_NAMES:
+        raise TypeError(
+            f"on_delivery is called as on_delivery(metadata, exception), the Java client's "
+            f"order, but the first parameter of {getattr(on_delivery, '__qualname__', '')!r} "
+            f"is {names[0]!r}: confluent-kafka's order, on_delivery(err, msg). Swap them "
+            "(and read the metadata's fields: metadata.offset, not msg.offset())")
 
 
 def _wait_for(future: Future[Any], timeout: float | None = None) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import inspect
 import operator
 import os
 import re
@@ -350,9 +351,8 @@ class ProducerConfig:
                     not callable(serializer):
                 raise ConfigError(f"{name} must be an aioproducer.serializers.Serializer or a "
                                   f"callable returning bytes, not {type(serializer).__name__}")
-        if self.partitioner is not None and not callable(self.partitioner):
-            raise ConfigError("partitioner must be a callable taking (topic, key, "
-                              "partition_count, available_partitions)")
+        if self.partitioner is not None:
+            _check_partitioner(self.partitioner)
         if isinstance(self.hooks, ProducerHooks) or not isinstance(self.hooks, (list, tuple)) \
                 or not all(isinstance(hook, ProducerHooks) for hook in self.hooks):
             raise ConfigError("hooks must be a list of aioproducer.hooks.ProducerHooks "
@@ -505,6 +505,27 @@ _OTHER_CLIENTS: dict[str, tuple[str | None, str]] = {
     "loop": (None, "a producer runs on the event loop that starts it"),
     "api_version": (None, "the producer agrees on versions with each broker"),
 }
+
+
+def _check_partitioner(partitioner: Any) -> None:
+    """A partitioner that cannot take our four arguments failed each send() with a
+    TypeError from its call; aiokafka's take three (key, all_partitions, available)."""
+    takes = "a callable taking (topic, key, partition_count, available_partitions)"
+    if not callable(partitioner):
+        raise ConfigError(f"partitioner must be {takes}")
+    try:
+        signature = inspect.signature(partitioner)
+    except (TypeError, ValueError):  # (a builtin may have none to read: it is called as is)
+        return
+    try:
+        signature.bind("topic", b"key", 1, [0])
+    except TypeError:
+        raise ConfigError(
+            f"partitioner must be {takes} and return a partition or None; "
+            f"{getattr(partitioner, '__qualname__', partitioner)!r} takes {signature}. An "
+            "aiokafka partitioner, (key, all_partitions, available_partitions), works "
+            "wrapped: lambda topic, key, count, available: "
+            "partitioner(key, list(range(count)), available)") from None
 
 
 def _suggest(name: str, names: frozenset[str]) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from aioproducer import Producer
+from aioproducer.errors import ConfigError
 from tests.support.readback import consume_all
 
 
@@ -65,3 +66,28 @@ async def test_aiokafkas_spellings_of_metadata_timestamp_and_no_compression(brok
         sent.timestamp = 0  # type: ignore[misc]
     got = consume_all(broker.bootstrap, topic, expected=3)
     assert [r.timestamp_ms for r in got] == [stamp, stamp + 1, stamp + 2]
+
+
+async def test_an_aiokafka_partitioner_is_refused_with_the_wrapper_that_fits(broker,
+                                                                               topic_factory):
+    """aiokafka calls a partitioner as (key, all_partitions, available_partitions), we call
+    ours with (topic, key, partition_count, available_partitions): one moved over was taken
+    by the constructor, then every send() raised "takes 3 positional arguments but 4 were
+    given". The constructor now refuses it with a wrapper, and the wrapper places records
+    where the aiokafka partitioner says."""
+    topic = topic_factory(3)
+
+    def last_partition(key_bytes, all_partitions, available_partitions):
+        return all_partitions[-1]
+
+    with pytest.raises(ConfigError, match=r"'.*last_partition' takes \(key_bytes, "
+                                          r"all_partitions, available_partitions\)\. An "
+                                          r"aiokafka partitioner.* works wrapped"):
+        Producer(broker.bootstrap, partitioner=last_partition)
+    wrapped = lambda topic, key, count, available: last_partition(  # (the message's)
+        key, list(range(count)), available)
+    async with Producer(broker.bootstrap, partitioner=wrapped) as producer:
+        sent = [await producer.send(topic, b"v%d" % i, key=b"k%d" % i) for i in range(3)]
+    assert {md.partition for md in sent} == {2}
+    assert [r.value for r in consume_all(broker.bootstrap, topic, expected=3)] == \
+        [b"v0", b"v1", b"v2"]

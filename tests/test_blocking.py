@@ -109,6 +109,44 @@ def test_a_record_refused_in_the_producers_thread_is_logged_if_nobody_is_told(
     assert repr(topic) in said[0] and "value must be bytes" in said[0]
 
 
+def test_a_delivery_callback_in_confluent_kafkas_order_is_refused(broker, topic):
+    """confluent-kafka's README's callback, delivery_report(err, msg), moved over as it is:
+    called (metadata, None), it counted every record delivered as failed ("Message delivery
+    failed: RecordMetadata(...)"), and would count a failure as delivered. produce() now
+    refuses it, taking nothing; the Java client's order, as a function or a method, runs."""
+    failed: list[Any] = []
+    delivered: list[RecordMetadata] = []
+
+    def delivery_report(err, msg):  # (confluent-kafka's README)
+        if err is not None:
+            failed.append(err)
+        else:
+            delivered.append(msg)
+
+    def on_delivery(metadata, exception):
+        if exception is not None:
+            failed.append(exception)
+        else:
+            delivered.append(metadata)
+
+    class Report:
+        def done(self, metadata, exception):
+            on_delivery(metadata, exception)
+
+    with BlockingProducer(broker.bootstrap) as producer:
+        for _ in range(2):  # (the second call too: what was refused is not taken as checked)
+            with pytest.raises(TypeError, match=r"first parameter of '.*delivery_report' is "
+                                                r"'err': confluent-kafka's order, .* Swap them"):
+                producer.produce(topic, b"refused", on_delivery=delivery_report)
+        producer.produce(topic, b"a function", on_delivery=on_delivery)
+        producer.produce(topic, b"a method", on_delivery=Report().done)
+        producer.flush()
+    assert failed == []
+    assert [md.offset for md in delivered] == [0, 1]
+    assert [r.value for r in consume_all(broker.bootstrap, topic, expected=2)] == \
+        [b"a function", b"a method"]
+
+
 def test_a_blocking_call_from_a_delivery_callback_raises_instead_of_hanging(broker, topic):
     errors: list[BaseException] = []
 

@@ -595,7 +595,8 @@ def test_a_session_fixtures_producer_in_function_loop_tests_says_what_to_change(
             [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o",
              "asyncio_mode=auto", "--rootdir", str(tmp_path), "-c", "/dev/null",
              str(tmp_path / "test_users.py")], capture_output=True, text=True, timeout=120,
-            check=False, cwd=tmp_path, env={**os.environ, "BOOTSTRAP": broker.bootstrap, "TOPIC": topic})
+            check=False, cwd=tmp_path,
+            env={**os.environ, "BOOTSTRAP": broker.bootstrap, "TOPIC": topic})
     as_written, on_the_fixtures_loop = runs.values()
     assert "2 failed" in as_written.stdout, as_written.stdout
     assert ('run the tests on the fixture\'s loop (`pytestmark = '
