@@ -24,8 +24,8 @@ import weakref
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from functools import partial
-from typing import Any, Awaitable, Callable, Coroutine, Generic, Iterable, Iterator, Sequence, \
-    TypeVar, Unpack, overload
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Coroutine, Generic, Iterable, \
+    Iterator, Sequence, TypeVar, Unpack, overload
 
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
@@ -37,7 +37,7 @@ from ._internal.thread_future import BulkThreadFuture, ThreadFuture
 from .client.ratelimit import LogEvery
 from .config import ProducerConfig, ProducerSettingsBase
 from .errors import BufferExhaustedError, ProducerClosedError
-from .producer import Bytes, K, Producer, V
+from .producer import Bytes, K, Producer, V, no_such_verb
 from .protocol.records import Headers
 from .serializers import SerializerOf
 
@@ -55,6 +55,15 @@ _OPEN: weakref.WeakSet[BlockingProducer[Any, Any]] = weakref.WeakSet()
 # What an on_delivery's first parameter is called when it takes confluent-kafka's order,
 # on_delivery(err, msg): ours is the Java client's, (metadata, exception).
 _ERROR_NAMES = frozenset({"err", "error", "exc", "exception", "e", "ex"})
+# Other clients' verbs that are not ours, each with what to use instead.
+_OTHER_CLIENTS_VERBS = {
+    "poll": "not needed: on_delivery callbacks run in the producer's thread without it "
+            "(drop the call; flush() waits for every record produced)",
+    "create_batch": "aiokafka's create_batch() and send_batch() are "
+                    "produce_many(topic, [(key, value), ...]) here",
+    "list_topics": "partitions_for(topic) gives a topic's partition ids",
+}
+_OTHER_CLIENTS_VERBS["send_batch"] = _OTHER_CLIENTS_VERBS["create_batch"]
 
 
 class BlockingProducer(Generic[K, V]):
@@ -153,6 +162,10 @@ class BlockingProducer(Generic[K, V]):
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         self.close()
+
+    if not TYPE_CHECKING:  # (to mypy, a misspelt name stays an error)
+        def __getattr__(self, name: str) -> Any:
+            raise no_such_verb(self, name, _OTHER_CLIENTS_VERBS)
 
     # -- producing -------------------------------------------------------------------------
 

@@ -59,6 +59,28 @@ else:
     K, V = TypeVar("K", contravariant=True), TypeVar("V", contravariant=True)
 
 
+# Other clients' verbs that are not ours, each with what to use instead.
+_OTHER_CLIENTS_VERBS = {
+    "produce": "confluent-kafka's produce() is `await producer.enqueue(topic, value, key)` "
+               "here, which returns a future of the record's metadata (BlockingProducer has "
+               "produce() for sync code)",
+    "poll": "not needed: the producer's own task delivers the outcomes (await the futures "
+            "enqueue() returns, or flush())",
+    "create_batch": "aiokafka's create_batch() and send_batch() are "
+                    "`await producer.enqueue_many(topic, [(key, value), ...])` here",
+    "list_topics": "`await producer.partitions_for(topic)` gives a topic's partition ids",
+}
+_OTHER_CLIENTS_VERBS["send_batch"] = _OTHER_CLIENTS_VERBS["create_batch"]
+
+
+def no_such_verb(obj: object, name: str, hints: dict[str, str]) -> AttributeError:
+    """Python's AttributeError for a missing attribute, saying what to use where another
+    client has the name (a poll() after each produce(), moved over from confluent-kafka)."""
+    message = f"{type(obj).__name__!r} object has no attribute {name!r}"
+    return AttributeError(f"{message}: {hints[name]}" if name in hints else message,
+                          name=name, obj=obj)
+
+
 class Producer(Generic[K, V]):
     """An asyncio Kafka producer.
 
@@ -649,6 +671,10 @@ class Producer(Generic[K, V]):
     async def stop(self) -> None:
         """aiokafka's name for `close()`."""
         await self.close()
+
+    if not TYPE_CHECKING:  # (to mypy, a misspelt name stays an error)
+        def __getattr__(self, name: str) -> Any:
+            raise no_such_verb(self, name, _OTHER_CLIENTS_VERBS)
 
     # -- transactions ----------------------------------------------------------------------
 

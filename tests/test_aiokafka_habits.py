@@ -4,6 +4,8 @@ habit is enqueue(). Read back with librdkafka."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from aioproducer import Producer
@@ -91,3 +93,34 @@ async def test_an_aiokafka_partitioner_is_refused_with_the_wrapper_that_fits(bro
     assert {md.partition for md in sent} == {2}
     assert [r.value for r in consume_all(broker.bootstrap, topic, expected=3)] == \
         [b"v0", b"v1", b"v2"]
+
+
+async def test_aiokafkas_send_then_await_the_future_runs_and_says_what_to_use(broker, topic):
+    """aiokafka's send() returns a future to await later; ours is its send_and_wait() and
+    returned the metadata, so `await fut` raised TypeError ("can't be used in 'await'
+    expression") with the record sent, and gather() of them raised too. Awaiting the
+    metadata now returns it, with a warning naming enqueue() (that loop waits for each
+    record)."""
+    async with Producer(broker.bootstrap) as producer:
+        futures = [await producer.send(topic, b"%d" % i, key=b"k") for i in range(3)]
+        with pytest.warns(RuntimeWarning, match=r"aiokafka's `fut = await producer.send\("
+                                                r"\.\.\.\)` is `fut = await producer.enqueue"):
+            gathered = await asyncio.gather(*futures)  # (aiokafka's documented batch idiom)
+        with pytest.warns(RuntimeWarning, match="awaiting it again returns it"):
+            first = await futures[0]
+    assert [md.offset for md in gathered] == [0, 1, 2] and first == gathered[0]
+    assert [r.value for r in consume_all(broker.bootstrap, topic, expected=3)] == \
+        [b"0", b"1", b"2"]
+
+
+async def test_aiokafkas_create_batch_names_enqueue_many(broker, topic):
+    """aiokafka's create_batch()/send_batch() are enqueue_many() here (the migration table
+    says so): the AttributeError said only "no attribute 'create_batch'"."""
+    async with Producer(broker.bootstrap) as producer:
+        for verb in ("create_batch", "send_batch"):
+            with pytest.raises(AttributeError, match=rf"no attribute '{verb}': aiokafka's "
+                                                     r"create_batch\(\) and send_batch\(\) are "
+                                                     r"`await producer.enqueue_many\("):
+                getattr(producer, verb)
+        bulk = await (await producer.enqueue_many(topic, [(None, b"a"), (None, b"b")]))
+    assert [md.offset for md in bulk] == [0, 1]

@@ -147,6 +147,24 @@ def test_a_delivery_callback_in_confluent_kafkas_order_is_refused(broker, topic)
         [b"a function", b"a method"]
 
 
+def test_confluent_kafkas_poll_and_list_topics_say_what_to_use(broker, topic):
+    """confluent-kafka's produce loop calls poll(0) before each produce() (its callbacks run
+    there): AttributeError "no attribute 'poll'" said nothing of why. It now says the call
+    is not needed, and list_topics() names partitions_for(); a misspelt name is Python's
+    plain AttributeError."""
+    with BlockingProducer(broker.bootstrap) as producer:
+        with pytest.raises(AttributeError, match=r"no attribute 'poll': not needed: "
+                                                 r"on_delivery callbacks run in the "
+                                                 r"producer's thread without it"):
+            producer.poll(0)
+        with pytest.raises(AttributeError, match=r"'list_topics': partitions_for\(topic\)"):
+            producer.list_topics(topic)
+        with pytest.raises(AttributeError, match=r"^'BlockingProducer' object has no "
+                                                 r"attribute 'flsh'$"):
+            producer.flsh()  # type: ignore[attr-defined]
+        assert producer.partitions_for(topic) == {0}
+
+
 def test_a_blocking_call_from_a_delivery_callback_raises_instead_of_hanging(broker, topic):
     errors: list[BaseException] = []
 

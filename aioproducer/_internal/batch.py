@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import warnings
 from functools import partial
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, NamedTuple, \
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Generator, Iterator, NamedTuple, \
     Sequence, TypeAlias, Union, overload
 
 from .._speedups import BatchFields, RecordFields, new_tuple, run_callbacks, watch_batches
@@ -43,6 +44,19 @@ class RecordMetadata(NamedTuple):
         """`timestamp_ms` by the name aiokafka's RecordMetadata gives it (the Java client's
         `timestamp()`): code moved over reads `md.timestamp`."""
         return self.timestamp_ms
+
+    def __await__(self) -> Generator[Any, None, RecordMetadata]:
+        """aiokafka's `fut = await producer.send(...)`, then `await fut`: our send() is its
+        send_and_wait() and returned this, so awaiting it again returns it (it raised
+        "can't be used in 'await' expression", the record sent). Warned once per line:
+        that habit waits for the broker once per record."""
+        warnings.warn("send() waited for the broker and returned this RecordMetadata: "
+                      "awaiting it again returns it. aiokafka's `fut = await "
+                      "producer.send(...)` is `fut = await producer.enqueue(...)` here, which "
+                      "returns once the record is buffered (a loop of send() waits a round "
+                      "trip for each record)", RuntimeWarning, stacklevel=2)
+        return self
+        yield  # (a generator: what `await` asks for)
 
 
 # What a done callback runs in: a copy of a snapshot (see _speedups), or, held in a 1-tuple,
