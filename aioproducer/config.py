@@ -499,6 +499,15 @@ _OTHER_CLIENTS: dict[str, tuple[str | None, str]] = {
     "request_required_acks": ("acks", "librdkafka's name"),
     "topic_metadata_refresh_interval_ms": ("metadata_max_age_ms", "librdkafka's name"),
     "sasl_mechanisms": ("sasl_mechanism", "librdkafka's name"),
+    "ssl_ca_location": ("ssl_cafile", "librdkafka's name"),
+    "ssl_certificate_location": ("ssl_certfile", "librdkafka's name"),
+    "ssl_key_location": ("ssl_keyfile", "librdkafka's name"),
+    "error_cb": (None, "errors reach each record's future (and BlockingProducer's "
+                       "on_delivery); on_delivery_error is told of every record that failed "
+                       "for good"),
+    "stats_cb": (None, "producer.metrics() gives the statistics when asked"),
+    "statistics_interval_ms": (None, "producer.metrics() gives the statistics when asked"),
+    "debug": (None, "the 'aioproducer' logger at DEBUG logs what the producer does"),
     "max_batch_size": ("batch_size", "aiokafka's name"),
     "sasl_plain_username": ("sasl_username", "aiokafka's name"),
     "sasl_plain_password": ("sasl_password", "aiokafka's name"),

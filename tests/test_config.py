@@ -66,6 +66,16 @@ def test_from_properties_takes_kafka_names_and_strings():
     ("batch.num.messages", ": not needed (batch.size bounds a batch, in bytes)"),
     ("max_batch_size", "; did you mean 'batch_size'? (aiokafka's name)"),
     ("loop", ": not needed (a producer runs on the event loop that starts it)"),
+    # (a confluent-kafka user's config dict: no hint, or the wrong setting, before)
+    ("ssl.ca.location", "; did you mean 'ssl.cafile'? (librdkafka's name)"),
+    ("ssl.certificate.location", "; did you mean 'ssl.certfile'? (librdkafka's name)"),
+    ("ssl.key.location", "; did you mean 'ssl.keyfile'? (librdkafka's name)"),
+    ("error_cb", ": not needed (errors reach each record's future (and BlockingProducer's "
+                 "on_delivery); on_delivery_error is told of every record that failed for "
+                 "good)"),
+    ("statistics.interval.ms", ": not needed (producer.metrics() gives the statistics when "
+                               "asked)"),
+    ("debug", ": not needed (the 'aioproducer' logger at DEBUG logs what the producer does)"),
 ])
 def test_other_clients_setting_names_are_told_ours(given, said):
     """A confluent-kafka user's properties (librdkafka's names) or an aiokafka user's keywords:
