@@ -382,8 +382,10 @@ class BlockingProducer(Generic[K, V]):
     def _check_usable(self) -> None:
         if self._forked:
             raise ProducerClosedError(
-                "this BlockingProducer was created before os.fork(): its event loop's thread "
-                "is not in this process; create a new one here")
+                "this BlockingProducer was created before os.fork() (multiprocessing's fork "
+                "start method, a server's worker processes, gunicorn --preload): its event "
+                "loop's thread is not in this process; create a new one here (in the function "
+                "the child runs, or on first use in each worker)")
         if self._closed:
             raise ProducerClosedError("the producer is closed: no more records can be sent")
 
