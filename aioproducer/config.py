@@ -502,9 +502,9 @@ _OTHER_CLIENTS: dict[str, tuple[str | None, str]] = {
     "ssl_ca_location": ("ssl_cafile", "librdkafka's name"),
     "ssl_certificate_location": ("ssl_certfile", "librdkafka's name"),
     "ssl_key_location": ("ssl_keyfile", "librdkafka's name"),
-    "error_cb": (None, "errors reach each record's future (and BlockingProducer's "
-                       "on_delivery); on_delivery_error is told of every record that failed "
-                       "for good"),
+    "error_cb": (None, ("errors reach each record's future (and BlockingProducer's "
+                        "on_delivery); on_delivery_error is told of every record that failed "
+                        "for good")),
     "stats_cb": (None, "producer.metrics() gives the statistics when asked"),
     "statistics_interval_ms": (None, "producer.metrics() gives the statistics when asked"),
     "debug": (None, "the 'aioproducer' logger at DEBUG logs what the producer does"),

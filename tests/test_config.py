@@ -70,11 +70,11 @@ def test_from_properties_takes_kafka_names_and_strings():
     ("ssl.ca.location", "; did you mean 'ssl.cafile'? (librdkafka's name)"),
     ("ssl.certificate.location", "; did you mean 'ssl.certfile'? (librdkafka's name)"),
     ("ssl.key.location", "; did you mean 'ssl.keyfile'? (librdkafka's name)"),
-    ("error_cb", ": not needed (errors reach each record's future (and BlockingProducer's "
-                 "on_delivery); on_delivery_error is told of every record that failed for "
-                 "good)"),
-    ("statistics.interval.ms", ": not needed (producer.metrics() gives the statistics when "
-                               "asked)"),
+    ("error_cb", (": not needed (errors reach each record's future (and BlockingProducer's "
+                  "on_delivery); on_delivery_error is told of every record that failed for "
+                  "good)")),
+    ("statistics.interval.ms", (": not needed (producer.metrics() gives the statistics "
+                                "when asked)")),
     ("debug", ": not needed (the 'aioproducer' logger at DEBUG logs what the producer does)"),
 ])
 def test_other_clients_setting_names_are_told_ours(given, said):
