@@ -3638,6 +3638,10 @@ is_name(PyObject *name, PyObject *known)
     return name == known || (PyUnicode_Check(name) && PyUnicode_Compare(name, known) == 0);
 }
 
+/* A given timestamp above 0 and below this many ms (1973-03-03) is likely in seconds:
+   `later` (the intake) warns of it once (_py.SECONDS_LIKE_BELOW). */
+#define SECONDS_LIKE_BELOW 100000000000LL
+
 /* An int-like given as a partition or timestamp (numpy's and pandas' integers: nb_index) as
    the int it stands for, a new reference; NULL without an error set for anything else (a
    bool included), which `later` refuses. (arguments.as_int is its twin on the Python path.) */
@@ -3765,8 +3769,8 @@ appender_fast(Appender *self, PyObject *const *args, Py_ssize_t nargs, PyObject 
             goto done;
         int overflow = 0;
         long long given = PyLong_AsLongLongAndOverflow(stamp, &overflow);
-        if (given < 0 || overflow)
-            goto done;
+        if (given < 0 || overflow || (given > 0 && given < SECONDS_LIKE_BELOW))
+            goto done;  /* (`later` refuses it, or warns of a time in seconds) */
     }
 
     /* The partition: given, by murmur2 of the key, or the topic's sticky one. */

@@ -882,8 +882,9 @@ class Appender:
         else:
             if type(timestamp) is not int:
                 timestamp = _index(timestamp)
-            if timestamp is None or not 0 <= timestamp < 1 << 63:
-                return None
+            if timestamp is None or not 0 <= timestamp < 1 << 63 or \
+                    0 < timestamp < SECONDS_LIKE_BELOW:
+                return None  # (`later` refuses it, or warns of a time in seconds)
         sticky = False
         if partition is not None:
             if type(partition) is not int:
@@ -918,6 +919,10 @@ class Appender:
 
 
 _UNSET: Any = object()  # (a key not given)
+
+# A given timestamp above 0 and below this many ms (1973-03-03) is likely in seconds
+# (`int(time.time())`): the intake warns of it once per producer.
+SECONDS_LIKE_BELOW = 100_000_000_000
 
 
 for _name, _mark in COROUTINE_MARKS.items():  # (a coroutine function: see _marks.py)
