@@ -386,16 +386,15 @@ class RecordIntake:
         """A record's timestamp (now if None), checked. One that looks like seconds (above 0,
         before 1973 as ms: `int(time.time())`) is taken as given, as the Java client takes
         it, but the broker dates the record 1970: said once per producer."""
-        timestamp_ms = checked_timestamp(timestamp_ms)
-        if 0 < timestamp_ms < SECONDS_LIKE_BELOW and not self._said_seconds:
+        checked = checked_timestamp(timestamp_ms)
+        if 0 < checked < SECONDS_LIKE_BELOW and not self._said_seconds:
             self._said_seconds = True
             log.warning(
                 "timestamp_ms=%d (topic %r) is %s as milliseconds since the epoch, which "
                 "the broker and consumers take it for: was it seconds? Give "
                 "int(time.time() * 1000). The records are sent with it as given. (Said once.)",
-                timestamp_ms, topic,
-                time.strftime("%Y-%m-%d", time.gmtime(timestamp_ms / 1000)))
-        return timestamp_ms
+                checked, topic, time.strftime("%Y-%m-%d", time.gmtime(checked / 1000)))
+        return checked
 
     async def partition_count(self, topic: str) -> int:
         info = self._cluster.topics.get(topic)
