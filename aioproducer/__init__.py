@@ -2,7 +2,13 @@
 
 from typing import TYPE_CHECKING, Any
 
-from ._internal.batch import BulkFuture, BulkMetadata, RecordFailure, RecordFuture, RecordMetadata
+from ._internal.batch import (
+    BulkFuture,
+    BulkMetadata,
+    RecordFailure,
+    RecordFuture,
+    RecordMetadata,
+)
 from ._internal.metrics import Histogram, ProducerMetrics, TopicMetrics
 from ._internal.thread_future import BulkThreadFuture
 from ._version import __version__

@@ -123,13 +123,13 @@ async def test_aiokafka_and_kafka_python_offsets_commit_with_their_metadata(apac
     AiokafkaOffset = namedtuple("OffsetAndMetadata", "offset metadata")  # aiokafka's shape
     source, sink = make_topic(3), make_topic()
     group = f"g-{uuid.uuid4().hex[:8]}"
-    async with Producer(apache_kafka.bootstrap, transactional_id=_tid()) as producer:
-        async with producer.transaction():
-            await producer.send(sink, b"derived")
-            await producer.send_offsets_to_transaction({
-                KafkaPythonPartition(source, 0): KafkaPythonOffset(42, "from kafka-python", 0),
-                KafkaPythonPartition(source, 1): AiokafkaOffset(7, "from aiokafka"),
-                (source, 2): 3}, group)
+    async with Producer(apache_kafka.bootstrap, transactional_id=_tid()) as producer, \
+            producer.transaction():
+        await producer.send(sink, b"derived")
+        await producer.send_offsets_to_transaction({
+            KafkaPythonPartition(source, 0): KafkaPythonOffset(42, "from kafka-python", 0),
+            KafkaPythonPartition(source, 1): AiokafkaOffset(7, "from aiokafka"),
+            (source, 2): 3}, group)
     reader = Consumer({"bootstrap.servers": apache_kafka.bootstrap, "group.id": group})
     try:
         committed = reader.committed([TopicPartition(source, p) for p in range(3)], timeout=10)
