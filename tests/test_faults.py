@@ -23,8 +23,8 @@ from aioproducer.errors import (
     BrokerInvalidRecordError,
     CorruptMessageError,
     DeliveryTimeoutError,
-    KafkaConnectionError,
     InvalidTimestampError,
+    KafkaConnectionError,
     KafkaError,
     MessageTooLargeError,
     RecordTooLargeError,
@@ -824,7 +824,7 @@ async def test_an_enqueue_many_whose_records_fail_in_two_partitions_tells_which(
     each with its own error. The BulkFuture raises the first failure in input order, and
     failures() names every record that failed, by index, with its typed error: the others
     were written. Only the first error was told: the user could not tell which records to
-    send again, and sending all again wrote partition 0's twice."""
+    send again (sending all again would write partition 0's twice)."""
     topic, expected = _failing_in_two_partitions(cluster)
     async with Producer(cluster.bootstrap_servers, linger_ms=50, acks=1,
                         enable_idempotence=False) as producer:
