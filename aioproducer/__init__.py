@@ -2,7 +2,13 @@
 
 from typing import TYPE_CHECKING, Any
 
-from ._internal.batch import BulkFuture, BulkMetadata, RecordFuture, RecordMetadata
+from ._internal.batch import (
+    BulkFuture,
+    BulkMetadata,
+    RecordFailure,
+    RecordFuture,
+    RecordMetadata,
+)
 from ._internal.metrics import Histogram, ProducerMetrics, TopicMetrics
 from ._internal.thread_future import BulkThreadFuture
 from ._version import __version__
@@ -14,9 +20,9 @@ if TYPE_CHECKING:
     from .blocking import BlockingProducer
 
 __all__ = ["BlockingProducer", "BulkFuture", "BulkMetadata", "BulkThreadFuture", "Histogram",
-           "Producer", "ProducerConfig", "ProducerMetrics", "ProducerSettings", "RecordFuture",
-           "RecordMetadata", "Serializer", "TokenProvider", "TopicMetrics", "__version__",
-           "accepted"]
+           "Producer", "ProducerConfig", "ProducerMetrics", "ProducerSettings", "RecordFailure",
+           "RecordFuture", "RecordMetadata", "Serializer", "TokenProvider", "TopicMetrics",
+           "__version__", "accepted"]
 
 
 def __getattr__(name: str) -> Any:

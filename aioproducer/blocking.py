@@ -666,7 +666,7 @@ def _none_buffered() -> BulkThreadFuture:
 
 def _settle(future: BulkThreadFuture, bulk: BulkFuture) -> None:
     exc = bulk.exception()
-    future.resolve(None if exc is not None else bulk.result(), exc)
+    future.settle(None if exc is not None else bulk.result(), exc, bulk.failures())
 
 
 def _backend_options() -> dict[str, Any]:

@@ -497,7 +497,8 @@ def _check_consume_arguments(parser: argparse.ArgumentParser, args: argparse.Nam
 
 async def _consume(args: argparse.Namespace, config: ProducerConfig) -> int:
     """Prints records as they come until --max of them, or --timeout seconds without one;
-    then (or on Ctrl-C or SIGTERM) says on stderr how many it printed."""
+    then (or on Ctrl-C or SIGTERM) says on stderr how many it printed. A reader that closes
+    the pipe (`| head`) ends it quietly, with 0."""
     _stop_on_sigterm()
     separator = None if args.key_separator is None else os.fsencode(args.key_separator)
     out = sys.stdout.buffer
@@ -515,6 +516,7 @@ async def _consume(args: argparse.Namespace, config: ProducerConfig) -> int:
         print(f"reading {args.topic} from the {start} offsets: " + ", ".join(
             f"partition {p} at {offset}" for p, offset in sorted(reader.positions.items())),
             file=sys.stderr, flush=True)
+        reader_left = False
         try:
             quiet_until = None if args.timeout is None else loop.time() + args.timeout
             while args.max is None or printed < args.max:
@@ -533,10 +535,12 @@ async def _consume(args: argparse.Namespace, config: ProducerConfig) -> int:
                     printed += 1
                 out.flush()
         except BrokenPipeError:  # `consume | head`: the reader has what it wanted
+            reader_left = True
             os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())  # (no error at exit)
         finally:
-            print(f"{printed} record{'' if printed == 1 else 's'} consumed from {args.topic}",
-                  file=sys.stderr)
+            if not reader_left:  # (else no count: the reader got less than the pipe took)
+                print(f"{printed} record{'' if printed == 1 else 's'} consumed from "
+                      f"{args.topic}", file=sys.stderr)
     return 0
 
 

@@ -720,7 +720,9 @@ class Producer(Generic[K, V]):
 
     async def send_offsets_to_transaction(self, offsets: Any, group_metadata: Any) -> None:
         """Commit a consumer group's offsets as part of the transaction (consume-transform-
-        produce, exactly once). `offsets`: {(topic, partition): next_offset_to_read} or a
+        produce, exactly once). `offsets`: {(topic, partition): next_offset_to_read}, the
+        offset there also an OffsetAndMetadata (aiokafka's, kafka-python's: its .metadata
+        and .leader_epoch are committed with it), or a
         list of objects with .topic, .partition and .offset (confluent-kafka's
         TopicPartition, as `consumer.position(consumer.assignment())` gives them; a logical
         offset there, a partition not read from yet, is left out, as librdkafka does).

@@ -4,6 +4,8 @@ batches reports the first failure in input order."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from aioproducer._internal.batch import BulkFuture, ProducerBatch
@@ -240,3 +242,39 @@ async def test_a_send_in_line_whose_batch_opening_fails_is_refused_and_the_line_
     assert [(b.partition, b.writer.count) for b in queued] == [(2, 1)]
     assert futures[1]._batch is queued[0]
     assert accumulator.memory_available + queued[0].writer.reserved == 2048
+
+
+async def test_a_send_in_line_whose_batch_s_wake_is_interrupted_is_told_its_record_s_outcome():
+    """send()'s record waits in line; freed memory opens its batch, and the sender's wake,
+    after the batch is queued, raises a KeyboardInterrupt-like exception. That goes up
+    through release() (Ctrl-C must not be swallowed), but the record is in the queued batch
+    and will be written: its future follows it and resolves with its metadata when the
+    batch is acknowledged. The future was failed with the interrupt though the record was
+    kept and sent."""
+    from aioproducer._internal.batch import RecordFuture
+
+    config = ProducerConfig.from_kwargs(bootstrap_servers="127.0.0.1:9092", linger_ms=1000,
+                                        enable_idempotence=False, batch_size=1024,
+                                        buffer_memory=1024)
+    accumulator = RecordAccumulator(config, Codec.NONE, None, Observer(()))
+    size = record_size_upper_bound(None, b"kept", None)
+    memory = accumulator.batch_memory(size)
+    assert accumulator.reserve_now(1024)  # all of it, as a full batch would hold
+    waiting = accumulator.join_line("t", 1, 0, None, b"kept", None, memory, 4, for_send=True)
+    future = waiting.record = RecordFuture(waiting, 0, 0)
+    wake = accumulator.wake_sender_for
+
+    def interrupted_once(batch, opened):
+        accumulator.wake_sender_for = wake  # type: ignore[method-assign]
+        raise _Interrupted
+
+    accumulator.wake_sender_for = interrupted_once  # type: ignore[method-assign]
+    with pytest.raises(_Interrupted):
+        accumulator.release(1024)  # (a finished batch's memory)
+    assert not accumulator.line
+    [batch] = [batch for queue in accumulator._batches.values() for batch in queue]
+    assert (batch.partition, batch.writer.count) == (1, 1)
+    assert not future.done(), "the record is buffered: its future waits for its outcome"
+    batch.complete(41, -1)
+    metadata = await asyncio.wait_for(future, 5)
+    assert (metadata.topic, metadata.partition, metadata.offset) == ("t", 1, 41)

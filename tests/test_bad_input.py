@@ -662,3 +662,33 @@ def test_record_errors_name_the_refused_records():
     message = _record_errors(errors)
     assert message.startswith("; invalid: record 3 (bad), record 8, record 9")
     assert "record 12" not in message and "and 2 more" in message
+
+
+async def test_a_timestamp_in_seconds_is_sent_as_given_and_warned_of_once(broker, topic,
+                                                                          caplog):
+    """`timestamp_ms=int(time.time())` gives seconds: the broker dates the record 1970. It is
+    taken, as the Java client takes it, but one WARNING per producer names the argument (the
+    common case, a record for a partition with an open batch, was taken by the compiled
+    path without a word). A timestamp in ms, or 0, says nothing."""
+    import logging
+    import time
+
+    caplog.set_level(logging.WARNING, logger="aioproducer")
+    seconds = int(time.time())
+    for said in range(2):  # (once per producer)
+        async with Producer(broker.bootstrap, linger_ms=1000) as producer:
+            await producer.enqueue(topic, b"in ms", partition=0, timestamp_ms=seconds * 1000)
+            await producer.enqueue(topic, b"at 0", partition=0, timestamp_ms=0)
+            assert len(caplog.records) == said
+            await producer.enqueue(topic, b"in seconds", partition=0, timestamp_ms=seconds)
+            assert len(caplog.records) == said + 1
+            await producer.send(topic, b"in seconds, sent", partition=0, timestamp_ms=seconds)
+            await producer.enqueue_many(topic, [(None, b"many")], timestamp_ms=seconds)
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 2, warned
+    assert warned[0].startswith(f"timestamp_ms={seconds} (topic {topic!r}) is 1970-"), warned[0]
+    assert "was it seconds? Give int(time.time() * 1000)" in warned[0]
+    got = consume_all(broker.bootstrap, topic, expected=10)
+    assert [(r.value, r.timestamp_ms) for r in got[:5]] == [
+        (b"in ms", seconds * 1000), (b"at 0", 0), (b"in seconds", seconds),
+        (b"in seconds, sent", seconds), (b"many", seconds)]

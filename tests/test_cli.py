@@ -151,6 +151,33 @@ def test_consume_without_from_beginning_prints_only_new_records(broker, topic):
     assert (consume.returncode, out) == (0, b"new 1\nnew 2\n"), err
 
 
+def test_consume_into_a_pipe_its_reader_closes_early_ends_quietly(broker, topic):
+    """`aioproducer consume TOPIC | head -3`: the reader takes 3 lines and closes the pipe.
+    consume ends with 0 and says nothing more, as Unix tools do: what the reader got is not
+    what was written into the pipe (its buffer holds many records more). It said "1006
+    records consumed" though the reader had 3. (2 MB of records: more than a pipe holds,
+    so consume is still writing when the reader leaves.)"""
+    filler = b" " + b"x" * 1000
+    librdkafka_produce(broker.bootstrap, topic, [(None, b"record %d" % i + filler, [])
+                                                 for i in range(2000)])
+    consume = subprocess.Popen(
+        [sys.executable, "-m", "aioproducer", "consume", topic, "--bootstrap-servers",
+         broker.bootstrap, "--from-beginning", "--timeout", "20"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        lines = [consume.stdout.readline() for _ in range(3)]
+        consume.stdout.close()  # (as head exits)
+        err = consume.stderr.read().decode()
+        consume.wait(30)
+    finally:
+        if consume.poll() is None:
+            consume.kill()
+            consume.wait(10)
+    assert lines == [b"record %d%s\n" % (i, filler) for i in range(3)]
+    assert consume.returncode == 0, err
+    assert err.splitlines() == [f"reading {topic} from the earliest offsets: partition 0 at 0"]
+
+
 def test_consume_stops_after_max_or_timeout_and_reads_one_partition(broker, topic_factory):
     topic = topic_factory(3)
     for partition in range(3):

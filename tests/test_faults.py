@@ -20,8 +20,10 @@ from kafka.protocol.producer import ProduceResponse
 
 from aioproducer import Producer
 from aioproducer.errors import (
+    BrokerInvalidRecordError,
     CorruptMessageError,
     DeliveryTimeoutError,
+    InvalidTimestampError,
     KafkaConnectionError,
     KafkaError,
     MessageTooLargeError,
@@ -785,3 +787,60 @@ async def test_a_broker_address_no_client_can_reach_is_refused_with_a_warning(
     assert warned and says in warned[0] and "ignored" in warned[0]
     assert "\x00" not in warned[0] and "aaaa" not in warned[0]
     assert not [r for r in caplog.records if r.levelname == "ERROR"]
+
+
+_KEYS = [b"k%d" % i for i in range(12)]
+
+
+def _failing_in_two_partitions(cluster) -> tuple[str, dict[int, type]]:
+    """A topic of 3 partitions whose brokers refuse, for good, the first batch for partition
+    1 (INVALID_RECORD) and for partition 2 (INVALID_TIMESTAMP); each of _KEYS's records'
+    index, if it is in one of those, with the error it gets (murmur2 placed, as kafka-python
+    places a key)."""
+    from kafka.partitioner.default import murmur2
+
+    topic = f"bulk-failed-{os.urandom(4).hex()}"
+    cluster.create_topic(topic, 3)
+    cluster.fail((topic, 1), BrokerInvalidRecordError.error_code)
+    cluster.fail((topic, 2), InvalidTimestampError.error_code)
+    errors = {1: BrokerInvalidRecordError, 2: InvalidTimestampError}
+    partitions = [(murmur2(key) & 0x7FFFFFFF) % 3 for key in _KEYS]
+    assert set(partitions) == {0, 1, 2}
+    return topic, {i: errors[p] for i, p in enumerate(partitions) if p in errors}
+
+
+def _check_told(cluster, topic: str, expected: dict[int, type], failures, first) -> None:
+    """`failures` names every failed record by index with its own error, `first` is the
+    first of them in input order, and exactly the records not named were written."""
+    assert [(f.index, type(f.error)) for f in failures] == sorted(expected.items())
+    assert type(first) is expected[min(expected)]
+    got = consume_all(cluster.bootstrap_servers, topic, expected=len(_KEYS) - len(expected))
+    assert sorted(r.key for r in got) == sorted(k for i, k in enumerate(_KEYS)
+                                               if i not in expected)
+
+
+async def test_an_enqueue_many_whose_records_fail_in_two_partitions_tells_which(cluster):
+    """enqueue_many's records go to three partitions; two partitions' batches fail for good,
+    each with its own error. The BulkFuture raises the first failure in input order, and
+    failures() names every record that failed, by index, with its typed error: the others
+    were written. Only the first error was told: the user could not tell which records to
+    send again (sending all again would write partition 0's twice)."""
+    topic, expected = _failing_in_two_partitions(cluster)
+    async with Producer(cluster.bootstrap_servers, linger_ms=50, acks=1,
+                        enable_idempotence=False) as producer:
+        bulk = await producer.enqueue_many(topic, [(key, b"v") for key in _KEYS])
+        with pytest.raises(KafkaError) as raised:
+            await asyncio.wait_for(bulk, 10)
+        _check_told(cluster, topic, expected, bulk.failures(), raised.value)
+
+
+def test_a_produce_many_whose_records_fail_in_two_partitions_tells_which(cluster):
+    """As enqueue_many's, through BlockingProducer.produce_many()'s thread future."""
+    from aioproducer import BlockingProducer
+
+    topic, expected = _failing_in_two_partitions(cluster)
+    with BlockingProducer(cluster.bootstrap_servers, linger_ms=50, acks=1,
+                          enable_idempotence=False) as producer:
+        bulk = producer.produce_many(topic, [(key, b"v") for key in _KEYS])
+        first = bulk.exception(10)
+        _check_told(cluster, topic, expected, bulk.failures(), first)

@@ -213,3 +213,34 @@ async def test_metadata_from_another_cluster_is_refused(proxied_broker):
         with pytest.raises(InconsistentClusterIdError,
                            match="'impostor-cluster', not 'tansu_cluster'"):
             await asyncio.wait_for(producer.send("theirs", b"v"), 10)
+
+
+async def test_a_leader_named_at_a_new_address_is_connected_to_without_the_old_one_s_backoff(
+        cluster):
+    """KIP-951 after a node moved: node 2 went down (the producer's connect failed and backs
+    off, 2 minutes here), came back at a new address, and took over a partition. The node
+    leading it before refuses the next batch naming node 2 with its new address
+    (NodeEndpoints): nothing failed at that address, so the producer connects there at
+    once, as a Metadata answer naming the node elsewhere already lets it. The backoff kept
+    for the old address held the batch back for its full 2 minutes."""
+    topic = f"moved-node-{uuid.uuid4().hex[:8]}"
+    cluster.create_topic(topic, 2)
+    cluster.move_leader(topic, 0, to=1)
+    cluster.move_leader(topic, 1, to=2)
+    old_address = cluster.address(2)
+    async with Producer(cluster.address(1), linger_ms=0, reconnect_backoff_ms=120_000,
+                        reconnect_backoff_max_ms=120_000, metadata_max_age_ms=300_000,
+                        retry_backoff_ms=10) as producer:
+        await asyncio.wait_for(producer.send(topic, b"warm-up", partition=0), 10)
+        cluster.stop_node(2)
+        cluster.move_leader(topic, 1, to=1)  # (the producer has not heard)
+        await asyncio.wait_for(producer.send(topic, b"node 2 gone", partition=1), 10)
+        assert producer._cluster.backoff_remaining(2) > 60, "no connect to node 2 failed"
+        new_address = cluster.move_node(2)
+        assert new_address != old_address
+        cluster.move_leader(topic, 1, to=2)
+        await asyncio.wait_for(producer.send(topic, b"node 2 moved", partition=1), 15)
+        metrics = producer.metrics()
+    assert metrics.leader_redirects == 1
+    got = consume_all(cluster.bootstrap_servers, topic, expected=3)
+    assert [r.value for r in got if r.partition == 1] == [b"node 2 gone", b"node 2 moved"]

@@ -916,6 +916,9 @@ async def test_what_a_done_callback_raises_is_reported_and_the_rest_run(impl):
     assert len(reported) == 1
 
 
+_GIVEN = 1700000000005  # a timestamp_ms given (one below 1e11, seconds-like, goes to `later`)
+
+
 class _Started:
     """What an Appender reads of a started producer's parts: the lifecycle's state, thread
     and running loop, the cluster's topics, the accumulator's line and open batches."""
@@ -950,7 +953,7 @@ async def test_the_appender_appends_the_common_case_and_hands_on_the_rest(impl):
     appender, later_calls = _appender(impl, parts)
     key = b"k"  # murmur2 of b"k" over 3 partitions
     by_key = impl.partition_for_key(key, 3)
-    appended = [(await appender("t", b"v", partition=1, timestamp_ms=5), 1, 5),
+    appended = [(await appender("t", b"v", partition=1, timestamp_ms=_GIVEN), 1, _GIVEN),
                 (await appender("t", b"v", key), by_key, 1700000000123),
                 (await appender("t", None, key=key, headers=None), by_key, 1700000000123),
                 (await appender("t", b"v"), 2, 1700000000123)]  # keyless: the sticky one
@@ -966,7 +969,8 @@ async def test_the_appender_appends_the_common_case_and_hands_on_the_rest(impl):
                (("unknown", b"v"), {}), (("t", b"v"), {"partition": 3}),
                (("t", b"v"), {"partition": -1}), (("t", b"v"), {"partition": True}),
                (("t", b"v"), {"timestamp_ms": -1}), (("t", b"v"), {"timestamp_ms": 1 << 63}),
-               (("t", b"v"), {"timestamp_ms": 1.5}), (("t", b"v" * 300), {})]
+               (("t", b"v"), {"timestamp_ms": 1.5}), (("t", b"v" * 300), {}),
+               (("t", b"v"), {"timestamp_ms": 1700000000})]  # (seconds: `later` warns)
     for args, kwargs in refused:
         assert appender(*args, **kwargs) == "later"
         assert later_calls.pop() == (args, kwargs)
@@ -1017,8 +1021,8 @@ async def test_the_appender_takes_an_int_like_partition_and_timestamp(impl):
     an __index__ that fails, or one out of range goes to `later`, which refuses it."""
     parts = _Started(impl, asyncio.get_running_loop())
     appender, later_calls = _appender(impl, parts)
-    future = await appender("t", b"v", partition=_Index(1), timestamp_ms=_Index(5))
-    assert (future._batch, future._offset_delta, future._timestamp) == ("batch-1", 0, 5)
+    future = await appender("t", b"v", partition=_Index(1), timestamp_ms=_Index(_GIVEN))
+    assert (future._batch, future._offset_delta, future._timestamp) == ("batch-1", 0, _GIVEN)
     assert type(future._timestamp) is int and not later_calls
     sending, _ = _appender(impl, parts, ready=False)
     assert sending("t", b"v", partition=_Index(2))._batch == "batch-2"
@@ -1051,9 +1055,9 @@ async def test_the_appender_opens_a_batch_where_a_placed_record_has_none(impl):
         return outcome[0]
 
     appender, later_calls = _appender(impl, parts, open_new=open_new)
-    future = await appender("t", b"v", partition=0, timestamp_ms=5)
-    assert (future._batch, future._offset_delta, future._timestamp) == ("new-batch", 0, 5)
-    assert opened.pop() == ("t", 0, None, b"v", 5, 3) and not later_calls
+    future = await appender("t", b"v", partition=0, timestamp_ms=_GIVEN)
+    assert (future._batch, future._offset_delta, future._timestamp) == ("new-batch", 0, _GIVEN)
+    assert opened.pop() == ("t", 0, None, b"v", _GIVEN, 3) and not later_calls
     key = next(k for k in (b"a", b"b", b"c", b"d", b"e", b"f")
                if impl.partition_for_key(k, 3) in (0, 2))
     placed = impl.partition_for_key(key, 3)

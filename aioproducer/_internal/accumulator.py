@@ -80,6 +80,9 @@ class RecordAccumulator(AccumulatorFields):
         self._pool = MemoryPool(config.buffer_memory)
         # What `_open` makes (in C: no Python frame to make either).
         self._batch_type, self._writer_type = ProducerBatch, BatchWriter
+        # The batch an opening queued before the sender's wake raised a KeyboardInterrupt
+        # (say): the record the line opened it for follows it (see _serve_in_order).
+        self.kept_by_interrupt: ProducerBatch | None = None
         # Each topic's last new batch, in loop time: the cluster's (wired at start) record of
         # which topics are produced to (metadata_max_idle_ms).
         self.touched: dict[str, float] = {}
@@ -375,6 +378,7 @@ class RecordAccumulator(AccumulatorFields):
                     return
                 line.popleft()
                 closed = False
+                self.kept_by_interrupt = None
                 try:
                     self.close_for_appends(waiting.topic, waiting.partition)
                     closed = True
@@ -382,8 +386,12 @@ class RecordAccumulator(AccumulatorFields):
                                             waiting.timestamp, waiting.key, waiting.value,
                                             waiting.headers, waiting.memory,
                                             waiting.partitions)
-                except BaseException as exc:  # refused (the opening gave its memory back)
-                    if not closed:
+                except BaseException as exc:
+                    kept, self.kept_by_interrupt = self.kept_by_interrupt, None
+                    if kept is not None:  # queued, then the wake raised: the record is in it
+                        waiting.append_to(kept, 0)
+                        raise
+                    if not closed:  # refused (the opening gave its memory back)
                         self._pool.available += waiting.memory
                     waiting.fail(exc)
                     if isinstance(exc, Exception):
@@ -433,7 +441,7 @@ class RecordAccumulator(AccumulatorFields):
         the speed-up's `_open`; `open_new` is the short path of a record placed by compiled
         code, the Appender or enqueue_many's loop, with no Python frame.) Raising, it has
         queued nothing and given `reserved` back (but for what a KeyboardInterrupt in the
-        sender's wake leaves: the batch, queued)."""
+        sender's wake leaves: the batch, queued, as `kept_by_interrupt`)."""
         if self.closing:
             self._pool.available += reserved
             raise closed_while_buffering()

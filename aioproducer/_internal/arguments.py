@@ -8,7 +8,7 @@ import inspect
 import operator
 import struct
 import time
-from typing import Any, Awaitable, Callable, Iterator, Mapping
+from typing import Any, Awaitable, Callable, Iterator, Mapping, NamedTuple
 
 from ..errors import (
     ConfigError,
@@ -94,26 +94,54 @@ def as_bytes(obj: Any, what: str) -> bytes:
     raise InvalidRecordError(f"{what} must be bytes or None, not {type(obj).__name__}{hint}")
 
 
-def checked_offsets(offsets: Any) -> dict[tuple[str, int], int]:
-    """send_offsets_to_transaction's offsets, checked before any request goes out. A list of
+class OffsetCommit(NamedTuple):
+    """An offset send_offsets_to_transaction() commits (the next one to read), with what
+    the consumer gave with it: TxnOffsetCommit's committed_metadata and committed_leader_epoch
+    (-1: unknown), as the Java client commits an OffsetAndMetadata's."""
+
+    offset: int
+    metadata: str | None = None
+    leader_epoch: int = -1
+
+
+def checked_offsets(offsets: Any) -> dict[tuple[str, int], OffsetCommit]:
+    """send_offsets_to_transaction's offsets, checked before any request goes out. A mapping's
+    values are offsets, or OffsetAndMetadata-likes (.offset and .metadata, and .leader_epoch
+    if any: aiokafka's and kafka-python's, keyed by their TopicPartition tuples). A list of
     objects is confluent-kafka's TopicPartitions, as `consumer.position(consumer.assignment())`
     gives them: a partition not read from yet has a logical offset there (OFFSET_INVALID,
     -1001), which is left out, as librdkafka's own producer does."""
     items: list[Any]
     try:
-        items = [(*tp, offset) for tp, offset in offsets.items()] if isinstance(offsets, Mapping) \
-            else [(tp.topic, tp.partition, tp.offset) for tp in offsets
-                  if not (type(tp.offset) is int and tp.offset < 0)]
+        items = [(*tp, _offset_commit(value)) for tp, value in offsets.items()] \
+            if isinstance(offsets, Mapping) else \
+            [(tp.topic, tp.partition, _offset_commit(tp)) for tp in offsets
+             if not (type(tp.offset) is int and tp.offset < 0)]
     except (TypeError, AttributeError):
         items = [None]
     for item in items:
         if not (isinstance(item, tuple) and len(item) == 3 and isinstance(item[0], str)
-                and type(item[1]) is int and item[1] >= 0 and type(item[2]) is int
-                and item[2] >= 0):
+                and type(item[1]) is int and item[1] >= 0 and item[2] is not None):
             raise InvalidRecordError(
-                "offsets must map (topic: str, partition: int >= 0) to an offset (int >= 0), "
-                f"or list objects with .topic, .partition and .offset; got {offsets!r}")
-    return {(str.__str__(topic), partition): offset for topic, partition, offset in items}
+                "offsets must map (topic: str, partition: int >= 0) to an offset (int >= 0) "
+                "or an OffsetAndMetadata (.offset, .metadata: str or None, and .leader_epoch "
+                "if any: int or None), or list objects with .topic, .partition and .offset; "
+                f"got {offsets!r}")
+    return {(str.__str__(topic), partition): commit for topic, partition, commit in items}
+
+
+def _offset_commit(value: Any) -> OffsetCommit | None:
+    """An offset (an int, or an object's .offset, with its .metadata and .leader_epoch if it
+    has them) as an OffsetCommit; None if any of them is not of its type."""
+    offset = value if type(value) is int else value.offset
+    metadata = getattr(value, "metadata", None)
+    epoch = getattr(value, "leader_epoch", None)
+    if type(offset) is not int or offset < 0 or \
+            not (metadata is None or isinstance(metadata, str)) or \
+            not (epoch is None or type(epoch) is int and epoch >= -1):
+        return None
+    return OffsetCommit(offset, None if metadata is None else str.__str__(metadata),
+                        -1 if epoch is None else epoch)
 
 
 def iterate_records(records: Any) -> Iterator[Any]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import warnings
+from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Generator, Iterator, NamedTuple, \
     Sequence, TypeAlias, Union, overload
@@ -57,6 +58,15 @@ class RecordMetadata(NamedTuple):
                       "trip for each record)", RuntimeWarning, stacklevel=2)
         return self
         yield  # (a generator: what `await` asks for)
+
+
+@dataclass(frozen=True, slots=True)
+class RecordFailure:
+    """A record of an enqueue_many() (or produce_many()) call that failed: its index in the
+    call's records, and its error."""
+
+    index: int
+    error: BaseException
 
 
 # What a done callback runs in: a copy of a snapshot (see _speedups), or, held in a 1-tuple,
@@ -436,7 +446,8 @@ def run_watchers_of(batches: list[ProducerBatch]) -> None:
 
 class BulkFuture(_BulkFutureBase):
     """The result of `Producer.enqueue_many()`: an asyncio future of the records' metadata
-    (a BulkMetadata, in input order), or of the first failure among them in input order.
+    (a BulkMetadata, in input order), or of the first failure among them in input order;
+    `failures()` then names every record that failed (the others were written).
 
     It holds, per record, a reference to its batch and its offset delta as a 4-byte int:
     no object per record until someone asks for the metadata. Cancelling it stops following
@@ -465,6 +476,18 @@ class BulkFuture(_BulkFutureBase):
     def __repr__(self) -> str:
         state = "cancelled" if self.cancelled() else "done" if self.done() else "pending"
         return f"<BulkFuture records={self.count} {state}>"
+
+    def failures(self) -> list[RecordFailure]:
+        """Once done, each of the records that failed, by its index in the call's records,
+        with its error, in input order: the records not listed were written (none listed:
+        all were). Raises as exception() does while pending (InvalidStateError) or once
+        cancelled (CancelledError)."""
+        if self.exception() is None:
+            return []
+        deltas = memoryview(bytes(self._deltas)).cast("i")
+        return [RecordFailure(index, error)
+                for index, (batch, delta) in enumerate(zip(self._batches, deltas))
+                if (error := batch.exception_for(delta)) is not None]
 
     def _resolve(self) -> None:
         if ProducerBatch.failures != self._failures:  # a batch failed: maybe one of ours

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import struct
 import time
 import weakref
@@ -29,6 +30,7 @@ from ..protocol.records import Headers, record_size_upper_bound
 from ..serializers import MutableHeaders
 from .._speedups import DONE, NEEDS_BATCH, Appender, Columns, Ready, append_many, \
     append_record
+from .._speedups._py import SECONDS_LIKE_BELOW
 from .accumulator import RecordAccumulator
 from .arguments import BYTES_TYPES, as_bytes, as_int, bad_partition, check_topic_name, \
     checked_headers, checked_timestamp, encode_checked_headers, iterate_records, serialize, \
@@ -49,6 +51,8 @@ _Future = TypeVar("_Future", bound=RecordFuture)  # what append() makes in its c
 _T = TypeVar("_T")
 _CHUNK = 10_000  # enqueue_many takes its records this many at a time
 _DELTA = struct.Struct("=i")  # an offset delta in a BulkFuture (as the speed-up writes them)
+
+log = logging.getLogger(__name__)
 
 
 class RecordIntake:
@@ -77,6 +81,7 @@ class RecordIntake:
         # Hooks that see every record (the rest see batches, through the Observer). Without
         # them send() costs nothing more: the told variant replaces it only where needed.
         self.on_send_hooks = overridden(config.hooks, "on_send")
+        self._said_seconds = False  # (a timestamp_ms that looks like seconds: warned once)
         # enqueue_many's records go through the speed-up's loop, unless something needs each
         # of them in Python: serializers, a partitioner it does not know, on_send hooks.
         self._bulk_in_c = not self._serializing and not self._partition_in_python and \
@@ -279,7 +284,7 @@ class RecordIntake:
         if timestamp_ms is None:
             timestamp_ms = int(time.time() * 1000)
         else:
-            timestamp_ms = checked_timestamp(timestamp_ms)
+            timestamp_ms = self._checked_timestamp(timestamp_ms, topic)
         leaders = info.leaders
         sticky = False
         if partition is not None:
@@ -326,7 +331,7 @@ class RecordIntake:
             if self._txn is not None:
                 self._txn.check_can_send()
             lifecycle.check_loop()
-            stamp = timestamp_ms = checked_timestamp(timestamp_ms)
+            stamp = timestamp_ms = self._checked_timestamp(timestamp_ms, topic)
             if type(topic) is not str:
                 topic = topic_str(topic)
             count = await self.partition_count(topic)
@@ -376,6 +381,20 @@ class RecordIntake:
         if key is not None and not self._ignore_keys:
             return partition_for_key(key, len(leaders)), False
         return self._partitioner.partition(topic, leaders), True
+
+    def _checked_timestamp(self, timestamp_ms: Any, topic: str) -> int:
+        """A record's timestamp (now if None), checked. One that looks like seconds (above 0,
+        before 1973 as ms: `int(time.time())`) is taken as given, as the Java client takes
+        it, but the broker dates the record 1970: said once per producer."""
+        checked = checked_timestamp(timestamp_ms)
+        if 0 < checked < SECONDS_LIKE_BELOW and not self._said_seconds:
+            self._said_seconds = True
+            log.warning(
+                "timestamp_ms=%d (topic %r) is %s as milliseconds since the epoch, which "
+                "the broker and consumers take it for: was it seconds? Give "
+                "int(time.time() * 1000). The records are sent with it as given. (Said once.)",
+                checked, topic, time.strftime("%Y-%m-%d", time.gmtime(checked / 1000)))
+        return checked
 
     async def partition_count(self, topic: str) -> int:
         info = self._cluster.topics.get(topic)

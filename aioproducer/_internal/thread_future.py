@@ -26,7 +26,7 @@ from concurrent.futures._base import (  # the states every Future method reads
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
-    from .batch import BulkMetadata
+    from .batch import BulkMetadata, RecordFailure
 
 T = TypeVar("T")
 _MAKING = threading.Lock()  # two threads making one future's Condition at once make one
@@ -113,11 +113,27 @@ class ThreadFuture(Future[T]):
 
 class BulkThreadFuture(ThreadFuture["BulkMetadata"]):
     """`BlockingProducer.produce_many()`'s future of its records' metadata (or of the first
-    failure among them). Its len() is how many records the call buffered, known at once, as
-    a BulkFuture's: a caller cut off midway resumes from there without waiting for acks."""
+    failure among them; `failures()` then names every record that failed). Its len() is how
+    many records the call buffered, known at once, as a BulkFuture's: a caller cut off
+    midway resumes from there without waiting for acks."""
 
     def __init__(self, count: int) -> None:
         self.count = count
+        self._failed: list[RecordFailure] = []
 
     def __len__(self) -> int:
         return self.count
+
+    def settle(self, result: BulkMetadata | None, exception: BaseException | None,
+               failed: list[RecordFailure]) -> None:
+        """The records' outcome: their metadata, or the first failure and every record
+        that failed."""
+        self._failed = failed
+        self.resolve(result, exception)
+
+    def failures(self, timeout: float | None = None) -> list[RecordFailure]:
+        """As BulkFuture.failures(): once done (waiting up to `timeout` seconds, as
+        exception() does), each record that failed, by index, with its error; the records
+        not listed were written."""
+        self.exception(timeout)
+        return list(self._failed)

@@ -15,6 +15,7 @@ from typing import Any, Mapping
 from ..client.tasks import TaskSet, shielded
 from ..errors import KafkaError, ProducerClosedError, TransactionAbortedError
 from .accumulator import RecordAccumulator
+from .arguments import OffsetCommit
 from .batch import TopicPartition
 from .lifecycle import Lifecycle
 from .transactions import TransactionManager, TxnState
@@ -69,7 +70,7 @@ class TransactionFlow:
         await self._accumulator.settled()
         await self.manager.end_transaction(commit=False)
 
-    async def send_offsets(self, offsets: Mapping[TopicPartition, int],
+    async def send_offsets(self, offsets: Mapping[TopicPartition, OffsetCommit],
                            group: Mapping[str, Any]) -> None:
         if offsets:  # none: nothing to commit (as in the Java client)
             await self.manager.send_offsets(offsets, **group)

@@ -56,6 +56,7 @@ from ..errors import (
     error_for_code,
 )
 from ..protocol.messages import TXN_V2_FROM, ApiKey
+from .arguments import OffsetCommit
 from .batch import ProducerBatch, TopicPartition
 from .sequencing import Sequencer
 
@@ -540,7 +541,7 @@ class TransactionManager:
             # a new epoch starts them afresh.
             await self.init_transactions()
 
-    async def send_offsets(self, offsets: Mapping[TopicPartition, int],
+    async def send_offsets(self, offsets: Mapping[TopicPartition, OffsetCommit],
                            group_id: str, generation_id: int = -1, member_id: str = "",
                            group_instance_id: str | None = None) -> None:
         """Make a consumer group's offsets part of the transaction (consume-transform-produce).
@@ -565,7 +566,7 @@ class TransactionManager:
                 "part of the transaction"))
             raise
 
-    async def _add_offsets(self, offsets: Mapping[TopicPartition, int], group_id: str,
+    async def _add_offsets(self, offsets: Mapping[TopicPartition, OffsetCommit], group_id: str,
                            generation_id: int, member_id: str,
                            group_instance_id: str | None) -> None:
         if not self.txn_v2:  # V2: TxnOffsetCommit v5 adds the group itself
@@ -578,10 +579,11 @@ class TransactionManager:
                 }, "AddOffsetsToTxn")
         self._offsets_added = True
         topics: dict[str, list[dict[str, Any]]] = {}
-        for (topic, partition), offset in sorted(offsets.items()):
+        for (topic, partition), commit in sorted(offsets.items()):
             topics.setdefault(topic, []).append({
-                "partition_index": partition, "committed_offset": offset,
-                "committed_leader_epoch": -1, "committed_metadata": None})
+                "partition_index": partition, "committed_offset": commit.offset,
+                "committed_leader_epoch": commit.leader_epoch,
+                "committed_metadata": commit.metadata})
 
         def deciding_error(response: Mapping[str, Any]) -> int:
             return _deciding_error(p["error_code"] for topic in response["topics"]

@@ -3399,14 +3399,14 @@ typedef struct {
     PyObject_HEAD
     PyObject *line, *pool, *loop, *batches, *appendable, *incomplete, *txn, *lone_acked_at,
         *wake_sender, *wake_sender_for, *touched, *batch_type, *writer_type, *drained_bytes,
-        *codec, *compression_level;
+        *codec, *compression_level, *kept_by_interrupt;
     Py_ssize_t batch_size, first_reserve, max_request_size, buffer_memory, batches_created,
         lone_in_a_row;
     double linger, delivery_timeout, quiet_until, expiry_floor;
     char closing, said_linger_bound;
 } AccumulatorFields;
 
-#define ACCUMULATOR_OBJECT_COUNT 16  /* the PyObject pointers above, in order from `line` */
+#define ACCUMULATOR_OBJECT_COUNT 17  /* the PyObject pointers above, in order from `line` */
 
 static PyTypeObject AccumulatorFieldsType;
 
@@ -3638,6 +3638,10 @@ is_name(PyObject *name, PyObject *known)
     return name == known || (PyUnicode_Check(name) && PyUnicode_Compare(name, known) == 0);
 }
 
+/* A given timestamp above 0 and below this many ms (1973-03-03) is likely in seconds:
+   `later` (the intake) warns of it once (_py.SECONDS_LIKE_BELOW). */
+#define SECONDS_LIKE_BELOW 100000000000LL
+
 /* An int-like given as a partition or timestamp (numpy's and pandas' integers: nb_index) as
    the int it stands for, a new reference; NULL without an error set for anything else (a
    bool included), which `later` refuses. (arguments.as_int is its twin on the Python path.) */
@@ -3765,8 +3769,8 @@ appender_fast(Appender *self, PyObject *const *args, Py_ssize_t nargs, PyObject 
             goto done;
         int overflow = 0;
         long long given = PyLong_AsLongLongAndOverflow(stamp, &overflow);
-        if (given < 0 || overflow)
-            goto done;
+        if (given < 0 || overflow || (given > 0 && given < SECONDS_LIKE_BELOW))
+            goto done;  /* (`later` refuses it, or warns of a time in seconds) */
     }
 
     /* The partition: given, by murmur2 of the key, or the topic's sticky one. */
@@ -4062,7 +4066,8 @@ accumulator_unlist(AccumulatorFields *self, PyObject *batch)
 /* The opening (see _py.AccumulatorFields._open): a new reference to the batch, or NULL.
    Every step that can fail comes before the batch is queued (then `reserved` goes back to
    the pool: the caller may take the record again), but the sender's wake, which needs it
-   queued (at linger_ms=0 it may write it at once); what that raises goes to _wake_failed. */
+   queued (at linger_ms=0 it may write it at once); what that raises goes to _wake_failed,
+   or, not an Exception, is raised with the batch kept as `kept_by_interrupt`. */
 static PyObject *
 accumulator_open(AccumulatorFields *self, PyObject *topic, PyObject *partition,
                  long long timestamp, PyObject *key, PyObject *value, PyObject *headers,
@@ -4282,9 +4287,10 @@ accumulator_open(AccumulatorFields *self, PyObject *topic, PyObject *partition,
     Py_DECREF(writer);
     Py_DECREF(pool);
     if (woken == NULL) {
-        /* (a BaseException, KeyboardInterrupt say: raised, the batch kept with its memory;
-           the Appender takes nothing again on one) */
-        Py_DECREF(batch);
+        /* (a BaseException, KeyboardInterrupt say: raised, the batch kept with its memory,
+           and named for the caller whose record it holds; the Appender takes nothing again
+           on one) */
+        Py_XSETREF(self->kept_by_interrupt, batch);
         return NULL;
     }
     return batch;
@@ -4702,6 +4708,7 @@ static PyMemberDef accumulator_members[] = {
     ACCUMULATOR_OBJECT("_drained_bytes", drained_bytes),
     ACCUMULATOR_OBJECT("_codec", codec),
     ACCUMULATOR_OBJECT("_compression_level", compression_level),
+    ACCUMULATOR_OBJECT("kept_by_interrupt", kept_by_interrupt),
     {"_batch_size", T_PYSSIZET, offsetof(AccumulatorFields, batch_size), 0, NULL},
     {"_first_reserve", T_PYSSIZET, offsetof(AccumulatorFields, first_reserve), 0, NULL},
     {"_max_request_size", T_PYSSIZET, offsetof(AccumulatorFields, max_request_size), 0, NULL},

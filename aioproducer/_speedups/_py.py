@@ -342,7 +342,8 @@ class AccumulatorFields:
                  "_batches", "appendable", "incomplete", "_txn", "_quiet_until",
                  "_expiry_floor", "_batches_created", "_said_linger_bound", "_lone_acked_at",
                  "_lone_in_a_row", "wake_sender", "wake_sender_for", "touched", "_batch_type",
-                 "_writer_type", "_drained_bytes", "_codec", "_compression_level")
+                 "_writer_type", "_drained_bytes", "_codec", "_compression_level",
+                 "kept_by_interrupt")
     closing: bool
     line: Any  # the records waiting for memory (a deque)
     _pool: MemoryPool
@@ -371,6 +372,7 @@ class AccumulatorFields:
     _drained_bytes: dict[tuple[str, int], int]  # each partition's bytes sent (uncompressed)
     _codec: int
     _compression_level: int | None
+    kept_by_interrupt: Any  # the batch an opening queued before its wake raised a BaseException
 
     def open_new(self, topic: str, partition: int, key: bytes | None, value: bytes | None,
                  timestamp: int, partitions: int) -> Any:
@@ -404,7 +406,8 @@ class AccumulatorFields:
         `reserved` back, having queued nothing: the caller may take the record again), but
         the sender's wake, which needs it queued (at linger_ms=0 it may write it at once):
         what that raises goes to _wake_failed, or, not an Exception (KeyboardInterrupt),
-        is raised with the batch kept (and its memory held)."""
+        is raised with the batch kept (and its memory held) as `kept_by_interrupt`, for
+        the caller whose record it holds."""
         pool = self._pool
         try:
             if not self._said_linger_bound:
@@ -463,6 +466,9 @@ class AccumulatorFields:
             # The record is in its queued batch: the call has taken it, and must not fail
             # (the Appender would append it again). See _wake_failed.
             self._wake_failed(exc)  # type: ignore[attr-defined]
+        except BaseException:
+            self.kept_by_interrupt = batch
+            raise
         return batch
 
     def _drain(self, topics: dict[str, Any], nodes: Iterable[int], max_request_size: int,
@@ -876,8 +882,9 @@ class Appender:
         else:
             if type(timestamp) is not int:
                 timestamp = _index(timestamp)
-            if timestamp is None or not 0 <= timestamp < 1 << 63:
-                return None
+            if timestamp is None or not 0 <= timestamp < 1 << 63 or \
+                    0 < timestamp < SECONDS_LIKE_BELOW:
+                return None  # (`later` refuses it, or warns of a time in seconds)
         sticky = False
         if partition is not None:
             if type(partition) is not int:
@@ -912,6 +919,10 @@ class Appender:
 
 
 _UNSET: Any = object()  # (a key not given)
+
+# A given timestamp above 0 and below this many ms (1973-03-03) is likely in seconds
+# (`int(time.time())`): the intake warns of it once per producer.
+SECONDS_LIKE_BELOW = 100_000_000_000
 
 
 for _name, _mark in COROUTINE_MARKS.items():  # (a coroutine function: see _marks.py)

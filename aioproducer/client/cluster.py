@@ -214,11 +214,19 @@ class Cluster:
                 self._bad_address("%s: ignored", exc)
                 return False
             self.brokers = {**self.brokers, node_id: broker}
+            self._forget_backoff_elsewhere(broker)
         leaders = list(info.leaders)
         epochs = list(info.epochs) if len(info.epochs) == len(leaders) else [-1] * len(leaders)
         leaders[partition], epochs[partition] = node_id, epoch
         self.topics[topic] = TopicInfo(topic, tuple(leaders), epochs=tuple(epochs))
         return True
+
+    def _forget_backoff_elsewhere(self, broker: Broker) -> None:
+        """A response names `broker` at an address other than the one its reconnect backoff
+        (kept by node id, across rebootstraps) was for: nothing failed there, connect now."""
+        backoff = self._backoff.get(broker.node_id)
+        if backoff is not None and backoff.address != (broker.host, broker.port):
+            del self._backoff[broker.node_id]
 
     def touch(self, topic: str) -> None:
         """`topic` is being produced to: keep its metadata (see metadata_max_idle_ms)."""
@@ -378,10 +386,8 @@ class Cluster:
             except CorruptMessageError as exc:  # its partitions have no leader we can reach
                 self._bad_address("%s: ignored", exc)
         self.brokers = brokers
-        for node_id, backoff in list(self._backoff.items()):
-            broker = brokers.get(node_id)
-            if broker is not None and backoff.address != (broker.host, broker.port):
-                del self._backoff[node_id]  # (elsewhere now: not the address that failed)
+        for broker in brokers.values():
+            self._forget_backoff_elsewhere(broker)
         self.controller_id = response["controller_id"]
         topics_info: dict[str, TopicInfo] = {}
         for t in response["topics"]:
@@ -648,6 +654,7 @@ class Cluster:
             # broker's session times out, seconds after the first refresh that followed the
             # lost connection). The Java client does the same. (After a rebootstrap the
             # backoff stays: the bootstrap servers may name that address again.)
+            # (The sender is woken now for that, and again when the backoff ends.)
             self._stale = True
             backoff = self._backoff.setdefault(broker.node_id, _Backoff())
             backoff.address = (broker.host, broker.port)
@@ -655,6 +662,7 @@ class Cluster:
                                         config.reconnect_backoff_max_ms / 1000)
             backoff.failures = failures + 1
             backoff.not_before = self._loop.time() + delay
+            self.on_change()
             self._loop.call_later(delay, self.on_change)
             raise
         finally:

@@ -376,6 +376,21 @@ class SimulatedCluster:
         node = self._node(node_id)
         self._call(self._start_node(node))
 
+    def move_node(self, node_id: int) -> str:
+        """Bring a node up at a new address (new ports on every listener), as a broker
+        restarted on another host: its connections are cut, its old ports refuse, and
+        Metadata and produce responses' NodeEndpoints name the new address. Partitions left
+        without a leader get it back, as with start_node. Returns its new address (on the
+        first listener)."""
+        node = self._node(node_id)
+
+        async def move() -> None:
+            self._stop_node(node, reelect=True)
+            node.ports.clear()
+            await self._start_node(node)
+        self._call(move())
+        return self.address(node_id)
+
     def slow(self, node_id: int, seconds: float) -> None:
         """Delay each of the node's responses by `seconds` (0: no more)."""
         node = self._node(node_id)

@@ -109,6 +109,36 @@ async def test_send_offsets_to_transaction_with_a_real_groups_metadata(apache_ka
     assert [r.value for r in got] == [b"derived"]
 
 
+async def test_aiokafka_and_kafka_python_offsets_commit_with_their_metadata(apache_kafka,
+                                                                           make_topic):
+    """Their consumers' users write {TopicPartition: OffsetAndMetadata(offset, metadata)}
+    (kafka-python's with a leader epoch too): the offsets, and the metadata and leader epoch
+    given with them, are what the group has committed, read back by librdkafka. They were
+    refused ("offsets must map ... to an offset (int >= 0)")."""
+    from collections import namedtuple
+
+    from kafka.structs import OffsetAndMetadata as KafkaPythonOffset
+    from kafka.structs import TopicPartition as KafkaPythonPartition
+
+    AiokafkaOffset = namedtuple("OffsetAndMetadata", "offset metadata")  # aiokafka's shape
+    source, sink = make_topic(3), make_topic()
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    async with Producer(apache_kafka.bootstrap, transactional_id=_tid()) as producer, \
+            producer.transaction():
+        await producer.send(sink, b"derived")
+        await producer.send_offsets_to_transaction({
+            KafkaPythonPartition(source, 0): KafkaPythonOffset(42, "from kafka-python", 0),
+            KafkaPythonPartition(source, 1): AiokafkaOffset(7, "from aiokafka"),
+            (source, 2): 3}, group)
+    reader = Consumer({"bootstrap.servers": apache_kafka.bootstrap, "group.id": group})
+    try:
+        committed = reader.committed([TopicPartition(source, p) for p in range(3)], timeout=10)
+    finally:
+        reader.close()
+    assert [(c.partition, c.offset, c.metadata, c.leader_epoch) for c in committed] == [
+        (0, 42, "from kafka-python", 0), (1, 7, "from aiokafka", None), (2, 3, None, None)]
+
+
 async def test_an_idempotent_producer_goes_on_after_its_records_are_deleted(apache_kafka,
                                                                          make_topic):
     """DeleteRecords removes every record, but not the broker's state for the producer id on
