@@ -513,6 +513,20 @@ _OTHER_CLIENTS: dict[str, tuple[str | None, str]] = {
     "sasl_plain_password": ("sasl_password", "aiokafka's name"),
     "loop": (None, "a producer runs on the event loop that starts it"),
     "api_version": (None, "the producer agrees on versions with each broker"),
+    # The Java client's, from its property files, for what is done another way here.
+    "sasl_jaas_config": (None, ("the JAAS line's username and password go in sasl_username "
+                                "and sasl_password")),
+    "ssl_endpoint_identification_algorithm": ("ssl_check_hostname", (
+        "the Java client's name: true checks the broker's hostname (the default), an empty "
+        "value is false")),
+    "partitioner_class": ("partitioner", "the Java client's name; ours takes a callable"),
+    "interceptor_classes": (None, "hooks=[ProducerHooks subclass instances] do their work"),
+    "metric_reporters": (None, ("producer.metrics(), or aioproducer.observability's "
+                                "OpenTelemetry and Prometheus adapters")),
+    "connections_max_idle_ms": (None, "the producer keeps one connection per broker it uses"),
+    "send_buffer_bytes": (None, "the operating system sizes the socket's buffers"),
+    "receive_buffer_bytes": (None, "the operating system sizes the socket's buffers"),
+    "client_dns_lookup": (None, "every address a host name resolves to is tried in turn"),
 }
 
 
@@ -597,6 +611,9 @@ def _parse(name: str, default: Any, raw: Any) -> Any:
             raise ConfigError(f"{name} must be an integer, not {raw!r}") from None
     if name == "bootstrap_servers":
         return text
+    if name.endswith("_serializer"):  # (a Java class name, from a Java property file)
+        raise ConfigError(f"{name} must be a Python callable (bytes values need none), not "
+                          f"the text {raw!r}: give it as a keyword, key_serializer=str.encode")
     raise ConfigError(f"{name} cannot be given as text")
 
 

@@ -76,6 +76,18 @@ def test_from_properties_takes_kafka_names_and_strings():
     ("statistics.interval.ms", (": not needed (producer.metrics() gives the statistics "
                                 "when asked)")),
     ("debug", ": not needed (the 'aioproducer' logger at DEBUG logs what the producer does)"),
+    # (a Java client's property file: the nearest name was the wrong setting, or none)
+    ("connections.max.idle.ms", (": not needed (the producer keeps one connection per broker "
+                                 "it uses)")),
+    ("receive.buffer.bytes", ": not needed (the operating system sizes the socket's buffers)"),
+    ("client.dns.lookup", (": not needed (every address a host name resolves to is tried in "
+                           "turn)")),
+    ("partitioner.class", ("; did you mean 'partitioner'? (the Java client's name; ours takes "
+                           "a callable)")),
+    ("sasl.jaas.config", (": not needed (the JAAS line's username and password go in "
+                          "sasl.username and sasl.password)")),
+    ("interceptor.classes", ": not needed (hooks=[ProducerHooks subclass instances] do their "
+                            "work)"),
 ])
 def test_other_clients_setting_names_are_told_ours(given, said):
     """A confluent-kafka user's properties (librdkafka's names) or an aiokafka user's keywords:
@@ -87,6 +99,19 @@ def test_other_clients_setting_names_are_told_ours(given, said):
         else:
             Producer("h:1", **{given: 5})
     assert str(raised.value) == f"unknown setting {given!r}{said}"
+
+
+def test_a_java_property_files_serializer_class_says_what_to_give():
+    """`key.serializer=org.apache...StringSerializer`, in every Java client's property file:
+    it said only "key_serializer cannot be given as text"."""
+    with pytest.raises(ConfigError) as raised:
+        ProducerConfig.from_properties({
+            "bootstrap.servers": "h:1",
+            "key.serializer": "org.apache.kafka.common.serialization.StringSerializer"})
+    assert str(raised.value) == (
+        "key_serializer must be a Python callable (bytes values need none), not the text "
+        "'org.apache.kafka.common.serialization.StringSerializer': give it as a keyword, "
+        "key_serializer=str.encode")
 
 
 def test_security_protocol_takes_any_case_as_the_java_client_does():
