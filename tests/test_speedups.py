@@ -1189,6 +1189,7 @@ def _accumulator_parts(impl, loop):
     accumulator._batches, accumulator.appendable, accumulator.incomplete = {}, {}, set()
     accumulator._txn = None
     accumulator._quiet_until, accumulator._expiry_floor = float("inf"), float("inf")
+    accumulator._round_by = 0.0
     accumulator._batches_created = 0
     accumulator._said_linger_bound, accumulator._lone_acked_at = False, None
     accumulator._lone_in_a_row = 3
@@ -1337,6 +1338,51 @@ async def test_the_accumulator_opens_and_takes_batches(impl):
 async def test_the_accumulator_opens_and_takes_alike_in_both():
     loop = asyncio.get_running_loop()
     assert _open_and_take(_c, loop) == _open_and_take(_py, loop)
+
+
+def _lingering_openings(impl, loop) -> list:
+    """Batches opened while the sender sleeps with a round due by loop time 100.004 (their
+    linger ends at 100.005): which of them woke it (the calls each left)."""
+    woke = []
+    for case in ("asleep", "awake", "round later", "queued behind", "line", "closing",
+                 "full", "no producer id", "transaction failed", "producer id"):
+        acc = _accumulator_parts(impl, loop)
+        acc.open_new("t", 0, b"k", b"v", 1000, 3)  # (the topic's lists made)
+        acc._round_by = {"awake": 0.0, "round later": 100.006}.get(case, 100.004)
+        if case == "line":
+            acc.line.append("waiting")
+        acc.closing = case == "closing"
+        if case.endswith(("producer id", "failed")):
+            acc._txn = types.SimpleNamespace(
+                is_transactional=False, has_producer_id=case != "no producer id",
+                error=RuntimeError("fenced") if case == "transaction failed" else None)
+        partition = 0 if case == "queued behind" else 1
+        value = b"v" * (2100 if case == "full" else 10)
+        acc.calls.clear()
+        batch = acc._open("t", partition, 1000, b"k", value, None, 2200, 3, 100.0)
+        assert batch.writer.count == 1 and batch in acc.incomplete
+        woke.append((case, acc.calls))
+    return woke
+
+
+@pytest.mark.parametrize("impl", BOTH, ids=["python", "c"])
+async def test_a_batch_that_only_lingers_past_the_sleeping_sender_s_round_wakes_nothing(impl):
+    """While the sender sleeps with a round due (`_round_by`) before a new batch's linger
+    ends, and the batch only lingers (alone in its partition, under batch_size, nobody in
+    line, not closing, its transaction able to send), Sender.wake_for would only find its
+    timer set early enough: the opening does not call it (~10,000 instructions a batch, a
+    batch every 17 records at 10,000 partitions). Every other opening still wakes it. On
+    main every one of them called wake_sender_for."""
+    woke = dict(_lingering_openings(impl, asyncio.get_running_loop()))
+    assert woke.pop("asleep") == [] and woke.pop("producer id") == []
+    for case, calls in woke.items():
+        assert [call[0] for call in calls] == ["wake_sender_for"], case
+
+
+@needs_c
+async def test_a_batch_that_only_lingers_wakes_alike_in_both():
+    loop = asyncio.get_running_loop()
+    assert _lingering_openings(_c, loop) == _lingering_openings(_py, loop)
 
 
 class _Interrupted(BaseException):

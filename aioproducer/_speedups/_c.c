@@ -3405,7 +3405,7 @@ typedef struct {
         *codec, *compression_level;
     Py_ssize_t batch_size, first_reserve, max_request_size, buffer_memory, batches_created,
         lone_in_a_row;
-    double linger, delivery_timeout, quiet_until, expiry_floor;
+    double linger, delivery_timeout, quiet_until, expiry_floor, round_by;
     char closing, said_linger_bound;
 } AccumulatorFields;
 
@@ -3985,7 +3985,7 @@ mark_coroutine_function(PyTypeObject *type)
 static PyObject *deque_type;  /* collections.deque */
 static PyObject *s_time, *s_create_future, *s_append, *s_add, *s_is_transactional,
     *s_add_partition, *s_open_batches, *s_count_linger_bound, *s_wake_failed, *s_popleft, *s_close,
-    *s_sequencer, *s_assign, *s_discard;  /* interned at import */
+    *s_sequencer, *s_assign, *s_discard, *s_has_producer_id, *s_error;  /* interned at import */
 
 static int
 accumulator_traverse(AccumulatorFields *self, visitproc visit, void *arg)
@@ -4060,6 +4060,33 @@ accumulator_unlist(AccumulatorFields *self, PyObject *batch)
         Py_XDECREF(gone);
     }
     PyErr_Restore(type, value, traceback);
+}
+
+/* Whether a batch just opened alone in its partition (`fresh`), holding `writer`, need not
+   wake the sender (see _py.AccumulatorFields._lingers_unwoken): 1, 0, or -1 with an error. */
+static int
+accumulator_lingers_unwoken(AccumulatorFields *self, int fresh, PyObject *writer, double now)
+{
+    if (!fresh || self->round_by <= 0.0 || now + self->linger < self->round_by ||
+        self->closing || ((RecordWriter *)writer)->size >= self->batch_size)
+        return 0;
+    int waiting = self->line == NULL ? 1 : PyObject_IsTrue(self->line);
+    if (waiting != 0)
+        return waiting < 0 ? -1 : 0;
+    PyObject *txn = self->txn;
+    if (txn == NULL || txn == Py_None)
+        return 1;
+    Py_INCREF(txn);
+    PyObject *has = PyObject_GetAttr(txn, s_has_producer_id);
+    int ready = has == NULL ? -1 : PyObject_IsTrue(has);
+    Py_XDECREF(has);
+    if (ready > 0) {
+        PyObject *error = PyObject_GetAttr(txn, s_error);
+        ready = error == NULL ? -1 : error == Py_None;
+        Py_XDECREF(error);
+    }
+    Py_DECREF(txn);
+    return ready;
 }
 
 /* The opening (see _py.AccumulatorFields._open): a new reference to the batch, or NULL.
@@ -4218,6 +4245,9 @@ accumulator_open(AccumulatorFields *self, PyObject *topic, PyObject *partition,
         if (adding < 0)
             goto error;
     }
+    int unwoken = adding ? 0 : accumulator_lingers_unwoken(self, fresh, writer, now);
+    if (unwoken < 0)
+        goto error;
     wake = Py_XNewRef(adding ? self->wake_sender : self->wake_sender_for);
     if (wake == NULL) {
         PyErr_SetString(PyExc_AttributeError, "the accumulator has no wake_sender");
@@ -4258,7 +4288,8 @@ accumulator_open(AccumulatorFields *self, PyObject *topic, PyObject *partition,
 
     /* Wake the sender: a new linger deadline, or the batch before is full. */
     PyObject *call[2] = {batch, Py_True};
-    PyObject *woken = adding ? PyObject_CallNoArgs(wake) : PyObject_Vectorcall(wake, call, 2, NULL);
+    PyObject *woken = unwoken ? Py_NewRef(Py_None)
+        : adding ? PyObject_CallNoArgs(wake) : PyObject_Vectorcall(wake, call, 2, NULL);
     Py_DECREF(wake);
     if (woken == NULL && PyErr_ExceptionMatches(PyExc_Exception)) {
         /* The record is in its queued batch: the call has taken it, and must not fail (the
@@ -4715,6 +4746,7 @@ static PyMemberDef accumulator_members[] = {
     {"_delivery_timeout", T_DOUBLE, offsetof(AccumulatorFields, delivery_timeout), 0, NULL},
     {"_quiet_until", T_DOUBLE, offsetof(AccumulatorFields, quiet_until), 0, NULL},
     {"_expiry_floor", T_DOUBLE, offsetof(AccumulatorFields, expiry_floor), 0, NULL},
+    {"_round_by", T_DOUBLE, offsetof(AccumulatorFields, round_by), 0, NULL},
     {"closing", T_BOOL, offsetof(AccumulatorFields, closing), 0, NULL},
     {"_said_linger_bound", T_BOOL, offsetof(AccumulatorFields, said_linger_bound), 0, NULL},
     {NULL}
@@ -4875,6 +4907,7 @@ PyInit__c(void)
         {&s_piece_done, "_piece_done"}, {&s_pending, "_pending"}, {&s_resolve, "_resolve"},
         {&s_free, "free"}, {&s_popleft, "popleft"}, {&s_close, "close"},
         {&s_sequencer, "sequencer"}, {&s_assign, "assign"}, {&s_discard, "discard"},
+        {&s_has_producer_id, "has_producer_id"}, {&s_error, "error"},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if (*names[i].name == NULL &&
