@@ -686,15 +686,19 @@ static PyTypeObject RecordWriterType = {
 
 /* The fields every record reads (its future's questions, an append, gather's watch) come
    first, with the object's header: at many partitions each record goes to another batch, out
-   of the CPU's caches, and fields spread over the whole object were a cache miss more. */
+   of the CPU's caches, and fields spread over the whole object were a cache miss more. So
+   does `acked`, which is no member: the (base_offset, log_append_time) its future was given
+   by complete(), or NULL. A record's future answers from it once set, without asking the
+   batch's asyncio future (another object, out of the caches too: gather asks each record
+   cancelled(), exception() and result() as it ends, in the order the records were made). */
 typedef struct {
     PyObject_HEAD
-    PyObject *future, *pieces, *watchers, *untracked, *topic, *partition, *writer, *done,
-        *number, *created, *deadline, *attempts, *retry_at, *base_sequence, *producer_id,
-        *producer_epoch, *full, *bulks, *parent, *first_delta;
+    PyObject *future, *pieces, *watchers, *untracked, *topic, *partition, *acked, *writer,
+        *done, *number, *created, *deadline, *attempts, *retry_at, *base_sequence,
+        *producer_id, *producer_epoch, *full, *bulks, *parent, *first_delta;
 } BatchFields;
 
-#define BATCH_FIELD_COUNT 20  /* the PyObject pointers above, in order from `future` */
+#define BATCH_FIELD_COUNT 21  /* the PyObject pointers above, in order from `future` */
 
 static PyObject *zero_float;  /* 0.0, every new batch's retry_at */
 
@@ -1031,9 +1035,11 @@ batch_complete(BatchFields *self, PyObject *base_offset, PyObject *log_append_ti
         PyObject *outcome = PyTuple_Pack(2, base_offset, log_append_time);
         PyObject *set = outcome == NULL ? NULL
             : PyObject_CallMethodOneArg(future, s_set_result, outcome);
-        Py_XDECREF(outcome);
         if (set == NULL)
             acked = -1;
+        else if (PyLong_CheckExact(base_offset) && PyLong_CheckExact(log_append_time))
+            Py_XSETREF(self->acked, Py_NewRef(outcome));  /* (for its records' futures) */
+        Py_XDECREF(outcome);
         Py_XDECREF(set);
     }
     Py_DECREF(future);
@@ -1315,6 +1321,18 @@ batch_of(RecordFields *self)
     return Py_NewRef(self->batch);
 }
 
+/* The (base_offset, log_append_time) of the record's batch, acknowledged whole (BatchFields'
+   `acked`, not split), borrowed; or NULL: then its asyncio future has the answers. */
+static PyObject *
+acked_outcome(RecordFields *self)
+{
+    PyObject *batch = self->batch;
+    if (batch == NULL || !PyObject_TypeCheck(batch, &BatchFieldsType))
+        return NULL;
+    BatchFields *fields = (BatchFields *)batch;
+    return fields->pieces == Py_None ? fields->acked : NULL;
+}
+
 /* `method()` of the batch's asyncio future. */
 static PyObject *
 ask_batch_future(RecordFields *self, PyObject *method)
@@ -1347,12 +1365,16 @@ is_split(PyObject *batch)
 static PyObject *
 fields_done(RecordFields *self, PyObject *unused)
 {
+    if (acked_outcome(self) != NULL)
+        Py_RETURN_TRUE;
     return ask_batch_future(self, s_done);
 }
 
 static PyObject *
 fields_cancelled(RecordFields *self, PyObject *unused)
 {
+    if (acked_outcome(self) != NULL)
+        Py_RETURN_FALSE;
     return ask_batch_future(self, s_cancelled);
 }
 
@@ -1365,6 +1387,8 @@ fields_get_loop(RecordFields *self, PyObject *unused)
 static PyObject *
 fields_exception(RecordFields *self, PyObject *unused)
 {
+    if (acked_outcome(self) != NULL)
+        Py_RETURN_NONE;
     PyObject *batch = batch_of(self), *answer = NULL;
     if (batch == NULL)
         return NULL;
@@ -1413,8 +1437,9 @@ fields_result(RecordFields *self, PyObject *unused)
                                             self->timestamp, NULL);
         goto done;
     }
-    if ((future = batch_attr(batch, A_FUTURE)) == NULL ||
-        (outcome = PyObject_CallMethodNoArgs(future, s_result)) == NULL)
+    if ((outcome = Py_XNewRef(acked_outcome(self))) == NULL &&
+        ((future = batch_attr(batch, A_FUTURE)) == NULL ||
+         (outcome = PyObject_CallMethodNoArgs(future, s_result)) == NULL))
         goto done;
     if (!PyTuple_Check(outcome) || PyTuple_GET_SIZE(outcome) != 2) {
         PyErr_SetString(PyExc_TypeError, "a batch's outcome is (base_offset, log_append_time)");
