@@ -695,6 +695,48 @@ def test_batch_fields_start_alike_and_hand_the_reservation_to_the_writer(impl):
     assert collected() is None
 
 
+def _answers_once_acknowledged(impl, loop) -> list:
+    """What record futures of batches completed with edge outcomes answer (each question),
+    and what they answer for a batch that expired before its answer came."""
+    class Batch(impl.BatchFields):
+        __slots__ = ()
+
+    def answers(record) -> tuple:
+        failure = record.exception()
+        return (record.done(), record.cancelled(), repr(failure),
+                None if failure is not None else tuple(record.result()))
+
+    seen = []
+    for base, appended, delta in [(5, -1, 0), (5, -1, 3), (-1, -1, 2), (1 << 40, 1 << 41, 7),
+                                  ((1 << 63) - 1, -1, 1), (True, -1, 1)]:
+        batch = Batch((1,), "t", 2, impl.RecordWriter(0, 100), loop.create_future(), 0.0,
+                      60.0, 0)
+        record = _future_class(impl)(batch, delta, 1234)
+        batch.complete(base, appended)
+        seen.append(answers(record))
+    expired = Batch((2,), "t", 2, impl.RecordWriter(0, 100), loop.create_future(), 0.0, 60.0, 0)
+    record = _future_class(impl)(expired, 0, 1234)
+    expired.future.set_exception(TimeoutError("expired in flight"))
+    expired.complete(9, -1)  # (the answer after it expired: it stays failed)
+    seen.append(answers(record))
+    return seen
+
+
+@needs_c
+async def test_a_record_of_an_acknowledged_batch_answers_alike_in_both():
+    """The C record future answers from its batch's fields once the batch is acknowledged
+    (the batch's asyncio future and its result's tuple were three more objects out of the
+    CPU's caches per record at 10,000 partitions): the same answers as the Python one, which
+    asks the batch's future, for unknown (-1) and huge offsets, a log-append time, and a
+    batch that expired before its answer came."""
+    loop = asyncio.get_running_loop()
+    both = [_answers_once_acknowledged(impl, loop) for impl in (_py, _c)]
+    assert both[0] == both[-1]
+    assert both[0][1] == (True, False, "None", ("t", 2, 8, 1234))
+    assert both[0][3][3] == ("t", 2, (1 << 40) + 7, 1 << 41)
+    assert both[0][-1][:3] == (True, False, "TimeoutError('expired in flight')")
+
+
 @needs_c
 @pytest.mark.parametrize("base, timestamp", [(-(1 << 63), (1 << 63) - 1),
                                              ((1 << 63) - 1, -(1 << 63)), (5, (1 << 63) - 1)])
