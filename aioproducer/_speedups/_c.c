@@ -4038,15 +4038,6 @@ accumulator_dealloc(AccumulatorFields *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* A field read: a new reference, or NULL with AttributeError when it was never set. */
-static PyObject *
-accumulator_field(PyObject *field, const char *name)
-{
-    if (field == NULL)
-        PyErr_Format(PyExc_AttributeError, "the accumulator has no %s yet", name);
-    return Py_XNewRef(field);
-}
-
 /* A new writer of `type` (RecordWriter or a subclass adding no field) drawing on `pool`. */
 static PyObject *
 writer_make(PyTypeObject *type, long long timestamp, Py_ssize_t limit, PyObject *pool,
