@@ -16,7 +16,9 @@ gc.callbacks timer), and minor page faults per batch.
     python benchmarks/cpu_per_record.py PARTITIONS [RECORDS] [--size B] [--rounds N]
         [--shapes gather,flushed,bulk,send,yielding,tasks,sync,syncbulk] [--profile SHAPE]
         [--asyncio]
-        [--batch-size B] [--gc]
+        [--batch-size B] [--gc] [--acks all]
+
+--acks all: an idempotent producer (the default setting, which acks=1 turns off).
 
 (sync's and syncbulk's profiles are two: the producing thread's, then the producer's loop
 thread's.)
@@ -35,8 +37,11 @@ p.add_argument("--rounds", type=int, default=3)
 p.add_argument("--shapes", default="gather,bulk")
 p.add_argument("--asyncio", action="store_true", help="not uvloop")
 p.add_argument("--batch-size", type=int, default=0)
+p.add_argument("--acks", default="1", choices=("1", "all"),
+               help="all: idempotent, as by default (acks=1 turns idempotence off)")
 p.add_argument("--gc", action="store_true", help="the collector's CPU and page faults too")
 args = p.parse_args()
+ACKS = 1 if args.acks == "1" else "all"
 value = os.urandom(args.size)
 data = [(b"key-%012d" % (i % 100_000), value) for i in range(args.records)]
 collector = {"s": 0.0, "full": 0, "young": 0, "at": 0.0}  # CPU seconds, full and young ones
@@ -114,7 +119,7 @@ def sync(bootstrap, topic, profile, bulk):
     flush(): both threads' CPU."""
     from aioproducer import BlockingProducer
     extra = {"batch_size": args.batch_size} if args.batch_size else {}
-    with BlockingProducer(bootstrap, acks=1, linger_ms=5, **extra) as producer:
+    with BlockingProducer(bootstrap, acks=ACKS, linger_ms=5, **extra) as producer:
         producer.partitions_for(topic)
         gc.collect()  # (see one())
         cpu, mark = time.process_time(), snapshot()
@@ -144,7 +149,7 @@ def sync(bootstrap, topic, profile, bulk):
 
 async def one(bootstrap, topic, shape, profile):
     extra = {"batch_size": args.batch_size} if args.batch_size else {}
-    async with Producer(bootstrap, acks=1, linger_ms=5, **extra) as producer:
+    async with Producer(bootstrap, acks=ACKS, linger_ms=5, **extra) as producer:
         await producer.partitions_for(topic)
         # The garbage of the rounds before (their producers, loops, broker connections) is
         # not this round's: collected here, not by a full collection inside the timed phase.
@@ -193,8 +198,9 @@ with EmbeddedBroker() as broker:
                          f"{young / args.records * 1000:.2f} young per 1,000 records), "
                          f"{faults / max(median[2], 1):.2f} minor faults/batch")
             results = [us for us, _, _ in results]
-            print(f"{IMPLEMENTATION} p{args.partitions} s{args.size} {shape}: us CPU/record "
-                  f"median {results[len(results)//2]:.2f} min {results[0]:.2f} "
+            idempotent = " acks=all" if ACKS == "all" else ""
+            print(f"{IMPLEMENTATION} p{args.partitions} s{args.size}{idempotent} {shape}: "
+                  f"us CPU/record median {results[len(results)//2]:.2f} min {results[0]:.2f} "
                   f"({', '.join(f'{x:.2f}' for x in results)}) {batches[-1]} batches load "
                   f"{os.getloadavg()[0]:.1f}{extra}",
                   flush=True)

@@ -3,7 +3,7 @@ that does not move with the machine's load, for comparing two trees' hot paths w
 time cannot (on the shared 2-core machine it moved by a third from run to run at load 5-10).
 
     python benchmarks/instructions.py PARTITIONS [RECORDS] [--shape flushed|bulk|gather]
-        [--limit SECONDS]
+        [--limit SECONDS] [--out FILE]
 
 Runs itself again under `valgrind --tool=callgrind` (the embedded broker, a child process,
 is not counted), which zeroes its counters as the produce phase begins (its one call of
@@ -15,7 +15,8 @@ sender's timing, which shapes the batches, 20,000-22,100 a record at 10,000 part
 three runs of one tree). Keyed 100-byte records, acks=1, linger 5 ms, uvloop; ~50x slower
 than a plain run (gather at 10,000 partitions: 54-108 s, at load 1-11). The produce phase is given --limit seconds (default 1,200; once reported as
 never finishing, not seen again in 4 runs under valgrind and 15 without): past it, the run
-fails saying what the producer held then. Needs valgrind, and CPython's symbols for
+fails saying what the producer held then. --out keeps callgrind's dump there, for
+`callgrind_annotate FILE` (the instructions per function). Needs valgrind, and CPython's symbols for
 os_getppid and os_getpgrp (pyenv's builds have them).
 """
 
@@ -23,6 +24,7 @@ import argparse
 import asyncio
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -33,6 +35,7 @@ p.add_argument("partitions", type=int)
 p.add_argument("records", type=int, nargs="?", default=200_000)
 p.add_argument("--shape", default="flushed", choices=("flushed", "bulk", "gather"))
 p.add_argument("--limit", type=float, default=1200.0, help="seconds for the produce phase")
+p.add_argument("--out", default=None, help="keep callgrind's dump in this file")
 p.add_argument("--counted", action="store_true", help=argparse.SUPPRESS)  # (under valgrind)
 args = p.parse_args()
 
@@ -92,6 +95,8 @@ with tempfile.TemporaryDirectory() as out:
     dumps = sorted(Path(out).glob("counts.*"))
     if run.returncode or batches is None or not dumps:
         sys.exit(f"the counted run failed ({run.returncode}):\n{run.stdout}{run.stderr[-3000:]}")
+    if args.out:
+        shutil.copyfile(dumps[-1], args.out)
     totals = re.search(r"^totals: (\d+)", dumps[-1].read_text(errors="replace"), re.M)
     assert totals is not None, "no totals in callgrind's dump"
     instructions, batch_count = int(totals.group(1)), int(batches.group(1))

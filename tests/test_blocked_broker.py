@@ -280,3 +280,37 @@ def test_records_sent_from_many_tasks_to_three_nodes_land_once(cluster, use_uvlo
     values = sorted(int(r.value) for r in got)
     assert values == list(range(records)), \
         f"{len(got)} records read, {len(set(values))} distinct, of {records} sent"
+
+
+@pytest.mark.parametrize("idempotent", [True, False], ids=["idempotent", "plain"])
+async def test_batches_that_only_linger_while_the_sender_sleeps_do_not_wake_it(
+        broker, topic_factory, idempotent):
+    """A record for each of 300 partitions, each opening a batch that only lingers, while
+    the sender sleeps with a round due before their lingers end (the first one's): the
+    openings after the first do not call Sender.wake_for, which would only find its timer
+    set early enough (~10,000 instructions a batch: at 10,000 partitions a batch opens
+    every 17 records). On main each of the 300 called it. Every record arrives once, in its
+    partition, when the lingers end; a partition with no leader still wakes the sender
+    (test_leaders.py), as does a flush."""
+    partitions = 300
+    topic = topic_factory(partitions)
+    values = [b"%03d" % p for p in range(partitions)]
+    async with Producer(broker.bootstrap, linger_ms=2000,
+                        enable_idempotence=idempotent) as producer:
+        await producer.send(topic, b"warm-up", partition=0)  # (metadata, producer id)
+        accumulator = producer._accumulator
+        wake_for, woken = accumulator.wake_sender_for, []
+
+        def counted(batch: Any, opened: bool) -> None:
+            woken.append(batch.partition)
+            wake_for(batch, opened)
+
+        accumulator.wake_sender_for = counted
+        handles = [await producer.enqueue(topic, value, partition=p)
+                   for p, value in enumerate(values)]
+        assert woken == [0], f"{len(woken)} wakes for {partitions} lingering batches"
+        assert not any(handle.done() for handle in handles)  # (lingering)
+        await asyncio.wait_for(asyncio.gather(*handles), 30)
+    got = await asyncio.to_thread(consume_all, broker.bootstrap, topic, partitions + 1, 60)
+    assert sorted((r.partition, r.value) for r in got) == \
+        sorted([(0, b"warm-up")] + list(enumerate(values)))

@@ -122,6 +122,10 @@ class RecordAccumulator(AccumulatorFields):
         # runs a round per new batch.
         self._quiet_until = 0.0
         self._quiet_topics: object = None
+        # While the sender sleeps, the loop time its next round is due by (0.0: not known; see
+        # sender_sleeps): a batch opened alone in its partition that lingers past it need not
+        # wake the sender (`_lingers_unwoken`).
+        self._round_by = 0.0
         # Each topic's metadata last found with every partition led (see _all_led).
         self._led: dict[str, TopicInfo] = {}
         # Per topic, each partition's open batch and its writer, for appends without a tuple
@@ -188,6 +192,7 @@ class RecordAccumulator(AccumulatorFields):
         if open_ is None:
             open_ = self.appendable[topic] = ([], [])
         batches, writers = open_
+        self._round_by = 0.0  # (a topic new, or grown: its leaders not looked at)
         if len(batches) != partitions:  # the topic grew (or, never in Kafka, shrank)
             del batches[partitions:], writers[partitions:]
             batches.extend([None] * (partitions - len(batches)))
@@ -504,6 +509,17 @@ class RecordAccumulator(AccumulatorFields):
             return False
         queue = self._batches.get((batch.topic, batch.partition))
         return queue is not None and len(queue) == 1 and queue[0] is batch
+
+    def sender_sleeps(self, round_by: float, topics: dict[str, TopicInfo]) -> None:
+        """The sender sleeps, its next round due by loop time `round_by` (0.0: it is awake,
+        or inf: no round due). Batches opened meanwhile that only linger past then need not
+        wake it (`_lingers_unwoken`: Sender.wake_for would find nothing to do for them),
+        as long as no flush is on and every partition of the topics produced to has a
+        leader (`topics`: the cluster's metadata; a batch whose leader is unknown wakes it).
+        A topic appended to for the first time since, or grown, lists its batches anew
+        (open_batches), which ends this till the next sleep."""
+        self._round_by = round_by if round_by and not self._flushing and \
+            self._linger > _CLOCK_SLACK and self._all_led(topics) else 0.0
 
     def _all_led(self, topics: dict[str, TopicInfo]) -> bool:
         """Whether every partition of every topic appended to has a leader: then no queued

@@ -203,10 +203,12 @@ class Sender:
                 if not conn.paused:
                     break
             else:
+                self._accumulator.sender_sleeps(self._timer_when, self._cluster.topics)
                 await wakeup
                 return
         finally:
             self._wakeup = None
+            self._accumulator.sender_sleeps(0.0, {})
         await asyncio.sleep(0)  # room for another request, and batches queued
 
     def _wake_by(self, when: float) -> None:
@@ -217,6 +219,8 @@ class Sender:
             self._timer.cancel()
         self._timer = self._loop.call_at(when, self._on_timer)
         self._timer_when = when
+        if self._wakeup is not None:  # asleep: the batches lingering past `when` need not wake it
+            self._accumulator.sender_sleeps(when, self._cluster.topics)
 
     def _on_timer(self) -> None:
         self._timer, self._timer_when = None, float("inf")

@@ -684,21 +684,28 @@ static PyTypeObject RecordWriterType = {
    was a tenth of a batch's cost. Its methods stay Python (batch.py); the members are
    object slots, which the record futures read by offset as they read a slotted class's. */
 
+/* The fields every record reads (its future's questions, an append, gather's watch) come
+   first, with the object's header: at many partitions each record goes to another batch, out
+   of the CPU's caches, and fields spread over the whole object were a cache miss more. So
+   does `acked`, which is no member: the (base_offset, log_append_time) its future was given
+   by complete(), or NULL. A record's future answers from it once set, without asking the
+   batch's asyncio future (another object, out of the caches too: gather asks each record
+   cancelled(), exception() and result() as it ends, in the order the records were made). */
 typedef struct {
     PyObject_HEAD
-    PyObject *number, *topic, *partition, *writer, *future, *created, *deadline, *attempts,
-        *retry_at, *base_sequence, *producer_id, *producer_epoch, *done, *full, *watchers,
-        *bulks, *pieces, *parent, *first_delta, *untracked;
+    PyObject *future, *pieces, *watchers, *untracked, *topic, *partition, *acked, *writer,
+        *done, *number, *created, *deadline, *attempts, *retry_at, *base_sequence,
+        *producer_id, *producer_epoch, *full, *bulks, *parent, *first_delta;
 } BatchFields;
 
-#define BATCH_FIELD_COUNT 20  /* the PyObject pointers above, in order from `number` */
+#define BATCH_FIELD_COUNT 21  /* the PyObject pointers above, in order from `future` */
 
 static PyObject *zero_float;  /* 0.0, every new batch's retry_at */
 
 static inline PyObject **
 batch_fields(BatchFields *self)
 {
-    return &self->number;
+    return &self->future;
 }
 
 /* A batch of `type` (BatchFields or a subclass) with these fields, the rest at their
@@ -1028,9 +1035,11 @@ batch_complete(BatchFields *self, PyObject *base_offset, PyObject *log_append_ti
         PyObject *outcome = PyTuple_Pack(2, base_offset, log_append_time);
         PyObject *set = outcome == NULL ? NULL
             : PyObject_CallMethodOneArg(future, s_set_result, outcome);
-        Py_XDECREF(outcome);
         if (set == NULL)
             acked = -1;
+        else if (PyLong_CheckExact(base_offset) && PyLong_CheckExact(log_append_time))
+            Py_XSETREF(self->acked, Py_NewRef(outcome));  /* (for its records' futures) */
+        Py_XDECREF(outcome);
         Py_XDECREF(set);
     }
     Py_DECREF(future);
@@ -1312,6 +1321,18 @@ batch_of(RecordFields *self)
     return Py_NewRef(self->batch);
 }
 
+/* The (base_offset, log_append_time) of the record's batch, acknowledged whole (BatchFields'
+   `acked`, not split), borrowed; or NULL: then its asyncio future has the answers. */
+static PyObject *
+acked_outcome(RecordFields *self)
+{
+    PyObject *batch = self->batch;
+    if (batch == NULL || !PyObject_TypeCheck(batch, &BatchFieldsType))
+        return NULL;
+    BatchFields *fields = (BatchFields *)batch;
+    return fields->pieces == Py_None ? fields->acked : NULL;
+}
+
 /* `method()` of the batch's asyncio future. */
 static PyObject *
 ask_batch_future(RecordFields *self, PyObject *method)
@@ -1344,12 +1365,16 @@ is_split(PyObject *batch)
 static PyObject *
 fields_done(RecordFields *self, PyObject *unused)
 {
+    if (acked_outcome(self) != NULL)
+        Py_RETURN_TRUE;
     return ask_batch_future(self, s_done);
 }
 
 static PyObject *
 fields_cancelled(RecordFields *self, PyObject *unused)
 {
+    if (acked_outcome(self) != NULL)
+        Py_RETURN_FALSE;
     return ask_batch_future(self, s_cancelled);
 }
 
@@ -1362,6 +1387,8 @@ fields_get_loop(RecordFields *self, PyObject *unused)
 static PyObject *
 fields_exception(RecordFields *self, PyObject *unused)
 {
+    if (acked_outcome(self) != NULL)
+        Py_RETURN_NONE;
     PyObject *batch = batch_of(self), *answer = NULL;
     if (batch == NULL)
         return NULL;
@@ -1410,8 +1437,9 @@ fields_result(RecordFields *self, PyObject *unused)
                                             self->timestamp, NULL);
         goto done;
     }
-    if ((future = batch_attr(batch, A_FUTURE)) == NULL ||
-        (outcome = PyObject_CallMethodNoArgs(future, s_result)) == NULL)
+    if ((outcome = Py_XNewRef(acked_outcome(self))) == NULL &&
+        ((future = batch_attr(batch, A_FUTURE)) == NULL ||
+         (outcome = PyObject_CallMethodNoArgs(future, s_result)) == NULL))
         goto done;
     if (!PyTuple_Check(outcome) || PyTuple_GET_SIZE(outcome) != 2) {
         PyErr_SetString(PyExc_TypeError, "a batch's outcome is (base_offset, log_append_time)");
@@ -3402,7 +3430,7 @@ typedef struct {
         *codec, *compression_level, *kept_by_interrupt;
     Py_ssize_t batch_size, first_reserve, max_request_size, buffer_memory, batches_created,
         lone_in_a_row;
-    double linger, delivery_timeout, quiet_until, expiry_floor;
+    double linger, delivery_timeout, quiet_until, expiry_floor, round_by;
     char closing, said_linger_bound;
 } AccumulatorFields;
 
@@ -3986,7 +4014,7 @@ mark_coroutine_function(PyTypeObject *type)
 static PyObject *deque_type;  /* collections.deque */
 static PyObject *s_time, *s_create_future, *s_append, *s_add, *s_is_transactional,
     *s_add_partition, *s_open_batches, *s_count_linger_bound, *s_wake_failed, *s_popleft, *s_close,
-    *s_sequencer, *s_assign, *s_discard;  /* interned at import */
+    *s_sequencer, *s_assign, *s_discard, *s_has_producer_id, *s_error;  /* interned at import */
 
 static int
 accumulator_traverse(AccumulatorFields *self, visitproc visit, void *arg)
@@ -4012,15 +4040,6 @@ accumulator_dealloc(AccumulatorFields *self)
     PyObject_GC_UnTrack(self);
     accumulator_clear(self);
     Py_TYPE(self)->tp_free((PyObject *)self);
-}
-
-/* A field read: a new reference, or NULL with AttributeError when it was never set. */
-static PyObject *
-accumulator_field(PyObject *field, const char *name)
-{
-    if (field == NULL)
-        PyErr_Format(PyExc_AttributeError, "the accumulator has no %s yet", name);
-    return Py_XNewRef(field);
 }
 
 /* A new writer of `type` (RecordWriter or a subclass adding no field) drawing on `pool`. */
@@ -4061,6 +4080,33 @@ accumulator_unlist(AccumulatorFields *self, PyObject *batch)
         Py_XDECREF(gone);
     }
     PyErr_Restore(type, value, traceback);
+}
+
+/* Whether a batch just opened alone in its partition (`fresh`), holding `writer`, need not
+   wake the sender (see _py.AccumulatorFields._lingers_unwoken): 1, 0, or -1 with an error. */
+static int
+accumulator_lingers_unwoken(AccumulatorFields *self, int fresh, PyObject *writer, double now)
+{
+    if (!fresh || self->round_by <= 0.0 || now + self->linger < self->round_by ||
+        self->closing || ((RecordWriter *)writer)->size >= self->batch_size)
+        return 0;
+    int waiting = self->line == NULL ? 1 : PyObject_IsTrue(self->line);
+    if (waiting != 0)
+        return waiting < 0 ? -1 : 0;
+    PyObject *txn = self->txn;
+    if (txn == NULL || txn == Py_None)
+        return 1;
+    Py_INCREF(txn);
+    PyObject *has = PyObject_GetAttr(txn, s_has_producer_id);
+    int ready = has == NULL ? -1 : PyObject_IsTrue(has);
+    Py_XDECREF(has);
+    if (ready > 0) {
+        PyObject *error = PyObject_GetAttr(txn, s_error);
+        ready = error == NULL ? -1 : error == Py_None;
+        Py_XDECREF(error);
+    }
+    Py_DECREF(txn);
+    return ready;
 }
 
 /* The opening (see _py.AccumulatorFields._open): a new reference to the batch, or NULL.
@@ -4220,6 +4266,9 @@ accumulator_open(AccumulatorFields *self, PyObject *topic, PyObject *partition,
         if (adding < 0)
             goto error;
     }
+    int unwoken = adding ? 0 : accumulator_lingers_unwoken(self, fresh, writer, now);
+    if (unwoken < 0)
+        goto error;
     wake = Py_XNewRef(adding ? self->wake_sender : self->wake_sender_for);
     if (wake == NULL) {
         PyErr_SetString(PyExc_AttributeError, "the accumulator has no wake_sender");
@@ -4260,7 +4309,8 @@ accumulator_open(AccumulatorFields *self, PyObject *topic, PyObject *partition,
 
     /* Wake the sender: a new linger deadline, or the batch before is full. */
     PyObject *call[2] = {batch, Py_True};
-    PyObject *woken = adding ? PyObject_CallNoArgs(wake) : PyObject_Vectorcall(wake, call, 2, NULL);
+    PyObject *woken = unwoken ? Py_NewRef(Py_None)
+        : adding ? PyObject_CallNoArgs(wake) : PyObject_Vectorcall(wake, call, 2, NULL);
     Py_DECREF(wake);
     if (woken == NULL && PyErr_ExceptionMatches(PyExc_Exception)) {
         /* The record is in its queued batch: the call has taken it, and must not fail (the
@@ -4719,6 +4769,7 @@ static PyMemberDef accumulator_members[] = {
     {"_delivery_timeout", T_DOUBLE, offsetof(AccumulatorFields, delivery_timeout), 0, NULL},
     {"_quiet_until", T_DOUBLE, offsetof(AccumulatorFields, quiet_until), 0, NULL},
     {"_expiry_floor", T_DOUBLE, offsetof(AccumulatorFields, expiry_floor), 0, NULL},
+    {"_round_by", T_DOUBLE, offsetof(AccumulatorFields, round_by), 0, NULL},
     {"closing", T_BOOL, offsetof(AccumulatorFields, closing), 0, NULL},
     {"_said_linger_bound", T_BOOL, offsetof(AccumulatorFields, said_linger_bound), 0, NULL},
     {NULL}
@@ -4879,6 +4930,7 @@ PyInit__c(void)
         {&s_piece_done, "_piece_done"}, {&s_pending, "_pending"}, {&s_resolve, "_resolve"},
         {&s_free, "free"}, {&s_popleft, "popleft"}, {&s_close, "close"},
         {&s_sequencer, "sequencer"}, {&s_assign, "assign"}, {&s_discard, "discard"},
+        {&s_has_producer_id, "has_producer_id"}, {&s_error, "error"},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if (*names[i].name == NULL &&
