@@ -3,7 +3,7 @@ that does not move with the machine's load, for comparing two trees' hot paths w
 time cannot (on the shared 2-core machine it moved by a third from run to run at load 5-10).
 
     python benchmarks/instructions.py PARTITIONS [RECORDS] [--shape flushed|bulk|gather]
-        [--limit SECONDS] [--out FILE]
+        [--limit SECONDS] [--out FILE] [--acks all]
 
 Runs itself again under `valgrind --tool=callgrind` (the embedded broker, a child process,
 is not counted), which zeroes its counters as the produce phase begins (its one call of
@@ -12,7 +12,8 @@ and per batch acknowledged. The shapes are cpu_per_record.py's: flushed (enqueue
 record keeping the futures, then flush()), bulk (enqueue_many of 10,000 records a call, then
 flush()), gather (enqueue() per record, then asyncio.gather: its count moves with the
 sender's timing, which shapes the batches, 20,000-22,100 a record at 10,000 partitions in
-three runs of one tree). Keyed 100-byte records, acks=1, linger 5 ms, uvloop; ~50x slower
+three runs of one tree). Keyed 100-byte records, acks=1 (--acks all: an idempotent
+producer, the default setting, which acks=1 turns off), linger 5 ms, uvloop; ~50x slower
 than a plain run (gather at 10,000 partitions: 54-108 s, at load 1-11). The produce phase is given --limit seconds (default 1,200; once reported as
 never finishing, not seen again in 4 runs under valgrind and 15 without): past it, the run
 fails saying what the producer held then. --out keeps callgrind's dump there, for
@@ -35,6 +36,8 @@ p.add_argument("partitions", type=int)
 p.add_argument("records", type=int, nargs="?", default=200_000)
 p.add_argument("--shape", default="flushed", choices=("flushed", "bulk", "gather"))
 p.add_argument("--limit", type=float, default=1200.0, help="seconds for the produce phase")
+p.add_argument("--acks", default="1", choices=("1", "all"),
+               help="all: idempotent, as by default (acks=1 turns idempotence off)")
 p.add_argument("--out", default=None, help="keep callgrind's dump in this file")
 p.add_argument("--counted", action="store_true", help=argparse.SUPPRESS)  # (under valgrind)
 args = p.parse_args()
@@ -42,7 +45,8 @@ args = p.parse_args()
 
 async def produce(bootstrap: str, topic: str, data: list[tuple[bytes, bytes]]) -> int:
     from aioproducer import Producer
-    async with Producer(bootstrap, acks=1, linger_ms=5) as producer:
+    async with Producer(bootstrap, acks=1 if args.acks == "1" else "all",
+                        linger_ms=5) as producer:
         await producer.partitions_for(topic)
         os.getppid()  # callgrind zeroes its counters here ...
         try:
@@ -89,7 +93,7 @@ with tempfile.TemporaryDirectory() as out:
         ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}/counts",
          "--zero-before=os_getppid", "--dump-before=os_getpgrp", sys.executable,
          str(Path(__file__).resolve()), str(args.partitions), str(args.records),
-         "--shape", args.shape, "--limit", str(args.limit), "--counted"],
+         "--shape", args.shape, "--acks", args.acks, "--limit", str(args.limit), "--counted"],
         capture_output=True, text=True, timeout=args.limit + 900)  # (+ start and close)
     batches = re.search(r"^batches (\d+)", run.stdout, re.M)
     dumps = sorted(Path(out).glob("counts.*"))
@@ -100,6 +104,7 @@ with tempfile.TemporaryDirectory() as out:
     totals = re.search(r"^totals: (\d+)", dumps[-1].read_text(errors="replace"), re.M)
     assert totals is not None, "no totals in callgrind's dump"
     instructions, batch_count = int(totals.group(1)), int(batches.group(1))
-    print(f"p{args.partitions} {args.shape}: {instructions / args.records:,.0f} instructions "
+    acks = " acks=all" if args.acks == "all" else ""
+    print(f"p{args.partitions} {args.shape}{acks}: {instructions / args.records:,.0f} instructions "
           f"a record, {instructions / max(batch_count, 1):,.0f} a batch ({batch_count} "
           f"batches, {instructions:,} in all)")

@@ -55,19 +55,19 @@ async def test_nothing_goes_without_a_producer_id_and_a_retry_goes_alone():
     assert not seq.may_send(a)  # no producer id yet
     seq.start(1, 0)
     seq.assign(first)
-    seq.sent(first)
+    seq.sent_all([first])
     seq.resolved(first)
     seq.acked(first)  # (before any acknowledgement, one at a time: the test below)
     for batch in (a, b):
         seq.assign(batch)
         assert seq.may_send(batch)
-        seq.sent(batch)
+        seq.sent_all([batch])
     seq.assign(c)
     assert not seq.may_send(c)  # two in flight: the limit
     seq.resolved(a)
     seq.resolved(b)  # b failed and is to be retried
     b.attempts = 1
-    seq.sent(c)
+    seq.sent_all([c])
     assert not seq.may_send(b)  # c is in flight: the retry waits
     seq.resolved(c)
     assert seq.may_send(b)
@@ -84,7 +84,7 @@ async def test_one_batch_at_a_time_until_the_partition_acknowledges_one_under_th
     for batch in (first, second, other):
         seq.assign(batch)
     assert seq.may_send(first)
-    seq.sent(first)
+    seq.sent_all([first])
     assert not seq.may_send(second)  # nothing acknowledged on partition 0 yet
     assert seq.may_send(other)  # partition 1 has nothing in flight
     seq.resolved(first)
@@ -94,7 +94,7 @@ async def test_one_batch_at_a_time_until_the_partition_acknowledges_one_under_th
     for batch in (second, other):
         seq.renumber_on_reset(batch)
         seq.assign(batch)
-    seq.sent(second)
+    seq.sent_all([second])
     third = _batch(1)
     seq.assign(third)
     assert not seq.may_send(third)
@@ -113,22 +113,22 @@ async def test_a_partition_quiet_for_a_while_sends_one_batch_until_it_is_acknowl
     for batch in batches:
         seq.assign(batch)
     a, b, c, d, e, f = batches
-    seq.sent(a)
+    seq.sent_all([a])
     seq.resolved(a)
     seq.acked(a)
     now[0] += QUIET_S / 2
-    seq.sent(b)
+    seq.sent_all([b])
     assert seq.may_send(c)  # a pause shorter than QUIET_S: pipelined at once
     seq.resolved(b)
     seq.acked(b)
     now[0] += QUIET_S * 2
-    seq.sent(c)
+    seq.sent_all([c])
     assert not seq.may_send(d)  # quiet for longer: alone until acknowledged
     seq.resolved(c)
     seq.acked(c)
-    seq.sent(d)
+    seq.sent_all([d])
     assert seq.may_send(e)
-    seq.sent(e)
+    seq.sent_all([e])
     assert seq.may_send(f)
 
 

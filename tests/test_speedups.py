@@ -15,6 +15,7 @@ import contextvars
 import gc
 import os
 import random
+import struct
 import sys
 import threading
 import types
@@ -29,6 +30,7 @@ from aioproducer.errors import CorruptMessageError
 from aioproducer.protocol import messages
 from aioproducer.protocol.messages import ApiKey
 from aioproducer.protocol.primitives import compile_writer
+from aioproducer.protocol.records import read_batches
 from tests.support.columns import columns_of
 
 try:
@@ -1655,10 +1657,12 @@ async def test_a_batch_completes_alike_in_both(impl):
 
 
 
-def _request_of(impl, loop) -> list:
+def _request_of(impl, loop, sequenced: bool = False, transactional: bool = False) -> list:
     """produce_parts over batches of `impl` for two topics (one batch compressed, one with a
-    payload of 16 KiB or more): the request frame written from what it returns, against the
-    one written from each batch's own header and payload, and what else it returns."""
+    payload of 16 KiB or more), numbered by an idempotent producer: the request frame written
+    from what it returns, against the one written from each batch's own header and payload
+    (with the batch's producer id, epoch and sequence if `sequenced`; the transactional bit
+    if `transactional`), and what else it returns."""
     def batch(number, topic, partition, records, created, codec=0):
         writer = impl.RecordWriter(1000 + number, 1 << 20)
         for i in range(records):
@@ -1671,10 +1675,15 @@ def _request_of(impl, loop) -> list:
                                 created, created + 120.0, 0)
     batches = [batch(1, "a", 3, 2, 99.0), batch(2, "b", 0, 1, 99.5, codec=1),
                batch(3, "a", 1, 400, 98.0), batch(4, "a", 7, 1, 99.9)]
+    for number, b in enumerate(batches):
+        b.producer_id, b.producer_epoch, b.base_sequence = 1 << 40, 7, (1 << 31) - 4 + number
     by_hand: dict = {}
     for b in batches:
+        producer = (b.producer_id, b.producer_epoch, b.base_sequence) if sequenced else \
+            (-1, -1, -1)
+        attributes = b.writer.codec | (0x10 if transactional else 0)
         by_hand.setdefault(b.topic, []).append({"index": b.partition, "records": (
-            b.writer.header(b.writer.payload, b.writer.codec, -1, -1, -1), b.writer.payload)})
+            b.writer.header(b.writer.payload, attributes, *producer), b.writer.payload)})
 
     def frame(topic_data):
         body = {"transactional_id": None, "acks": 1, "timeout_ms": 30000,
@@ -1683,7 +1692,8 @@ def _request_of(impl, loop) -> list:
         return b"".join(map(bytes, written)) if isinstance(written, list) else written
 
     in_flight = {"already": None}
-    topic_data, size, earliest, waited, most = impl.produce_parts(batches, in_flight, 100.0)
+    topic_data, size, earliest, waited, most = impl.produce_parts(batches, in_flight, 100.0,
+                                                                  sequenced, transactional)
     return [frame(topic_data), frame([{"name": t, "partition_data": p}
                                       for t, p in by_hand.items()]),
             size, sum(61 + len(b.writer.payload) for b in batches), earliest,
@@ -1709,18 +1719,58 @@ async def test_a_request_s_partitions_are_built_from_its_batches(impl):
     assert tracked == [impl is _py] * 4
     with pytest.raises(ValueError, match="sealed"):
         impl.produce_parts([impl.BatchFields((9,), "a", 0, impl.RecordWriter(0, 100),
-                                             loop.create_future(), 0.0, 1.0, 0)], {}, 1.0)
+                                             loop.create_future(), 0.0, 1.0, 0)], {}, 1.0,
+                           False, False)
     with pytest.raises(TypeError):
-        impl.produce_parts(["not a batch"], {}, 1.0)
+        impl.produce_parts(["not a batch"], {}, 1.0, False, False)
+
+
+@pytest.mark.parametrize("impl", BOTH, ids=["python", "c"])
+@pytest.mark.parametrize("transactional", [False, True])
+async def test_an_idempotent_request_s_headers_carry_each_batch_s_sequence(impl,
+                                                                           transactional):
+    """produce_parts(sequenced=True): each batch's header carries its producer id, epoch and
+    base sequence (up to the last before the wrap), and the transactional bit when asked:
+    what a broker checks to write each batch once and in order. The header's CRC covers
+    them: a frame built by hand from the same numbers is the same bytes."""
+    loop = asyncio.get_running_loop()
+    frame, by_hand, *_ = _request_of(impl, loop, sequenced=True, transactional=transactional)
+    assert frame == by_hand
+    plain, *_ = _request_of(impl, loop)
+    assert frame != plain
+    [read] = read_batches(_first_batch_of(impl, loop, transactional))
+    assert (read.producer_id, read.producer_epoch, read.base_sequence) == \
+        (1 << 40, 7, (1 << 31) - 4)
+    assert read.is_transactional is transactional and [r.value for r in read.records] == [b"v"]
+    b = impl.BatchFields((9,), "a", 0, impl.RecordWriter(0, 100), loop.create_future(), 0.0,
+                         1.0, 0)
+    b.writer.payload = b""
+    b.producer_id, b.producer_epoch, b.base_sequence = 1, 1 << 15, 0
+    with pytest.raises((OverflowError, struct.error)):  # (the twin's header: struct's)
+        impl.produce_parts([b], {}, 1.0, True, transactional)
+
+
+def _first_batch_of(impl, loop, transactional: bool) -> bytes:
+    """The first record batch of a sequenced request of `impl`, as one bytes."""
+    writer = impl.RecordWriter(1000, 1 << 20)
+    assert writer.try_append(1000, b"k", b"v", None)
+    writer.payload, writer.codec = writer.seal(), 0
+    b = impl.BatchFields((1,), "a", 0, writer, loop.create_future(), 99.0, 120.0, 0)
+    b.producer_id, b.producer_epoch, b.base_sequence = 1 << 40, 7, (1 << 31) - 4
+    topic_data, *_ = impl.produce_parts([b], {}, 100.0, True, transactional)
+    header, payload = topic_data[0]["partition_data"][0]["records"]
+    return bytes(header) + bytes(payload)
 
 
 @needs_c
 async def test_a_request_s_partitions_alike_in_both():
     loop = asyncio.get_running_loop()
-    assert _request_of(_c, loop)[:-1] == _request_of(_py, loop)[:-1]
+    for sequenced, transactional in ((False, False), (True, False), (True, True)):
+        assert _request_of(_c, loop, sequenced, transactional)[:-1] == \
+            _request_of(_py, loop, sequenced, transactional)[:-1]
 
 
-def _settled(impl, loop, complete: bool) -> tuple[list, list]:
+def _settled(impl, loop, all_or_none: bool) -> tuple[list, list]:
     """settle_produce over four batches of `impl` (one answered with an error, one left out,
     one with a record's callback waiting): what each batch came to, and the loop callbacks
     it asked for."""
@@ -1745,7 +1795,7 @@ def _settled(impl, loop, complete: bool) -> tuple[list, list]:
     in_flight = dict.fromkeys([a0, a1, a2, b0])
     acked, rest = impl.settle_produce([a0, a1, a2, b0], responses, in_flight,
                                       lambda woken: ran.append([b.number for b in woken]),
-                                      complete)
+                                      all_or_none)
     outcome = [[b.number for b in acked],
                [(b.number, p and p["error_code"]) for b, p in rest],
                [b.number for b in in_flight],
@@ -1759,27 +1809,67 @@ async def test_a_response_s_answers_settle_their_batches(impl):
     """settle_produce(): each batch answered without an error leaves in_flight and is
     completed with its offset; their records' callbacks run in one loop callback for them
     all (run_watchers), not a loop handle each; a batch refused, or left out of the
-    response, is handed back with its answer (or None) for the sender, in order. Without
-    `complete` (idempotent: the sequencer is told first) every batch is handed back."""
+    response, is handed back with its answer (or None) for the sender, in order."""
     loop = asyncio.get_running_loop()
-    outcome, ran = _settled(impl, loop, complete=True)
+    outcome, ran = _settled(impl, loop, all_or_none=False)
     assert outcome == [[(1,), (4,)], [((2,), 6), ((3,), None)], [(2,), (3,)],
                        [(40, -1), None, None, (7, -1)], [None, None]]
     assert ran == []
     await asyncio.sleep(0)
     assert ran == [[(4,)]]  # one callback, with the batch whose record waits
-    outcome, ran = _settled(impl, loop, complete=False)
+    with pytest.raises(TypeError):
+        impl.settle_produce(["not a batch"], [], {}, print, False)
+
+
+@pytest.mark.parametrize("impl", BOTH, ids=["python", "c"])
+async def test_an_idempotent_response_settles_only_when_every_batch_is_acknowledged(impl):
+    """settle_produce(all_or_none=True), an idempotent producer's: a response with one
+    batch refused or left out completes none (the sender handles every answer in order, as
+    the sequencer needs); one that acknowledges every batch completes them all in one
+    call."""
+    loop = asyncio.get_running_loop()
+    outcome, ran = _settled(impl, loop, all_or_none=True)
     assert outcome == [[], [((1,), 0), ((2,), 6), ((3,), None), ((4,), 0)],
                        [(1,), (2,), (3,), (4,)], [None] * 4, [b"records"] * 2]
-    with pytest.raises(TypeError):
-        impl.settle_produce(["not a batch"], [], {}, print, True)
+    await asyncio.sleep(0)
+    assert ran == []
+    outcome, ran = _three_acknowledged(impl, loop)
+    assert outcome == [[(1,), (2,), (3,)], [], [], [(40, -1), (41, 5), (7, -1)]]
+    await asyncio.sleep(0)
+    assert ran == [[(3,)]]
+
+
+def _three_acknowledged(impl, loop) -> tuple[list, list]:
+    """settle_produce(all_or_none=True) over three batches of `impl`, every one answered
+    without an error."""
+    ran: list = []
+
+    def batch(number, topic, partition):
+        writer = impl.RecordWriter(0, 100)
+        writer.payload = b"records"
+        return impl.BatchFields((number,), topic, partition, writer, loop.create_future(),
+                                0.0, 60.0, 0)
+    a0, a1, b0 = batch(1, "a", 0), batch(2, "a", 1), batch(3, "b", 0)
+    b0._watchers = ["a record"]
+    answer = {"index": 0, "error_code": 0, "base_offset": 40, "log_append_time_ms": -1}
+    responses = [{"name": "b", "partition_responses": [answer | {"base_offset": 7}]},
+                 {"name": "a", "partition_responses": [
+                     answer | {"index": 1, "base_offset": 41, "log_append_time_ms": 5},
+                     answer]}]
+    in_flight = dict.fromkeys([a0, a1, b0])
+    acked, rest = impl.settle_produce([a0, a1, b0], responses, in_flight,
+                                      lambda woken: ran.append([b.number for b in woken]),
+                                      True)
+    return [[b.number for b in acked], rest, list(in_flight),
+            [b.future.result() for b in (a0, a1, b0)]], ran
 
 
 @needs_c
 async def test_a_response_s_answers_settle_alike_in_both():
     loop = asyncio.get_running_loop()
-    for complete in (True, False):
-        assert _settled(_c, loop, complete) == _settled(_py, loop, complete)
+    for all_or_none in (False, True):
+        assert _settled(_c, loop, all_or_none) == _settled(_py, loop, all_or_none)
+    assert _three_acknowledged(_c, loop)[0] == _three_acknowledged(_py, loop)[0]
 
 
 def _drained(impl, loop) -> list:

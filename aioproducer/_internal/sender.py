@@ -355,32 +355,14 @@ class Sender:
 
     def _prepare_produce(self, conn: BrokerConnection, batches: list[ProducerBatch]) -> None:
         """Encode the batches into a request for `_write_requests()`; they count as in flight.
-        (Not idempotent, the speed-up's produce_parts does it in one call: at 10,000
-        partitions a request holds ~490 batches.)"""
+        (The speed-up's produce_parts does it in one call, and an idempotent producer's
+        sequencer is told in one call: at 10,000 partitions a request holds ~490 batches.)"""
         txn = self._txn
-        now = self._loop.time()
-        if txn is None:
-            topic_data, size, earliest, waited, waited_most = produce_parts(
-                batches, self._in_flight, now)
-        else:
-            size = 0
-            waited_most = waited = 0.0  # the batches' time in the accumulator
-            earliest = float("inf")
-            by_topic: dict[str, list[dict[str, Any]]] = {}
-            for batch in batches:
-                earliest = min(earliest, batch.deadline)
-                waited += now - batch.created
-                waited_most = max(waited_most, now - batch.created)
-                records = batch.writer.parts(producer_id=batch.producer_id,
-                                             producer_epoch=batch.producer_epoch,
-                                             base_sequence=batch.base_sequence,
-                                             transactional=txn.is_transactional)
-                txn.sequencer.sent(batch)
-                size += len(records[0]) + len(records[1])
-                by_topic.setdefault(batch.topic, []).append(
-                    {"index": batch.partition, "records": records})
-                self._in_flight[batch] = None
-            topic_data = [{"name": t, "partition_data": p} for t, p in by_topic.items()]
+        topic_data, size, earliest, waited, waited_most = produce_parts(
+            batches, self._in_flight, self._loop.time(), txn is not None,
+            txn is not None and txn.is_transactional)
+        if txn is not None:
+            txn.sequencer.sent_all(batches)
         heapq.heappush(self._expiry_heap, (earliest, next(self._expiry_numbers), batches))
         self._observer.queue_time.observe_many(len(batches), waited, waited_most)
         body = {
@@ -426,17 +408,22 @@ class Sender:
             throttle_ms = response.get("throttle_time_ms", 0)
             if throttle_ms > 0:
                 self._throttled(conn, throttle_ms)
-            # (Not idempotent, the batches answered without an error are completed in one
-            # compiled call, their records' callbacks in one loop callback: at 10,000
-            # partitions a response answers ~490 batches.)
+            # The batches answered without an error are completed in one compiled call,
+            # their records' callbacks in one loop callback: at 10,000 partitions a response
+            # answers ~490 batches. An idempotent producer's are, and its sequencer told in
+            # one call, only when every batch is: an error's handling (a retry, a new
+            # producer id) sees the partition's acknowledgements in order, as before.
+            txn = self._txn
             acked, rest = settle_produce(batches, response["responses"], self._in_flight,
-                                         run_watchers_of, self._txn is None)
+                                         run_watchers_of, txn is not None)
+            if txn is not None and acked:
+                txn.acked_all(acked)
             for batch, p in rest:
                 if p is None:
                     self._retry_or_fail(batch, KafkaConnectionError(
                         f"{conn.address} left {batch.topic}-{batch.partition} out of its "
                         "produce response"))
-                elif p["error_code"] == 0:  # (idempotent: the sequencer is told too)
+                elif p["error_code"] == 0:  # (in a response with an error: idempotent)
                     self._complete(batch, p["base_offset"], p["log_append_time_ms"], acked)
                 else:
                     self._on_partition_error(conn, batch, p,

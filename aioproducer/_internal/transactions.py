@@ -286,11 +286,20 @@ class TransactionManager:
 
     def acked(self, batch: ProducerBatch) -> None:
         if self.sequencer.acked(batch) and not self.is_transactional:
-            # A younger batch failed while this one was pending (the Java client's
-            # maybeResolveSequences): start afresh now, not at the next batch's refusal.
-            self.sequence_state_lost(KafkaError(
-                f"a batch of {batch.topic}-{batch.partition} after sequence "
-                f"{batch.base_sequence + batch.record_count - 1} failed unacknowledged"))
+            self._gap_behind(batch)
+
+    def acked_all(self, batches: list[ProducerBatch]) -> None:
+        """`acked` for each of a response's batches (all written), told in one call."""
+        gap = self.sequencer.acked_all(batches)
+        if gap is not None and not self.is_transactional:
+            self._gap_behind(gap)
+
+    def _gap_behind(self, batch: ProducerBatch) -> None:
+        """A younger batch failed while this one was pending (the Java client's
+        maybeResolveSequences): start afresh now, not at the next batch's refusal."""
+        self.sequence_state_lost(KafkaError(
+            f"a batch of {batch.topic}-{batch.partition} after sequence "
+            f"{batch.base_sequence + batch.record_count - 1} failed unacknowledged"))
 
     # -- transaction state -----------------------------------------------------------------
 

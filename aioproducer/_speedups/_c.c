@@ -33,6 +33,7 @@
 #include <string.h>
 
 #define BATCH_HEADER_SIZE 61  /* the layout: protocol/batch_layout.py */
+#define TRANSACTIONAL_BIT 0x10  /* of a batch's attributes (batch_layout.TRANSACTIONAL) */
 
 /* -- murmur2 ------------------------------------------------------------------------------ */
 
@@ -3036,13 +3037,30 @@ plain_dict(PyObject *const *pairs, Py_ssize_t count)
     return dict;
 }
 
-/* produce_parts(batches, in_flight, now): see _py.produce_parts. One call a request where the
-   sender's loop was ~40 lines of Python a batch (at 10,000 partitions ~490 batches a
-   request, a batch every 16 records). */
+/* A batch's int field (producer id, epoch, base sequence) within [low, high]; -1 with an
+   error set if not. */
+static long long
+ranged_field(PyObject *value, long long low, long long high, const char *name)
+{
+    if (value == NULL) {
+        PyErr_Format(PyExc_AttributeError, "the batch's %s is not set", name);
+        return -1;
+    }
+    long long n = PyLong_AsLongLong(value);
+    if (!(n == -1 && PyErr_Occurred()) && (n < low || n > high)) {
+        PyErr_Format(PyExc_OverflowError, "%s is out of range", name);
+        return -1;
+    }
+    return n;
+}
+
+/* produce_parts(batches, in_flight, now, sequenced, transactional): see _py.produce_parts.
+   One call a request where the sender's loop was ~40 lines of Python a batch (at 10,000
+   partitions ~490 batches a request, a batch every 16 records). */
 static PyObject *
 py_produce_parts(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (!takes_args(nargs, 3, "produce_parts(batches, in_flight, now)"))
+    if (!takes_args(nargs, 5, "produce_parts(batches, in_flight, now, sequenced, transactional)"))
         return NULL;
     PyObject *batches = args[0], *in_flight = args[1];
     if (!PyList_CheckExact(batches) || !PyDict_CheckExact(in_flight)) {
@@ -3051,6 +3069,9 @@ py_produce_parts(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     double now = PyFloat_AsDouble(args[2]);
     if (now == -1.0 && PyErr_Occurred())
+        return NULL;
+    int sequenced = PyObject_IsTrue(args[3]), transactional = PyObject_IsTrue(args[4]);
+    if (sequenced < 0 || transactional < 0)
         return NULL;
     double earliest = Py_HUGE_VAL, waited = 0.0, most = 0.0;
     Py_ssize_t size = 0;
@@ -3091,8 +3112,20 @@ py_produce_parts(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             PyErr_SetString(PyExc_ValueError, "a batch in a request is closed (sealed) first");
             goto next;
         }
+        long long producer_id = -1, epoch = -1, sequence = -1;
+        if (sequenced) {
+            if (((producer_id = ranged_field(fields->producer_id, INT64_MIN, INT64_MAX,
+                                             "producer_id")) == -1 && PyErr_Occurred()) ||
+                ((epoch = ranged_field(fields->producer_epoch, -32768, 32767,
+                                       "producer_epoch")) == -1 && PyErr_Occurred()) ||
+                ((sequence = ranged_field(fields->base_sequence, INT32_MIN, INT32_MAX,
+                                          "base_sequence")) == -1 && PyErr_Occurred()))
+                goto next;
+        }
         Py_INCREF(payload);
-        header = batch_header(writer, payload, writer->codec, -1, -1, -1);
+        header = batch_header(writer, payload,
+                              transactional ? writer->codec | TRANSACTIONAL_BIT : writer->codec,
+                              producer_id, epoch, sequence);
         Py_ssize_t length = header == NULL ? -1 : PyObject_Length(payload);
         if (length >= 0)
             records = PyTuple_Pack(2, header, payload);
@@ -3159,17 +3192,39 @@ required(PyObject *dict, PyObject *key)
     return Py_XNewRef(value);
 }
 
-/* settle_produce(batches, responses, in_flight, run_watchers, complete): see
+/* 1 if `batch` (a batch with its fields set) is answered in `answers` (by topic, then
+   partition index) with error code 0; 0 if not, or it is no such batch; -1 on an error. */
+static int
+answered_ok(PyObject *answers, PyObject *batch)
+{
+    if (!PyObject_TypeCheck(batch, &BatchFieldsType))
+        return 0;
+    BatchFields *fields = (BatchFields *)batch;
+    if (fields->topic == NULL || fields->partition == NULL)
+        return 0;
+    PyObject *by_index = PyDict_GetItemWithError(answers, fields->topic);
+    PyObject *answer = by_index == NULL ? NULL : PyDict_GetItemWithError(by_index, fields->partition);
+    if (answer == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    PyObject *code = required(answer, s_error_code);
+    if (code == NULL)
+        return -1;
+    int ok = PyLong_CheckExact(code) && PyLong_AsLong(code) == 0;
+    Py_DECREF(code);
+    return ok;
+}
+
+/* settle_produce(batches, responses, in_flight, run_watchers, all_or_none): see
    _py.settle_produce. At 10,000 partitions a response answers ~490 batches. */
 static PyObject *
 py_settle_produce(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     if (!takes_args(nargs, 5, "settle_produce(batches, responses, in_flight, run_watchers, "
-                    "complete)"))
+                    "all_or_none)"))
         return NULL;
     PyObject *batches = args[0], *responses = args[1], *in_flight = args[2];
-    int complete = PyObject_IsTrue(args[4]);
-    if (complete < 0)
+    int all_or_none = PyObject_IsTrue(args[4]), complete = 1;
+    if (all_or_none < 0)
         return NULL;
     if (!PyList_CheckExact(batches) || !PyList_Check(responses) || !PyDict_CheckExact(in_flight)) {
         PyErr_SetString(PyExc_TypeError, "settle_produce takes a list of batches, a list of "
@@ -3212,6 +3267,14 @@ py_settle_produce(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         Py_XDECREF(name);
         if (failed)
             goto done;
+    }
+    for (Py_ssize_t i = 0; all_or_none && complete && i < PyList_GET_SIZE(batches); i++) {
+        PyObject *batch = Py_NewRef(PyList_GET_ITEM(batches, i));
+        int ok = answered_ok(answers, batch);
+        Py_DECREF(batch);
+        if (ok < 0)
+            goto done;
+        complete = ok;  /* one not answered fine: none completed here */
     }
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(batches); i++) {
         PyObject *batch = Py_NewRef(PyList_GET_ITEM(batches, i));
@@ -4838,18 +4901,22 @@ static PyMethodDef module_methods[] = {
      "records may be its (header, payload); a payload of 16 KiB or more is not copied: the\n"
      "frame is then the list of its parts, [bytes, payload, bytes, ...], to write in order."},
     {"produce_parts", (PyCFunction)(void (*)(void))py_produce_parts, METH_FASTCALL,
-     "produce_parts(batches, in_flight, now) -> (topic_data, size, earliest, waited, most)\n\n"
-     "A Produce request's topic_data for `batches` (sealed, not idempotent), each batch's\n"
-     "records its (header, payload), and each batch put in `in_flight`; with the bytes of\n"
+     "produce_parts(batches, in_flight, now, sequenced, transactional)\n"
+     "    -> (topic_data, size, earliest, waited, most)\n\n"
+     "A Produce request's topic_data for `batches` (sealed), each batch's records its\n"
+     "(header, payload), the header with the batch's producer id, epoch and base sequence\n"
+     "if `sequenced` (else -1), and the transactional bit if `transactional`; each batch put\n"
+     "in `in_flight`; with the bytes of\n"
      "their record batches, the earliest delivery deadline, and the sum and the longest of\n"
      "their times queued (loop time `now` less their creation)."},
     {"settle_produce", (PyCFunction)(void (*)(void))py_settle_produce, METH_FASTCALL,
-     "settle_produce(batches, responses, in_flight, run_watchers, complete) -> (acked, rest)\n\n"
+     "settle_produce(batches, responses, in_flight, run_watchers, all_or_none)\n"
+     "    -> (acked, rest)\n\n"
      "Match a Produce response's answers (its topics: name and partition_responses) to the\n"
-     "request's batches. With `complete`, each batch answered without an error leaves\n"
-     "`in_flight` and is completed, and their records' callbacks run in one loop callback,\n"
+     "request's batches. Each batch answered without an error leaves `in_flight` and is\n"
+     "completed, and their records' callbacks run in one loop callback,\n"
      "run_watchers(batches); `rest` holds (batch, its answer or None) for the others, in\n"
-     "order (without `complete`, every batch)."},
+     "order (with `all_or_none`, every batch unless all are answered without an error)."},
     {"take_acked", (PyCFunction)(void (*)(void))py_take_acked, METH_FASTCALL,
      "take_acked(batches, incomplete) -> (counted, freed, records, newest)\n\n"
      "Of `batches` (acknowledged), those in `incomplete`, taken out of it, with the memory\n"

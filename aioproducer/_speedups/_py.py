@@ -16,7 +16,7 @@ from typing import Any, Callable, Generator, Iterable, Iterator, Mapping
 
 import crc32c
 
-from ..protocol.batch_layout import CRC_FROM, HEADER, HEADER_SIZE
+from ..protocol.batch_layout import CRC_FROM, HEADER, HEADER_SIZE, TRANSACTIONAL
 from ..protocol.primitives import encode_varint as _varint
 from ._marks import COROUTINE_MARKS
 
@@ -971,15 +971,19 @@ def watch_batches(batches: list[Any], bulk: Any) -> int:
     return pending
 
 
-def produce_parts(batches: list[Any], in_flight: dict[Any, None], now: float
+def produce_parts(batches: list[Any], in_flight: dict[Any, None], now: float,
+                  sequenced: bool, transactional: bool
                   ) -> tuple[list[dict[str, Any]], int, float, float, float]:
-    """A Produce request's topic_data for `batches` (sealed, not idempotent: no producer id
-    or sequence), a batch's records its (header, payload), topics in order of first
-    appearance; each batch put in `in_flight`. With the bytes of their record batches, the
-    earliest delivery deadline, and the sum and the longest of their times queued (loop time
-    `now` less their creation). (In C one call a request: at 10,000 partitions ~490 batches.)"""
+    """A Produce request's topic_data for `batches` (sealed), a batch's records its (header,
+    payload), topics in order of first appearance: the header carries the batch's producer
+    id, epoch and base sequence if `sequenced` (idempotent; else -1 for each), and the
+    transactional bit if `transactional`. Each batch is put in `in_flight`. With the bytes
+    of their record batches, the earliest delivery deadline, and the sum and the longest of
+    their times queued (loop time `now` less their creation). (In C one call a request: at
+    10,000 partitions ~490 batches.)"""
     if type(batches) is not list or type(in_flight) is not dict:
         raise TypeError("produce_parts takes a list of batches and a dict")
+    transactional_bit = TRANSACTIONAL if transactional else 0
     by_topic: dict[str, list[dict[str, Any]]] = {}
     size = 0
     earliest, waited, most = float("inf"), 0.0, 0.0
@@ -998,7 +1002,10 @@ def produce_parts(batches: list[Any], in_flight: dict[Any, None], now: float
         payload = writer.payload
         if payload is None:
             raise ValueError("a batch in a request is closed (sealed) first")
-        header = writer.header(payload, writer.codec, -1, -1, -1)
+        producer_id, epoch, sequence = (batch.producer_id, batch.producer_epoch,
+                                        batch.base_sequence) if sequenced else (-1, -1, -1)
+        header = writer.header(payload, writer.codec | transactional_bit, producer_id, epoch,
+                               sequence)
         size += len(header) + len(payload)
         by_topic.setdefault(batch.topic, []).append(
             {"index": batch.partition, "records": (header, payload)})
@@ -1009,13 +1016,15 @@ def produce_parts(batches: list[Any], in_flight: dict[Any, None], now: float
 
 def settle_produce(batches: list[Any], responses: list[dict[str, Any]],
                    in_flight: dict[Any, None], run_watchers: Callable[[list[Any]], object],
-                   complete: bool) -> tuple[list[Any], list[tuple[Any, Any]]]:
+                   all_or_none: bool) -> tuple[list[Any], list[tuple[Any, Any]]]:
     """Match a Produce response's answers (its topics: name and partition_responses) to the
-    request's batches. With `complete`, each batch answered without an error leaves
-    `in_flight` and is completed, and their records' callbacks run in one loop callback,
-    run_watchers(batches) (a loop handle, a context and a bound method a batch were promoted
-    by the garbage collector mid-response at 10,000 partitions); `rest` holds (batch, its
-    answer or None) for the others, in order (without `complete`, every batch)."""
+    request's batches. Each batch answered without an error leaves `in_flight` and is
+    completed, and their records' callbacks run in one loop callback, run_watchers(batches)
+    (a loop handle, a context and a bound method a batch were promoted by the garbage
+    collector mid-response at 10,000 partitions); `rest` holds (batch, its answer or None)
+    for the others, in order (with `all_or_none`, every batch unless all are answered
+    without an error: an idempotent producer's errors are handled in order with its
+    acknowledgements)."""
     if type(batches) is not list or not isinstance(responses, list) or \
             type(in_flight) is not dict:
         raise TypeError("settle_produce takes a list of batches, a list of topics' answers "
@@ -1025,6 +1034,7 @@ def settle_produce(batches: list[Any], responses: list[dict[str, Any]],
         listed = answers.setdefault(topic["name"], {})
         for given in topic["partition_responses"]:
             listed[given["index"]] = given
+    complete = not all_or_none or all(_answered_ok(answers, batch) for batch in batches)
     acked: list[Any] = []
     rest: list[tuple[Any, Any]] = []
     woken: list[Any] = []
@@ -1044,6 +1054,18 @@ def settle_produce(batches: list[Any], responses: list[dict[str, Any]],
     if woken:
         woken[0].future.get_loop().call_soon(run_watchers, woken)
     return acked, rest
+
+
+def _answered_ok(answers: dict[str, dict[int, dict[str, Any]]], batch: Any) -> bool:
+    """Whether `batch` (a batch with its fields set) is answered with error code 0."""
+    if not isinstance(batch, BatchFields):
+        return False
+    by_index = answers.get(batch.topic)
+    answer = by_index.get(batch.partition) if by_index is not None else None
+    if answer is None:
+        return False
+    code = answer["error_code"]
+    return type(code) is int and code == 0
 
 
 def take_acked(batches: list[Any], incomplete: set[Any]) -> tuple[list[Any], int, int, int]:
