@@ -69,7 +69,7 @@ class Sequencer:
 
     def may_send(self, batch: ProducerBatch) -> bool:
         """Whether `batch` may go on the wire now without breaking its partition's order."""
-        if not self.has_producer_id:
+        if self.producer_id < 0:  # (has_producer_id)
             return False
         in_flight = self._in_flight.get((batch.topic, batch.partition))
         if not in_flight:
