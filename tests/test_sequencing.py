@@ -159,3 +159,42 @@ async def test_a_new_epoch_numbers_old_batches_afresh():
     seq.assign(old)
     assert (old.producer_epoch, old.base_sequence) == (1, 0)
     assert not seq.acked(old) and seq.is_current(old)
+
+
+async def test_a_response_told_in_one_call_leaves_the_state_told_one_batch_at_a_time():
+    """acked_all (a response with every batch written, one call) against resolved + acked
+    batch by batch: the same acknowledgements, in-flight lists and unconfirmed partitions,
+    and the first batch that leaves a gap behind reported (a younger batch of its partition
+    failed unacknowledged), while a batch numbered under an older epoch only leaves flight."""
+    def scenario() -> tuple[Sequencer, list[ProducerBatch]]:
+        seq = Sequencer(max_in_flight=5, clock=lambda: 10.0)
+        seq.start(1, 0)
+        stale = _batch(1, partition=2)
+        seq.assign(stale)
+        seq.sent_all([stale])
+        seq.start(1, 1)  # a new epoch: `stale` is no longer current
+        older, younger, plain, later = _batch(2), _batch(1), _batch(3, 1), _batch(1, 1)
+        for batch in (older, younger, plain, later):
+            seq.assign(batch)
+        seq.sent_all([older, plain])
+        assert seq.failed(younger)  # its numbers are used up: a gap once `older` is acked
+        return seq, [older, plain, stale]
+
+    def state(seq: Sequencer) -> list:
+        return [seq._acked_up_to, {tp: [b.base_sequence for b in u]
+                                   for tp, u in seq._unacked.items()},
+                {tp: [b.base_sequence for b in f] for tp, f in seq._in_flight.items()},
+                seq._unconfirmed, seq._acked_at]
+
+    one_by_one, told = scenario()
+    gaps = []
+    for batch in told:
+        one_by_one.resolved(batch)
+        if one_by_one.acked(batch):
+            gaps.append(batch)
+    assert gaps == [told[0]]
+    at_once, batches = scenario()
+    assert at_once.acked_all(batches) is batches[0]
+    assert state(at_once) == state(one_by_one)
+    assert at_once._acked_up_to == {("t", 0): 2, ("t", 1): 3}
+    assert at_once._in_flight == {("t", 0): [], ("t", 1): [], ("t", 2): []}
