@@ -533,6 +533,28 @@ async def test_enqueue_many_answers_for_its_own_records_of_a_split_batch(proxied
     _assert_offsets_match(metadata, [value for _, value in records], consumed)
 
 
+async def test_failures_names_the_one_record_of_a_split_batch_that_failed(proxied_broker):
+    """enqueue_many's 61 records fill one batch over the broker's limit, and record 30 is too
+    large even on its own: the batch is split, that piece fails, the others are written.
+    failures() names record 30 alone, with MessageTooLargeError, and the 60 it does not name
+    are the ones a consumer reads, in order. (A review of failures(): it asks each record's
+    batch, and a split batch's piece, for its own outcome.)"""
+    cluster = proxied_broker
+    cluster.proxy.message_max_bytes(3000)
+    cluster.create_topic("bulk-split-failed", 1)
+    records = [(None, b"%04d:" % i + b"v" * 100) for i in range(60)]
+    records.insert(30, (None, b"big:" + os.urandom(5000)))
+    async with Producer(cluster.bootstrap, batch_size=65536, linger_ms=200) as producer:
+        bulk = await producer.enqueue_many("bulk-split-failed", records)
+        with pytest.raises(MessageTooLargeError):
+            await asyncio.wait_for(bulk, 10)
+    assert cluster.proxy.refused_batches >= 1, "the limit never bit: the test proves nothing"
+    assert [(f.index, type(f.error)) for f in bulk.failures()] == [(30, MessageTooLargeError)]
+    written = [value for i, (_, value) in enumerate(records) if i != 30]
+    consumed = consume_all(cluster.broker.bootstrap, "bulk-split-failed", len(written))
+    assert [r.value for r in consumed] == written
+
+
 @pytest.mark.parametrize("code", [6, 9, 13], ids=["NOT_LEADER", "REPLICA_NOT_AVAILABLE",
                                                  "NETWORK_EXCEPTION"])
 async def test_errors_that_say_the_leader_may_have_moved_refresh_metadata(proxied_broker, code):
