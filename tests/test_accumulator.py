@@ -203,6 +203,18 @@ async def test_a_turn_in_line_whose_batch_opening_fails_holds_no_memory_twice():
         assert not accumulator.line
 
 
+def _memory_all_taken(buffer_memory: int, value: bytes) -> tuple[RecordAccumulator, int]:
+    """An accumulator (1 KiB batches, linger 1 s) whose `buffer_memory` is all reserved, as
+    full batches would hold it, and the memory a record of `value` needs to open a batch."""
+    config = ProducerConfig.from_kwargs(bootstrap_servers="127.0.0.1:9092", linger_ms=1000,
+                                        enable_idempotence=False, batch_size=1024,
+                                        buffer_memory=buffer_memory)
+    accumulator = RecordAccumulator(config, Codec.NONE, None, Observer(()))
+    memory = accumulator.batch_memory(record_size_upper_bound(None, value, None))
+    assert accumulator.reserve_now(buffer_memory)
+    return accumulator, memory
+
+
 async def test_a_send_in_line_whose_batch_opening_fails_is_refused_and_the_line_goes_on():
     """send()'s records wait in line for memory; freed memory serves them, each opening its
     batch. One whose opening fails is refused with the error (its future says so), in no
@@ -212,13 +224,7 @@ async def test_a_send_in_line_whose_batch_opening_fails_is_refused_and_the_line_
     release."""
     from aioproducer._internal.batch import RecordFuture
 
-    config = ProducerConfig.from_kwargs(bootstrap_servers="127.0.0.1:9092", linger_ms=1000,
-                                        enable_idempotence=False, batch_size=1024,
-                                        buffer_memory=2048)
-    accumulator = RecordAccumulator(config, Codec.NONE, None, Observer(()))
-    size = record_size_upper_bound(None, b"v", None)
-    memory = accumulator.batch_memory(size)
-    assert accumulator.reserve_now(2048)  # all of it, as two full batches would hold
+    accumulator, memory = _memory_all_taken(2048, b"v")
     waiting = [accumulator.join_line("t", partition, 0, None, b"%d" % partition, None,
                                      memory, 4, for_send=True) for partition in (1, 2)]
     futures = []
@@ -253,13 +259,7 @@ async def test_a_send_in_line_whose_batch_s_wake_is_interrupted_is_told_its_reco
     kept and sent."""
     from aioproducer._internal.batch import RecordFuture
 
-    config = ProducerConfig.from_kwargs(bootstrap_servers="127.0.0.1:9092", linger_ms=1000,
-                                        enable_idempotence=False, batch_size=1024,
-                                        buffer_memory=1024)
-    accumulator = RecordAccumulator(config, Codec.NONE, None, Observer(()))
-    size = record_size_upper_bound(None, b"kept", None)
-    memory = accumulator.batch_memory(size)
-    assert accumulator.reserve_now(1024)  # all of it, as a full batch would hold
+    accumulator, memory = _memory_all_taken(1024, b"kept")
     waiting = accumulator.join_line("t", 1, 0, None, b"kept", None, memory, 4, for_send=True)
     future = waiting.record = RecordFuture(waiting, 0, 0)
     wake = accumulator.wake_sender_for
