@@ -27,6 +27,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Coroutine, Generic, Iterable, \
     Iterator, Sequence, TypeVar, Unpack, overload
 
+from anyio import CancelScope
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from ._internal.batch import BulkFuture, BulkMetadata, ProducerBatch, RecordFuture, \
@@ -281,12 +282,14 @@ class BlockingProducer(Generic[K, V]):
         if self._forked:
             return  # the loop's thread is not in this process
         try:
-            closing = self._portal.start_task_soon(self._close, timeout)
+            closing: Future[None] | None = None
             try:
+                closing = self._portal.start_task_soon(self._close, timeout)
                 _wait_for(closing)
-            except KeyboardInterrupt:
+            except KeyboardInterrupt:  # (also as the close was handed over: see _call)
                 self._portal.start_task_soon(self._producer.close, 0)  # (joins, sooner)
-                _wait_for(closing)
+                if closing is not None:
+                    _wait_for(closing)
                 raise
             closing.result()
         finally:
@@ -356,15 +359,18 @@ class BlockingProducer(Generic[K, V]):
         with self._gate:
             self._check_usable()
             self._calls += 1
+        stop: Future[None] = Future()  # cancelled by a Ctrl-C here: the call there stops
         try:
-            running = self._portal.start_task_soon(func, *args)
-            try:
-                _wait_for(running)
-                return running.result()
-            except KeyboardInterrupt:
-                if interruptible:
-                    running.cancel()
-                raise
+            running = self._portal.start_task_soon(_stoppable, stop, func, *args) \
+                if interruptible else self._portal.start_task_soon(func, *args)
+            _wait_for(running)
+            return running.result()
+        except KeyboardInterrupt:
+            # (Also when raised as the call was handed over, before `running` was set: the
+            # wake-up written to the loop gives its thread the GIL, and this one, taking it
+            # back, raises a SIGINT that came meanwhile. CI: a produce_many() went on.)
+            stop.cancel()
+            raise
         finally:
             with self._gate:
                 self._calls -= 1
@@ -641,6 +647,21 @@ def _check_delivery_order(on_delivery: DeliveryCallback, code: Any) -> None:
             f"order, but the first parameter of {getattr(on_delivery, '__qualname__', '')!r} "
             f"is {names[0]!r}: confluent-kafka's order, on_delivery(err, msg). Swap them "
             "(and read the metadata's fields: metadata.offset, not msg.offset())")
+
+
+async def _stoppable(stop: Future[None], func: Callable[..., Awaitable[_T]], *args: Any) -> _T:
+    """`await func(*args)` in the producer's thread, cancelled once `stop` is, whether that
+    came before the call began or while it runs (level cancellation: anyio's scope)."""
+    loop = asyncio.get_running_loop()
+    with CancelScope() as scope:
+        stop.add_done_callback(lambda _: _soon(loop, scope.cancel))
+        return await func(*args)
+    raise asyncio.CancelledError  # (stopped: the call's future is cancelled)
+
+
+def _soon(loop: asyncio.AbstractEventLoop, callback: Callable[[], Any]) -> None:
+    with contextlib.suppress(RuntimeError):  # (the loop closed meanwhile: nothing to stop)
+        loop.call_soon_threadsafe(callback)
 
 
 def _wait_for(future: Future[Any], timeout: float | None = None) -> None:

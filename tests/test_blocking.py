@@ -626,6 +626,57 @@ def test_ctrl_c_in_produce_many_stops_it_and_says_what_it_buffered(broker, topic
     assert [r.value for r in got] == [b"row %07d" % i for i in range(count)]
 
 
+# The same, the Ctrl-C seen just as the call is handed to the producer's thread: the wake-up
+# written to its loop lets that thread take the GIL, and the calling thread, taking it back,
+# raises the KeyboardInterrupt of a SIGINT that came meanwhile, before it held the call's
+# future. Here the signal is raised at that instant, once the call has begun there (the
+# portal's hand-over wrapped once).
+_CTRL_C_AT_HAND_OVER = """
+import signal, sys, threading, time
+import aioproducer
+from aioproducer import BlockingProducer
+
+begun = threading.Event()
+
+def rows():
+    begun.set()
+    for i in range(50_000):
+        time.sleep(0.0001)
+        yield None, b"row %07d" % i
+
+try:
+    with BlockingProducer(sys.argv[1]) as producer:
+        hand_over = producer._portal.start_task_soon
+        def ctrl_c_as_handed_over(*args):
+            producer._portal.start_task_soon = hand_over
+            running = hand_over(*args)
+            begun.wait(30)  # (the call under way there, as in CI)
+            signal.raise_signal(signal.SIGINT)
+            return running
+        producer._portal.start_task_soon = ctrl_c_as_handed_over
+        producer.produce_many(sys.argv[2], rows())
+except KeyboardInterrupt as interrupt:
+    buffered = aioproducer.accepted(interrupt)
+    print("interrupted", None if buffered is None else len(buffered), flush=True)
+"""
+
+
+def test_ctrl_c_as_produce_many_is_handed_over_stops_it(broker, topic):
+    """CI: a Ctrl-C'd produce_many() buffered every record first (200000 < 200000): the
+    interrupt came as the call was handed over, before the calling thread held the call's
+    future, so nothing cancelled it. Now whatever the call buffered, none or some, is what
+    `accepted` says and what was sent."""
+    load = subprocess.run([sys.executable, "-c", _CTRL_C_AT_HAND_OVER, broker.bootstrap, topic],
+                          capture_output=True, text=True, timeout=120)
+    assert load.returncode == 0, load.stderr
+    said = load.stdout.split()
+    assert said[0] == "interrupted" and said[1] != "None", load.stdout
+    count = int(said[1])
+    assert count < 50_000
+    got = consume_all(broker.bootstrap, topic, expected=count) if count else []
+    assert [r.value for r in got] == [b"row %07d" % i for i in range(count)]
+
+
 def test_a_closed_producer_refuses_produce_many_and_close_settles_its_future(broker, topic):
     producer = BlockingProducer(broker.bootstrap, linger_ms=1_000)
     sent = producer.produce_many(topic, [(None, b"a"), (None, b"b")])
