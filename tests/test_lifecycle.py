@@ -23,6 +23,7 @@ from aioproducer._internal.batch import RecordFuture
 from aioproducer.client.cluster import Cluster
 from aioproducer.errors import (
     BufferExhaustedError,
+    EventLoopEndedError,
     KafkaConnectionError,
     ProducerClosedError,
     TransactionalIdAuthorizationFailedError,
@@ -535,7 +536,9 @@ def test_a_producer_whose_loop_ended_says_so_and_closes(broker, topic, caplog):
     with its own loop, to the next): the first loop's end reports what it left and leaves it
     unusable. A call from the next loop said to close it on its own loop, which was gone,
     and close() raised the same, failing the test's teardown: calls say the loop ended and
-    what to do, and close() closes it."""
+    what to do, and close() closes it. The error was a plain RuntimeError: a worker that
+    runs each job with asyncio.run() and makes its producer again when the old one is
+    closed catches ProducerClosedError, and this is one now (EventLoopEndedError)."""
     producer = Producer(broker.bootstrap)
 
     async def first() -> None:
@@ -543,9 +546,12 @@ def test_a_producer_whose_loop_ended_says_so_and_closes(broker, topic, caplog):
         await producer.send(topic, b"first")
 
     async def next_one() -> None:
-        with pytest.raises(RuntimeError, match="this producer's event loop has ended .* Make "
-                                               "a producer in the loop that uses it"):
+        with pytest.raises(ProducerClosedError, match="this producer's event loop has ended "
+                                                      ".* Make a producer in the loop that "
+                                                      "uses it") as raised:
             await producer.send(topic, b"second")
+        assert isinstance(raised.value, EventLoopEndedError)
+        assert isinstance(raised.value, RuntimeError)  # (what it was before it had a class)
         await producer.close()
         await producer.close()
         assert producer.metrics().state == "closed"
