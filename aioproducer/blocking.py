@@ -173,14 +173,20 @@ class BlockingProducer(Generic[K, V]):
     def produce(self, topic: str, value: V | None, key: K | None = None, *,
                 partition: int | None = None, timestamp_ms: int | None = None,
                 headers: Headers | None = None,
-                on_delivery: DeliveryCallback | None = None) -> Future[RecordMetadata]:
+                on_delivery: DeliveryCallback | None = None,
+                callback: None = None) -> Future[RecordMetadata]:
         """Queue one record; returns at once with a future of its metadata. `on_delivery`
         (metadata, None) or (None, exception) runs in the producer's thread: keep it short
         (one whose first parameter is named `err`, confluent-kafka's order, raises
-        TypeError). Waits (up to max_block_ms) only while 5,000 records are queued for that
-        thread."""
+        TypeError). `callback`, confluent-kafka's other name for its on_delivery, raises
+        TypeError saying so (its arguments come in the other order). Waits (up to
+        max_block_ms) only while 5,000 records are queued for that thread."""
         if self._closed:  # (or forked: that closes it too)
             self._check_usable()
+        if callback is not None:
+            raise TypeError("produce() takes no callback=: confluent-kafka's callback= is "
+                            "on_delivery= here, called on_delivery(metadata, exception), the "
+                            "other order than confluent-kafka's (err, msg)")
         if on_delivery is not None:
             code = getattr(on_delivery, "__code__", None)  # (a function's or a method's)
             if code is not self._checked_on_delivery:
@@ -301,6 +307,20 @@ class BlockingProducer(Generic[K, V]):
     def metrics(self) -> ProducerMetrics:
         """As `Producer.metrics()`."""
         return self._call(self._producer.metrics)
+
+    def __len__(self) -> int:
+        """The records produced and not yet acknowledged or failed, as confluent-kafka's
+        `len(producer)` (0 once closed)."""
+        if self._closed:
+            return 0
+        return self._call(self._unfinished)
+
+    def __bool__(self) -> bool:  # (with a __len__, an idle producer would be false)
+        return True
+
+    def _unfinished(self) -> int:
+        queued = sum(isinstance(item, _Produced) for item in self._queue)
+        return queued + self._producer.metrics().records_pending
 
     def partitions_for(self, topic: str) -> set[int]:
         """The partition ids of `topic` (fetching its metadata if needed)."""
