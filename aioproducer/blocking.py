@@ -53,6 +53,11 @@ _POLL = 0.001  # how often the pump looks at the queue while records keep coming
 # How often a calling thread's wait looks up (see _wait_for): a Ctrl-C is raised that soon.
 _STEP = 0.1
 _OPEN: weakref.WeakSet[BlockingProducer[Any, Any]] = weakref.WeakSet()
+# A thread's send() calls in a row, each made within _AT_ONCE of the last one's return,
+# before saying once that such a loop waits a round trip per record (as the accumulator says
+# of a loop of `await send()`, which does not see this one: the thread hop makes its gap).
+_SEND_LOOP_AFTER = 50
+_AT_ONCE = 0.001
 # What an on_delivery's first parameter is called when it takes confluent-kafka's order,
 # on_delivery(err, msg): ours is the Java client's, (metadata, exception).
 _ERROR_NAMES = frozenset({"err", "error", "exc", "exception", "e", "ex"})
@@ -139,6 +144,10 @@ class BlockingProducer(Generic[K, V]):
         # at it (no on_delivery), a loop of records of the wrong type failed unseen.
         self._log_refused = LogEvery(log, logging.WARNING, 10)
         self._checked_on_delivery: object = None  # the code of the last on_delivery checked
+        # Per thread, when its last send() returned and how many came at once in a row; not
+        # at linger_ms=0, which is the setting for one record at a time.
+        self._send_loop = threading.local()
+        self._said_send_loop = self._producer.config.linger_ms == 0
         self._portal_cm = start_blocking_portal("asyncio", _backend_options(),
                                                 name="aioproducer-blocking")
         self._portal: BlockingPortal = self._portal_cm.__enter__()
@@ -214,10 +223,32 @@ class BlockingProducer(Generic[K, V]):
         """Produce one record and wait for its acknowledgement (at most `timeout` seconds:
         then TimeoutError, and the record may still be sent)."""
         self._check_blocking_allowed()
+        called = time.monotonic()
         future = self.produce(topic, value, key, partition=partition,
                               timestamp_ms=timestamp_ms, headers=headers)
         _wait_for(future, timeout)  # (a Ctrl-C stops the wait: the record is still sent)
-        return future.result(0)
+        metadata = future.result(0)
+        if not self._said_send_loop:
+            self._count_send_loop(called)
+        return metadata
+
+    def _count_send_loop(self, called: float) -> None:
+        """Did this send() come as this thread's last one returned? 50 in a row are a loop
+        waiting for each record's ack (kafka-python's send() returns at once: moved over,
+        such a loop runs at ~150 records/s): said once, in the log."""
+        mine = self._send_loop
+        returned = getattr(mine, "returned", None)
+        at_once = returned is not None and called - returned < _AT_ONCE
+        mine.in_a_row = getattr(mine, "in_a_row", 0) + 1 if at_once else 0
+        mine.returned = time.monotonic()
+        if mine.in_a_row == _SEND_LOOP_AFTER:
+            self._said_send_loop = True
+            log.warning(
+                "%d send() calls in a row each waited for its record's acknowledgement "
+                "(linger_ms=%d and a round trip) before the next: a loop of send() runs at a "
+                "few hundred records/s. produce() in the loop and flush() after it (or "
+                "produce_many()); kafka-python's send(), which returns a future at once, is "
+                "produce() here. (Said once.)", _SEND_LOOP_AFTER, self.config.linger_ms)
 
     def produce_many(self, topic: str, records: Iterable[tuple[K | None, V | None]], *,
                      partition: int | None = None,
