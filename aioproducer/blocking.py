@@ -53,9 +53,11 @@ _POLL = 0.001  # how often the pump looks at the queue while records keep coming
 # How often a calling thread's wait looks up (see _wait_for): a Ctrl-C is raised that soon.
 _STEP = 0.1
 _OPEN: weakref.WeakSet[BlockingProducer[Any, Any]] = weakref.WeakSet()
-# A thread's send() calls in a row, each made within _AT_ONCE of the last one's return,
-# before saying once that such a loop waits a round trip per record (as the accumulator says
-# of a loop of `await send()`, which does not see this one: the thread hop makes its gap).
+# send() calls in a row from one thread, each made within _AT_ONCE of its last one's return
+# and none from another thread between (those share batches: many threads sending is
+# fine), before saying once that such a loop waits a round trip per record (as the
+# accumulator says of a loop of `await send()`, which does not see this one: the thread hop
+# makes its gap).
 _SEND_LOOP_AFTER = 50
 _AT_ONCE = 0.001
 # What an on_delivery's first parameter is called when it takes confluent-kafka's order,
@@ -144,9 +146,10 @@ class BlockingProducer(Generic[K, V]):
         # at it (no on_delivery), a loop of records of the wrong type failed unseen.
         self._log_refused = LogEvery(log, logging.WARNING, 10)
         self._checked_on_delivery: object = None  # the code of the last on_delivery checked
-        # Per thread, when its last send() returned and how many came at once in a row; not
-        # at linger_ms=0, which is the setting for one record at a time.
-        self._send_loop = threading.local()
+        # The thread whose send() returned last, when, and how many came so in a row; not
+        # said at linger_ms=0, which is the setting for one record at a time.
+        self._last_send: tuple[int, float] = (0, 0.0)
+        self._sends_in_a_row = 0
         self._said_send_loop = self._producer.config.linger_ms == 0
         self._portal_cm = start_blocking_portal("asyncio", _backend_options(),
                                                 name="aioproducer-blocking")
@@ -233,15 +236,16 @@ class BlockingProducer(Generic[K, V]):
         return metadata
 
     def _count_send_loop(self, called: float) -> None:
-        """Did this send() come as this thread's last one returned? 50 in a row are a loop
-        waiting for each record's ack (kafka-python's send() returns at once: moved over,
-        such a loop runs at ~150 records/s): said once, in the log."""
-        mine = self._send_loop
-        returned = getattr(mine, "returned", None)
-        at_once = returned is not None and called - returned < _AT_ONCE
-        mine.in_a_row = getattr(mine, "in_a_row", 0) + 1 if at_once else 0
-        mine.returned = time.monotonic()
-        if mine.in_a_row == _SEND_LOOP_AFTER:
+        """Did this send() come as the last one, this thread's, returned? 50 in a row are a
+        loop waiting for each record's ack (kafka-python's send() returns at once: moved
+        over, such a loop runs at ~150 records/s): said once, in the log. (Threads race
+        here harmlessly: at worst a count starts again.)"""
+        thread = threading.get_ident()
+        last_thread, returned = self._last_send
+        at_once = last_thread == thread and called - returned < _AT_ONCE
+        self._sends_in_a_row = self._sends_in_a_row + 1 if at_once else 0
+        self._last_send = (thread, time.monotonic())
+        if self._sends_in_a_row == _SEND_LOOP_AFTER:
             self._said_send_loop = True
             log.warning(
                 "%d send() calls in a row each waited for its record's acknowledgement "

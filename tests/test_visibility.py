@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -151,15 +152,17 @@ async def test_a_loop_of_sends_bound_by_linger_is_said_once(broker, topic, caplo
 SEND_LOOP = "a loop of send() runs at a few hundred records/s"
 
 
-@pytest.mark.parametrize("shape", ["sequential", "produce then flush", "paced", "linger 0"])
+@pytest.mark.parametrize("shape", ["sequential", "produce then flush", "paced", "linger 0",
+                                   "threads"])
 def test_a_loop_of_blocking_sends_is_said_once(broker, topic, caplog, shape):
     """kafka-python's `for row in rows: producer.send(topic, row)` returns at once per record
     there; moved to BlockingProducer, whose send() waits for the ack, it ran at ~120
     records/s with nothing said (the accumulator's word on a loop of `await send()` did not
     come: the thread hop between an ack and the next record is over its 1 ms). Said once, by
     send() itself, after 50 in a row: not for produce() then flush(), not for sends that come
-    apart (a view's), not at linger_ms=0. A thread descheduled mid-loop starts the count
-    again, so the loop runs until said (bounded), then 60 more."""
+    apart (a view's), not at linger_ms=0, not for threads each sending in a loop (a
+    thread pool's views: their records share batches). A thread descheduled mid-loop starts
+    the count again, so the loop runs until said (bounded), then 60 more."""
     caplog.set_level(logging.WARNING, logger="aioproducer")
 
     def said() -> list[str]:
@@ -180,6 +183,10 @@ def test_a_loop_of_blocking_sends_is_said_once(broker, topic, caplog, shape):
             for _ in range(60):
                 producer.send(topic, b"%d" % sent)
                 sent += 1
+        elif shape == "threads":
+            with ThreadPoolExecutor(4) as pool:
+                list(pool.map(lambda i: producer.send(topic, b"%d" % i), range(400)))
+            sent = 400
         else:
             for i in range(120):
                 producer.send(topic, b"%d" % i)
