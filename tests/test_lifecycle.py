@@ -551,6 +551,8 @@ def test_a_producer_whose_loop_ended_says_so_and_closes(broker, topic, caplog):
                                                       "uses it") as raised:
             await producer.send(topic, b"second")
         assert isinstance(raised.value, EventLoopEndedError)
+        assert "asyncio.run() per job, a Celery task's, keeps a BlockingProducer" in \
+            str(raised.value)
         assert isinstance(raised.value, RuntimeError)  # (what it was before it had a class)
         await producer.close()
         await producer.close()

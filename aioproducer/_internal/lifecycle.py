@@ -102,7 +102,9 @@ class Lifecycle:
                     "this producer's event loop has ended (asyncio.run() returned, or the "
                     "loop of the test that started it closed): it can send nothing more. Make "
                     "a producer in the loop that uses it (in pytest, a fixture of the same "
-                    "loop scope as the tests using it); close() just closes this one")
+                    "loop scope as the tests using it; sync code running asyncio.run() per "
+                    "job, a Celery task's, keeps a BlockingProducer instead); close() just "
+                    "closes this one")
             # (a sync web handler's asyncio.run(producer.send(...)), say; in the same thread,
             # most often pytest-asyncio's session fixture used by tests on their own loops)
             thread = _PYTEST_LOOPS if get_ident() == self.thread else (
