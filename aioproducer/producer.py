@@ -92,8 +92,8 @@ class Producer(Generic[K, V]):
     `send()` returns once the broker acknowledged the record; `enqueue()` returns as soon as
     the record is buffered, with a future of its metadata, so a loop can buffer many records
     before waiting. Settings are Kafka's producer settings in snake case (`linger.ms` ->
-    `linger_ms`) with the Java client's defaults: idempotent, `acks="all"`. See
-    `ProducerConfig` for the list.
+    `linger_ms`) with the Java client's defaults (but batch_size, 256 KiB): idempotent,
+    `acks="all"`. See `ProducerConfig` for the list.
 
     Typed by its serializers: without any, a `Producer[Bytes, Bytes]` (bytes, bytearray or
     memoryview: mypy refuses a str, as send() does); with a key serializer taking int and a
