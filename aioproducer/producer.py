@@ -580,13 +580,12 @@ class Producer(Generic[K, V]):
     async def flush(self, timeout: float | None = None) -> None:
         """Send everything buffered now (ignoring linger) and wait until each of those records
         is acknowledged or failed. Failures stay on the records' futures; flush itself raises
-        TimeoutError if `timeout` (seconds) passes first. On a closed producer it
-        returns at once."""
+        TimeoutError if `timeout` (seconds) passes first. On a producer not started (nothing
+        can be buffered before start() returns) or closed it returns at once: a `finally:`
+        that flushes after a start() that failed leaves start()'s error to be seen."""
         check_timeout("flush(timeout=...)", timeout)
         lifecycle = self._lifecycle
         if lifecycle.state not in (STARTED, CLOSING):  # closing also sends what is buffered
-            if lifecycle.state in (NEW, STARTING):
-                lifecycle.raise_not_started()
             return
         lifecycle.check_loop()
         assert self._accumulator is not None
@@ -617,7 +616,8 @@ class Producer(Generic[K, V]):
         accumulator, sender, cluster, txn, observer = \
             self._accumulator, self._sender, self._cluster, self._txn, self._observer
         if accumulator is None or sender is None or cluster is None or observer is None:
-            return ProducerMetrics(buffer_memory_available=self.config.buffer_memory)
+            return ProducerMetrics(buffer_memory_available=self.config.buffer_memory,
+                                   state=self._lifecycle.state.value)  # (closed unstarted)
         connections = cluster.open_connections()
         return ProducerMetrics(
             records_sent=accumulator.records_sent,

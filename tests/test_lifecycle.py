@@ -236,6 +236,25 @@ async def test_a_failed_start_can_be_retried(proxied_broker, caplog):
         await producer.start()
 
 
+async def test_a_finally_that_flushes_after_a_failed_start_leaves_its_error_seen(
+        proxied_broker):
+    """`try: await producer.start() ... finally: await producer.flush(); await
+    producer.close()`, with the broker down: flush() raised ProducerClosedError ("not
+    started"), which is what the caller saw, start()'s KafkaConnectionError only its
+    context. A producer not started holds nothing to flush: flush() returns, and the
+    caller sees why the start failed."""
+    cluster = proxied_broker
+    producer = Producer(cluster.bootstrap, request_timeout_ms=2000)
+    cluster.proxy.refuse(True)
+    with pytest.raises(KafkaConnectionError, match=cluster.bootstrap):
+        try:
+            await asyncio.wait_for(producer.start(), 10)
+        finally:
+            await producer.flush()
+            await producer.close()
+    assert producer.metrics().state == "closed"
+
+
 @pytest.mark.parametrize("first", ["cancelled", "refused"])
 async def test_a_start_cancelled_as_it_tears_down_can_be_retried(proxied_broker, first):
     """A transactional start() that was cancelled (its timeout fired, say) or failed (its
