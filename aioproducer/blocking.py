@@ -18,6 +18,7 @@ import contextvars
 import importlib.util
 import logging
 import os
+import sys
 import threading
 import time
 import weakref
@@ -123,6 +124,10 @@ class BlockingProducer(Generic[K, V]):
                  config: ProducerConfig | None = None, **settings: Any) -> None:
         self._producer: Producer[K, V] = Producer(  # type: ignore[call-overload]
             bootstrap_servers, config=config, **settings)
+        # Dropped unclosed (a notebook cell run again), its report names this and its maker.
+        caller = sys._getframe(1)
+        self._producer._created_at = f"{caller.f_code.co_filename}:{caller.f_lineno}"
+        self._producer._blocking = True
         self._max_block = self._producer.config.max_block_ms / 1000
         self._queue: deque[_Produced | asyncio.Future[None]] = deque()
         self._woken = False  # a wake-up of the pump is on its way or running
@@ -488,6 +493,9 @@ class BlockingProducer(Generic[K, V]):
         wakeup = asyncio.Event()
         pump = asyncio.get_running_loop().create_task(self._pump_records(wakeup),
                                                       name="aioproducer-blocking-pump")
+        # Collected pending with this producer dropped unclosed, which its producer's report
+        # says (asyncio's "Task was destroyed but it is pending!" said it of the pump).
+        pump._log_destroy_pending = False  # type: ignore[attr-defined]
         return asyncio.get_running_loop(), wakeup, pump
 
     async def _pump_records(self, wakeup: asyncio.Event) -> None:

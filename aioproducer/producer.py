@@ -147,6 +147,7 @@ class Producer(Generic[K, V]):
         caller = sys._getframe(1)
         self._created_at = f"{caller.f_code.co_filename}:{caller.f_lineno}"
         self._source_traceback = traceback.extract_stack(caller) if _debug_mode() else None
+        self._blocking = False  # run by a BlockingProducer: the report of one dropped says so
         self._renew()
 
     def _renew(self) -> None:
@@ -491,15 +492,19 @@ class Producer(Generic[K, V]):
         if lifecycle is None or lifecycle.state not in (STARTED, FAILED, CLOSING) or \
                 lifecycle.forked:  # (a forked child's copy: the parent's closes it)
             return
-        unclosed = f"unclosed {self!r} created at {self._created_at}"
-        _warn(f"{unclosed}: call `await producer.close()` (or use `async with`)",
-              ResourceWarning, source=self)
+        if self._blocking:
+            unclosed = f"unclosed <BlockingProducer of {self!r}> created at {self._created_at}"
+            advice = "call `producer.close()` when done with it (or use `with`)"
+        else:
+            unclosed = f"unclosed {self!r} created at {self._created_at}"
+            advice = "call `await producer.close()` when done with it (or use `async with`)"
+        _warn(f"{unclosed}: {advice}", ResourceWarning, source=self)
         loop = lifecycle.loop
         if loop is None or loop.is_closed():  # (its loop's end cancelled its tasks already)
             return
         try:  # (collected in any thread, at any allocation: nothing is done here but this)
             loop.call_soon_threadsafe(
-                _let_go, unclosed, self._source_traceback, lifecycle, self._tasks,
+                _let_go, unclosed, advice, self._source_traceback, lifecycle, self._tasks,
                 self._cluster, self._txn, self._accumulator, self._sender)
         except RuntimeError:  # closed meanwhile
             pass
@@ -814,7 +819,7 @@ async def _settle(cluster: Cluster, deadline: CloseDeadline) -> None:
                         "it refuses one)", conn.address, barrier.exception())
 
 
-def _let_go(unclosed: str, source_traceback: traceback.StackSummary | None,
+def _let_go(unclosed: str, advice: str, source_traceback: traceback.StackSummary | None,
             lifecycle: Lifecycle, tasks: TaskSet, cluster: Cluster | None,
             txn: TransactionManager | None, accumulator: RecordAccumulator | None,
             sender: Sender | None) -> None:
@@ -843,8 +848,7 @@ def _let_go(unclosed: str, source_traceback: traceback.StackSummary | None,
         lifecycle.become(CLOSING)
     lifecycle.become(CLOSED)
     context: dict[str, Any] = {
-        "message": f"{unclosed} was collected, {pending} record(s) unsent: call `await "
-                   "producer.close()` when done with it (or use `async with`)"}
+        "message": f"{unclosed} was collected, {pending} record(s) unsent: {advice}"}
     if source_traceback is not None:
         context["source_traceback"] = source_traceback
     asyncio.get_running_loop().call_exception_handler(context)

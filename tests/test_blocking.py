@@ -208,6 +208,38 @@ def test_confluent_kafkas_len_and_callback_keyword(broker, topic):
         [b"0", b"1", b"2"]
 
 
+# A notebook cell run again, or a function that makes a producer per call: the producer
+# made at line 5 is dropped unclosed and collected once its pump is idle.
+_DROPPED_UNCLOSED = """
+import gc, sys, threading, time
+from aioproducer import BlockingProducer
+def cell():
+    producer = BlockingProducer(sys.argv[1])
+    producer.send(sys.argv[2], b"sent")
+cell()
+gc.collect()
+deadline = time.monotonic() + 30
+while threading.active_count() > 1 and time.monotonic() < deadline:
+    time.sleep(0.05)
+print("threads", threading.active_count())
+"""
+
+
+def test_a_blocking_producer_dropped_unclosed_is_reported_as_one(broker, topic):
+    """Collected unclosed, a BlockingProducer was reported as the Producer inside it, made
+    at aioproducer/blocking.py:124, with `await producer.close()` to do, and asyncio added
+    "Task was destroyed but it is pending!" for its pump. One line now names the
+    BlockingProducer, the user's line that made it and its own close(); its thread ends."""
+    done = subprocess.run([sys.executable, "-c", _DROPPED_UNCLOSED, broker.bootstrap, topic],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout == "threads 1\n", (done.stdout, done.stderr)
+    said = done.stderr.strip().splitlines()
+    assert said == ["unclosed <BlockingProducer of <Producer aioproducer started bootstrap="
+                    f"{broker.bootstrap}>> created at <string>:5 was collected, 0 record(s) "
+                    "unsent: call `producer.close()` when done with it (or use `with`)"], said
+    assert [r.value for r in consume_all(broker.bootstrap, topic, expected=1)] == [b"sent"]
+
+
 def test_a_blocking_call_from_a_delivery_callback_raises_instead_of_hanging(broker, topic):
     errors: list[BaseException] = []
 
