@@ -18,6 +18,7 @@ import contextvars
 import importlib.util
 import logging
 import os
+import sys
 import threading
 import time
 import weakref
@@ -53,6 +54,13 @@ _POLL = 0.001  # how often the pump looks at the queue while records keep coming
 # How often a calling thread's wait looks up (see _wait_for): a Ctrl-C is raised that soon.
 _STEP = 0.1
 _OPEN: weakref.WeakSet[BlockingProducer[Any, Any]] = weakref.WeakSet()
+# send() calls in a row from one thread, each made within _AT_ONCE of its last one's return
+# and none from another thread between (those share batches: many threads sending is
+# fine), before saying once that such a loop waits a round trip per record (as the
+# accumulator says of a loop of `await send()`, which does not see this one: the thread hop
+# makes its gap).
+_SEND_LOOP_AFTER = 50
+_AT_ONCE = 0.001
 # What an on_delivery's first parameter is called when it takes confluent-kafka's order,
 # on_delivery(err, msg): ours is the Java client's, (metadata, exception).
 _ERROR_NAMES = frozenset({"err", "error", "exc", "exception", "e", "ex"})
@@ -116,6 +124,10 @@ class BlockingProducer(Generic[K, V]):
                  config: ProducerConfig | None = None, **settings: Any) -> None:
         self._producer: Producer[K, V] = Producer(  # type: ignore[call-overload]
             bootstrap_servers, config=config, **settings)
+        # Dropped unclosed (a notebook cell run again), its report names this and its maker.
+        caller = sys._getframe(1)
+        self._producer._created_at = f"{caller.f_code.co_filename}:{caller.f_lineno}"
+        self._producer._blocking = True
         self._max_block = self._producer.config.max_block_ms / 1000
         self._queue: deque[_Produced | asyncio.Future[None]] = deque()
         self._woken = False  # a wake-up of the pump is on its way or running
@@ -139,6 +151,11 @@ class BlockingProducer(Generic[K, V]):
         # at it (no on_delivery), a loop of records of the wrong type failed unseen.
         self._log_refused = LogEvery(log, logging.WARNING, 10)
         self._checked_on_delivery: object = None  # the code of the last on_delivery checked
+        # The thread whose send() returned last, when, and how many came so in a row; not
+        # said at linger_ms=0, which is the setting for one record at a time.
+        self._last_send: tuple[int, float] = (0, 0.0)
+        self._sends_in_a_row = 0
+        self._said_send_loop = self._producer.config.linger_ms == 0
         self._portal_cm = start_blocking_portal("asyncio", _backend_options(),
                                                 name="aioproducer-blocking")
         self._portal: BlockingPortal = self._portal_cm.__enter__()
@@ -173,14 +190,20 @@ class BlockingProducer(Generic[K, V]):
     def produce(self, topic: str, value: V | None, key: K | None = None, *,
                 partition: int | None = None, timestamp_ms: int | None = None,
                 headers: Headers | None = None,
-                on_delivery: DeliveryCallback | None = None) -> Future[RecordMetadata]:
+                on_delivery: DeliveryCallback | None = None,
+                callback: None = None) -> Future[RecordMetadata]:
         """Queue one record; returns at once with a future of its metadata. `on_delivery`
         (metadata, None) or (None, exception) runs in the producer's thread: keep it short
         (one whose first parameter is named `err`, confluent-kafka's order, raises
-        TypeError). Waits (up to max_block_ms) only while 5,000 records are queued for that
-        thread."""
+        TypeError). `callback`, confluent-kafka's other name for its on_delivery, raises
+        TypeError saying so (its arguments come in the other order). Waits (up to
+        max_block_ms) only while 5,000 records are queued for that thread."""
         if self._closed:  # (or forked: that closes it too)
             self._check_usable()
+        if callback is not None:
+            raise TypeError("produce() takes no callback=: confluent-kafka's callback= is "
+                            "on_delivery= here, called on_delivery(metadata, exception), the "
+                            "other order than confluent-kafka's (err, msg)")
         if on_delivery is not None:
             code = getattr(on_delivery, "__code__", None)  # (a function's or a method's)
             if code is not self._checked_on_delivery:
@@ -208,10 +231,34 @@ class BlockingProducer(Generic[K, V]):
         """Produce one record and wait for its acknowledgement (at most `timeout` seconds:
         then TimeoutError, and the record may still be sent)."""
         self._check_blocking_allowed()
+        called = time.monotonic()
         future = self.produce(topic, value, key, partition=partition,
                               timestamp_ms=timestamp_ms, headers=headers)
         _wait_for(future, timeout)  # (a Ctrl-C stops the wait: the record is still sent)
-        return future.result(0)
+        metadata = future.result(0)
+        if not self._said_send_loop:
+            self._count_send_loop(called)
+        return metadata
+
+    def _count_send_loop(self, called: float) -> None:
+        """Did this send() come as the last one, this thread's, returned? 50 in a row are a
+        loop waiting for each record's ack (kafka-python's send() returns at once: moved
+        over, such a loop ran at 122 records/s at linger_ms=5): said once, in the log.
+        (Threads race here harmlessly: at worst a count starts again.)"""
+        thread = threading.get_ident()
+        last_thread, returned = self._last_send
+        at_once = last_thread == thread and called - returned < _AT_ONCE
+        self._sends_in_a_row = self._sends_in_a_row + 1 if at_once else 0
+        self._last_send = (thread, time.monotonic())
+        if self._sends_in_a_row == _SEND_LOOP_AFTER:
+            self._said_send_loop = True
+            log.warning(
+                "%d send() calls in a row each waited for its record's acknowledgement "
+                "(linger_ms=%d and a round trip) before the next: such a loop of send() runs "
+                "at most ~%d records/s. produce() in the loop and flush() after it (or "
+                "produce_many()); kafka-python's send(), which returns a future at once, is "
+                "produce() here. (Said once.)", _SEND_LOOP_AFTER, self.config.linger_ms,
+                round(1000 / (self.config.linger_ms + 1)))
 
     def produce_many(self, topic: str, records: Iterable[tuple[K | None, V | None]], *,
                      partition: int | None = None,
@@ -301,6 +348,20 @@ class BlockingProducer(Generic[K, V]):
     def metrics(self) -> ProducerMetrics:
         """As `Producer.metrics()`."""
         return self._call(self._producer.metrics)
+
+    def __len__(self) -> int:
+        """The records produced and not yet acknowledged or failed, as confluent-kafka's
+        `len(producer)` (0 once closed)."""
+        if self._closed:
+            return 0
+        return self._call(self._unfinished)
+
+    def __bool__(self) -> bool:  # (with a __len__, an idle producer would be false)
+        return True
+
+    def _unfinished(self) -> int:
+        queued = sum(isinstance(item, _Produced) for item in self._queue)
+        return queued + self._producer.metrics().records_pending
 
     def partitions_for(self, topic: str) -> set[int]:
         """The partition ids of `topic` (fetching its metadata if needed)."""
@@ -433,6 +494,9 @@ class BlockingProducer(Generic[K, V]):
         wakeup = asyncio.Event()
         pump = asyncio.get_running_loop().create_task(self._pump_records(wakeup),
                                                       name="aioproducer-blocking-pump")
+        # Collected pending with this producer dropped unclosed, which its producer's report
+        # says (asyncio's "Task was destroyed but it is pending!" said it of the pump).
+        pump._log_destroy_pending = False  # type: ignore[attr-defined]
         return asyncio.get_running_loop(), wakeup, pump
 
     async def _pump_records(self, wakeup: asyncio.Event) -> None:

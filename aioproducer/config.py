@@ -323,8 +323,11 @@ class ProducerConfig:
                      "metadata_cluster_check_enable",
                      "ssl_check_hostname",
                      "partitioner_adaptive_partitioning_enable", "partitioner_ignore_keys"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"{name} must be True or False, not {getattr(self, name)!r}")
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                hint = f" (bool() of any text but '' is True){_FROM_TEXT}" \
+                    if isinstance(value, str) else ""
+                raise ConfigError(f"{name} must be True or False, not {value!r}{hint}")
         strategy = self.metadata_recovery_strategy.lower() \
             if isinstance(self.metadata_recovery_strategy, str) else None  # any case, as Java
         if strategy not in _RECOVERY_STRATEGIES:
@@ -585,9 +588,15 @@ def _whole(value: Any) -> int | None:
         return None
 
 
+# What an int or bool setting given as text (read from os.environ, say) is told.
+_FROM_TEXT = "; ProducerConfig.from_properties({...}) takes settings as text and parses them"
+
+
 def _check_int(name: str, value: Any, low: int, high: int = _MAX_INT, where: str = "") -> None:
     if type(value) is not int:
-        raise ConfigError(f"{name} must be an int, not {type(value).__name__} ({value!r})")
+        hint = f": int() it{_FROM_TEXT}" if isinstance(value, str) else ""
+        raise ConfigError(f"{name} must be an int, not {type(value).__name__} ({value!r})"
+                          f"{hint}")
     if not low <= value <= high:
         raise ConfigError(f"{name} must be between {low} and {high}{where}, not {value}")
 

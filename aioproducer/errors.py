@@ -116,6 +116,12 @@ class ProducerClosedError(KafkaError):
     """The producer is closed (or was never started, or stopped after a failure)."""
 
 
+class EventLoopEndedError(ProducerClosedError, RuntimeError):
+    """The event loop that started the producer has ended (asyncio.run() returned, or a
+    test's loop closed) without close(): it can send nothing more. Make a producer in the
+    loop that uses it. Also a RuntimeError, which it was before it had a class."""
+
+
 class KafkaConnectionError(RetriableError):
     """A broker could not be reached, or the connection was lost."""
 

@@ -92,8 +92,8 @@ class Producer(Generic[K, V]):
     `send()` returns once the broker acknowledged the record; `enqueue()` returns as soon as
     the record is buffered, with a future of its metadata, so a loop can buffer many records
     before waiting. Settings are Kafka's producer settings in snake case (`linger.ms` ->
-    `linger_ms`) with the Java client's defaults: idempotent, `acks="all"`. See
-    `ProducerConfig` for the list.
+    `linger_ms`) with the Java client's defaults (but batch_size, 256 KiB): idempotent,
+    `acks="all"`. See `ProducerConfig` for the list.
 
     Typed by its serializers: without any, a `Producer[Bytes, Bytes]` (bytes, bytearray or
     memoryview: mypy refuses a str, as send() does); with a key serializer taking int and a
@@ -147,6 +147,7 @@ class Producer(Generic[K, V]):
         caller = sys._getframe(1)
         self._created_at = f"{caller.f_code.co_filename}:{caller.f_lineno}"
         self._source_traceback = traceback.extract_stack(caller) if _debug_mode() else None
+        self._blocking = False  # run by a BlockingProducer: the report of one dropped says so
         self._renew()
 
     def _renew(self) -> None:
@@ -491,15 +492,19 @@ class Producer(Generic[K, V]):
         if lifecycle is None or lifecycle.state not in (STARTED, FAILED, CLOSING) or \
                 lifecycle.forked:  # (a forked child's copy: the parent's closes it)
             return
-        unclosed = f"unclosed {self!r} created at {self._created_at}"
-        _warn(f"{unclosed}: call `await producer.close()` (or use `async with`)",
-              ResourceWarning, source=self)
+        if self._blocking:
+            unclosed = f"unclosed <BlockingProducer of {self!r}> created at {self._created_at}"
+            advice = "call `producer.close()` when done with it (or use `with`)"
+        else:
+            unclosed = f"unclosed {self!r} created at {self._created_at}"
+            advice = "call `await producer.close()` when done with it (or use `async with`)"
+        _warn(f"{unclosed}: {advice}", ResourceWarning, source=self)
         loop = lifecycle.loop
         if loop is None or loop.is_closed():  # (its loop's end cancelled its tasks already)
             return
         try:  # (collected in any thread, at any allocation: nothing is done here but this)
             loop.call_soon_threadsafe(
-                _let_go, unclosed, self._source_traceback, lifecycle, self._tasks,
+                _let_go, unclosed, advice, self._source_traceback, lifecycle, self._tasks,
                 self._cluster, self._txn, self._accumulator, self._sender)
         except RuntimeError:  # closed meanwhile
             pass
@@ -580,13 +585,12 @@ class Producer(Generic[K, V]):
     async def flush(self, timeout: float | None = None) -> None:
         """Send everything buffered now (ignoring linger) and wait until each of those records
         is acknowledged or failed. Failures stay on the records' futures; flush itself raises
-        TimeoutError if `timeout` (seconds) passes first. On a closed producer it
-        returns at once."""
+        TimeoutError if `timeout` (seconds) passes first. On a producer not started (nothing
+        can be buffered before start() returns) or closed it returns at once: a `finally:`
+        that flushes after a start() that failed leaves start()'s error to be seen."""
         check_timeout("flush(timeout=...)", timeout)
         lifecycle = self._lifecycle
         if lifecycle.state not in (STARTED, CLOSING):  # closing also sends what is buffered
-            if lifecycle.state in (NEW, STARTING):
-                lifecycle.raise_not_started()
             return
         lifecycle.check_loop()
         assert self._accumulator is not None
@@ -617,7 +621,8 @@ class Producer(Generic[K, V]):
         accumulator, sender, cluster, txn, observer = \
             self._accumulator, self._sender, self._cluster, self._txn, self._observer
         if accumulator is None or sender is None or cluster is None or observer is None:
-            return ProducerMetrics(buffer_memory_available=self.config.buffer_memory)
+            return ProducerMetrics(buffer_memory_available=self.config.buffer_memory,
+                                   state=self._lifecycle.state.value)  # (closed unstarted)
         connections = cluster.open_connections()
         return ProducerMetrics(
             records_sent=accumulator.records_sent,
@@ -814,7 +819,7 @@ async def _settle(cluster: Cluster, deadline: CloseDeadline) -> None:
                         "it refuses one)", conn.address, barrier.exception())
 
 
-def _let_go(unclosed: str, source_traceback: traceback.StackSummary | None,
+def _let_go(unclosed: str, advice: str, source_traceback: traceback.StackSummary | None,
             lifecycle: Lifecycle, tasks: TaskSet, cluster: Cluster | None,
             txn: TransactionManager | None, accumulator: RecordAccumulator | None,
             sender: Sender | None) -> None:
@@ -843,8 +848,7 @@ def _let_go(unclosed: str, source_traceback: traceback.StackSummary | None,
         lifecycle.become(CLOSING)
     lifecycle.become(CLOSED)
     context: dict[str, Any] = {
-        "message": f"{unclosed} was collected, {pending} record(s) unsent: call `await "
-                   "producer.close()` when done with it (or use `async with`)"}
+        "message": f"{unclosed} was collected, {pending} record(s) unsent: {advice}"}
     if source_traceback is not None:
         context["source_traceback"] = source_traceback
     asyncio.get_running_loop().call_exception_handler(context)

@@ -165,6 +165,81 @@ def test_confluent_kafkas_poll_and_list_topics_say_what_to_use(broker, topic):
         assert producer.partitions_for(topic) == {0}
 
 
+def test_kafka_pythons_send_then_get_returns_the_metadata(broker, topic):
+    """kafka-python's `producer.send(topic, value).get(timeout=10)`: our send() waited for
+    the ack and returned the RecordMetadata, on which .get() raised AttributeError after the
+    record was sent. get() returns it, warning once per line with what produce() is; a
+    kafka-python callback on it says where callbacks go."""
+    with BlockingProducer(broker.bootstrap) as producer:
+        with pytest.warns(RuntimeWarning, match=r"get\(\) returns it\. kafka-python's `future "
+                                                r"= producer.send\(\.\.\.\)` is `future = "
+                                                r"producer.produce\(\.\.\.\)`"):
+            md = producer.send(topic, b"one").get(timeout=10)
+        assert (md.topic, md.partition, md.offset) == (topic, 0, 0)
+        with pytest.raises(AttributeError, match=r"no attribute 'add_callback': send\(\) "
+                                                 r"waited .*\.produce\(\.\.\., "
+                                                 r"on_delivery=cb\)"):
+            producer.send(topic, b"two").add_callback(print)  # type: ignore[attr-defined]
+        with pytest.raises(AttributeError, match=r"^'RecordMetadata' object has no attribute "
+                                                 r"'offst'$"):
+            md.offst  # type: ignore[attr-defined]  # noqa: B018
+    assert [r.value for r in consume_all(broker.bootstrap, topic, expected=2)] == \
+        [b"one", b"two"]
+
+
+def test_confluent_kafkas_len_and_callback_keyword(broker, topic):
+    """confluent-kafka's `len(producer)` (records not yet delivered) raised "object of type
+    'BlockingProducer' has no len()", and its `produce(..., callback=cb)` "unexpected keyword
+    argument 'callback'". len() counts the records not yet acknowledged (a producer stays
+    true when idle); callback= says it is on_delivery= here, in the other order, and sends
+    nothing."""
+    with BlockingProducer(broker.bootstrap, linger_ms=60_000) as producer:
+        assert len(producer) == 0 and producer
+        futures = [producer.produce(topic, b"%d" % i) for i in range(3)]
+        assert len(producer) == 3  # (lingering: none can be acknowledged yet)
+        with pytest.raises(TypeError, match=r"callback= is on_delivery= here, called "
+                                            r"on_delivery\(metadata, exception\), the other "
+                                            r"order than confluent-kafka's \(err, msg\)"):
+            producer.produce(topic, b"refused", callback=print)  # type: ignore[arg-type]
+        producer.flush(30)
+        assert len(producer) == 0 and all(f.result().offset >= 0 for f in futures)
+    assert len(producer) == 0
+    assert [r.value for r in consume_all(broker.bootstrap, topic, expected=3)] == \
+        [b"0", b"1", b"2"]
+
+
+# A notebook cell run again, or a function that makes a producer per call: the producer
+# made at line 5 is dropped unclosed and collected once its pump is idle.
+_DROPPED_UNCLOSED = """
+import gc, sys, threading, time
+from aioproducer import BlockingProducer
+def cell():
+    producer = BlockingProducer(sys.argv[1])
+    producer.send(sys.argv[2], b"sent")
+cell()
+gc.collect()
+deadline = time.monotonic() + 30
+while threading.active_count() > 1 and time.monotonic() < deadline:
+    time.sleep(0.05)
+print("threads", threading.active_count())
+"""
+
+
+def test_a_blocking_producer_dropped_unclosed_is_reported_as_one(broker, topic):
+    """Collected unclosed, a BlockingProducer was reported as the Producer inside it, made
+    at aioproducer/blocking.py:124, with `await producer.close()` to do, and asyncio added
+    "Task was destroyed but it is pending!" for its pump. One line now names the
+    BlockingProducer, the user's line that made it and its own close(); its thread ends."""
+    done = subprocess.run([sys.executable, "-c", _DROPPED_UNCLOSED, broker.bootstrap, topic],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0 and done.stdout == "threads 1\n", (done.stdout, done.stderr)
+    said = done.stderr.strip().splitlines()
+    assert said == [(f"unclosed <BlockingProducer of <Producer aioproducer started bootstrap="
+                     f"{broker.bootstrap}>> created at <string>:5 was collected, 0 record(s) "
+                     "unsent: call `producer.close()` when done with it (or use `with`)")], said
+    assert [r.value for r in consume_all(broker.bootstrap, topic, expected=1)] == [b"sent"]
+
+
 def test_a_blocking_call_from_a_delivery_callback_raises_instead_of_hanging(broker, topic):
     errors: list[BaseException] = []
 

@@ -191,6 +191,27 @@ def test_int_settings_take_numpy_integers_and_other_int_likes():
             ProducerConfig.from_kwargs(bootstrap_servers="h:1", linger_ms=wrong)
 
 
+def test_settings_read_from_the_environment_as_text_say_how_to_give_them():
+    """A twelve-factor app reads its settings from os.environ, all text: `linger_ms="10"`
+    was refused with "must be an int, not str" and nothing on the way that takes text, and
+    `enable_idempotence="false"` invites bool(), which is True. Both now say; the way they
+    name (from_properties, with the snake-case names the app already used) then works."""
+    environ = {"KAFKA_LINGER_MS": "10", "KAFKA_IDEMPOTENCE": "false"}
+    with pytest.raises(ConfigError, match=r"linger_ms must be an int, not str \('10'\): "
+                                          r"int\(\) it; ProducerConfig.from_properties"):
+        Producer("h:1", linger_ms=environ["KAFKA_LINGER_MS"])  # type: ignore[call-overload]
+    with pytest.raises(ConfigError, match=r"not 'false' \(bool\(\) of any text but '' is "
+                                          r"True\); ProducerConfig.from_properties"):
+        Producer("h:1", enable_idempotence=environ["KAFKA_IDEMPOTENCE"])  # type: ignore[call-overload]
+    with pytest.raises(ConfigError, match=r"linger_ms must be an int, not float \(5.0\)$"):
+        Producer("h:1", linger_ms=5.0)  # type: ignore[call-overload]  # (no hint: not text)
+    config = ProducerConfig.from_properties({
+        "bootstrap_servers": "h:1", "linger_ms": environ["KAFKA_LINGER_MS"],
+        "enable_idempotence": environ["KAFKA_IDEMPOTENCE"]})
+    assert Producer(config=config).config.linger_ms == 10
+    assert config.enable_idempotence is False
+
+
 def test_compression_type_none_is_aiokafkas_spelling_of_none():
     """aiokafka's default is compression_type=None: code moved over says so, and gets no
     compression (the setting reads "none", the Java client's spelling, once validated)."""

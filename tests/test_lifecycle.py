@@ -23,6 +23,7 @@ from aioproducer._internal.batch import RecordFuture
 from aioproducer.client.cluster import Cluster
 from aioproducer.errors import (
     BufferExhaustedError,
+    EventLoopEndedError,
     KafkaConnectionError,
     ProducerClosedError,
     TransactionalIdAuthorizationFailedError,
@@ -233,6 +234,25 @@ async def test_a_failed_start_can_be_retried(proxied_broker, caplog):
     await _works_and_closes_clean(producer, cluster, "second-start")
     with pytest.raises(ProducerClosedError, match="closed; create a new one"):
         await producer.start()
+
+
+async def test_a_finally_that_flushes_after_a_failed_start_leaves_its_error_seen(
+        proxied_broker):
+    """`try: await producer.start() ... finally: await producer.flush(); await
+    producer.close()`, with the broker down: flush() raised ProducerClosedError ("not
+    started"), which is what the caller saw, start()'s KafkaConnectionError only its
+    context. A producer not started holds nothing to flush: flush() returns, and the
+    caller sees why the start failed."""
+    cluster = proxied_broker
+    producer = Producer(cluster.bootstrap, request_timeout_ms=2000)
+    cluster.proxy.refuse(True)
+    with pytest.raises(KafkaConnectionError, match=cluster.bootstrap):
+        try:
+            await asyncio.wait_for(producer.start(), 10)
+        finally:
+            await producer.flush()
+            await producer.close()
+    assert producer.metrics().state == "closed"
 
 
 @pytest.mark.parametrize("first", ["cancelled", "refused"])
@@ -535,7 +555,9 @@ def test_a_producer_whose_loop_ended_says_so_and_closes(broker, topic, caplog):
     with its own loop, to the next): the first loop's end reports what it left and leaves it
     unusable. A call from the next loop said to close it on its own loop, which was gone,
     and close() raised the same, failing the test's teardown: calls say the loop ended and
-    what to do, and close() closes it."""
+    what to do, and close() closes it. The error was a plain RuntimeError: a worker that
+    runs each job with asyncio.run() and makes its producer again when the old one is
+    closed catches ProducerClosedError, and this is one now (EventLoopEndedError)."""
     producer = Producer(broker.bootstrap)
 
     async def first() -> None:
@@ -543,9 +565,14 @@ def test_a_producer_whose_loop_ended_says_so_and_closes(broker, topic, caplog):
         await producer.send(topic, b"first")
 
     async def next_one() -> None:
-        with pytest.raises(RuntimeError, match="this producer's event loop has ended .* Make "
-                                               "a producer in the loop that uses it"):
+        with pytest.raises(ProducerClosedError, match="this producer's event loop has ended "
+                                                      ".* Make a producer in the loop that "
+                                                      "uses it") as raised:
             await producer.send(topic, b"second")
+        assert isinstance(raised.value, EventLoopEndedError)
+        assert "asyncio.run() per job, a Celery task's, keeps a BlockingProducer" in \
+            str(raised.value)
+        assert isinstance(raised.value, RuntimeError)  # (what it was before it had a class)
         await producer.close()
         await producer.close()
         assert producer.metrics().state == "closed"

@@ -10,10 +10,12 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from aioproducer import Producer
+from aioproducer import BlockingProducer, Producer
 from aioproducer.errors import ConfigError, MessageTooLargeError
 
 
@@ -145,3 +147,54 @@ async def test_a_loop_of_sends_bound_by_linger_is_said_once(broker, topic, caplo
     assert len(said) == (1 if shape == "sequential" else 0), [r.getMessage() for r in said]
     if said:
         assert "linger_ms=2" in said[0].getMessage() and "enqueue()" in said[0].getMessage()
+
+
+SEND_LOOP = "such a loop of send() runs at most ~"
+
+
+@pytest.mark.parametrize("shape", ["sequential", "produce then flush", "paced", "linger 0",
+                                   "threads"])
+def test_a_loop_of_blocking_sends_is_said_once(broker, topic, caplog, shape):
+    """kafka-python's `for row in rows: producer.send(topic, row)` returns at once per record
+    there; moved to BlockingProducer, whose send() waits for the ack, it ran at ~120
+    records/s with nothing said (the accumulator's word on a loop of `await send()` did not
+    come: the thread hop between an ack and the next record is over its 1 ms). Said once, by
+    send() itself, after 50 in a row: not for produce() then flush(), not for sends that come
+    apart (a view's), not at linger_ms=0, not for threads each sending in a loop (a
+    thread pool's views: their records share batches). A thread descheduled mid-loop starts
+    the count again, so the loop runs until said (bounded), then 60 more."""
+    caplog.set_level(logging.WARNING, logger="aioproducer")
+
+    def said() -> list[str]:
+        return [r.getMessage() for r in caplog.records if SEND_LOOP in r.getMessage()]
+
+    sent = 0
+    with BlockingProducer(broker.bootstrap, linger_ms=0 if shape == "linger 0" else 2,
+                          acks=1) as producer:
+        if shape == "produce then flush":
+            for i in range(300):
+                producer.produce(topic, b"%d" % i)
+            producer.flush(30)
+            sent = 300
+        elif shape == "sequential":
+            while not said() and sent < 2_000:
+                producer.send(topic, b"%d" % sent)
+                sent += 1
+            for _ in range(60):
+                producer.send(topic, b"%d" % sent)
+                sent += 1
+        elif shape == "threads":
+            with ThreadPoolExecutor(4) as pool:
+                list(pool.map(lambda i: producer.send(topic, b"%d" % i), range(400)))
+            sent = 400
+        else:
+            for i in range(120):
+                producer.send(topic, b"%d" % i)
+                if shape == "paced":
+                    time.sleep(0.005)  # the next request comes later than the ack
+            sent = 120
+        assert producer.metrics().records_sent == sent
+    assert len(said()) == (1 if shape == "sequential" else 0), said()
+    if shape == "sequential":
+        assert "linger_ms=2 and a round trip" in said()[0] and "at most ~333 records/s" in \
+            said()[0] and "produce() in the loop and flush()" in said()[0]

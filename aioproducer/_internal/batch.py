@@ -59,6 +59,32 @@ class RecordMetadata(NamedTuple):
         return self
         yield  # (a generator: what `await` asks for)
 
+    def get(self, timeout: float | None = None) -> RecordMetadata:
+        """kafka-python's `producer.send(...).get(timeout=10)`: BlockingProducer's send() is
+        that whole line (it waited for the ack and returned this), so get() returns this (it
+        raised AttributeError); `timeout` is taken and unused. Warned once per line: a loop
+        of send() waits a round trip for each record."""
+        warnings.warn("send() waited for the broker and returned this RecordMetadata: get() "
+                      "returns it. kafka-python's `future = producer.send(...)` is `future = "
+                      "producer.produce(...)` on BlockingProducer (then future.result(timeout)"
+                      "; send(..., timeout=10) bounds send()'s own wait): a loop of send() "
+                      "waits a round trip for each record", RuntimeWarning, stacklevel=2)
+        return self
+
+
+def _no_such_attribute(metadata: RecordMetadata, name: str) -> Any:
+    """Python's AttributeError, saying where callbacks go for kafka-python's future's."""
+    message = f"{type(metadata).__name__!r} object has no attribute {name!r}"
+    if name in ("add_callback", "add_errback"):
+        message += (": send() waited for the broker and returned this metadata. For a "
+                    "callback, BlockingProducer.produce(..., on_delivery=cb) calls "
+                    "cb(metadata, exception) once the record is acknowledged or failed")
+    raise AttributeError(message, name=name, obj=metadata)
+
+
+# (Set here: a NamedTuple's body takes no `if`, and to mypy a misspelt name stays an error.)
+RecordMetadata.__getattr__ = _no_such_attribute  # type: ignore[attr-defined]
+
 
 @dataclass(frozen=True, slots=True)
 class RecordFailure:

@@ -10,7 +10,7 @@ import os
 from threading import get_ident
 from typing import Any, Callable, Iterable, NoReturn
 
-from ..errors import ProducerClosedError
+from ..errors import EventLoopEndedError, ProducerClosedError
 
 
 class State(enum.Enum):
@@ -98,11 +98,13 @@ class Lifecycle:
                     "loop belong to the parent process. Create and start a new producer in "
                     "this process (with multiprocessing, in the function the child runs)")
             if self.loop.is_closed():  # (kept from one asyncio.run() or test to the next)
-                raise RuntimeError(
+                raise EventLoopEndedError(
                     "this producer's event loop has ended (asyncio.run() returned, or the "
                     "loop of the test that started it closed): it can send nothing more. Make "
                     "a producer in the loop that uses it (in pytest, a fixture of the same "
-                    "loop scope as the tests using it); close() just closes this one")
+                    "loop scope as the tests using it; sync code running asyncio.run() per "
+                    "job, a Celery task's, keeps a BlockingProducer instead); close() just "
+                    "closes this one")
             # (a sync web handler's asyncio.run(producer.send(...)), say; in the same thread,
             # most often pytest-asyncio's session fixture used by tests on their own loops)
             thread = _PYTEST_LOOPS if get_ident() == self.thread else (
