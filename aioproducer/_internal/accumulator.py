@@ -38,6 +38,7 @@ from ..client.ratelimit import LogEvery
 from ..errors import BufferExhaustedError, DeliveryTimeoutError, ProducerClosedError, \
     TransactionAbortedError
 from .._speedups import AccumulatorFields, MemoryPool, take_acked
+from .._speedups._py import KEPT_BATCH
 from ..protocol.compression import Codec
 from ..protocol.records import BatchWriter, encode_headers, read_batches
 from .batch import ProducerBatch, TopicPartition, WaitingRecord
@@ -80,9 +81,6 @@ class RecordAccumulator(AccumulatorFields):
         self._pool = MemoryPool(config.buffer_memory)
         # What `_open` makes (in C: no Python frame to make either).
         self._batch_type, self._writer_type = ProducerBatch, BatchWriter
-        # The batch an opening queued before the sender's wake raised a KeyboardInterrupt
-        # (say): the record the line opened it for follows it (see _serve_in_order).
-        self.kept_by_interrupt: ProducerBatch | None = None
         # Each topic's last new batch, in loop time: the cluster's (wired at start) record of
         # which topics are produced to (metadata_max_idle_ms).
         self.touched: dict[str, float] = {}
@@ -383,7 +381,6 @@ class RecordAccumulator(AccumulatorFields):
                     return
                 line.popleft()
                 closed = False
-                self.kept_by_interrupt = None
                 try:
                     self.close_for_appends(waiting.topic, waiting.partition)
                     closed = True
@@ -392,7 +389,7 @@ class RecordAccumulator(AccumulatorFields):
                                             waiting.headers, waiting.memory,
                                             waiting.partitions)
                 except BaseException as exc:
-                    kept, self.kept_by_interrupt = self.kept_by_interrupt, None
+                    kept = take_kept(exc)
                     if kept is not None:  # queued, then the wake raised: the record is in it
                         waiting.append_to(kept, 0)
                         raise
@@ -446,7 +443,7 @@ class RecordAccumulator(AccumulatorFields):
         the speed-up's `_open`; `open_new` is the short path of a record placed by compiled
         code, the Appender or enqueue_many's loop, with no Python frame.) Raising, it has
         queued nothing and given `reserved` back (but for what a KeyboardInterrupt in the
-        sender's wake leaves: the batch, queued, as `kept_by_interrupt`)."""
+        sender's wake leaves: the batch, queued, named on the interrupt: take_kept)."""
         if self.closing:
             self._pool.available += reserved
             raise closed_while_buffering()
@@ -853,3 +850,12 @@ def closed_while_buffering() -> ProducerClosedError:
     """No new batch once close() began: nothing may wait for the stopped sender (the Java
     client's "producer closed while send in progress")."""
     return ProducerClosedError("the producer is closing: this record was not buffered (nor sent)")
+
+
+def take_kept(exc: BaseException) -> ProducerBatch | None:
+    """The batch that an opening queued with a caller's record before `exc` struck (not an
+    Exception: a KeyboardInterrupt in the sender's wake; see `_open`), or None: the record
+    is buffered, and its caller counts it. Taken off `exc`, so that no caller further up
+    counts it as its own."""
+    kept: ProducerBatch | None = vars(exc).pop(KEPT_BATCH, None)
+    return kept
