@@ -358,7 +358,7 @@ class RecordIntake:
                 await self._append_many(topic, chunk, count, partition, timestamp_ms,
                                         out_batches, out_deltas, context)
         except BaseException as exc:  # also the iterable's own errors, and a Ctrl-C
-            exc.accepted = BulkFuture(  # type: ignore[union-attr]
+            exc.accepted = BulkFuture(  # type: ignore[attr-defined]
                 out_batches, out_deltas, stamp, failures)
             raise
         return BulkFuture(out_batches, out_deltas, stamp, failures)
