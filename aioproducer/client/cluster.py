@@ -794,6 +794,13 @@ class Cluster:
             conn.close()
         self._connections.clear()
 
+    def close_in_forked_child(self) -> None:
+        """close(), in a child forked after the producer started: the connections' sockets
+        are the parent's (see BrokerConnection.close_in_forked_child)."""
+        for conn in list(self._connections.values()):
+            conn.close_in_forked_child()
+        self.close()
+
 
 
 def _provider_name(provider: Any) -> str:
