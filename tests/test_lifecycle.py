@@ -8,10 +8,8 @@ import gc
 import os
 import random
 import resource
-import signal
 import subprocess
 import sys
-import time
 import warnings
 import weakref
 from typing import Any
@@ -29,6 +27,7 @@ from aioproducer.errors import (
     ProducerClosedError,
     TransactionalIdAuthorizationFailedError,
 )
+from tests.support.forking import SENT_BY_THE_PARENT, fork_amid_sends
 from tests.support.proxy import refuse_producer_ids
 from tests.support.readback import consume_all
 
@@ -658,29 +657,6 @@ async def test_a_producer_started_before_fork_tells_the_child_to_start_its_own(b
         [b"parent", b"parent again"]
 
 
-async def _forked_child_goes_on(producer: Producer, topic: str, report: int) -> None:
-    """A child forked inside the parent's coroutine: it carries on in the parent's loop
-    (its copy), where the producer's sender and connections are copies too. It sends (to
-    be refused), lets that loop run for a second, and exits, writing what it saw to
-    `report`. Nothing of it returns to pytest."""
-    said = "sent"
-    try:
-        await producer.send(topic, b"from the child")
-    except ProducerClosedError as error:
-        said = f"ProducerClosedError: {error}"
-    except Exception as error:
-        said = f"{type(error).__name__}: {error}"
-    try:
-        loop = producer._lifecycle.loop  # (asyncio forgets the running loop in the child)
-        assert loop is not None
-        later = loop.create_future()
-        loop.call_later(1.0, later.set_result, None)
-        await later  # the loop's copy runs meanwhile: the sender's, the connections'
-    finally:
-        os.write(report, said.encode())
-        os._exit(0)
-
-
 @pytest.mark.skipif(not hasattr(os, "fork"),
                     reason="Windows has no os.fork(): there is no forked child to guard")
 @pytest.mark.parametrize("runner", ["asyncio", "uvloop"])
@@ -694,45 +670,10 @@ def test_a_child_forked_in_a_coroutine_leaves_the_parents_connections_alone(brok
     and written over the parent's socket, and the parent's records after the fork were
     lost (102 of 201 read back), or its sends hung (the child read its responses)."""
     run = asyncio.run if runner == "asyncio" else pytest.importorskip("uvloop").run
-    error = run(_fork_amid_sends(broker.bootstrap, topic))
+    error = run(fork_amid_sends(broker.bootstrap, topic))
     assert error.startswith("ProducerClosedError: this producer was started before os.fork()")
-    got = consume_all(broker.bootstrap, topic, expected=201)
-    assert [r.value for r in got] == [b"before"] + [b"lingering %d" % i for i in range(100)] \
-        + [b"after %d" % i for i in range(100)]
-
-
-def _reap(pid: int, within: float) -> None:
-    """Wait up to `within` seconds for the child to exit, then kill it."""
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if os.waitpid(pid, os.WNOHANG)[0]:
-            return
-        time.sleep(0.05)
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
-
-
-async def _fork_amid_sends(bootstrap: str, topic: str) -> str:
-    """A producer with records buffered forks: the child goes on (_forked_child_goes_on),
-    the parent sends more and waits for them all; what the child's send raised."""
-    async with Producer(bootstrap, linger_ms=300) as producer:
-        await producer.send(topic, b"before")
-        lingering = [await producer.enqueue(topic, b"lingering %d" % i) for i in range(100)]
-        report, child_end = os.pipe()
-        with warnings.catch_warnings():  # (3.12: pytest-xdist's threads)
-            warnings.simplefilter("ignore", DeprecationWarning)
-            pid = os.fork()
-        if pid == 0:
-            os.close(report)
-            await _forked_child_goes_on(producer, topic, child_end)
-        os.close(child_end)
-        try:
-            after = [await producer.enqueue(topic, b"after %d" % i) for i in range(100)]
-            await asyncio.wait_for(asyncio.gather(*lingering, *after), 20)
-        finally:
-            await asyncio.to_thread(_reap, pid, 10)  # (it exits after a second)
-        with os.fdopen(report, "rb") as said:
-            return said.read().decode()
+    got = consume_all(broker.bootstrap, topic, expected=len(SENT_BY_THE_PARENT))
+    assert [r.value for r in got] == SENT_BY_THE_PARENT
 
 
 @pytest.mark.parametrize("runner", ["asyncio", "uvloop"])
