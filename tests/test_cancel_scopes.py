@@ -16,8 +16,8 @@ import anyio
 import pytest
 
 from aioproducer import Producer
-from aioproducer.hooks import ProducerHooks
 from aioproducer.errors import ProducerClosedError
+from aioproducer.hooks import ProducerHooks
 from tests.support.cancel import producer_tasks
 from tests.support.readback import consume_all, fetch_raw_batches
 
