@@ -1474,7 +1474,7 @@ async def test_a_batch_kept_by_an_interrupted_opening_goes_with_the_interrupt(im
     assert acc not in gc.get_referrers(batch), "the accumulator keeps the batch"
     from aioproducer._internal.accumulator import take_kept
 
-    assert take_kept(caught.value) is batch
+    assert take_kept(caught.value) == (batch, 0)
     assert take_kept(caught.value) is None
 
 

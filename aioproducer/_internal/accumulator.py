@@ -61,6 +61,8 @@ _AT_ONCE = 0.001  # the next record this soon after the last one's ack: that loo
 # 10,000 open batches take 10 MiB of the default 32 MiB, and a batch of 100-byte records
 # reaches 16 KiB in four doublings.
 _FIRST_RESERVE = 1024
+# With KEPT_BATCH on an exception, the caller's record's offset delta in that batch (absent: 0).
+_KEPT_DELTA = "_aioproducer_kept_delta"
 
 
 class RecordAccumulator(AccumulatorFields):
@@ -323,8 +325,16 @@ class RecordAccumulator(AccumulatorFields):
                                         waiting.memory, waiting.partitions)
             else:
                 self._pool.available += waiting.memory  # it fit in a batch opened meanwhile
-        finally:
+        except BaseException:
             self._serve_line()
+            raise
+        delta = batch.writer.count - 1
+        try:
+            self._serve_line()
+        except BaseException as exc:  # (a Ctrl-C in the wake of an opening for the line)
+            # The record is buffered all the same: named for its caller (see take_kept).
+            vars(exc).update({KEPT_BATCH: batch, _KEPT_DELTA: delta})
+            raise
         return batch
 
     def leave_line(self, waiting: WaitingRecord) -> None:
@@ -391,7 +401,7 @@ class RecordAccumulator(AccumulatorFields):
                 except BaseException as exc:
                     kept = take_kept(exc)
                     if kept is not None:  # queued, then the wake raised: the record is in it
-                        waiting.append_to(kept, 0)
+                        waiting.append_to(*kept)
                         raise
                     if not closed:  # refused (the opening gave its memory back)
                         self._pool.available += waiting.memory
@@ -852,10 +862,13 @@ def closed_while_buffering() -> ProducerClosedError:
     return ProducerClosedError("the producer is closing: this record was not buffered (nor sent)")
 
 
-def take_kept(exc: BaseException) -> ProducerBatch | None:
-    """The batch that an opening queued with a caller's record before `exc` struck (not an
-    Exception: a KeyboardInterrupt in the sender's wake; see `_open`), or None: the record
-    is buffered, and its caller counts it. Taken off `exc`, so that no caller further up
-    counts it as its own."""
-    kept: ProducerBatch | None = vars(exc).pop(KEPT_BATCH, None)
-    return kept
+def take_kept(exc: BaseException) -> tuple[ProducerBatch, int] | None:
+    """The batch holding a caller's record, and its offset delta there, when `exc` struck
+    after the record was buffered (not an Exception: a KeyboardInterrupt in the sender's
+    wake, after an opening queued its batch, see `_open`; or in serving the line after
+    append_granted placed it), or None: the record is buffered, and its caller counts it.
+    Taken off `exc`, so that no caller further up counts it as its own."""
+    named = vars(exc)
+    kept: ProducerBatch | None = named.pop(KEPT_BATCH, None)
+    delta: int = named.pop(_KEPT_DELTA, 0)  # (an opening's: its first record)
+    return None if kept is None else (kept, delta)

@@ -630,7 +630,7 @@ class RecordIntake:
                         except BaseException as exc:
                             kept = take_kept(exc)
                             if kept is not None:  # buffered all the same: counted
-                                _taken((kept, 0, timestamp_ms), None, out_batches, out_deltas)
+                                _taken((*kept, timestamp_ms), None, out_batches, out_deltas)
                             raise
                         if opened is not None:
                             out_batches.append(opened)
@@ -661,7 +661,7 @@ class RecordIntake:
             except BaseException as exc:
                 kept = take_kept(exc)
                 if kept is not None:  # buffered all the same: counted, and told its outcome
-                    _taken((kept, 0, timestamp_ms), told, out_batches, out_deltas)
+                    _taken((*kept, timestamp_ms), told, out_batches, out_deltas)
                     raise
                 if told is not None:
                     deliver(told, None, exc)
