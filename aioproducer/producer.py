@@ -283,6 +283,7 @@ class Producer(Generic[K, V]):
         # (and let go, by __del__).
         self._sender_task.add_done_callback(functools.partial(_sender_done, weakref.ref(self)))
         lifecycle.become(STARTED)
+        _STARTED.add(self)
         observer.started(self)
         if self._transactions is not None:
             try:
@@ -432,6 +433,24 @@ class Producer(Generic[K, V]):
         if ending is not None:
             await asyncio.wait({ending}, timeout=5)
         await self._tasks.aclose()
+
+    def _forked_in_child(self) -> None:
+        """In a child forked after this producer started: closed, and its tasks (the
+        sender's) and connections made inert. The child's copy of the parent's loop runs on
+        when os.fork() was called in a coroutine: the copy took the child's sends and wrote
+        them over the parent's sockets (with the parent's producer id and sequences), and
+        the child read the parent's responses; the parent's later records were lost, or its
+        sends hung. Only the parent sends its records."""
+        lifecycle = self._lifecycle
+        if lifecycle.state not in (STARTED, FAILED, CLOSING):
+            return
+        self._close_called = lifecycle.closing = True
+        if lifecycle.state is STARTED:
+            lifecycle.become(CLOSING)
+        lifecycle.become(CLOSED)
+        if self._cluster is not None:
+            self._cluster.close_in_forked_child()
+        self._tasks.cancel_in_forked_child()
 
     def _sender_done(self, task: asyncio.Task[None]) -> None:
         if task is not self._sender_task:  # (that of a start torn down)
@@ -791,6 +810,20 @@ class Producer(Generic[K, V]):
             self._lifecycle.raise_not_started()
         assert self._transactions is not None
         return self._transactions
+
+
+# The producers started in this process: a child forked since closes its copies of them.
+_STARTED: weakref.WeakSet[Producer] = weakref.WeakSet()
+
+
+def _forked_in_child() -> None:
+    for producer in list(_STARTED):
+        producer._forked_in_child()
+    _STARTED.clear()
+
+
+if hasattr(os, "register_at_fork"):  # (not on Windows)
+    os.register_at_fork(after_in_child=_forked_in_child)
 
 
 def _sender_done(producer: weakref.ref[Producer], task: asyncio.Task[None]) -> None:

@@ -250,6 +250,40 @@ async def test_a_send_in_line_whose_batch_opening_fails_is_refused_and_the_line_
     assert accumulator.memory_available + queued[0].writer.reserved == 2048
 
 
+async def test_a_turn_whose_record_is_placed_before_the_line_s_service_is_interrupted_says_so():
+    """enqueue()'s turn came, a send() waiting behind it: append_granted places the turn's
+    record (opening its batch), then serves the line, where the send's opening is struck by
+    a KeyboardInterrupt-like exception in the sender's wake. The turn's record is buffered:
+    the exception names its batch and offset delta for the call to count (take_kept; the
+    send's record follows its own kept batch). It named nothing: enqueue_many's
+    `accepted` left out a record that was sent, and resuming from it sent that one twice."""
+    from aioproducer._internal.accumulator import take_kept
+    from aioproducer._internal.batch import RecordFuture
+
+    accumulator, memory = _memory_all_taken(2048, b"v")
+    mine = accumulator.join_line("t", 1, 0, None, b"mine", None, memory, 4, for_send=False)
+    behind = accumulator.join_line("t", 2, 0, None, b"behind", None, memory, 4,
+                                   for_send=True)
+    future = behind.record = RecordFuture(behind, 0, 0)
+    wake = accumulator.wake_sender_for
+
+    def interrupted_at_partition_2(batch, opened):
+        if batch.partition == 2:
+            accumulator.wake_sender_for = wake  # type: ignore[method-assign]
+            raise _Interrupted
+
+    accumulator.wake_sender_for = interrupted_at_partition_2  # type: ignore[method-assign]
+    accumulator.release(2048)  # (two finished batches' memory): the turn comes
+    await asyncio.wait_for(mine.turn, 5)
+    with pytest.raises(_Interrupted) as caught:
+        accumulator.append_granted(mine)
+    queued = {batch.partition: batch for queue in accumulator._batches.values()
+              for batch in queue}
+    assert [(b.partition, b.writer.count) for b in queued.values()] == [(1, 1), (2, 1)]
+    assert take_kept(caught.value) == (queued[1], 0), "the placed record is not named"
+    assert future._batch is queued[2] and not accumulator.line
+
+
 async def test_a_send_in_line_whose_batch_s_wake_is_interrupted_is_told_its_record_s_outcome():
     """send()'s record waits in line; freed memory opens its batch, and the sender's wake,
     after the batch is queued, raises a KeyboardInterrupt-like exception. That goes up

@@ -17,6 +17,7 @@ import pytest
 
 from aioproducer import Producer
 from aioproducer.errors import ProducerClosedError
+from aioproducer.hooks import ProducerHooks
 from tests.support.cancel import producer_tasks
 from tests.support.readback import consume_all, fetch_raw_batches
 
@@ -200,3 +201,66 @@ async def test_accepted_says_what_an_enqueue_many_cut_off_by_a_timeout_buffered(
     got = consume_all(cluster.broker.bootstrap, "scope-bulk", expected=1 + len(bulk))
     assert [r.value for r in got[1:]] == [value for _, value in records[:len(bulk)]]
     assert [md.offset for md in metadata] == [r.offset for r in got[1:]]
+
+
+class _Told(ProducerHooks):
+    """An on_send hook told each record's outcome: how many were written, and the errors."""
+
+    def __init__(self) -> None:
+        self.written, self.errors = 0, []
+
+    def on_send(self, topic, key, value, headers):
+        return self.tell
+
+    def tell(self, metadata, error) -> None:
+        if error is None:
+            self.written += 1
+        else:
+            self.errors.append(error)
+
+
+@pytest.mark.parametrize("records", ["placed", "keyed", "sticky", "sticky, hooked"])
+async def test_a_ctrl_c_in_enqueue_many_says_what_it_buffered(broker, topic_factory, records):
+    """A Ctrl-C (KeyboardInterrupt) strikes the sender's wake as enqueue_many() opens a
+    batch (the wake is Python code, the rest of the compiled loop is not): the record is in
+    that batch, queued, and is sent. The interrupt carries `accepted`, exactly the records
+    buffered, that one included: resuming from len(accepted), every record lands once, in
+    order, and an on_send hook is told each was written. Records given their partition or
+    keyed open batches in open_new, keyless ones in the line's turn (append_granted). It
+    carried no `accepted` at all (None); counted without the kept record, the resumed call
+    would send it again, and the hook was told the interrupt for a record written."""
+    from aioproducer import accepted
+
+    topic = topic_factory(1)
+    given = [(b"k" if records == "keyed" else None, b"%05d" % i + b"v" * 95)
+             for i in range(2000)]
+    told = _Told()
+    hooks = [told] if records.endswith("hooked") else []
+    async with Producer(broker.bootstrap, batch_size=4096, linger_ms=0,
+                        hooks=hooks) as producer:
+        accumulator = producer._accumulator
+        wake = accumulator.wake_sender_for
+        openings = 0
+
+        def interrupted_at_the_fifth_opening(batch, opened):
+            nonlocal openings
+            wake(batch, opened)
+            openings += opened
+            if opened and openings == 5:  # (once)
+                raise KeyboardInterrupt
+
+        accumulator.wake_sender_for = interrupted_at_the_fifth_opening
+        partition = 0 if records == "placed" else None
+        with pytest.raises(KeyboardInterrupt) as caught:
+            await producer.enqueue_many(topic, given, partition=partition)
+        bulk = accepted(caught.value)
+        assert bulk is not None, "the interrupt says nothing of what was buffered"
+        assert 0 < len(bulk) < len(given)
+        rest = await producer.enqueue_many(topic, given[len(bulk):], partition=partition)
+        first = await asyncio.wait_for(bulk, 20)
+        await asyncio.wait_for(rest, 20)
+    got = consume_all(broker.bootstrap, topic, expected=len(given))
+    assert [r.value for r in got] == [value for _, value in given]
+    assert [md.offset for md in first] == [r.offset for r in got[:len(bulk)]]
+    if hooks:
+        assert (told.written, told.errors) == (len(given), [])

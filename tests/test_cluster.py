@@ -909,6 +909,33 @@ def test_the_cluster_stops_itself_when_its_lifetime_ends(broker):
         cluster.stop()
 
 
+def test_a_task_the_cluster_s_loop_holds_as_it_stops_ends_with_it(broker):
+    """A client connection accepted as the cluster stops: the loop's last turns make its
+    handler's task (`_accept`), and the stop leaves it unbegun. Dropped with the loop,
+    Python warned "coroutine 'SimulatedCluster._accept' was never awaited" (once in a full
+    run, stop 51). The loop's end now cancels what it holds and runs it to its end, as
+    asyncio.run() does; here a task made in the turn that stops the loop, as that handler's
+    is, was left pending."""
+    require_embedded(broker)
+    cluster = SimulatedCluster(upstream=broker, lifetime=120).start()
+    loop, made = cluster._loop, []
+
+    async def handler() -> None:  # (as _accept: never begun)
+        await asyncio.sleep(60)
+
+    def made_as_the_loop_stops() -> None:
+        made.append(loop.create_task(handler()))
+        loop.stop()
+
+    try:
+        loop.call_soon_threadsafe(made_as_the_loop_stops)
+        cluster._thread.join(10)
+    finally:
+        cluster.stop()
+    [task] = made
+    assert task.cancelled(), "the loop's end left the task pending, to be dropped"
+
+
 def test_bad_arguments_are_refused_clearly(cluster):
     with pytest.raises(ConfigError, match="at least one node"):
         SimulatedCluster(nodes=0)

@@ -13,6 +13,7 @@ from kafka.protocol.producer import ProduceResponse
 
 from aioproducer import Producer
 from aioproducer.errors import InconsistentClusterIdError
+from tests.support.ports import free_port
 from tests.support.proxy import FaultProxy
 from tests.support.readback import consume_all
 
@@ -86,6 +87,49 @@ async def test_a_new_leader_named_in_the_response_gets_the_batch_at_once(proxied
     assert moved.offset in (-1, 1) and after.offset == 2
     got = consume_all(cluster.broker.bootstrap, "moved-951", expected=3)
     assert [r.value for r in got] == [b"before", b"moved", b"after"]
+
+
+async def test_a_known_node_named_at_a_new_address_is_reached_there(proxied_broker):
+    """KIP-951 for a node the client knows, at an address it left: Metadata (from a broker
+    behind the change) names node 222 where nothing listens, and a produce response names
+    it as the new leader at its new address (NodeEndpoints). The producer takes the new
+    address, as Java's client does (Metadata.updatePartitionLeadership: the response's
+    nodes override the known ones), and the batch goes there at once. It kept the old
+    address of a node it knew: the connect was refused there and backed off (a minute
+    here), and each Metadata answer named the old address again, so the send never ended
+    (TimeoutError after 10 s)."""
+    cluster = proxied_broker
+    cluster.create_topic("moved-address-951", 1)
+    refusals, at_new_address = [], []
+    left = free_port()  # where node 222 was: nothing listens there now
+
+    def refuse_once(response):
+        if refusals != ["armed"]:
+            return None
+        refusals.append("refused")
+        return _not_leader(response, 222, 5, new_address.port)
+
+    def list_node_222_where_it_was(response):
+        response.brokers.append(MetadataResponse.MetadataResponseBroker(
+            version=response.version, node_id=222, host="127.0.0.1", port=left, rack=None))
+        return response
+
+    cluster.proxy.rewrite_responses(ProduceResponse, refuse_once)
+    cluster.proxy.rewrite_responses(MetadataResponse, list_node_222_where_it_was)
+    with FaultProxy(cluster.broker.port) as new_address:  # (the same broker, by another way)
+        new_address.rewrite_responses(ProduceResponse,
+                                      lambda response: at_new_address.append(1))
+        async with Producer(cluster.bootstrap, linger_ms=0, reconnect_backoff_ms=60_000,
+                            reconnect_backoff_max_ms=60_000, request_timeout_ms=5_000,
+                            delivery_timeout_ms=12_000) as producer:
+            await producer.send("moved-address-951", b"before")
+            refusals.append("armed")
+            await asyncio.wait_for(producer.send("moved-address-951", b"moved"), 10)
+            metrics = producer.metrics()
+    assert refusals == ["armed", "refused"]
+    assert metrics.leader_redirects == 1 and at_new_address == [1]
+    got = consume_all(cluster.broker.bootstrap, "moved-address-951", expected=2)
+    assert [r.value for r in got] == [b"before", b"moved"]
 
 
 async def test_every_batch_refused_for_one_move_goes_to_the_new_leader_at_once(cluster):

@@ -28,6 +28,7 @@ from aioproducer.errors import (
     ProducerClosedError,
     TransactionalIdAuthorizationFailedError,
 )
+from tests.support.forking import SENT_BY_THE_PARENT, fork_amid_sends
 from tests.support.proxy import refuse_producer_ids
 from tests.support.readback import consume_all
 
@@ -681,6 +682,25 @@ async def test_a_producer_started_before_fork_tells_the_child_to_start_its_own(b
     assert state == "closed" and child.exitcode == 0
     assert [r.value for r in consume_all(broker.bootstrap, topic, expected=2)] == \
         [b"parent", b"parent again"]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"),
+                    reason="Windows has no os.fork(): there is no forked child to guard")
+@pytest.mark.parametrize("runner", ["asyncio", "uvloop"])
+def test_a_child_forked_in_a_coroutine_leaves_the_parents_connections_alone(broker, topic,
+                                                                              runner):
+    """os.fork() inside a running coroutine: the child carries on in its copy of the
+    parent's loop, with copies of the producer's sender task and connections (the same
+    sockets). Its send is refused with a ProducerClosedError naming the fork, and nothing
+    of its copy writes to or reads from the parent's sockets: the parent's records, those
+    buffered at the fork included, arrive once and in order. The child's send was taken
+    and written over the parent's socket, and the parent's records after the fork were
+    lost (102 of 201 read back), or its sends hung (the child read its responses)."""
+    run = asyncio.run if runner == "asyncio" else pytest.importorskip("uvloop").run
+    error = run(fork_amid_sends(broker.bootstrap, topic))
+    assert error.startswith("ProducerClosedError: this producer was started before os.fork()")
+    got = consume_all(broker.bootstrap, topic, expected=len(SENT_BY_THE_PARENT))
+    assert [r.value for r in got] == SENT_BY_THE_PARENT
 
 
 @pytest.mark.parametrize("runner", ["asyncio", "uvloop"])

@@ -1455,6 +1455,29 @@ async def test_a_batch_queued_before_its_opening_raised_keeps_its_memory(impl):
     assert acc._pool.available == 4096 - 1024
 
 
+@pytest.mark.parametrize("impl", BOTH, ids=["python", "c"])
+async def test_a_batch_kept_by_an_interrupted_opening_goes_with_the_interrupt(impl):
+    """The opening's wake raised (a KeyboardInterrupt, say) after its batch was queued: the
+    batch, holding the caller's record, rides on that exception for the caller to count
+    (taken once), and no field of the accumulator keeps it. It was kept in one, cleared
+    only by the line's next opening: after an interrupt in enqueue() (the Appender) or in
+    its turn in line (append_granted), it held the batch on, for a later caller to take."""
+    acc = _accumulator_parts(impl, asyncio.get_running_loop())
+
+    def wake(batch, opened):
+        raise _Interrupted
+
+    acc.wake_sender_for = wake
+    with pytest.raises(_Interrupted) as caught:
+        acc.open_new("t", 1, b"key", b"v", 1000, 3)
+    [batch] = acc._batches[("t", 1)]
+    assert acc not in gc.get_referrers(batch), "the accumulator keeps the batch"
+    from aioproducer._internal.accumulator import take_kept
+
+    assert take_kept(caught.value) == (batch, 0)
+    assert take_kept(caught.value) is None
+
+
 class _Once:
     """Raises `exc` the first time it is called, and nothing after (a passing failure)."""
 

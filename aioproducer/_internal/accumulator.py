@@ -38,6 +38,7 @@ from ..client.ratelimit import LogEvery
 from ..errors import BufferExhaustedError, DeliveryTimeoutError, ProducerClosedError, \
     TransactionAbortedError
 from .._speedups import AccumulatorFields, MemoryPool, take_acked
+from .._speedups._py import KEPT_BATCH
 from ..protocol.compression import Codec
 from ..protocol.records import BatchWriter, encode_headers, read_batches
 from .batch import ProducerBatch, TopicPartition, WaitingRecord
@@ -60,6 +61,8 @@ _AT_ONCE = 0.001  # the next record this soon after the last one's ack: that loo
 # 10,000 open batches take 10 MiB of the default 32 MiB, and a batch of 100-byte records
 # reaches 16 KiB in four doublings.
 _FIRST_RESERVE = 1024
+# With KEPT_BATCH on an exception, the caller's record's offset delta in that batch (absent: 0).
+_KEPT_DELTA = "_aioproducer_kept_delta"
 
 
 class RecordAccumulator(AccumulatorFields):
@@ -80,9 +83,6 @@ class RecordAccumulator(AccumulatorFields):
         self._pool = MemoryPool(config.buffer_memory)
         # What `_open` makes (in C: no Python frame to make either).
         self._batch_type, self._writer_type = ProducerBatch, BatchWriter
-        # The batch an opening queued before the sender's wake raised a KeyboardInterrupt
-        # (say): the record the line opened it for follows it (see _serve_in_order).
-        self.kept_by_interrupt: ProducerBatch | None = None
         # Each topic's last new batch, in loop time: the cluster's (wired at start) record of
         # which topics are produced to (metadata_max_idle_ms).
         self.touched: dict[str, float] = {}
@@ -325,8 +325,16 @@ class RecordAccumulator(AccumulatorFields):
                                         waiting.memory, waiting.partitions)
             else:
                 self._pool.available += waiting.memory  # it fit in a batch opened meanwhile
-        finally:
+        except BaseException:
             self._serve_line()
+            raise
+        delta = batch.writer.count - 1
+        try:
+            self._serve_line()
+        except BaseException as exc:  # (a Ctrl-C in the wake of an opening for the line)
+            # The record is buffered all the same: named for its caller (see take_kept).
+            vars(exc).update({KEPT_BATCH: batch, _KEPT_DELTA: delta})
+            raise
         return batch
 
     def leave_line(self, waiting: WaitingRecord) -> None:
@@ -383,7 +391,6 @@ class RecordAccumulator(AccumulatorFields):
                     return
                 line.popleft()
                 closed = False
-                self.kept_by_interrupt = None
                 try:
                     self.close_for_appends(waiting.topic, waiting.partition)
                     closed = True
@@ -392,9 +399,9 @@ class RecordAccumulator(AccumulatorFields):
                                             waiting.headers, waiting.memory,
                                             waiting.partitions)
                 except BaseException as exc:
-                    kept, self.kept_by_interrupt = self.kept_by_interrupt, None
+                    kept = take_kept(exc)
                     if kept is not None:  # queued, then the wake raised: the record is in it
-                        waiting.append_to(kept, 0)
+                        waiting.append_to(*kept)
                         raise
                     if not closed:  # refused (the opening gave its memory back)
                         self._pool.available += waiting.memory
@@ -446,7 +453,7 @@ class RecordAccumulator(AccumulatorFields):
         the speed-up's `_open`; `open_new` is the short path of a record placed by compiled
         code, the Appender or enqueue_many's loop, with no Python frame.) Raising, it has
         queued nothing and given `reserved` back (but for what a KeyboardInterrupt in the
-        sender's wake leaves: the batch, queued, as `kept_by_interrupt`)."""
+        sender's wake leaves: the batch, queued, named on the interrupt: take_kept)."""
         if self.closing:
             self._pool.available += reserved
             raise closed_while_buffering()
@@ -853,3 +860,15 @@ def closed_while_buffering() -> ProducerClosedError:
     """No new batch once close() began: nothing may wait for the stopped sender (the Java
     client's "producer closed while send in progress")."""
     return ProducerClosedError("the producer is closing: this record was not buffered (nor sent)")
+
+
+def take_kept(exc: BaseException) -> tuple[ProducerBatch, int] | None:
+    """The batch holding a caller's record, and its offset delta there, when `exc` struck
+    after the record was buffered (not an Exception: a KeyboardInterrupt in the sender's
+    wake, after an opening queued its batch, see `_open`; or in serving the line after
+    append_granted placed it), or None: the record is buffered, and its caller counts it.
+    Taken off `exc`, so that no caller further up counts it as its own."""
+    named = vars(exc)
+    kept: ProducerBatch | None = named.pop(KEPT_BATCH, None)
+    delta: int = named.pop(_KEPT_DELTA, 0)  # (an opening's: its first record)
+    return None if kept is None else (kept, delta)

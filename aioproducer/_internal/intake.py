@@ -31,7 +31,7 @@ from ..serializers import MutableHeaders
 from .._speedups import DONE, NEEDS_BATCH, Appender, Columns, Ready, append_many, \
     append_record
 from .._speedups._py import SECONDS_LIKE_BELOW
-from .accumulator import RecordAccumulator
+from .accumulator import RecordAccumulator, take_kept
 from .arguments import BYTES_TYPES, as_bytes, as_int, bad_partition, check_topic_name, \
     checked_headers, checked_timestamp, encode_checked_headers, iterate_records, serialize, \
     serialize_async, serializer_call, topic_str
@@ -357,8 +357,8 @@ class RecordIntake:
                     break
                 await self._append_many(topic, chunk, count, partition, timestamp_ms,
                                         out_batches, out_deltas, context)
-        except (Exception, asyncio.CancelledError) as exc:  # also the iterable's own errors
-            exc.accepted = BulkFuture(  # type: ignore[union-attr]
+        except BaseException as exc:  # also the iterable's own errors, and a Ctrl-C
+            exc.accepted = BulkFuture(  # type: ignore[attr-defined]
                 out_batches, out_deltas, stamp, failures)
             raise
         return BulkFuture(out_batches, out_deltas, stamp, failures)
@@ -624,8 +624,14 @@ class RecordIntake:
                 if status == NEEDS_BATCH and known:
                     key, value = records[index]  # (the loop checked: bytes or None)
                     if key is not None or fixed >= 0:  # (a sticky one may move: see append)
-                        opened = self.open_new(topic, placed, key, value, timestamp_ms,
-                                               count)
+                        try:
+                            opened = self.open_new(topic, placed, key, value, timestamp_ms,
+                                                   count)
+                        except BaseException as exc:
+                            kept = take_kept(exc)
+                            if kept is not None:  # buffered all the same: counted
+                                _taken((*kept, timestamp_ms), None, out_batches, out_deltas)
+                            raise
                         if opened is not None:
                             out_batches.append(opened)
                             out_deltas += _DELTA.pack(0)
@@ -653,18 +659,17 @@ class RecordIntake:
                                         False)
                 appended = appending if isinstance(appending, tuple) else await appending
             except BaseException as exc:
+                kept = take_kept(exc)
+                if kept is not None:  # buffered all the same: counted, and told its outcome
+                    _taken((*kept, timestamp_ms), told, out_batches, out_deltas)
+                    raise
                 if told is not None:
                     deliver(told, None, exc)
                 if isinstance(exc, _RECORD_ERRORS) and type(records) is not Columns:
                     # (a Spark task's Arrow batch: its index there would mislead)
                     _name_the_record(exc, len(out_batches))  # (one entry per record before)
                 raise
-            batch, delta, _ = appended
-            assert isinstance(batch, ProducerBatch)  # (only send()'s records wait apart)
-            if told is not None:
-                RecordFuture(*appended).add_done_callback(partial(_tell_outcome, told))
-            out_batches.append(batch)
-            out_deltas += _DELTA.pack(delta)
+            _taken(appended, told, out_batches, out_deltas)
             index += 1
 
     def open_new(self, topic: str, partition: int, key: bytes | None, value: bytes | None,
@@ -695,6 +700,18 @@ del _verb, _name
 
 # What enqueue_many() raises for one record of its input (not for the call as a whole).
 _RECORD_ERRORS = (InvalidRecordError, RecordTooLargeError, SerializationError)
+
+
+def _taken(appended: Appended, told: DeliveryCallback | None,
+           out_batches: list[ProducerBatch], out_deltas: bytearray) -> None:
+    """enqueue_many() buffered a record (outside the compiled loop): its entry in the
+    call's BulkFuture; on_send hooks that asked are told its outcome."""
+    batch, delta, _ = appended
+    assert isinstance(batch, ProducerBatch)  # (only send()'s records wait apart)
+    if told is not None:
+        RecordFuture(*appended).add_done_callback(partial(_tell_outcome, told))
+    out_batches.append(batch)
+    out_deltas += _DELTA.pack(delta)
 
 
 def _name_the_record(exc: BaseException, index: int) -> None:

@@ -92,11 +92,7 @@ class Lifecycle:
         if self.loop is not None and (get_ident() != self.thread or
                                       asyncio._get_running_loop() is not self.loop):
             if self.forked:
-                raise ProducerClosedError(
-                    "this producer was started before os.fork() (multiprocessing's fork "
-                    "start method, a server's worker processes): its connections and event "
-                    "loop belong to the parent process. Create and start a new producer in "
-                    "this process (with multiprocessing, in the function the child runs)")
+                raise_forked()
             if self.loop.is_closed():  # (kept from one asyncio.run() or test to the next)
                 raise EventLoopEndedError(
                     "this producer's event loop has ended (asyncio.run() returned, or the "
@@ -119,6 +115,8 @@ class Lifecycle:
 
     def raise_not_started(self) -> NoReturn:
         """The error of a verb that needs a started producer, saying why it is not."""
+        if self.forked:  # (closed in the child by the fork: see Producer's _forked_in_child)
+            raise_forked()
         if self.failure is not None:
             raise ProducerClosedError(
                 f"the producer stopped after an internal failure: {self.failure!r}"
@@ -128,6 +126,14 @@ class Lifecycle:
                 "the producer is not started: `await producer.start()` (and let it finish) "
                 "or use `async with`")
         raise ProducerClosedError("the producer is closed: no more records can be sent")
+
+
+def raise_forked() -> NoReturn:
+    raise ProducerClosedError(
+        "this producer was started before os.fork() (multiprocessing's fork start method, a "
+        "server's worker processes): its connections and event loop belong to the parent "
+        "process. Create and start a new producer in this process (with multiprocessing, "
+        "in the function the child runs)")
 
 
 class CloseDeadline:

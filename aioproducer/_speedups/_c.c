@@ -3490,14 +3490,14 @@ typedef struct {
     PyObject_HEAD
     PyObject *line, *pool, *loop, *batches, *appendable, *incomplete, *txn, *lone_acked_at,
         *wake_sender, *wake_sender_for, *touched, *batch_type, *writer_type, *drained_bytes,
-        *codec, *compression_level, *kept_by_interrupt;
+        *codec, *compression_level;
     Py_ssize_t batch_size, first_reserve, max_request_size, buffer_memory, batches_created,
         lone_in_a_row;
     double linger, delivery_timeout, quiet_until, expiry_floor, round_by;
     char closing, said_linger_bound;
 } AccumulatorFields;
 
-#define ACCUMULATOR_OBJECT_COUNT 17  /* the PyObject pointers above, in order from `line` */
+#define ACCUMULATOR_OBJECT_COUNT 16  /* the PyObject pointers above, in order from `line` */
 
 static PyTypeObject AccumulatorFieldsType;
 
@@ -4077,7 +4077,7 @@ mark_coroutine_function(PyTypeObject *type)
 static PyObject *deque_type;  /* collections.deque */
 static PyObject *s_time, *s_create_future, *s_append, *s_add, *s_is_transactional,
     *s_add_partition, *s_open_batches, *s_count_linger_bound, *s_wake_failed, *s_popleft, *s_close,
-    *s_sequencer, *s_assign, *s_discard, *s_has_producer_id, *s_error;  /* interned at import */
+    *s_kept_batch, *s_sequencer, *s_assign, *s_discard, *s_has_producer_id, *s_error;  /* interned at import */
 
 static int
 accumulator_traverse(AccumulatorFields *self, visitproc visit, void *arg)
@@ -4176,7 +4176,7 @@ accumulator_lingers_unwoken(AccumulatorFields *self, int fresh, PyObject *writer
    Every step that can fail comes before the batch is queued (then `reserved` goes back to
    the pool: the caller may take the record again), but the sender's wake, which needs it
    queued (at linger_ms=0 it may write it at once); what that raises goes to _wake_failed,
-   or, not an Exception, is raised with the batch kept as `kept_by_interrupt`. */
+   or, not an Exception, is raised with the batch kept, named on it (_py.KEPT_BATCH). */
 static PyObject *
 accumulator_open(AccumulatorFields *self, PyObject *topic, PyObject *partition,
                  long long timestamp, PyObject *key, PyObject *value, PyObject *headers,
@@ -4401,9 +4401,15 @@ accumulator_open(AccumulatorFields *self, PyObject *topic, PyObject *partition,
     Py_DECREF(pool);
     if (woken == NULL) {
         /* (a BaseException, KeyboardInterrupt say: raised, the batch kept with its memory,
-           and named for the caller whose record it holds; the Appender takes nothing again
-           on one) */
-        Py_XSETREF(self->kept_by_interrupt, batch);
+           and named on it for the caller whose record it holds; the Appender takes nothing
+           again on one) */
+        PyObject *type, *raised, *traceback;
+        PyErr_Fetch(&type, &raised, &traceback);
+        PyErr_NormalizeException(&type, &raised, &traceback);
+        if (PyObject_GenericSetAttr(raised, s_kept_batch, batch) < 0)
+            PyErr_Clear();  /* (no memory for it: the record goes uncounted) */
+        PyErr_Restore(type, raised, traceback);
+        Py_DECREF(batch);
         return NULL;
     }
     return batch;
@@ -4821,7 +4827,6 @@ static PyMemberDef accumulator_members[] = {
     ACCUMULATOR_OBJECT("_drained_bytes", drained_bytes),
     ACCUMULATOR_OBJECT("_codec", codec),
     ACCUMULATOR_OBJECT("_compression_level", compression_level),
-    ACCUMULATOR_OBJECT("kept_by_interrupt", kept_by_interrupt),
     {"_batch_size", T_PYSSIZET, offsetof(AccumulatorFields, batch_size), 0, NULL},
     {"_first_reserve", T_PYSSIZET, offsetof(AccumulatorFields, first_reserve), 0, NULL},
     {"_max_request_size", T_PYSSIZET, offsetof(AccumulatorFields, max_request_size), 0, NULL},
@@ -4992,7 +4997,8 @@ PyInit__c(void)
         {&s_headers, "headers"}, {&s_time, "time"}, {&s_create_future, "create_future"},
         {&s_append, "append"}, {&s_add, "add"}, {&s_is_transactional, "is_transactional"},
         {&s_add_partition, "add_partition"}, {&s_open_batches, "open_batches"},
-        {&s_count_linger_bound, "_count_linger_bound"}, {&s_wake_failed, "_wake_failed"}, {&s_set_result, "set_result"},
+        {&s_count_linger_bound, "_count_linger_bound"}, {&s_wake_failed, "_wake_failed"},
+        {&s_kept_batch, "_aioproducer_kept_batch"}, {&s_set_result, "set_result"},
         {&s_call_soon, "call_soon"}, {&s_run_watchers, "_run_watchers"},
         {&s_piece_done, "_piece_done"}, {&s_pending, "_pending"}, {&s_resolve, "_resolve"},
         {&s_free, "free"}, {&s_popleft, "popleft"}, {&s_close, "close"},

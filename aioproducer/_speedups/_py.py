@@ -328,6 +328,9 @@ class MemoryPool:
 # accumulator.py's: a retry backoff a hair from its end is over (uvloop's clock is in ms).
 _CLOCK_SLACK = 1e-6
 _RECORD_MOST = HEADER_SIZE + 5 + 1 + 10 + 5 + 5 + 5 + 1
+# The attribute of a BaseException (not an Exception: a KeyboardInterrupt in the sender's wake)
+# that an opening raised after queueing its batch: that batch, holding the caller's record.
+KEPT_BATCH = "_aioproducer_kept_batch"
 
 
 class AccumulatorFields:
@@ -343,7 +346,7 @@ class AccumulatorFields:
                  "_expiry_floor", "_batches_created", "_said_linger_bound", "_lone_acked_at",
                  "_lone_in_a_row", "wake_sender", "wake_sender_for", "touched", "_batch_type",
                  "_writer_type", "_drained_bytes", "_codec", "_compression_level",
-                 "kept_by_interrupt", "_round_by")
+                 "_round_by")
     closing: bool
     line: Any  # the records waiting for memory (a deque)
     _pool: MemoryPool
@@ -372,7 +375,6 @@ class AccumulatorFields:
     _drained_bytes: dict[tuple[str, int], int]  # each partition's bytes sent (uncompressed)
     _codec: int
     _compression_level: int | None
-    kept_by_interrupt: Any  # the batch an opening queued before its wake raised a BaseException
     _round_by: float  # the sleeping sender's next round is due by then (0.0: not known)
 
     def open_new(self, topic: str, partition: int, key: bytes | None, value: bytes | None,
@@ -407,8 +409,8 @@ class AccumulatorFields:
         `reserved` back, having queued nothing: the caller may take the record again), but
         the sender's wake, which needs it queued (at linger_ms=0 it may write it at once):
         what that raises goes to _wake_failed, or, not an Exception (KeyboardInterrupt),
-        is raised with the batch kept (and its memory held) as `kept_by_interrupt`, for
-        the caller whose record it holds."""
+        is raised with the batch kept (and its memory held), named on the exception for
+        the caller whose record it holds (`KEPT_BATCH`: see accumulator.take_kept)."""
         pool = self._pool
         try:
             if not self._said_linger_bound:
@@ -468,8 +470,8 @@ class AccumulatorFields:
             # The record is in its queued batch: the call has taken it, and must not fail
             # (the Appender would append it again). See _wake_failed.
             self._wake_failed(exc)  # type: ignore[attr-defined]
-        except BaseException:
-            self.kept_by_interrupt = batch
+        except BaseException as exc:
+            vars(exc)[KEPT_BATCH] = batch
             raise
         return batch
 

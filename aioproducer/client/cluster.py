@@ -204,17 +204,20 @@ class Cluster:
             return False
         if known == epoch:  # this move is known already (or a conflicting answer)
             return info.leaders[partition] == node_id
-        if node_id not in self.brokers:
-            endpoint = next((e for e in endpoints if e["node_id"] == node_id), None)
-            if endpoint is None:
-                return False
+        # Its address as the response names it, over what we knew (a node that moved
+        # hosts), as Java's Metadata.updatePartitionLeadership takes NodeEndpoints.
+        endpoint = next((e for e in endpoints if e["node_id"] == node_id), None)
+        if endpoint is not None:
             try:
                 broker = Broker.from_response(node_id, endpoint["host"], endpoint["port"])
             except CorruptMessageError as exc:
                 self._bad_address("%s: ignored", exc)
-                return False
-            self.brokers = {**self.brokers, node_id: broker}
-            self._forget_backoff_elsewhere(broker)
+            else:
+                if self.brokers.get(node_id) != broker:
+                    self.brokers = {**self.brokers, node_id: broker}
+                    self._forget_backoff_elsewhere(broker)
+        if node_id not in self.brokers:
+            return False
         leaders = list(info.leaders)
         epochs = list(info.epochs) if len(info.epochs) == len(leaders) else [-1] * len(leaders)
         leaders[partition], epochs[partition] = node_id, epoch
@@ -793,6 +796,13 @@ class Cluster:
         for conn in list(self._connections.values()):
             conn.close()
         self._connections.clear()
+
+    def close_in_forked_child(self) -> None:
+        """close(), in a child forked after the producer started: the connections' sockets
+        are the parent's (see BrokerConnection.close_in_forked_child)."""
+        for conn in list(self._connections.values()):
+            conn.close_in_forked_child()
+        self.close()
 
 
 

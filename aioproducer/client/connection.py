@@ -18,7 +18,10 @@ written, this is what keeps the bytes of a slow broker inside buffer_memory.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
+import os
+import socket
 import ssl
 import threading
 from collections import deque
@@ -386,6 +389,24 @@ class BrokerConnection(asyncio.Protocol):
             self._transport.abort()
         if self.on_close is not None:
             self.on_close(self, self._close_exc)
+
+    def close_in_forked_child(self) -> None:
+        """close(), in a child forked after this connected, without touching the parent's
+        socket: the child's descriptor of it is made to name an unconnected socket first
+        (dup2), so what the child's copy of the loop does with it, the close included,
+        reads, writes and unregisters nothing of the parent's (an epoll instance and its
+        interest list are shared with the parent: the child's unregistering the socket
+        stopped the parent's loop from hearing of it). A `shutdown` would end the parent's
+        connection too."""
+        socket_ = self._transport.get_extra_info("socket") if self._transport else None
+        if socket_ is not None and socket_.fileno() >= 0:
+            with socket.socket() as unconnected:
+                os.dup2(unconnected.fileno(), socket_.fileno())
+        # (asyncio's transport with writes buffered asks the selector to watch the socket
+        # for reads only, which it no longer watches here: OSError, the transport let go.)
+        with contextlib.suppress(OSError):
+            self.close(KafkaConnectionError(
+                f"connection to {self.address} left to the parent process (os.fork())"))
 
     # -- asyncio.Protocol ------------------------------------------------------------------
 

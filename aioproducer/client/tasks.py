@@ -57,6 +57,14 @@ class TaskSet:
         for task in self._tasks:
             task.cancel()
 
+    def cancel_in_forked_child(self) -> None:
+        """cancel(), in a child forked after they started: they end if the child runs its
+        copy of the parent's loop on, and are not reported as destroyed pending if it never
+        does (a multiprocessing child runs a loop of its own)."""
+        self.cancel()
+        for task in self._tasks:
+            task._log_destroy_pending = False  # type: ignore[attr-defined]
+
     async def aclose(self) -> None:
         """Cancel the tasks still running and wait until they (and any they spawned while
         ending) have ended."""

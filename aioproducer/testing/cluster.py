@@ -249,8 +249,20 @@ class SimulatedCluster:
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
         self._loop.run_forever()
+        self._end_tasks_left()
         if self._expired and self._owns_broker and self._broker is not None:
             self._broker.stop()
+
+    def _end_tasks_left(self) -> None:
+        """Cancel the tasks the stopped loop holds and run them to their end (for a second at
+        most), as asyncio.run() does: a connection accepted as the nodes closed gets its
+        handler's task (`_accept`) in the loop's last turns, unbegun when it stops; dropped
+        with the loop, Python warned that the coroutine was never awaited."""
+        left = asyncio.all_tasks(self._loop)
+        for task in left:
+            task.cancel()
+        if left:
+            self._loop.run_until_complete(asyncio.wait(left, timeout=1))
 
     def _expire(self) -> None:
         log.warning("SimulatedCluster at %s stopped itself: its lifetime of %s s ended",

@@ -1,7 +1,7 @@
 """What aioproducer writes, as Apache Kafka stores it, read back by librdkafka's consumer:
 every codec, headers, timestamps, keyed and keyless records, enqueue_many (its full batches
 several to a request), idempotence with five requests in flight, a quota's throttle
-(KIP-219), and the CLI."""
+(KIP-219), the CLI, and a child forked amid sends leaving the parent's connections alone."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import pytest
 from aioproducer import Producer
 from aioproducer.config import ProducerConfig
 from aioproducer.tools.reader import TopicReader
+from tests.support.forking import SENT_BY_THE_PARENT, fork_amid_sends
 from tests.support.readback import consume_all, fetch_until
 from tests.support.throttle_watch import ThrottleWatch
 
@@ -158,3 +159,18 @@ async def test_the_reader_from_the_beginning_goes_on_from_where_the_log_starts(a
     async with TopicReader(config, topic, from_beginning=True) as reader:
         got += await fetch_until(reader, 6)
     assert [(r.offset, r.value) for r in got] == [(i, b"r-%d" % i) for i in range(4, 10)]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"),
+                    reason="Windows has no os.fork(): there is no forked child to guard")
+def test_a_child_forked_in_a_coroutine_leaves_the_parents_connections_alone(apache_kafka,
+                                                                              make_topic):
+    """As tests/test_lifecycle.py's, on Apache Kafka (idempotent: a write of the child's
+    over the parent's socket would carry the parent's producer id and sequences): the
+    child's send is refused naming the fork, and the parent's records, those buffered at
+    the fork included, are stored once and in order."""
+    topic = make_topic()
+    error = asyncio.run(fork_amid_sends(apache_kafka.bootstrap, topic))
+    assert error.startswith("ProducerClosedError: this producer was started before os.fork()")
+    got = consume_all(apache_kafka.bootstrap, topic, expected=len(SENT_BY_THE_PARENT))
+    assert [r.value for r in got] == SENT_BY_THE_PARENT
