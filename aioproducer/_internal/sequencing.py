@@ -69,7 +69,8 @@ class Sequencer:
 
     def may_send(self, batch: ProducerBatch) -> bool:
         """Whether `batch` may go on the wire now without breaking its partition's order.
-        (_c.c's drain answers the first True below itself, on `drain_view`.)"""
+        (_c.c's drain gives the first False and the first True below itself, on
+        `drain_view`: keep the two in step.)"""
         if self.producer_id < 0:  # (has_producer_id)
             return False
         in_flight = self._in_flight.get((batch.topic, batch.partition))
@@ -117,11 +118,11 @@ class Sequencer:
     def drain_view(self) -> tuple[int, int, dict[TopicPartition, list[ProducerBatch]],
                                   dict[TopicPartition, int],
                                   dict[TopicPartition, dict[ProducerBatch, None]]]:
-        """What the compiled drain reads once a drain to answer `may_send` for a batch with
-        nothing of its partition in flight, and to do `assign`, without a Python call per
-        batch (~490 a request at 10,000 partitions): the producer id and epoch, and the
-        batches in flight, next sequence numbers and unacknowledged batches by partition,
-        the dicts those two read and write."""
+        """What the compiled drain reads once a drain to answer `may_send` without a
+        producer id or for a batch with nothing of its partition in flight, and to do
+        `assign`, without a Python call per batch (~490 a request at 10,000 partitions):
+        the producer id and epoch, and the batches in flight, next sequence numbers and
+        unacknowledged batches by partition, the dicts those two read and write."""
         return (self.producer_id, self.producer_epoch, self._in_flight, self._next_sequence,
                 self._unacked)
 
