@@ -287,6 +287,16 @@ class TransactionManager:
             return False  # AddPartitionsToTxn first
         return self.sequencer.may_send(batch)
 
+    def drain_view(self) -> tuple[set[TopicPartition] | None, int, int,
+                                  dict[TopicPartition, list[ProducerBatch]],
+                                  dict[TopicPartition, int],
+                                  dict[TopicPartition, dict[ProducerBatch, None]]]:
+        """The partitions in the transaction (None: not transactional), then
+        `Sequencer.drain_view`: what the compiled drain reads to decide and number the
+        common batch without calling `may_send` and `Sequencer.assign`."""
+        return (self._partitions if self.transactional_id is not None else None,
+                *self.sequencer.drain_view())
+
     def acked(self, batch: ProducerBatch) -> None:
         if self.sequencer.acked(batch) and not self.is_transactional:
             self._gap_behind(batch)

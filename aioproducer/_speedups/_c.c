@@ -4077,7 +4077,7 @@ mark_coroutine_function(PyTypeObject *type)
 static PyObject *deque_type;  /* collections.deque */
 static PyObject *s_time, *s_create_future, *s_append, *s_add, *s_is_transactional,
     *s_add_partition, *s_open_batches, *s_count_linger_bound, *s_wake_failed, *s_popleft, *s_close,
-    *s_kept_batch, *s_sequencer, *s_assign, *s_discard, *s_has_producer_id, *s_error;  /* interned at import */
+    *s_kept_batch, *s_drain_view, *s_discard, *s_has_producer_id, *s_error;  /* interned at import */
 
 static int
 accumulator_traverse(AccumulatorFields *self, visitproc visit, void *arg)
@@ -4506,13 +4506,147 @@ accumulator_open_new(AccumulatorFields *self, PyObject *const *args, Py_ssize_t 
                             partitions, now);
 }
 
-/* _take(tp, queue): see _py.AccumulatorFields._take. */
-static PyObject *
-accumulator_take(AccumulatorFields *self, PyObject *const *args, Py_ssize_t nargs)
+#define SEQUENCE_WRAP (1LL << 31)  /* sequencing.py's _SEQUENCE_WRAP */
+
+/* 1 if the int `number` is >= 0, else 0 (-1 with an error if it is no int). */
+static int
+not_negative(PyObject *number)
 {
-    if (!takes_args(nargs, 2, "_take(tp, queue)"))
-        return NULL;
-    PyObject *tp = args[0], *queue = args[1];
+    int overflow;
+    long long value = PyLong_AsLongLongAndOverflow(number, &overflow);
+    if (value == -1 && !overflow && PyErr_Occurred())
+        return -1;
+    return overflow > 0 || (!overflow && value >= 0);
+}
+
+/* The idempotent producer's sequencer as a drain reads it, once a drain
+   (TransactionManager.drain_view): so that the common batch, its producer id known and
+   nothing of its partition in flight, is let go and numbered with no Python call (at 10,000
+   partitions ~490 batches a request, each two calls: may_send and Sequencer.assign), and
+   none goes without a producer id (the first drain, before InitProducerId's answer, asked
+   may_send of every partition's batch). */
+typedef struct {
+    PyObject *held;  /* the view, which holds what follows */
+    PyObject *in_txn;  /* the partitions in the transaction; None: not transactional */
+    PyObject *producer_id, *epoch;
+    PyObject *in_flight, *next_sequence, *unacked;  /* by partition (the sequencer's dicts) */
+    int known;  /* a producer id */
+} SequenceView;
+
+static int
+sequence_view_get(PyObject *txn, SequenceView *view)
+{
+    PyObject *held = view->held = PyObject_CallMethodNoArgs(txn, s_drain_view);
+    if (held == NULL)
+        return -1;
+    if (!PyTuple_CheckExact(held) || PyTuple_GET_SIZE(held) != 6 ||
+        !(PyTuple_GET_ITEM(held, 0) == Py_None || PyAnySet_Check(PyTuple_GET_ITEM(held, 0))) ||
+        !PyLong_Check(PyTuple_GET_ITEM(held, 1)) || !PyLong_Check(PyTuple_GET_ITEM(held, 2)) ||
+        !PyDict_CheckExact(PyTuple_GET_ITEM(held, 3)) ||
+        !PyDict_CheckExact(PyTuple_GET_ITEM(held, 4)) ||
+        !PyDict_CheckExact(PyTuple_GET_ITEM(held, 5))) {
+        PyErr_SetString(PyExc_TypeError, "drain_view() gives (partitions or None, producer "
+                        "id, epoch, in flight, next sequence, unacknowledged), those dicts");
+        return -1;
+    }
+    view->in_txn = PyTuple_GET_ITEM(held, 0);
+    view->producer_id = PyTuple_GET_ITEM(held, 1);
+    view->epoch = PyTuple_GET_ITEM(held, 2);
+    view->in_flight = PyTuple_GET_ITEM(held, 3);
+    view->next_sequence = PyTuple_GET_ITEM(held, 4);
+    view->unacked = PyTuple_GET_ITEM(held, 5);
+    view->known = not_negative(view->producer_id);
+    return view->known < 0 ? -1 : 0;
+}
+
+#define ASK_MAY_SEND 2
+
+/* The transaction manager's may_send for the batch of partition `tp` where the answer is
+   plain: 0 without a producer id; 1 with one, the partition in the transaction (if any) and
+   nothing of it in flight. ASK_MAY_SEND otherwise; -1 on an error. */
+static int
+may_send_at_once(SequenceView *view, PyObject *tp)
+{
+    if (!view->known)
+        return 0;
+    if (view->in_txn != Py_None) {
+        int in = PySet_Contains(view->in_txn, tp);
+        if (in <= 0)
+            return in < 0 ? -1 : ASK_MAY_SEND;
+    }
+    PyObject *in_flight = PyDict_GetItemWithError(view->in_flight, tp);
+    if (in_flight == NULL)
+        return PyErr_Occurred() ? -1 : 1;
+    Py_ssize_t count = PyObject_Length(in_flight);
+    return count < 0 ? -1 : count == 0 ? 1 : ASK_MAY_SEND;
+}
+
+/* Sequencer.assign on the view: number the batch of partition `tp` under the current
+   producer id and epoch, unless it is already (a retry keeps its numbers). */
+static int
+number_batch(SequenceView *view, PyObject *tp, BatchFields *batch)
+{
+    if (batch->producer_id == NULL || batch->producer_epoch == NULL ||
+        batch->base_sequence == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "the batch's sequence fields are not set");
+        return -1;
+    }
+    int current = PyObject_RichCompareBool(batch->producer_id, view->producer_id, Py_EQ);
+    if (current > 0)
+        current = PyObject_RichCompareBool(batch->producer_epoch, view->epoch, Py_EQ);
+    if (current > 0)
+        current = not_negative(batch->base_sequence);
+    if (current != 0)
+        return current < 0 ? -1 : 0;
+    PyObject *next = PyDict_GetItemWithError(view->next_sequence, tp);
+    if (next == NULL && PyErr_Occurred())
+        return -1;
+    long long sequence = next == NULL ? 0 : PyLong_AsLongLong(next);
+    if (sequence == -1 && PyErr_Occurred())
+        return -1;
+    PyObject *writer = batch->writer;
+    long long count;
+    if (PyObject_TypeCheck(writer, &RecordWriterType))
+        count = ((RecordWriter *)writer)->count;
+    else {
+        PyObject *counted = PyObject_GetAttrString(writer, "count");
+        count = counted == NULL ? -1 : PyLong_AsLongLong(counted);
+        Py_XDECREF(counted);
+        if (count == -1 && PyErr_Occurred())
+            return -1;
+    }
+    /* Everything that can fail first, the batch changed last. */
+    PyObject *base = PyLong_FromLongLong(sequence);
+    PyObject *after = PyLong_FromLongLong((sequence + count) % SEQUENCE_WRAP);
+    PyObject *unacked = NULL;
+    int failed = base == NULL || after == NULL;
+    if (!failed) {
+        unacked = PyDict_GetItemWithError(view->unacked, tp);
+        if (unacked != NULL)
+            Py_INCREF(unacked);
+        else if (!PyErr_Occurred() && (unacked = PyDict_New()) != NULL &&
+                 PyDict_SetItem(view->unacked, tp, unacked) < 0)
+            Py_CLEAR(unacked);
+        failed = unacked == NULL || PyDict_SetItem(view->next_sequence, tp, after) < 0 ||
+            PyDict_SetItem(unacked, (PyObject *)batch, Py_None) < 0;
+    }
+    Py_XDECREF(unacked);
+    Py_XDECREF(after);
+    if (failed) {
+        Py_XDECREF(base);
+        return -1;
+    }
+    Py_SETREF(batch->producer_id, Py_NewRef(view->producer_id));
+    Py_SETREF(batch->producer_epoch, Py_NewRef(view->epoch));
+    Py_SETREF(batch->base_sequence, base);
+    return 0;
+}
+
+/* The partition's first batch taken for a request (see _py.AccumulatorFields._take), numbered
+   on `view` if not NULL (an idempotent producer). */
+static PyObject *
+take_batch(AccumulatorFields *self, PyObject *tp, PyObject *queue, SequenceView *view)
+{
     if (self->batches == NULL || !PyDict_CheckExact(self->batches) ||
         self->appendable == NULL || !PyDict_CheckExact(self->appendable) ||
         self->drained_bytes == NULL || !PyDict_CheckExact(self->drained_bytes) ||
@@ -4602,19 +4736,27 @@ accumulator_take(AccumulatorFields *self, PyObject *const *args, Py_ssize_t narg
     }
     else if (PyErr_Occurred())
         goto error;
-    if (self->txn != NULL && self->txn != Py_None) {
-        PyObject *sequencer = PyObject_GetAttr(self->txn, s_sequencer);
-        PyObject *assigned = sequencer == NULL ? NULL
-            : PyObject_CallMethodOneArg(sequencer, s_assign, batch);
-        Py_XDECREF(sequencer);
-        if (assigned == NULL)
-            goto error;
-        Py_DECREF(assigned);
-    }
+    if (view != NULL && number_batch(view, tp, fields) < 0)
+        goto error;
     return batch;
 error:
     Py_DECREF(batch);
     return NULL;
+}
+
+/* _take(tp, queue): see _py.AccumulatorFields._take. */
+static PyObject *
+accumulator_take(AccumulatorFields *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (!takes_args(nargs, 2, "_take(tp, queue)"))
+        return NULL;
+    if (self->txn == NULL || self->txn == Py_None)
+        return take_batch(self, args[0], args[1], NULL);
+    SequenceView view = {NULL};
+    PyObject *batch = sequence_view_get(self->txn, &view) < 0 ? NULL
+        : take_batch(self, args[0], args[1], &view);
+    Py_XDECREF(view.held);
+    return batch;
 }
 
 /* _drain(topics, nodes, max_request_size, now): see _py.AccumulatorFields._drain. One call
@@ -4655,10 +4797,13 @@ accumulator_drain(AccumulatorFields *self, PyObject *const *args, Py_ssize_t nar
     DrainNode *nodes = PyMem_Calloc(count ? count : 1, sizeof(DrainNode));
     PyObject *batches = Py_NewRef(self->batches), *leaders = NULL, *result = NULL;
     PyObject *last_topic = NULL;  /* (compared by identity, held by its key) */
+    SequenceView view = {NULL}, *sequenced = self->txn == Py_None ? NULL : &view;
     if (nodes == NULL) {
         PyErr_NoMemory();
         goto done;
     }
+    if (sequenced != NULL && sequence_view_get(self->txn, sequenced) < 0)
+        goto done;
     for (Py_ssize_t k = 0; k < count; k++) {
         nodes[k].id = PyLong_AsLong(PyList_GET_ITEM(ids, k));
         if ((nodes[k].id == -1 && PyErr_Occurred()) || (nodes[k].entries = PyList_New(0)) == NULL)
@@ -4724,10 +4869,13 @@ accumulator_drain(AccumulatorFields *self, PyObject *const *args, Py_ssize_t nar
         failed = 0;
         if (retry_at - now > CLOCK_SLACK)
             goto next;
-        if (self->txn != Py_None) {
-            PyObject *may = PyObject_CallMethodOneArg(self->txn, s_may_send, batch);
-            int yes = may == NULL ? -1 : PyObject_IsTrue(may);
-            Py_XDECREF(may);
+        if (sequenced != NULL) {
+            int yes = may_send_at_once(sequenced, tp);
+            if (yes == ASK_MAY_SEND) {
+                PyObject *may = PyObject_CallMethodOneArg(self->txn, s_may_send, batch);
+                yes = may == NULL ? -1 : PyObject_IsTrue(may);
+                Py_XDECREF(may);
+            }
             if (yes <= 0) {
                 failed = yes < 0;
                 goto next;
@@ -4763,7 +4911,7 @@ accumulator_drain(AccumulatorFields *self, PyObject *const *args, Py_ssize_t nar
         int failed = taken == NULL || PyDict_SetItem(drained, PyList_GET_ITEM(ids, k), taken) < 0;
         for (Py_ssize_t i = 0; !failed && i + 1 < PyList_GET_SIZE(entries); i += 2) {
             PyObject *pair[2] = {PyList_GET_ITEM(entries, i), PyList_GET_ITEM(entries, i + 1)};
-            PyObject *batch = accumulator_take(self, pair, 2);
+            PyObject *batch = take_batch(self, pair[0], pair[1], sequenced);
             failed = batch == NULL || PyList_Append(taken, batch) < 0;
             Py_XDECREF(batch);
         }
@@ -4779,6 +4927,7 @@ done:
         for (Py_ssize_t k = 0; k < count; k++)
             Py_XDECREF(nodes[k].entries);
     PyMem_Free(nodes);
+    Py_XDECREF(view.held);
     Py_XDECREF(leaders);
     Py_DECREF(batches);
     Py_DECREF(ids);
@@ -5002,7 +5151,7 @@ PyInit__c(void)
         {&s_call_soon, "call_soon"}, {&s_run_watchers, "_run_watchers"},
         {&s_piece_done, "_piece_done"}, {&s_pending, "_pending"}, {&s_resolve, "_resolve"},
         {&s_free, "free"}, {&s_popleft, "popleft"}, {&s_close, "close"},
-        {&s_sequencer, "sequencer"}, {&s_assign, "assign"}, {&s_discard, "discard"},
+        {&s_drain_view, "drain_view"}, {&s_discard, "discard"},
         {&s_has_producer_id, "has_producer_id"}, {&s_error, "error"},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)

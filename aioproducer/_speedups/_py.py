@@ -493,7 +493,11 @@ class AccumulatorFields:
                now: float) -> dict[int, list[Any]]:
         """Take at most one batch per partition for each broker in `nodes`, up to
         `max_request_size`, partitions least recently drained first (see
-        RecordAccumulator.drain); `topics` is the cluster's metadata (TopicInfo by name)."""
+        RecordAccumulator.drain); `topics` is the cluster's metadata (TopicInfo by name).
+        (_c.c reads an idempotent producer's sequencer once, TransactionManager.drain_view,
+        and itself holds every batch without a producer id and lets go and numbers one with
+        nothing of its partition in flight, where this asks may_send and Sequencer.assign
+        of every batch.)"""
         sizes = dict.fromkeys(nodes, 0)
         chosen: dict[int, list[tuple[tuple[str, int], Any]]] = {node: [] for node in sizes}
         full: set[int] = set()
