@@ -3,7 +3,7 @@ that does not move with the machine's load, for comparing two trees' hot paths w
 time cannot (on the shared 2-core machine it moved by a third from run to run at load 5-10).
 
     python benchmarks/instructions.py PARTITIONS [RECORDS] [--shape flushed|bulk|gather]
-        [--limit SECONDS] [--out FILE] [--acks all]
+        [--limit SECONDS] [--out FILE] [--acks all] [--timeouts-ms MS]
 
 Runs itself again under `valgrind --tool=callgrind` (the embedded broker, a child process,
 is not counted), which zeroes its counters as the produce phase begins (its one call of
@@ -19,6 +19,13 @@ never finishing, not seen again in 4 runs under valgrind and 15 without): past i
 fails saying what the producer held then. --out keeps callgrind's dump there, for
 `callgrind_annotate FILE` (the instructions per function). Needs valgrind, and CPython's symbols for
 os_getppid and os_getpgrp (pyenv's builds have them).
+
+With callgrind's cache simulation (`VALGRIND_OPTS="--cache-sim=yes --D1=49152,12,64
+--LL=1048576,8,64"`, this host's caches) gather at 10,000 partitions runs ~100x slower than
+plainly, and its enqueue loop, which never yields, outlasted the default delivery_timeout_ms
+(every record expired, and some requests went unanswered within request_timeout_ms: two
+runs of two trees at load 13-29): --timeouts-ms 3600000 (delivery_timeout_ms, and
+half of it request_timeout_ms) gives it the time.
 """
 
 import argparse
@@ -39,14 +46,19 @@ p.add_argument("--limit", type=float, default=1200.0, help="seconds for the prod
 p.add_argument("--acks", default="1", choices=("1", "all"),
                help="all: idempotent, as by default (acks=1 turns idempotence off)")
 p.add_argument("--out", default=None, help="keep callgrind's dump in this file")
+p.add_argument("--timeouts-ms", type=int, default=None,
+               help="delivery_timeout_ms, and half of it request_timeout_ms "
+                    "(default: the producer's)")
 p.add_argument("--counted", action="store_true", help=argparse.SUPPRESS)  # (under valgrind)
 args = p.parse_args()
 
 
 async def produce(bootstrap: str, topic: str, data: list[tuple[bytes, bytes]]) -> int:
     from aioproducer import Producer
+    extra = {} if args.timeouts_ms is None else {
+        "delivery_timeout_ms": args.timeouts_ms, "request_timeout_ms": args.timeouts_ms // 2}
     async with Producer(bootstrap, acks=1 if args.acks == "1" else "all",
-                        linger_ms=5) as producer:
+                        linger_ms=5, **extra) as producer:
         await producer.partitions_for(topic)
         os.getppid()  # callgrind zeroes its counters here ...
         try:
@@ -93,7 +105,8 @@ with tempfile.TemporaryDirectory() as out:
         ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}/counts",
          "--zero-before=os_getppid", "--dump-before=os_getpgrp", sys.executable,
          str(Path(__file__).resolve()), str(args.partitions), str(args.records),
-         "--shape", args.shape, "--acks", args.acks, "--limit", str(args.limit), "--counted"],
+         "--shape", args.shape, "--acks", args.acks, "--limit", str(args.limit), "--counted",
+         *([] if args.timeouts_ms is None else ["--timeouts-ms", str(args.timeouts_ms)])],
         capture_output=True, text=True, timeout=args.limit + 900)  # (+ start and close)
     batches = re.search(r"^batches (\d+)", run.stdout, re.M)
     dumps = sorted(Path(out).glob("counts.*"))

@@ -1284,6 +1284,23 @@ def _accumulator_state(accumulator) -> dict:
 
 
 @pytest.mark.parametrize("impl", BOTH, ids=["python", "c"])
+async def test_a_record_of_an_opened_batch_answers_its_batch_future_s_loop(impl):
+    """The C batch the accumulator opens keeps its asyncio future's loop, which its records'
+    futures answer get_loop() with (gather asks every record: the asyncio future was one
+    more object out of the CPU's caches per record at 10,000 partitions). That is the
+    future's loop, not the accumulator's `_loop` (here a stand-in that makes the futures),
+    before and after the batch is acknowledged, as the Python one answers."""
+    loop = asyncio.get_running_loop()
+    acc = _accumulator_parts(impl, loop)
+    assert acc._loop is not loop
+    batch = acc.open_new("t", 1, b"key", b"v", 1000, 3)
+    record = _future_class(impl)(batch, 0, 1000)
+    assert record.get_loop() is loop and batch.future.get_loop() is loop
+    batch.complete(5, -1)
+    assert record.get_loop() is loop and record.result() == ("t", 1, 5, 1000)
+
+
+@pytest.mark.parametrize("impl", BOTH, ids=["python", "c"])
 async def test_a_batch_opened_whose_wake_raises_keeps_its_record(impl):
     """Waking the sender for a new batch comes after its record is in it and it is queued:
     a wake that raises (a bug of ours: uvloop's timer Handle had no when()) goes to

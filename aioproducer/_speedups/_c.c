@@ -691,22 +691,27 @@ static PyTypeObject RecordWriterType = {
    does `acked`, which is no member: the (base_offset, log_append_time) its future was given
    by complete(), or NULL. A record's future answers from it once set, without asking the
    batch's asyncio future (another object, out of the caches too: gather asks each record
-   cancelled(), exception() and result() as it ends, in the order the records were made). */
+   cancelled(), exception() and result() as it ends, in the order the records were made).
+   Nor is `loop`: its asyncio future's loop, set when the accumulator opens it (else NULL:
+   the future is asked), which a record's future answers get_loop() with (gather asks it of
+   every record before watching it), again without reading the asyncio future. The fields
+   are in the order they are read: an append (untracked), gather's watch (loop, watchers),
+   then its answers (pieces, acked, topic, partition). */
 typedef struct {
     PyObject_HEAD
-    PyObject *future, *pieces, *watchers, *untracked, *topic, *partition, *acked, *writer,
-        *done, *number, *created, *deadline, *attempts, *retry_at, *base_sequence,
+    PyObject *untracked, *loop, *watchers, *pieces, *acked, *topic, *partition, *writer,
+        *future, *done, *number, *created, *deadline, *attempts, *retry_at, *base_sequence,
         *producer_id, *producer_epoch, *full, *bulks, *parent, *first_delta;
 } BatchFields;
 
-#define BATCH_FIELD_COUNT 21  /* the PyObject pointers above, in order from `future` */
+#define BATCH_FIELD_COUNT 22  /* the PyObject pointers above, in order from `untracked` */
 
 static PyObject *zero_float;  /* 0.0, every new batch's retry_at */
 
 static inline PyObject **
 batch_fields(BatchFields *self)
 {
-    return &self->future;
+    return &self->untracked;
 }
 
 /* A batch of `type` (BatchFields or a subclass) with these fields, the rest at their
@@ -1382,6 +1387,10 @@ fields_cancelled(RecordFields *self, PyObject *unused)
 static PyObject *
 fields_get_loop(RecordFields *self, PyObject *unused)
 {
+    PyObject *batch = self->batch;
+    if (batch != NULL && PyObject_TypeCheck(batch, &BatchFieldsType) &&
+        ((BatchFields *)batch)->loop != NULL)
+        return Py_NewRef(((BatchFields *)batch)->loop);
     return ask_batch_future(self, s_get_loop);
 }
 
@@ -4238,7 +4247,8 @@ accumulator_open(AccumulatorFields *self, PyObject *topic, PyObject *partition,
         goto error;
     batch = batch_fields_make((PyTypeObject *)self->batch_type, number, topic, partition,
                               writer, future, created, deadline, held);
-    if (batch == NULL)
+    if (batch == NULL ||
+        (((BatchFields *)batch)->loop = PyObject_CallMethodNoArgs(future, s_get_loop)) == NULL)
         goto error;
     batch_fields_pending_untrack(batch);
     OptionalBytes k, v, h;
