@@ -55,6 +55,7 @@ args = p.parse_args()
 
 async def produce(bootstrap: str, topic: str, data: list[tuple[bytes, bytes]]) -> int:
     from aioproducer import Producer
+    from aioproducer.errors import DeliveryTimeoutError
     extra = {} if args.timeouts_ms is None else {
         "delivery_timeout_ms": args.timeouts_ms, "request_timeout_ms": args.timeouts_ms // 2}
     async with Producer(bootstrap, acks=1 if args.acks == "1" else "all",
@@ -63,6 +64,9 @@ async def produce(bootstrap: str, topic: str, data: list[tuple[bytes, bytes]]) -
         os.getppid()  # callgrind zeroes its counters here ...
         try:
             await asyncio.wait_for(shape(producer, topic, data), args.limit)
+        except DeliveryTimeoutError as expired:  # (a TimeoutError too: said apart)
+            sys.exit(f"records expired (delivery_timeout_ms; under valgrind, give "
+                     f"--timeouts-ms): {expired}")
         except TimeoutError:
             metrics = producer.metrics()
             await producer.close(timeout=10)  # (not waiting for what is stuck)
