@@ -60,7 +60,8 @@ def main() -> None:
                 run = spark_killed_driver.run(
                     kafka.bootstrap, topic, workdir, kills=args.kills, pad=args.pad, sink=sink,
                     jars=jars if sink == "kafka" else None,
-                    wait_for_held_lines=args.pad > 0, timeout=300)
+                    wait_for_held_lines=args.pad > 0,
+                    timeout=300 * (args.kills + 1))
                 held = [kill.held_lines_sent for kill in run.kills]
                 rows.append((SINKS[sink], round_ + 1, len(run.expected),
                              sum(run.read_committed.values()), run.duplicates, run.missing,

@@ -207,8 +207,19 @@ def test_a_moved_leader_sends_librdkafka_to_the_new_one_and_nothing_is_lost(clus
     records = keyed(900, keys=9)
     moved: list[tuple[int, int]] = []
 
+    produced = [0]  # produce requests the nodes had read at the last move
+
     def move(i: int) -> None:
         if i in (150, 450, 750):
+            # Each move waits for librdkafka to have produced since the last one (so it
+            # knows the leaders that move): on a loaded machine its first Metadata can come
+            # after all three moves, made 50 ms apart ("librdkafka never met a moved leader"
+            # whenever the nodes answered 0.3 s late).
+            deadline = time.monotonic() + 30
+            while cluster.stats.produce_requests == produced[0]:
+                assert time.monotonic() < deadline, "librdkafka produced nothing in 30 s"
+                time.sleep(0.01)
+            produced[0] = cluster.stats.produce_requests
             for partition in range(3):
                 before = cluster.leader(topic, partition)
                 after = cluster.move_leader(topic, partition)

@@ -445,7 +445,7 @@ def _transaction_outcomes(bootstrap: str, topic: str, partitions: int
 
 # -- streaming: exactly once across a killed driver -------------------------------------------
 
-@pytest.mark.timeout(300)  # two Spark drivers, each 20-40 s to start on a loaded machine
+@pytest.mark.timeout(360)  # two Spark drivers, each 20-40 s to start, minutes when loaded
 def test_stream_is_exactly_once_across_a_killed_driver(broker, topic_factory, tmp_path):
     """A streaming query, two files of 400 lines per micro-batch, is killed (SIGKILL to the
     driver's process group: Python and its JVM) in the middle of micro-batch 2:

@@ -712,6 +712,9 @@ class _Connection:
         if self.session_ends is not None and self.loop.time() > self.session_ends \
                 and not sasl_request:
             self.stats.expired_sessions += 1
+            log.warning("SimulatedCluster node %d: API key %d read %.3f s after its SASL session "
+                        "ended: closing the connection", self.node.node_id, api,
+                        self.loop.time() - self.session_ends)
             raise _Close()
         if not self.authenticated and not sasl_request and api != wire.API_VERSIONS:
             raise _Close()  # Kafka: an unexpected request before SASL ends the connection

@@ -60,6 +60,7 @@ def test_stream_is_exactly_once_across_a_killed_driver(apache_kafka, make_topic,
     topic = make_topic(partitions=spark_killed_driver.PARTITIONS)
     run = spark_killed_driver.run(apache_kafka.bootstrap, topic, tmp_path, pad=1000,
                                   wait_for_held_lines=True)
+    print(f"\nkilled at {run.phases[0]:.0f} s, done at {run.phases[1]:.0f} s")
     [kill] = run.kills
     assert (kill.planned, kill.done) == ([0, 1, 2], [0, 1])
     assert kill.files_written == ["f00", "f01", "f02", "f03", "f04"]

@@ -108,6 +108,40 @@ class WireLog:
     def first(self, start: int, match: Any) -> int | None:
         return next((i for i in range(start, len(self.events)) if match(self.events[i])), None)
 
+    def describe(self, start: int, nodes: dict[str, int], topic: str) -> str:
+        """The events from `start` on, for a failure's message: a line each (repeats counted)
+        saying when, to or from which node, what, and for a produce response the error and
+        named leader of each of `topic`'s partitions, for a metadata response their leaders."""
+        lines: list[tuple[str, int]] = []
+        t0 = self.events[start].at if start < len(self.events) else 0.0
+        for e in self.events[start:]:
+            line = (f"{'->' if e.out else '<-'} node {nodes.get(e.address, e.address)} "
+                    f"{e.api_key.name}{_detail(e, topic)}")
+            if lines and lines[-1][0].endswith(line):
+                lines[-1] = (lines[-1][0], lines[-1][1] + 1)
+            else:
+                lines.append((f"{e.at - t0:8.3f} s {line}", 1))
+        return "\n".join(f"{line} (x{count})" if count > 1 else line for line, count in lines)
+
+
+def _detail(event: WireEvent, topic: str) -> str:
+    if event.out or event.body is None:
+        return " (failed)" if not event.out else ""
+    if event.body.get("error_code"):
+        return f" error {event.body['error_code']}"
+    if event.api_key == ApiKey.PRODUCE:
+        return "".join(
+            f" p{p['index']}: error {p['error_code']}"
+            + (f", leader {named}" if (named := named_leader(event, topic, p["index"]))
+               is not None else "")
+            for t in event.body["responses"] if t["name"] == topic
+            for p in t["partition_responses"])
+    if event.api_key == ApiKey.METADATA:
+        return "".join(f" p{p['partition_index']}: leader {p['leader_id']}"
+                       for t in event.body["topics"] if t["name"] == topic
+                       for p in t["partitions"])
+    return ""
+
 
 def named_leader(event: WireEvent, topic: str, partition: int) -> int | None:
     """If `event` is a produce response refusing the partition as NOT_LEADER_OR_FOLLOWER: the

@@ -8,7 +8,7 @@ written (availableNow); then prints the data source's counters as JSON.
         [--hold PREFIX --signal PATH] [--sink aioproducer|kafka] [--jars JARS]
 
 With --hold, the task whose partition holds a line starting with PREFIX stops before it: at
-the Arrow batch (100 rows) that holds it, it creates the file SIGNAL and waits (150 s at
+the Arrow batch (100 rows) that holds it, it creates the file SIGNAL and waits (600 s at
 most) for the driver to be killed. The batches before it go on to the sink's task only as
 far as the buffers between this step's Python worker and the sink let them: lines of a few
 bytes wait there (the sink's task has no rows yet when the driver is killed), lines of a few
@@ -47,7 +47,7 @@ def hold_at(prefix: str | None, signal: str | None) -> Callable[[Iterator], Iter
 
                 daemon = os.getppid()
                 pathlib.Path(signal).touch()
-                deadline = time.monotonic() + 150  # (the runs give up after 120 s)
+                deadline = time.monotonic() + 600  # (longer than a run waits for it)
                 while os.getppid() == daemon and time.monotonic() < deadline:
                     time.sleep(0.1)
                 os._exit(1)
