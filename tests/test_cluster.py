@@ -774,13 +774,15 @@ def test_sasl_handshake_v0_carries_bare_tokens(broker):
 
 
 def test_librdkafka_reauthenticates_before_its_session_ends(broker):
-    with oauth_cluster(broker, session_lifetime_ms=700) as cluster:
+    # (Sessions of 2 s: re-authenticating at 85-95% of one leaves 100-300 ms, more than a
+    # loaded CI machine's scheduling delays; 700 ms left 35-105, and sessions expired.)
+    with oauth_cluster(broker, session_lifetime_ms=2000) as cluster:
         topic = new_topic(cluster, 1)
         records = keyed(120)
         settings = {"sasl.mechanism": "PLAIN", "security.protocol": "SASL_PLAINTEXT",
                     "sasl.username": "alice", "sasl.password": "wonderland", "linger.ms": 0}
         assert librdkafka_produce(cluster.bootstrap_servers, topic, records, settings,
-                                  during=lambda i: time.sleep(0.02)) == [None] * 120
+                                  during=lambda i: time.sleep(0.04)) == [None] * 120
         stats = cluster.stats
         assert stats.authentications > stats.connections  # again on the same connections
         assert stats.expired_sessions == 0
@@ -788,23 +790,24 @@ def test_librdkafka_reauthenticates_before_its_session_ends(broker):
 
 
 async def test_aioproducer_reauthenticates_before_its_session_ends(broker):
-    """KIP-368: the node limits sessions to 500 ms and hangs up on a request sent after the
+    """KIP-368: the node limits sessions to 2 s and hangs up on a request sent after the
     session ended. The producer authenticates again on its open connections before then,
-    so no session expires, and every record arrives once, in order."""
-    with oauth_cluster(broker, session_lifetime_ms=500) as cluster:
+    so no session expires, and every record arrives once, in order. (500 ms sessions left
+    25-75 ms, less than a loaded CI machine's scheduling delays: sessions expired.)"""
+    with oauth_cluster(broker, session_lifetime_ms=2000) as cluster:
         topic = new_topic(cluster, 1)
         async with Producer(cluster.bootstrap_servers, security_protocol="SASL_PLAINTEXT",
                             sasl_mechanism="PLAIN", sasl_username="alice",
                             sasl_password="wonderland", linger_ms=0) as producer:
-            for i in range(40):  # 2 s: four sessions' worth
-                await producer.send(topic, b"%02d" % i)
+            for i in range(140):  # 7 s or more: three sessions' worth and a half
+                await producer.send(topic, b"%03d" % i)
                 await asyncio.sleep(0.05)
             metrics = producer.metrics()
         stats = cluster.stats
-        stored = await asyncio.to_thread(consume_all, broker.bootstrap, topic, 40)
+        stored = await asyncio.to_thread(consume_all, broker.bootstrap, topic, 140)
     assert stats.expired_sessions == 0
     assert metrics.reauthentications >= 3 and stats.authentications > stats.connections
-    assert [r.value for r in stored] == [b"%02d" % i for i in range(40)]
+    assert [r.value for r in stored] == [b"%03d" % i for i in range(140)]
 
 
 def test_a_request_during_a_sasl_exchange_closes_the_connection(broker):
@@ -827,14 +830,15 @@ def test_a_request_during_a_sasl_exchange_closes_the_connection(broker):
 async def test_nothing_but_sasl_is_written_while_a_connection_reauthenticates(broker):
     """KIP-368: a transactional producer that fetches metadata every few milliseconds
     (metadata_max_age_ms=0) and commits transaction after transaction, over connections
-    whose sessions last 1 s, so they re-authenticate again and again (about three times
-    each in 3 s). Every request the producer makes meanwhile (metadata, transaction
+    whose sessions last 2 s, so they re-authenticate again and again (about three times
+    each in 6 s). Every request the producer makes meanwhile (metadata, transaction
     requests, produce) waits until the exchange ends: the nodes, which hang up on anything
     but SaslAuthenticate in it, see none, no session expires, and every committed record
     arrives. (Re-authentication starts at 85-95% of a session, as the Java client's: with
     300 ms sessions that left 15-45 ms, less than one scheduling delay of the 2-core CI
-    machine running four test workers, and a session expired there once.)"""
-    with oauth_cluster(broker, session_lifetime_ms=1000) as cluster:
+    machine running four test workers, and a session expired there once; with 1 s ones,
+    50-150 ms, and sessions expired on a machine more loaded.)"""
+    with oauth_cluster(broker, session_lifetime_ms=2000) as cluster:
         topic = new_topic(cluster, 3)
         committed = 0
         async with Producer(cluster.bootstrap_servers, security_protocol="SASL_PLAINTEXT",
@@ -843,8 +847,8 @@ async def test_nothing_but_sasl_is_written_while_a_connection_reauthenticates(br
                             metadata_max_age_ms=0, retry_backoff_ms=5,
                             linger_ms=1) as producer:
             loop = asyncio.get_running_loop()
-            end = loop.time() + 3.0
-            while loop.time() < end and committed < 9000:
+            end = loop.time() + 6.0
+            while loop.time() < end and committed < 30_000:
                 async with producer.transaction():
                     for i in range(6):
                         await producer.enqueue(topic, b"%05d" % (committed + i), partition=i % 3)
@@ -870,30 +874,31 @@ def _jwt(subject: str, lifetime_s: float) -> str:
 
 async def test_aioproducer_oauthbearer_asks_its_provider_for_each_session(broker):
     """OAUTHBEARER with an async token provider: each connection and each re-authentication
-    asks it again (the node's sessions last 1 s), so tokens of two seconds do not run out;
+    asks it again (the node's sessions last 2 s), so tokens of four seconds do not run out;
     a provider whose token the node refuses makes start() fail with AuthenticationError
     carrying the node's reason, and no token appears in it. (Sessions of 400 ms left the
     client, which re-authenticates at 85-95% of a session as Java's does, 20-60 ms: a
-    session expired once in CI beside four test workers.)"""
+    session expired once in CI beside four test workers; 1 s ones, 50-150 ms, expired on a
+    machine more loaded.)"""
     tokens: list[str] = []
 
     class Provider:
         async def token(self) -> str:
-            tokens.append(_jwt("carol", 2.0))
+            tokens.append(_jwt("carol", 4.0))
             return tokens[-1]
 
-    with oauth_cluster(broker, session_lifetime_ms=1000) as cluster:
+    with oauth_cluster(broker, session_lifetime_ms=2000) as cluster:
         topic = new_topic(cluster, 3)
         async with Producer(cluster.bootstrap_servers, security_protocol="SASL_PLAINTEXT",
                             sasl_mechanism="OAUTHBEARER", sasl_oauth_token_provider=Provider(),
                             linger_ms=0) as producer:
-            for i in range(60):  # 3 s
-                await producer.send(topic, b"%02d" % i, key=b"k")
+            for i in range(140):  # 7 s or more
+                await producer.send(topic, b"%03d" % i, key=b"k")
                 await asyncio.sleep(0.05)
         assert cluster.stats.expired_sessions == 0
         assert len(tokens) >= 4
-        stored = await asyncio.to_thread(consume_all, broker.bootstrap, topic, 60)
-        assert [r.value for r in stored] == [b"%02d" % i for i in range(60)]
+        stored = await asyncio.to_thread(consume_all, broker.bootstrap, topic, 140)
+        assert [r.value for r in stored] == [b"%03d" % i for i in range(140)]
 
         expired = _jwt("carol", -5)
         with pytest.raises(AuthenticationError) as refused:
