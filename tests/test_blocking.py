@@ -680,22 +680,7 @@ def test_ctrl_c_in_produce_many_stops_it_and_says_what_it_buffered(broker, topic
     buffered more records (sent by the close() on the way out) that the KeyboardInterrupt
     said nothing of: a script that resumed from what it knew sent those again. Now the call
     stops there too, and the interrupt carries `accepted`: exactly what was sent."""
-    from tests.support.processes import start_interruptible
-
-    load = start_interruptible([sys.executable, "-c", _CTRL_C_LOAD, broker.bootstrap, topic],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert load.stdout.readline() == "under way\n"
-        load.send_signal(signal.SIGINT)
-        out, err = load.communicate(timeout=60)
-    finally:
-        if load.poll() is None:
-            load.kill()
-            load.communicate(timeout=10)
-    assert load.returncode == 0, err
-    said = out.split()
-    assert said[0] == "interrupted" and said[1] != "None", out
-    count = int(said[1])
+    count = _interrupted_load(_CTRL_C_LOAD, broker, topic, ctrl_c=True, timeout=60)
     assert 2_000 <= count < 200_000
     got = consume_all(broker.bootstrap, topic, expected=count)
     assert [r.value for r in got] == [b"row %07d" % i for i in range(count)]
@@ -741,25 +726,34 @@ def test_ctrl_c_as_produce_many_is_handed_over_stops_it(broker, topic):
     interrupt came as the call was handed over, before the calling thread held the call's
     future, so nothing cancelled it. Now whatever the call buffered, none or some, is what
     `accepted` says and what was sent."""
+    count = _interrupted_load(_CTRL_C_AT_HAND_OVER, broker, topic, ctrl_c=False, timeout=120)
+    assert count < 50_000
+    got = consume_all(broker.bootstrap, topic, expected=count) if count else []
+    assert [r.value for r in got] == [b"row %07d" % i for i in range(count)]
+
+
+
+def _interrupted_load(script: str, broker, topic: str, *, ctrl_c: bool, timeout: float) -> int:
+    """Run a loading script (Ctrl-C'd here once it says it is under way, if `ctrl_c`) and
+    return how many records its KeyboardInterrupt's `accepted` holds. SIGINT has its default
+    action in the child (start_interruptible): a shell without job control ignores it."""
     from tests.support.processes import start_interruptible
 
-    # (SIGINT's default action in the child: a shell without job control ignores it)
-    load = start_interruptible([sys.executable, "-c", _CTRL_C_AT_HAND_OVER, broker.bootstrap,
-                                topic], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    load = start_interruptible([sys.executable, "-c", script, broker.bootstrap, topic],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        out, err = load.communicate(timeout=120)
+        if ctrl_c:
+            assert load.stdout.readline() == "under way\n"
+            load.send_signal(signal.SIGINT)
+        out, err = load.communicate(timeout=timeout)
     finally:
         if load.poll() is None:
             load.kill()
             load.communicate(timeout=10)
     assert load.returncode == 0, err
     said = out.split()
-    assert said[:1] == ["interrupted"] and said[1] != "None", out
-    count = int(said[1])
-    assert count < 50_000
-    got = consume_all(broker.bootstrap, topic, expected=count) if count else []
-    assert [r.value for r in got] == [b"row %07d" % i for i in range(count)]
-
+    assert said[:1] == ["interrupted"] and said[1:] != ["None"], out
+    return int(said[1])
 
 def test_a_closed_producer_refuses_produce_many_and_close_settles_its_future(broker, topic):
     producer = BlockingProducer(broker.bootstrap, linger_ms=1_000)
