@@ -737,7 +737,7 @@ class Cluster:
             conn.reauthenticate_at(self._loop.time() + delay)
 
     def _reauthenticate_soon(self, conn: BrokerConnection) -> None:
-        if not self.closed:  # (closing, the cluster closed its connections first)
+        if not self.closed:  # (closed, it closed its connections: they call this no more)
             self._tasks.spawn(self._reauthenticate(conn),
                               f"aioproducer-reauthenticate-{conn.node_id}")
 

@@ -91,8 +91,8 @@ class BrokerConnection(asyncio.Protocol):
         self._held: list[tuple[ApiKey, Mapping[str, Any], ResponseCallback | None,
                                int | None]] | None = None
         # Loop time at which re-authentication is due (inf: never), the timer that begins it
-        # on an idle connection, and the owner's callback (set by the owner) that is to run
-        # reauthenticate() once it has begun.
+        # on an idle connection, and the owner's callback that runs reauthenticate() once it
+        # has begun.
         self._reauthenticate_at = math.inf
         self._reauthenticate_timer: asyncio.TimerHandle | None = None
         self.on_reauthentication_due: Callable[[BrokerConnection], None] | None = None
@@ -211,8 +211,8 @@ class BrokerConnection(asyncio.Protocol):
     def reauthenticate_at(self, when: float) -> None:
         """Begin re-authenticating (KIP-368) at loop time `when`: as the first request from
         then on is about to be written, as Java's client does, or by a timer if none is
-        (the timer alone fires late after the loop stalled, when a request queued meanwhile
-        could be written first, after the session ended, and the broker hang up)."""
+        (a timer alone fires late after the loop stalled: a request queued meanwhile was
+        written first, after the session ended, and the broker hung up on it)."""
         self._reauthenticate_at = when
         self._reauthenticate_timer = self._loop.call_at(when, self._begin_reauthentication)
 
