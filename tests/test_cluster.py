@@ -810,6 +810,33 @@ async def test_aioproducer_reauthenticates_before_its_session_ends(broker):
     assert [r.value for r in stored] == [b"%03d" % i for i in range(140)]
 
 
+async def test_a_connection_due_to_reauthenticate_does_so_before_it_writes(broker):
+    """KIP-368, checked where a request is written, as Java's client does: the producer's
+    loop stalls (a CPU-bound handler, a GC pause) with a record buffered, from before its
+    connections' re-authentication is due until past their sessions' end (2 s). The late
+    timer does not come first: the connection, about to write the record's Produce, sees
+    re-authentication due, holds it and authenticates first (the node takes a SaslHandshake
+    after the session ended, as Kafka's SocketServer does), so no session expires, and
+    every record arrives once, in order. (With the timer alone the Produce was written
+    first, read past the session's end, and the node hung up.)"""
+    with oauth_cluster(broker, session_lifetime_ms=2000) as cluster:
+        topic = new_topic(cluster, 1)
+        async with Producer(cluster.bootstrap_servers, security_protocol="SASL_PLAINTEXT",
+                            sasl_mechanism="PLAIN", sasl_username="alice",
+                            sasl_password="wonderland", linger_ms=0) as producer:
+            await producer.send(topic, b"00")  # every session began before it was answered
+            buffered = producer.send(topic, b"01")
+            time.sleep(2.3)  # noqa: ASYNC251  (the stall: due at 1.7-1.9 s, ended at 2 s)
+            sent = [buffered] + [producer.send(topic, b"%02d" % i) for i in range(2, 20)]
+            await asyncio.gather(*sent)
+            metrics = producer.metrics()
+        stats = cluster.stats
+        stored = await asyncio.to_thread(consume_all, broker.bootstrap, topic, 20)
+    assert stats.expired_sessions == 0
+    assert metrics.reauthentications >= 1
+    assert [r.value for r in stored] == [b"%02d" % i for i in range(20)]
+
+
 def test_a_request_during_a_sasl_exchange_closes_the_connection(broker):
     """As Kafka's authenticator does: between SaslHandshake and the end of the exchange only
     SaslAuthenticate is taken; a Metadata request there (here in a re-authentication, on an

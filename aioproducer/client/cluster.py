@@ -684,6 +684,7 @@ class Cluster:
         self.connections_created += 1
         conn.on_close = self._connection_closed
         conn.on_resume = self._connection_writable
+        conn.on_reauthentication_due = self._reauthenticate_soon
         self._connections[broker.node_id] = conn
         if conn.features_epoch >= self.features_epoch:  # the newest a broker told (KIP-584)
             self.features_epoch, self.finalized_features = \
@@ -729,13 +730,14 @@ class Cluster:
     def _schedule_reauthentication(self, conn: BrokerConnection) -> None:
         """KIP-368: a broker that limits SASL sessions (connections.max.reauth.ms) closes a
         connection whose session ran out. Authenticate again at 85-95% of the lifetime, as
-        the Java client does, spread so that connections do not all do it at once."""
+        the Java client does, spread so that connections do not all do it at once; the
+        connection begins it (calling `_reauthenticate_soon`) and holds its requests."""
         if conn.session_lifetime_ms > 0:
             delay = conn.session_lifetime_ms / 1000 * random.uniform(0.85, 0.95)
-            self._loop.call_later(delay, self._reauthenticate_soon, conn)
+            conn.reauthenticate_at(self._loop.time() + delay)
 
     def _reauthenticate_soon(self, conn: BrokerConnection) -> None:
-        if not conn.closed and not self.closed:
+        if not self.closed:  # (closed, it closed its connections: they call this no more)
             self._tasks.spawn(self._reauthenticate(conn),
                               f"aioproducer-reauthenticate-{conn.node_id}")
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import math
 import os
 import socket
 import ssl
@@ -89,6 +90,12 @@ class BrokerConnection(asyncio.Protocol):
         # While re-authenticating (KIP-368): the requests sent meanwhile, written once it ends.
         self._held: list[tuple[ApiKey, Mapping[str, Any], ResponseCallback | None,
                                int | None]] | None = None
+        # Loop time at which re-authentication is due (inf: never), the timer that begins it
+        # on an idle connection, and the owner's callback that runs reauthenticate() once it
+        # has begun.
+        self._reauthenticate_at = math.inf
+        self._reauthenticate_timer: asyncio.TimerHandle | None = None
+        self.on_reauthentication_due: Callable[[BrokerConnection], None] | None = None
         # A request that gets no response (acks=0 Produce) was written since the last barrier().
         self.written_unanswered = False
         # More than max_request_size is buffered unsent (pause_writing): the sender writes
@@ -201,13 +208,34 @@ class BrokerConnection(asyncio.Protocol):
         ends (the sender drains no batch for this connection meanwhile)."""
         return self._held is not None
 
+    def reauthenticate_at(self, when: float) -> None:
+        """Begin re-authenticating (KIP-368) at loop time `when`: as the first request from
+        then on is about to be written, as Java's client does, or by a timer if none is
+        (a timer alone fires late after the loop stalled: a request queued meanwhile was
+        written first, after the session ended, and the broker hung up on it)."""
+        self._reauthenticate_at = when
+        self._reauthenticate_timer = self._loop.call_at(when, self._begin_reauthentication)
+
+    def _begin_reauthentication(self) -> None:
+        """Hold what is sent from now on and have the owner call reauthenticate()."""
+        self._reauthenticate_at = math.inf
+        if self._reauthenticate_timer is not None:
+            self._reauthenticate_timer.cancel()
+            self._reauthenticate_timer = None
+        if self._held is None and self._close_exc is None \
+                and self.on_reauthentication_due is not None:
+            self._held = []
+            self.on_reauthentication_due(self)
+
     async def reauthenticate(self, mechanism: SaslMechanism) -> None:
         """Authenticate again on this open connection (KIP-368), once nothing is in flight.
-        Every request sent meanwhile is held and written after it, in order: between
-        SaslHandshake and the exchange's end a broker closes a connection that sends anything
-        but SaslAuthenticate. If it fails (or is cancelled) the connection closes, failing
-        what it held, and the error is raised; closed while it waits, it just ends."""
-        self._held = []
+        Every request sent meanwhile (and since it was due) is held and written after it, in
+        order: between SaslHandshake and the exchange's end a broker closes a connection that
+        sends anything but SaslAuthenticate. If it fails (or is cancelled) the connection
+        closes, failing what it held, and the error is raised; closed while it waits, it
+        just ends."""
+        if self._held is None:
+            self._held = []
         try:
             await self.quiet()
             if self._close_exc is not None:
@@ -269,11 +297,15 @@ class BrokerConnection(asyncio.Protocol):
         """
         if self._close_exc is not None:
             raise self._close_exc
-        if (self._held is not None or self.throttled_until) and api_key not in _SASL_EXCHANGE:
+        now = self._loop.time()
+        if (self._held is not None or self.throttled_until or now >= self._reauthenticate_at) \
+                and api_key not in _SASL_EXCHANGE:
+            if now >= self._reauthenticate_at:
+                self._begin_reauthentication()
             if self._held is not None:
                 self._held.append((api_key, body, on_response, version))
                 return
-            if self.throttled_until > self._loop.time():
+            if self.throttled_until > now:
                 self._throttle_held.append((api_key, body, on_response, version))
                 if self._release_timer is None:
                     self._release_timer = self._loop.call_at(self.throttled_until,
@@ -284,7 +316,7 @@ class BrokerConnection(asyncio.Protocol):
         frame, correlation_id = self._framing.send_request(
             api_key, version, body, expect_response=on_response is not None)
         if on_response is not None:
-            deadline = self._loop.time() + self.request_timeout
+            deadline = now + self.request_timeout
             self._pending[correlation_id] = _Pending(api_key, on_response, deadline)
             if api_key == ApiKey.PRODUCE:
                 self.in_flight_produce += 1
@@ -368,10 +400,10 @@ class BrokerConnection(asyncio.Protocol):
         if self._close_exc is not None:
             return
         self._close_exc = exc or KafkaConnectionError(f"connection to {self.address} closed")
-        for timer in (self._timer, self._release_timer):
+        for timer in (self._timer, self._release_timer, self._reauthenticate_timer):
             if timer is not None:
                 timer.cancel()
-        self._timer = self._release_timer = None
+        self._timer = self._release_timer = self._reauthenticate_timer = None
         pending, self._pending = self._pending, {}
         backlog, self._backlog = self._backlog, deque()
         held = (self._held or []) + self._throttle_held

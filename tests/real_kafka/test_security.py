@@ -72,6 +72,30 @@ async def test_oauthbearer_sessions_are_renewed_on_open_connections(apache_kafka
     assert [r.value for r in got] == [b"%d" % i for i in range(sent)]
 
 
+async def test_a_stalled_loop_reauthenticates_before_it_writes(apache_kafka, make_topic):
+    """KIP-368 where a request is written, as Java's client checks it: the producer's loop
+    stalls (a CPU-bound handler, a GC pause) with a record buffered, from before its
+    sessions' re-authentication is due until past their end. The connection, about to
+    write the record's Produce, re-authenticates first (Kafka's SocketServer takes a
+    SaslHandshake after the session ended), so Kafka does not hang up on it: nothing is
+    retried, and every record arrives once, in order. (With the timer alone the Produce was
+    written first, Kafka closed the connection, and the record was retried.)"""
+    topic = make_topic()
+    async with Producer(apache_kafka.bootstrap_for("SASL_PLAINTEXT"),
+                        security_protocol="SASL_PLAINTEXT", sasl_mechanism="OAUTHBEARER",
+                        sasl_oauth_token_provider=lambda: _unsecured_jwt("bob", 3600),
+                        linger_ms=0) as producer:
+        await producer.send(topic, b"00")  # every session began before it was answered
+        buffered = producer.send(topic, b"01")
+        time.sleep(REAUTH_MS / 1000 + 0.5)  # noqa: ASYNC251  (the stall)
+        await asyncio.gather(buffered, *(producer.send(topic, b"%02d" % i) for i in range(2, 20)))
+        metrics = producer.metrics()
+    assert (metrics.retries, metrics.records_failed) == (0, 0)
+    assert metrics.reauthentications >= 1
+    got = await asyncio.to_thread(consume_all, apache_kafka.bootstrap, topic, 20)
+    assert [r.value for r in got] == [b"%02d" % i for i in range(20)]
+
+
 async def test_tls_with_a_client_certificate(apache_kafka, make_topic):
     topic = make_topic()
     async with Producer(apache_kafka.bootstrap_for("SSL"), security_protocol="SSL",
