@@ -541,6 +541,27 @@ def test_a_child_forked_from_a_producers_process_exits(broker, topic):
         [b"parent", b"parent again"]
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"),
+                    reason="Windows has no os.fork(): there is no forked child to guard")
+def test_a_child_forked_in_asyncio_debug_mode_makes_the_copy_inert_quietly(broker, topic):
+    """In asyncio's debug mode (-X dev, PYTHONASYNCIODEBUG=1), which refuses a call into a
+    loop from a thread not its own: the at-fork hook closed the child's copy of a
+    BlockingProducer's producer through that producer's loop, whose thread is the parent's
+    alone, and every forked child printed "Exception ignored in: <function
+    _forked_in_child>" with "RuntimeError: Non-thread-safe operation invoked on an event loop
+    other than the current one" (uvloop's words; asyncio's are alike), the hook stopping
+    there, before the copy's tasks and the next producer's. The child's copy is refused
+    (closed) all the same, and the parent's goes on."""
+    done = subprocess.run([sys.executable, "-X", "dev", "-c", _FORKED_CHILD_EXITS,
+                           broker.bootstrap, topic],
+                          capture_output=True, text=True, timeout=90, check=False)
+    assert done.stdout.split("\n")[0] == "the child exited 0", done.stderr
+    assert "Exception ignored" not in done.stderr, done.stderr
+    assert done.returncode == 0, done.stderr
+    assert [r.value for r in consume_all(broker.bootstrap, topic, expected=2)] == \
+        [b"parent", b"parent again"]
+
+
 def test_asyncio_code_does_not_import_the_blocking_facade():
     """Its thread portal (anyio's) loads on first use of BlockingProducer, not with the
     package: ~50 ms of imports an asyncio service never needs."""
