@@ -782,6 +782,55 @@ def test_ctrl_c_as_produce_many_is_handed_over_stops_it(broker, topic):
     assert [r.value for r in got] == [b"row %07d" % i for i in range(count)]
 
 
+# A Ctrl-C as a blocking call begins: the signal raised as the call's `stop` future is made,
+# which _call did after counting the call under way and before the `try` that counts it off.
+_CTRL_C_AS_A_CALL_BEGINS = """
+import signal, sys
+import aioproducer.blocking as blocking
+from aioproducer import BlockingProducer
+
+made = blocking.Future
+
+class CtrlCAsMade(made):
+    def __init__(self):
+        super().__init__()
+        blocking.Future = made  # (once)
+        signal.raise_signal(signal.SIGINT)
+
+with BlockingProducer(sys.argv[1]) as producer:
+    producer.send(sys.argv[2], b"before", timeout=30)
+    blocking.Future = CtrlCAsMade
+    try:
+        producer.flush()
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+    producer.send(sys.argv[2], b"after", timeout=30)
+print("closed", flush=True)
+"""
+
+
+def test_ctrl_c_as_a_blocking_call_begins_leaves_close_to_return(broker, topic):
+    """The Ctrl-C race fix made each blocking call's `stop` future after counting the call
+    under way (close() waits for those to end) and before the `try` whose `finally` counts
+    it off: a KeyboardInterrupt raised there (a SIGINT handled as the future was made) left
+    a call counted for ever, and close(), the `with` block's end included, hung (killed
+    here after 30 s). The call now counts itself only once nothing but its `try` follows."""
+    from tests.support.processes import start_interruptible
+
+    run = start_interruptible([sys.executable, "-c", _CTRL_C_AS_A_CALL_BEGINS,
+                               broker.bootstrap, topic],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = run.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        run.kill()
+        out, err = run.communicate(timeout=10)
+    assert out.split() == ["interrupted", "closed"], (out, err)
+    assert run.returncode == 0, err
+    assert [r.value for r in consume_all(broker.bootstrap, topic, expected=2)] == \
+        [b"before", b"after"]
+
+
 def test_a_closed_producer_refuses_produce_many_and_close_settles_its_future(broker, topic):
     producer = BlockingProducer(broker.bootstrap, linger_ms=1_000)
     sent = producer.produce_many(topic, [(None, b"a"), (None, b"b")])
