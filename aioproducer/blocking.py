@@ -417,10 +417,12 @@ class BlockingProducer(Generic[K, V]):
         it cancels the call there too (else the call goes on: a Ctrl-C'd produce_many() went
         on buffering its records)."""
         self._check_blocking_allowed()
+        stop: Future[None] = Future()  # cancelled by a Ctrl-C here: the call there stops
+        # (Made first: a Ctrl-C raised between the count and the `try` left the call
+        # counted for ever, and close() waiting for it.)
         with self._gate:
             self._check_usable()
             self._calls += 1
-        stop: Future[None] = Future()  # cancelled by a Ctrl-C here: the call there stops
         try:
             running = self._portal.start_task_soon(_stoppable, stop, func, *args) \
                 if interruptible else self._portal.start_task_soon(func, *args)

@@ -448,9 +448,13 @@ class Producer(Generic[K, V]):
         if lifecycle.state is STARTED:
             lifecycle.become(CLOSING)
         lifecycle.become(CLOSED)
+        # Its loop runs on here only in the thread that forked (os.fork() in a coroutine).
+        # Another thread's loop (a BlockingProducer's) never runs here: a call into it from
+        # this thread is refused in asyncio's debug mode (RuntimeError in the hook).
+        loop_runs_here = lifecycle.thread == get_ident()
         if self._cluster is not None:
-            self._cluster.close_in_forked_child()
-        self._tasks.cancel_in_forked_child()
+            self._cluster.close_in_forked_child(loop_runs_here)
+        self._tasks.cancel_in_forked_child(loop_runs_here)
 
     def _sender_done(self, task: asyncio.Task[None]) -> None:
         if task is not self._sender_task:  # (that of a start torn down)

@@ -541,6 +541,27 @@ def test_a_child_forked_from_a_producers_process_exits(broker, topic):
         [b"parent", b"parent again"]
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"),
+                    reason="Windows has no os.fork(): there is no forked child to guard")
+def test_a_child_forked_in_asyncio_debug_mode_makes_the_copy_inert_quietly(broker, topic):
+    """In asyncio's debug mode (-X dev, PYTHONASYNCIODEBUG=1), which refuses a call into a
+    loop from a thread not its own: the at-fork hook closed the child's copy of a
+    BlockingProducer's producer through that producer's loop, whose thread is the parent's
+    alone, and every forked child printed "Exception ignored in: <function
+    _forked_in_child>" with "RuntimeError: Non-thread-safe operation invoked on an event loop
+    other than the current one" (uvloop's words; asyncio's are alike), the hook stopping
+    there, before the copy's tasks and the next producer's. The child's copy is refused
+    (closed) all the same, and the parent's goes on."""
+    done = subprocess.run([sys.executable, "-X", "dev", "-c", _FORKED_CHILD_EXITS,
+                           broker.bootstrap, topic],
+                          capture_output=True, text=True, timeout=90, check=False)
+    assert done.stdout.split("\n")[0] == "the child exited 0", done.stderr
+    assert "Exception ignored" not in done.stderr, done.stderr
+    assert done.returncode == 0, done.stderr
+    assert [r.value for r in consume_all(broker.bootstrap, topic, expected=2)] == \
+        [b"parent", b"parent again"]
+
+
 def test_asyncio_code_does_not_import_the_blocking_facade():
     """Its thread portal (anyio's) loads on first use of BlockingProducer, not with the
     package: ~50 ms of imports an asyncio service never needs."""
@@ -754,6 +775,55 @@ def _interrupted_load(script: str, broker, topic: str, *, ctrl_c: bool, timeout:
     said = out.split()
     assert said[:1] == ["interrupted"] and said[1:] != ["None"], out
     return int(said[1])
+
+# A Ctrl-C as a blocking call begins: the signal raised as the call's `stop` future is made,
+# which _call did after counting the call under way and before the `try` that counts it off.
+_CTRL_C_AS_A_CALL_BEGINS = """
+import signal, sys
+import aioproducer.blocking as blocking
+from aioproducer import BlockingProducer
+
+made = blocking.Future
+
+class CtrlCAsMade(made):
+    def __init__(self):
+        super().__init__()
+        blocking.Future = made  # (once)
+        signal.raise_signal(signal.SIGINT)
+
+with BlockingProducer(sys.argv[1]) as producer:
+    producer.send(sys.argv[2], b"before", timeout=30)
+    blocking.Future = CtrlCAsMade
+    try:
+        producer.flush()
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+    producer.send(sys.argv[2], b"after", timeout=30)
+print("closed", flush=True)
+"""
+
+
+def test_ctrl_c_as_a_blocking_call_begins_leaves_close_to_return(broker, topic):
+    """The Ctrl-C race fix made each blocking call's `stop` future after counting the call
+    under way (close() waits for those to end) and before the `try` whose `finally` counts
+    it off: a KeyboardInterrupt raised there (a SIGINT handled as the future was made) left
+    a call counted for ever, and close(), the `with` block's end included, hung (killed
+    here after 30 s). The call now counts itself only once nothing but its `try` follows."""
+    from tests.support.processes import start_interruptible
+
+    run = start_interruptible([sys.executable, "-c", _CTRL_C_AS_A_CALL_BEGINS,
+                               broker.bootstrap, topic],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = run.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        run.kill()
+        out, err = run.communicate(timeout=10)
+    assert out.split() == ["interrupted", "closed"], (out, err)
+    assert run.returncode == 0, err
+    assert [r.value for r in consume_all(broker.bootstrap, topic, expected=2)] == \
+        [b"before", b"after"]
+
 
 def test_a_closed_producer_refuses_produce_many_and_close_settles_its_future(broker, topic):
     producer = BlockingProducer(broker.bootstrap, linger_ms=1_000)

@@ -212,6 +212,70 @@ def test_an_accepted_websocket_whose_send_timed_out_is_closed_try_again_later(br
     assert closed.value.reason == "Kafka is unavailable (TimeoutError): try again later"
 
 
+def _started_on_a_loop_that_ended(bootstrap: str):
+    """A producer made and started by asyncio.run() (at import, say), whose loop then ended:
+    it can send nothing more, from any loop."""
+    import asyncio
+
+    from aioproducer import Producer
+
+    async def start():
+        producer = Producer(bootstrap)
+        await producer.start()
+        return producer
+
+    return asyncio.run(start())
+
+
+@pytest.mark.filterwarnings("ignore:unclosed <Producer:ResourceWarning")
+def test_fastapi_unavailable_handler_leaves_a_producer_of_an_ended_loop_a_server_error(
+        broker, topic):
+    """add_unavailable_handler() answers an outage with 503, try again later. Since
+    EventLoopEndedError became a ProducerClosedError, it answered a producer of an ended
+    event loop (started by asyncio.run() at import) so too, for ever and with nothing
+    logged, while the readiness probe said ready: that mistake is the server's error, raised
+    (a 500, its traceback logged), as before."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from aioproducer.errors import EventLoopEndedError
+    from aioproducer.integrations.fastapi import add_unavailable_handler
+
+    producer = _started_on_a_loop_that_ended(broker.bootstrap)
+    app = FastAPI()
+    add_unavailable_handler(app)
+
+    @app.post("/events")
+    async def events() -> dict:
+        return {"offset": (await producer.send(topic, b"event")).offset}
+
+    with TestClient(app) as client, pytest.raises(EventLoopEndedError):
+        client.post("/events")
+
+
+@pytest.mark.filterwarnings("ignore:unclosed <Producer:ResourceWarning")
+async def test_aiohttp_unavailable_middleware_leaves_a_producer_of_an_ended_loop_an_error(
+        broker, topic):
+    """As the FastAPI handler's: the middleware answered the ended loop's error with 503."""
+    import asyncio
+
+    from aiohttp import web
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from aioproducer.integrations.aiohttp import unavailable_middleware
+
+    producer = await asyncio.to_thread(_started_on_a_loop_that_ended, broker.bootstrap)
+
+    async def events(request: web.Request) -> web.Response:
+        return web.json_response({"offset": (await producer.send(topic, b"event")).offset})
+
+    app = web.Application(middlewares=[unavailable_middleware()])
+    app.router.add_post("/events", events)
+    async with TestClient(TestServer(app)) as client:
+        response = await client.post("/events")
+        assert response.status == 500, await response.text()
+
+
 @pytest.mark.filterwarnings("ignore:Using `httpx` with `starlette.testclient` is deprecated")
 def test_a_test_client_not_entered_is_told_its_lifespan_did_not_run():
     """`TestClient(app)` without `with` runs no lifespan, so no producer: the error says so

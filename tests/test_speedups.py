@@ -2077,6 +2077,81 @@ async def test_a_sequenced_drain_alike_in_both(transactional):
         _sequenced_drains(_py, loop, transactional)[0]
 
 
+def _random_sequenced_drains(impl, loop, seed: int, transactional: bool) -> list:
+    """300 random steps of an idempotent (or transactional) producer of `impl`, as the
+    sender would tell its sequencer: batches of 1-3 records queued on 6 partitions, drains,
+    batches in flight acknowledged, retried (a new epoch renumbers them) or failed for good
+    (acknowledging after a failure starts a new session, KIP-360), new epochs, producer id
+    resets and new ids, partitions added to the transaction. What each drain took (number,
+    partition, producer id, epoch, base sequence, attempts) and the next sequences after it."""
+    rng = random.Random(seed)
+    acc = _accumulator_parts(impl, loop)
+    acc._max_request_size = acc.buffer_memory = 10_000_000
+    acc._pool = impl.MemoryPool(10_000_000)
+    txn = acc._txn = _transaction_manager(
+        max_in_flight_requests_per_connection=rng.choice([1, 2, 5]),
+        **({"transactional_id": "t-id"} if transactional else {}))
+    seq = txn.sequencer
+    seq._clock = lambda: 0.0  # (no partition goes quiet: QUIET_S)
+    topics = {"t": types.SimpleNamespace(leaders=(1,) * 6)}
+    in_flight: list = []
+    trace: list = []
+    producer_id, epoch = 1000, 0
+    for _ in range(300):
+        step = rng.random()
+        if step < 0.35:
+            batch = acc.open_new("t", rng.randrange(6), b"k", b"v", 1000, 6)
+            for _ in range(rng.randrange(3)):
+                assert batch.writer.try_append(1000, b"k", b"v", None)
+        elif step < 0.6:
+            taken = acc._drain(topics, [1], 10_000_000, 100.0).get(1, [])
+            trace.append(sorted((b.number, b.partition, b.producer_id, b.producer_epoch,
+                                 b.base_sequence, b.attempts) for b in taken))
+            trace.append(dict(seq._next_sequence))
+            seq.sent_all(taken)
+            in_flight.extend(taken)
+        elif step < 0.85 and in_flight:
+            batch = in_flight.pop(rng.randrange(len(in_flight)))
+            outcome = rng.random()
+            seq.resolved(batch)
+            if outcome < 0.6:
+                txn.acked(batch)
+            elif outcome < 0.9:  # refused retriably: first in its queue again
+                seq.renumber_on_reset(batch)
+                batch.attempts += 1
+                acc._batches.setdefault(("t", batch.partition),
+                                        collections.deque()).appendleft(batch)
+            else:
+                seq.failed(batch)
+        elif step < 0.9:
+            epoch += 1
+            seq.start(producer_id, epoch)
+        elif step < 0.93:
+            seq.start(-1, -1)
+        elif step < 0.96 and seq.producer_id < 0:
+            producer_id += 1
+            seq.start(producer_id, 0)
+        elif transactional:
+            txn._partitions.add(("t", rng.randrange(6)))
+    return trace
+
+
+@needs_c
+@pytest.mark.parametrize("transactional", [False, True], ids=["idempotent", "transactional"])
+async def test_random_sequenced_drains_alike_in_both(transactional):
+    """The compiled drain decides and numbers batches itself where the Python one asks
+    may_send and Sequencer.assign: over random runs (epoch bumps, retries, producer id
+    resets, partitions outside the transaction) both take the same batches with the same
+    numbers, round by round."""
+    loop = asyncio.get_running_loop()
+    taken = 0
+    for seed in range(100):
+        trace = _random_sequenced_drains(_c, loop, seed, transactional)
+        assert trace == _random_sequenced_drains(_py, loop, seed, transactional), seed
+        taken += sum(len(drained) for drained in trace[::2])
+    assert taken > 3_000  # (most runs take batches: not a comparison of empty drains)
+
+
 @needs_c
 async def test_the_compiled_drain_decides_and_numbers_the_common_batch_without_python():
     """The compiled drain lets the common batch of an idempotent producer go and numbers it

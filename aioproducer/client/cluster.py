@@ -799,12 +799,14 @@ class Cluster:
             conn.close()
         self._connections.clear()
 
-    def close_in_forked_child(self) -> None:
+    def close_in_forked_child(self, loop_runs_here: bool) -> None:
         """close(), in a child forked after the producer started: the connections' sockets
-        are the parent's (see BrokerConnection.close_in_forked_child)."""
+        are the parent's (see BrokerConnection.close_in_forked_child). Unless its loop's
+        thread is this one (`loop_runs_here`), only their descriptors are let go of."""
         for conn in list(self._connections.values()):
-            conn.close_in_forked_child()
-        self.close()
+            conn.close_in_forked_child(loop_runs_here)
+        if loop_runs_here:
+            self.close()
 
 
 

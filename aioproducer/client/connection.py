@@ -422,18 +422,22 @@ class BrokerConnection(asyncio.Protocol):
         if self.on_close is not None:
             self.on_close(self, self._close_exc)
 
-    def close_in_forked_child(self) -> None:
+    def close_in_forked_child(self, loop_runs_here: bool) -> None:
         """close(), in a child forked after this connected, without touching the parent's
         socket: the child's descriptor of it is made to name an unconnected socket first
         (dup2), so what the child's copy of the loop does with it, the close included,
         reads, writes and unregisters nothing of the parent's (an epoll instance and its
         interest list are shared with the parent: the child's unregistering the socket
         stopped the parent's loop from hearing of it). A `shutdown` would end the parent's
-        connection too."""
+        connection too. Without `loop_runs_here` (the loop's thread is the parent's alone,
+        a BlockingProducer's: that loop never runs here, and asyncio's debug mode refuses
+        a call into it from this thread) the descriptor is all it changes."""
         socket_ = self._transport.get_extra_info("socket") if self._transport else None
         if socket_ is not None and socket_.fileno() >= 0:
             with socket.socket() as unconnected:
                 os.dup2(unconnected.fileno(), socket_.fileno())
+        if not loop_runs_here:
+            return
         # (asyncio's transport with writes buffered asks the selector to watch the socket
         # for reads only, which it no longer watches here: OSError, the transport let go.)
         with contextlib.suppress(OSError):

@@ -57,11 +57,13 @@ class TaskSet:
         for task in self._tasks:
             task.cancel()
 
-    def cancel_in_forked_child(self) -> None:
+    def cancel_in_forked_child(self, loop_runs_here: bool) -> None:
         """cancel(), in a child forked after they started: they end if the child runs its
         copy of the parent's loop on, and are not reported as destroyed pending if it never
-        does (a multiprocessing child runs a loop of its own)."""
-        self.cancel()
+        does (a multiprocessing child runs a loop of its own). Not cancelled unless their
+        loop's thread is this one (`loop_runs_here`): see Producer._forked_in_child."""
+        if loop_runs_here:
+            self.cancel()
         for task in self._tasks:
             task._log_destroy_pending = False  # type: ignore[attr-defined]
 

@@ -6,7 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import ConfigError, ProducerClosedError, RetriableError
+from ..errors import (
+    ConfigError,
+    EventLoopEndedError,
+    ProducerClosedError,
+    RetriableError,
+)
 from ..producer import Producer
 
 # A per-request deadline around send() ran out (asyncio.timeout, wait_for, anyio's raise
@@ -15,6 +20,9 @@ from ..producer import Producer
 # producer is shutting down.
 UNAVAILABLE: tuple[type[Exception], ...] = (TimeoutError, RetriableError,
                                             ProducerClosedError)
+# But a producer whose event loop ended (started by asyncio.run() at import, say): no outage,
+# the server's mistake, for ever (the readiness probe says ready). Raised: a 500, logged.
+NOT_UNAVAILABLE = EventLoopEndedError
 
 
 def unavailable_body(exc: BaseException) -> dict[str, str]:

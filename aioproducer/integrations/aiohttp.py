@@ -29,7 +29,8 @@ from aiohttp.typedefs import Handler, Middleware
 
 from .._internal.arguments import check_timeout
 from ..producer import Producer
-from ._web import UNAVAILABLE, check_max_pending, readiness, retry_after, unavailable_body
+from ._web import NOT_UNAVAILABLE, UNAVAILABLE, check_max_pending, readiness, retry_after, \
+    unavailable_body
 
 PRODUCER: web.AppKey[Producer[Any, Any]] = web.AppKey("aioproducer", Producer)
 """Where the application keeps its producer: `request.app[PRODUCER]`."""
@@ -59,11 +60,12 @@ def unavailable_middleware(*, retry_after_s: int = 1) -> Middleware:
     when a handler raises what says Kafka cannot take the record now: a TimeoutError (the
     request's own deadline, `asyncio.timeout()` around `send()`, ran out; or buffer memory
     stayed full for max_block_ms), a retriable Kafka error (no broker reachable, the delivery
-    timed out) or ProducerClosedError (shutting down). A record whose wait ran out was
-    buffered and is still sent if a broker takes it within delivery_timeout_ms: a client
-    that retries after a 503 may write the event twice (give events an id). Not for a
-    WebSocket handler once its WebSocketResponse is prepared (no HTTP answer can go then):
-    there catch the error and `await ws.close(code=1013)` (Try Again Later)."""
+    timed out) or ProducerClosedError (shutting down; not EventLoopEndedError). A record
+    whose wait ran out was buffered and is still sent if a broker takes it within
+    delivery_timeout_ms: a client that retries after a 503 may write the event twice (give
+    events an id). Not for a WebSocket handler once its WebSocketResponse is prepared (no
+    HTTP answer can go then): there catch the error and `await ws.close(code=1013)` (Try
+    Again Later)."""
     headers = retry_after(retry_after_s)
 
     @web.middleware
@@ -71,6 +73,8 @@ def unavailable_middleware(*, retry_after_s: int = 1) -> Middleware:
         try:
             return await handler(request)
         except UNAVAILABLE as exc:
+            if isinstance(exc, NOT_UNAVAILABLE):
+                raise
             return web.json_response(unavailable_body(exc), status=503, headers=headers)
 
     return unavailable

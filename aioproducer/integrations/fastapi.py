@@ -35,7 +35,8 @@ from starlette.websockets import WebSocketState
 
 from .._internal.arguments import check_timeout
 from ..producer import Producer
-from ._web import UNAVAILABLE, check_max_pending, readiness, retry_after, unavailable_body
+from ._web import NOT_UNAVAILABLE, UNAVAILABLE, check_max_pending, readiness, retry_after, \
+    unavailable_body
 
 # A FastAPI lifespan, which may yield a state dict (Starlette copies it into request.state).
 Lifespan = Callable[[FastAPI], contextlib.AbstractAsyncContextManager[Any]]
@@ -92,13 +93,16 @@ def add_unavailable_handler(app: FastAPI, *, retry_after_s: int = 1) -> None:
     when a handler raises what says Kafka cannot take the record now: a TimeoutError (the
     request's own deadline, `asyncio.timeout()` around `send()`, ran out; or buffer memory
     stayed full for max_block_ms), a retriable Kafka error (no broker reachable, the delivery
-    timed out) or ProducerClosedError (shutting down). A record whose wait ran out was
-    buffered and is still sent if a broker takes it within delivery_timeout_ms: a client
-    that retries after a 503 may write the event twice (give events an id). A WebSocket
-    endpoint's connection, once accepted, is closed with code 1013 (Try Again Later)."""
+    timed out) or ProducerClosedError (shutting down; not EventLoopEndedError). A record
+    whose wait ran out was buffered and is still sent if a broker takes it within
+    delivery_timeout_ms: a client that retries after a 503 may write the event twice (give
+    events an id). A WebSocket endpoint's connection, once accepted, is closed with code
+    1013 (Try Again Later)."""
     headers = retry_after(retry_after_s)
 
     async def unavailable(connection: HTTPConnection, exc: Exception) -> JSONResponse | None:
+        if isinstance(exc, NOT_UNAVAILABLE):
+            raise exc
         if isinstance(connection, WebSocket) and \
                 connection.application_state is WebSocketState.CONNECTED and \
                 connection.client_state is WebSocketState.CONNECTED:
