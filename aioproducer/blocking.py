@@ -360,7 +360,8 @@ class BlockingProducer(Generic[K, V]):
         return True
 
     def _unfinished(self) -> int:
-        queued = sum(isinstance(item, _Produced) for item in self._queue)
+        # (a copy: other threads append as this counts; copying is one C call)
+        queued = sum(isinstance(item, _Produced) for item in self._queue.copy())
         return queued + self._producer.metrics().records_pending
 
     def partitions_for(self, topic: str) -> set[int]:
