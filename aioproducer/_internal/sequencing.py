@@ -141,9 +141,8 @@ class Sequencer:
                 at = acked_at.get(tp)
                 if at is None or now - at > QUIET_S:
                     unconfirmed.add(tp)
-                in_flight.append(batch)
-            else:
-                in_flight.append(batch)
+            in_flight.append(batch)
+            if len(in_flight) > 1:
                 in_flight.sort(key=_sequence_order)
 
     def resolved(self, batch: ProducerBatch) -> None:
