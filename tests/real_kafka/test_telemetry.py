@@ -252,18 +252,27 @@ async def test_close_waits_for_the_last_push_no_longer_than_its_timeout(kafka):
     await producer.start()
     try:
         await _produce_for(producer, topic, 0.5)
-        deadline = time.monotonic() + 10
         telemetry = producer._telemetry
         assert telemetry is not None
-        # A subscription, and the last push due (a push refused meanwhile, as one of a
-        # subscription another test changed is, makes the producer fetch it again first:
-        # then close() has no push to send, and returned in 5 ms in one loaded run).
-        while not (pushes(kafka, "telemetry-hang-1") and telemetry._push_due) and \
-                time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        assert pushes(kafka, "telemetry-hang-1") and telemetry._push_due
-        kafka.pause_node(0)
+        # A subscription, and the last push due when the node stops. A push answered just
+        # before SIGSTOP is read after it: refused (as one of a subscription changed
+        # meanwhile is), it makes the producer fetch the subscription again, and close() has
+        # no push to send (it returned in 1-5 ms in two loaded CI runs). So the node stops,
+        # the answers already sent are read, and if no push is due then, it goes on and the
+        # test tries again.
+        for _attempt in range(5):
+            deadline = time.monotonic() + 10
+            while not (pushes(kafka, "telemetry-hang-1") and telemetry._push_due) and \
+                    time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert pushes(kafka, "telemetry-hang-1") and telemetry._push_due
+            kafka.pause_node(0)
+            await asyncio.sleep(0.3)
+            if telemetry._push_due:
+                break
+            kafka.resume_node(0)
         try:
+            assert telemetry._push_due, "a push was refused just before SIGSTOP, five times"
             started = time.monotonic()
             await producer.close(timeout=1.0)
             elapsed = time.monotonic() - started
