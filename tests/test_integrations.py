@@ -359,6 +359,41 @@ async def test_aiohttp_example(broker, events_topic):
     assert [r.key for r in got if json.loads(r.value)["user"] is None] == [None]  # not b"None"
 
 
+async def test_an_aiohttp_handler_asking_for_the_producer_by_a_string_is_told_the_key(
+        broker, topic, caplog):
+    """`request.app["producer"]`, the habit of aiohttp apps older than AppKey, answered 500
+    with a bare `KeyError: 'producer'`: the error now names the typed key to use. A string
+    that names no producer still gets aiohttp's plain KeyError."""
+    from aiohttp import web
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from aioproducer.integrations.aiohttp import PRODUCER, setup_producer
+
+    async def by_string(request: web.Request) -> web.Response:
+        await request.app[request.match_info["key"]].send(topic, b"lost")
+        return web.Response()
+
+    async def by_key(request: web.Request) -> web.Response:
+        md = await request.app[PRODUCER].send(topic, b"delivered")
+        return web.json_response({"offset": md.offset})
+
+    app = web.Application()
+    setup_producer(app, broker.bootstrap, linger_ms=0)
+    app.router.add_post("/by-string/{key}", by_string)
+    app.router.add_post("/by-key", by_key)
+    async with TestClient(TestServer(app)) as client:
+        for key in ("producer", "kafka_producer", "db"):
+            assert (await client.post(f"/by-string/{key}")).status == 500
+        assert (await client.post("/by-key")).status == 200
+    errors = [r.exc_info[1] for r in caplog.records if r.exc_info is not None]
+    assert [type(e) for e in errors] == [KeyError] * 3, errors
+    for error in errors[:2]:
+        assert "the typed key PRODUCER" in str(error) and \
+            "from aioproducer.integrations.aiohttp import PRODUCER" in str(error), str(error)
+    assert errors[2].args == ("db",)
+    assert [r.value for r in consume_all(broker.bootstrap, topic, expected=1)] == [b"delivered"]
+
+
 @pytest.mark.parametrize("framework", ["fastapi", "aiohttp"])
 async def test_example_answers_503_in_time_while_its_broker_is_gone(proxied_broker,
                                                                     monkeypatch, framework):
