@@ -148,6 +148,7 @@ class Producer(Generic[K, V]):
         self._created_at = f"{caller.f_code.co_filename}:{caller.f_lineno}"
         self._source_traceback = traceback.extract_stack(caller) if _debug_mode() else None
         self._blocking = False  # run by a BlockingProducer: the report of one dropped says so
+        self._collected = False  # dropped unclosed: `_let_go` ends its parts
         self._renew()
 
     def _renew(self) -> None:
@@ -327,6 +328,7 @@ class Producer(Generic[K, V]):
             # parent's: only the parent's close() sends its records). Closed as far as it can
             # be.
             self._close_called = lifecycle.closing = True
+            lifecycle.ended_with_loop = False  # (closed as asked: calls say it is closed)
             if lifecycle.state is STARTED:
                 lifecycle.become(CLOSING)
             if lifecycle.state is not CLOSED:
@@ -452,6 +454,8 @@ class Producer(Generic[K, V]):
         # Another thread's loop (a BlockingProducer's) never runs here: a call into it from
         # this thread is refused in asyncio's debug mode (RuntimeError in the hook).
         loop_runs_here = lifecycle.thread == get_ident()
+        if self._sender is not None:
+            self._sender.running = False  # (cancelled, it must not send the parent's records)
         if self._cluster is not None:
             self._cluster.close_in_forked_child(loop_runs_here)
         self._tasks.cancel_in_forked_child(loop_runs_here)
@@ -480,7 +484,19 @@ class Producer(Generic[K, V]):
                     self._cluster.close()
             return
         exc = task.exception()
-        if exc is not None:
+        if exc is None and self._sender is not None and self._sender.finish_by is not None \
+                and not lifecycle.closing and not self._collected:
+            # It outlived the cancel of the loop's end (asyncio.run() returning with the
+            # producer open) and sent what it could: the producer is closed as it can be.
+            lifecycle.ended_with_loop = True
+            _end_parts(f"unclosed {self!r} created at {self._created_at}",
+                       "open as its event loop ended",
+                       "call `await producer.close()` before the loop ends (or use `async with`)",
+                       self._source_traceback, lifecycle, self._tasks, self._cluster,
+                       self._txn, self._accumulator, self._sender)
+            if self._observer is not None:
+                self._observer.closed(self)
+        elif exc is not None:
             log.error("aioproducer sender task failed: %r", exc, exc_info=exc)
             lifecycle.failure = exc
             lifecycle.become(FAILED)
@@ -525,10 +541,12 @@ class Producer(Generic[K, V]):
         loop = lifecycle.loop
         if loop is None or loop.is_closed():  # (its loop's end cancelled its tasks already)
             return
+        self._collected = True  # (_let_go ends it: a warning may keep it a while as source)
         try:  # (collected in any thread, at any allocation: nothing is done here but this)
             loop.call_soon_threadsafe(
                 _let_go, unclosed, advice, self._source_traceback, lifecycle, self._tasks,
-                self._cluster, self._txn, self._accumulator, self._sender)
+                self._cluster, self._txn, self._accumulator, self._sender,
+                None if self._blocking else self._sender_task)
         except RuntimeError:  # closed meanwhile
             pass
 
@@ -859,18 +877,42 @@ async def _settle(cluster: Cluster, deadline: CloseDeadline) -> None:
 def _let_go(unclosed: str, advice: str, source_traceback: traceback.StackSummary | None,
             lifecycle: Lifecycle, tasks: TaskSet, cluster: Cluster | None,
             txn: TransactionManager | None, accumulator: RecordAccumulator | None,
-            sender: Sender | None) -> None:
-    """The parts of a producer collected unclosed: fail what it held (nobody can flush it
-    now), close its sockets, cancel its tasks, and say so where it is seen without -W, as
-    aiohttp does for an unclosed session. Its hooks are not told on_close: it is gone."""
+            sender: Sender | None, sender_task: asyncio.Task[None] | None) -> None:
+    """The parts of a producer collected unclosed. Its sender (`sender_task`) sends what it
+    held, as close() would, for up to 10 s (`Sender.finish`; the loop's end included: a
+    script whose `main()` returns without close() loses nothing), then they are let go
+    (`_end_parts`). A BlockingProducer's (no `sender_task`: its thread and loop end with it)
+    and a transactional producer's are let go at once."""
+    if lifecycle.state is CLOSED:
+        return
+    if sender is not None and sender.running and sender.may_finish and \
+            sender_task is not None and not sender_task.done():
+        sender.finish()
+        sender_task.add_done_callback(lambda _: _end_parts(
+            unclosed, "collected", advice, source_traceback, lifecycle, tasks, cluster, txn,
+            accumulator, sender))
+        return
+    _end_parts(unclosed, "collected", advice, source_traceback, lifecycle, tasks, cluster, txn,
+               accumulator, sender)
+
+
+def _end_parts(unclosed: str, how: str, advice: str,
+               source_traceback: traceback.StackSummary | None, lifecycle: Lifecycle,
+               tasks: TaskSet, cluster: Cluster | None, txn: TransactionManager | None,
+               accumulator: RecordAccumulator | None, sender: Sender | None) -> None:
+    """The end of a producer nobody closed (`how`: collected, or open as its loop ended):
+    fail what it still holds, close its sockets, cancel its tasks, and say so where it is
+    seen without -W, as aiohttp does for an unclosed session. Its hooks are not told
+    on_close here."""
     if lifecycle.state is CLOSED:
         return
     pending = 0
+    finished = sender is not None and sender.finish_by is not None
     if accumulator is not None and sender is not None:
         pending = sum(batch.record_count for batch in accumulator.incomplete)
         exc = ProducerClosedError(
-            f"the producer was collected without close() ({unclosed}): records it held "
-            "were not sent")
+            f"the producer was {how} without close() ({unclosed}): records it held were not "
+            + (f"acknowledged within {sender.finish_within:g} s" if finished else "sent"))
         accumulator.begin_closing()
         sender.running = False
         sender.fail_in_flight(exc)
@@ -884,8 +926,17 @@ def _let_go(unclosed: str, advice: str, source_traceback: traceback.StackSummary
     if lifecycle.state is STARTED:
         lifecycle.become(CLOSING)
     lifecycle.become(CLOSED)
-    context: dict[str, Any] = {
-        "message": f"{unclosed} was collected, {pending} record(s) unsent: {advice}"}
+    if finished and not pending:
+        assert sender is not None
+        outcome = f"its {sender.held_at_finish} buffered record(s) were sent before it " \
+                  "closed" if sender.held_at_finish else "with nothing buffered"
+    elif finished:
+        assert sender is not None
+        outcome = f"{pending} of its {sender.held_at_finish} buffered record(s) were not " \
+                  f"acknowledged within {sender.finish_within:g} s and failed"
+    else:
+        outcome = f"{pending} record(s) unsent"
+    context: dict[str, Any] = {"message": f"{unclosed} was {how}, {outcome}: {advice}"}
     if source_traceback is not None:
         context["source_traceback"] = source_traceback
     asyncio.get_running_loop().call_exception_handler(context)
