@@ -318,15 +318,15 @@ class Producer(Generic[K, V]):
         Idempotent: a second call waits for the first to finish; a shorter `timeout` in it
         bounds the closing too. Cancelling a caller does not stop the closing, which goes on
         in its own task. No task of the producer outlives close(). On a producer whose event
-        loop has ended (which reported what it left unsent), or in a child process forked
-        after it started, it only marks it closed."""
+        loop has ended (whose end sent what it could and reported it), or in a child process
+        forked after it started, it only marks it closed."""
         check_timeout("close(timeout=...)", timeout)
         lifecycle = self._lifecycle
         if lifecycle.loop is not None and (lifecycle.loop.is_closed() or lifecycle.forked):
-            # Its loop ended without close(), which said how many records it left unsent:
-            # its tasks are gone and nothing can be flushed (in a forked child, they are the
-            # parent's: only the parent's close() sends its records). Closed as far as it can
-            # be.
+            # Its loop ended without close(): its end sent what it could (Sender.finish) and
+            # said so; its tasks are gone and nothing can be flushed (in a forked child, they
+            # are the parent's: only the parent's close() sends its records). Closed as far
+            # as it can be.
             self._close_called = lifecycle.closing = True
             lifecycle.ended_with_loop = False  # (closed as asked: calls say it is closed)
             if lifecycle.state is STARTED:
@@ -468,14 +468,15 @@ class Producer(Generic[K, V]):
             if lifecycle.state is STARTED and not lifecycle.closing and \
                     lifecycle.loop is not None:
                 # Not by close(): the loop shuts down (asyncio.run() cancels what is left)
-                # with the producer open (a close() begun is _close_done's to report). Said
-                # where it is seen without -W, as asyncio says a task was destroyed pending.
+                # with the producer open, and its sender did not finish (transactional, or
+                # cancelled again; a close() begun is _close_done's to report). Said where it
+                # is seen without -W, as asyncio says a task was destroyed pending.
                 pending = sum(b.record_count for b in self._accumulator.incomplete) \
                     if self._accumulator is not None else 0
                 lifecycle.loop.call_exception_handler({
-                    "message": f"unclosed {self!r} (its sender was cancelled, {pending} "
-                               "record(s) unsent): call `await producer.close()` before the "
-                               "loop ends (or use `async with`)",
+                    "message": f"unclosed {self!r} created at {self._created_at} (its sender "
+                               f"was cancelled, {pending} record(s) unsent): call `await "
+                               "producer.close()` before the loop ends (or use `async with`)",
                     "producer": self})
                 if self._cluster is not None:
                     # Its sockets, while the loop runs to close them: left open, each

@@ -123,8 +123,8 @@ def test_a_transactional_producer_left_open_at_its_loop_s_end_sends_nothing_more
         kept.append(producer)
 
     asyncio.run(main())
-    assert len(reported) == 1 and "its sender was cancelled, 1 record(s) unsent" in \
-        reported[0], reported
+    assert len(reported) == 1 and f"created at {__file__}" in reported[0] and \
+        "(its sender was cancelled, 1 record(s) unsent)" in reported[0], reported
 
 
 def test_a_producer_left_open_sends_for_its_delivery_timeout_at_most(proxied_broker):
