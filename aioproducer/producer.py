@@ -4,6 +4,7 @@ close, and transactions), each handing its work to the part that owns it."""
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import functools
 import logging
@@ -285,6 +286,9 @@ class Producer(Generic[K, V]):
         self._sender_task.add_done_callback(functools.partial(_sender_done, weakref.ref(self)))
         lifecycle.become(STARTED)
         _STARTED.add(self)
+        if not self._blocking:  # (a BlockingProducer closes its own at exit)
+            _SENDERS[self._sender_task] = (
+                f"unclosed {self!r} created at {self._created_at}", accumulator)
         observer.started(self)
         if self._transactions is not None:
             try:
@@ -837,16 +841,40 @@ class Producer(Generic[K, V]):
 
 # The producers started in this process: a child forked since closes its copies of them.
 _STARTED: weakref.WeakSet[Producer] = weakref.WeakSet()
+# Their sender tasks, with what to call each producer and its records, for the report at
+# exit (a forked child's copies are the parent's to report).
+_SENDERS: weakref.WeakKeyDictionary[asyncio.Task[None], tuple[str, RecordAccumulator]] = \
+    weakref.WeakKeyDictionary()
 
 
 def _forked_in_child() -> None:
     for producer in list(_STARTED):
         producer._forked_in_child()
     _STARTED.clear()
+    _SENDERS.clear()
 
 
 if hasattr(os, "register_at_fork"):  # (not on Windows)
     os.register_at_fork(after_in_child=_forked_in_child)
+
+
+@atexit.register
+def _report_left_at_exit() -> None:
+    """Records still buffered at exit by a sender whose loop was neither running nor run to
+    its end by asyncio.run() (`loop.run_until_complete(main())` without close(), as older
+    tutorials do): nothing cancelled the sender, so nothing finished the producer or said
+    so, and its records were lost unsaid."""
+    for task, (unclosed, accumulator) in list(_SENDERS.items()):
+        loop = task.get_loop()
+        if task.done() or loop.is_running():
+            continue
+        pending = sum(batch.record_count for batch in accumulator.incomplete)
+        if pending:
+            loop.call_exception_handler({
+                "message": f"{unclosed}: {pending} record(s) unsent at exit, its event loop "
+                           "never run to its end (loop.run_until_complete() without close()): "
+                           "call `await producer.close()` before the loop stops, or run the "
+                           "program with asyncio.run(main()), whose end sends them"})
 
 
 def _sender_done(producer: weakref.ref[Producer], task: asyncio.Task[None]) -> None:

@@ -80,6 +80,35 @@ def test_a_producer_left_open_when_its_loop_ends_sends_its_records_and_is_report
         [b"never flushed"]
 
 
+@pytest.mark.parametrize("loop_closed", [False, True])
+def test_records_left_in_a_loop_never_run_to_its_end_are_reported_at_exit(broker, topic,
+                                                                          loop_closed):
+    """`loop.run_until_complete(main())` without close() (older tutorials' way, not
+    asyncio.run()): no task is cancelled, nothing ends the producer, and its 100 lingering
+    records were lost with nothing said (exit status 0, stderr empty; with `loop.close()`,
+    asyncio's "Task was destroyed but it is pending!" about our tasks only). At exit the
+    records left unsent are reported with the line that made the producer and what to do."""
+    script = textwrap.dedent(f"""
+        import asyncio
+        from aioproducer import Producer
+
+        async def main():
+            producer = Producer({broker.bootstrap!r}, linger_ms=60_000)
+            await producer.start()
+            for i in range(100):
+                await producer.enqueue({topic!r}, b"%d" % i)
+
+        loop = asyncio.new_event_loop()
+        loop.run_until_complete(main())
+        {"loop.close()" if loop_closed else ""}
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHONWARNINGS": ""})
+    assert done.returncode == 0, done.stderr
+    assert "created at <string>:6: 100 record(s) unsent at exit, its event loop never run " \
+        "to its end" in done.stderr and "asyncio.run(main())" in done.stderr, done.stderr
+
+
 @pytest.mark.parametrize("runner", ["asyncio", "uvloop"])
 def test_a_producer_kept_open_past_its_loop_s_end_sends_what_it_held(broker, topic, runner):
     """A producer still referenced when asyncio.run() ends without close() (a global, one
