@@ -879,7 +879,7 @@ def _report_left_at_exit() -> None:
 
 def _sender_done(producer: weakref.ref[Producer], task: asyncio.Task[None]) -> None:
     alive = producer()
-    if alive is not None:  # (else collected: `_let_go` stopped the sender)
+    if alive is not None:  # (else collected: `_let_go` ends its parts)
         alive._sender_done(task)
 
 

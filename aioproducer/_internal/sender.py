@@ -192,7 +192,10 @@ class Sender:
                 if self.finish_by is not None and now >= self.finish_by:
                     return
                 try:
-                    await self._sleep(now, self._run_once(now))
+                    delay = self._run_once(now)
+                    if self.finish_by is not None:  # (a response may never come to wake it)
+                        delay = min(delay, self.finish_by - now)
+                    await self._sleep(now, delay)
                 except asyncio.CancelledError:
                     if not self._finish_when_cancelled():
                         raise
