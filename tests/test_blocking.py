@@ -186,7 +186,8 @@ def test_a_blocking_call_from_async_code_says_to_await_a_producer(broker, topic,
     assert [w for w in warned if issubclass(w.category, RuntimeWarning)] == []
     got = consume_all(broker.bootstrap, topic, expected=121)
     assert sorted(r.value for r in got) == sorted(
-        [b"async %d" % i for i in range(60)] + [b"thread"] + [b"notebook %d" % i for i in range(60)])
+        [b"async %d" % i for i in range(60)] + [b"thread"] +
+        [b"notebook %d" % i for i in range(60)])
 
 
 def test_confluent_kafkas_poll_and_list_topics_say_what_to_use(broker, topic):
