@@ -84,6 +84,43 @@ def test_fastapi_lifespan_passes_on_the_user_lifespan_state(broker, topic):
                                                                                    b"hello"]
 
 
+def test_a_fastapi_handler_asking_app_state_for_the_producer_is_told_the_dependency(broker,
+                                                                                   topic):
+    """`request.app.state.producer`, the Starlette habit: "'State' object has no attribute
+    'producer'" said nothing of where the producer is. The error names ProducerDep; other
+    missing names keep Starlette's plain AttributeError."""
+    from fastapi import FastAPI, Request
+    from fastapi.testclient import TestClient
+
+    from aioproducer.integrations.fastapi import ProducerDep, producer_lifespan
+
+    app = FastAPI(lifespan=producer_lifespan(broker.bootstrap, linger_ms=0))
+    raised: list[BaseException] = []
+
+    @app.post("/by-state/{name}")
+    async def by_state(request: Request, name: str) -> dict:
+        try:
+            await getattr(request.app.state, name).send(topic, b"lost")
+        except AttributeError as exc:
+            raised.append(exc)
+        return {}
+
+    @app.post("/by-dependency")
+    async def by_dependency(producer: ProducerDep) -> dict:
+        return {"offset": (await producer.send(topic, b"delivered")).offset}
+
+    with TestClient(app) as client:
+        for name in ("producer", "kafka", "db"):
+            assert client.post(f"/by-state/{name}").status_code == 200
+        assert client.post("/by-dependency").json() == {"offset": 0}
+    assert len(raised) == 3, raised
+    for exc in raised[:2]:
+        assert "producer_lifespan() keeps the producer on app.state.aioproducer" in str(exc) \
+            and "`producer: ProducerDep`" in str(exc), str(exc)
+    assert str(raised[2]) == "'State' object has no attribute 'db'"
+    assert [r.value for r in consume_all(broker.bootstrap, topic, expected=1)] == [b"delivered"]
+
+
 @pytest.mark.filterwarnings("ignore:Using `httpx` with `starlette.testclient` is deprecated")
 def test_a_sync_handler_that_calls_send_unawaited_is_told_how_to_send(broker, topic, caplog):
     """A `def` handler runs in a worker thread, where `producer.send(...)` can only return a

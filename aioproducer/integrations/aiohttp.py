@@ -29,8 +29,8 @@ from aiohttp.typedefs import Handler, Middleware
 
 from .._internal.arguments import check_timeout
 from ..producer import Producer
-from ._web import NOT_UNAVAILABLE, UNAVAILABLE, check_max_pending, readiness, retry_after, \
-    unavailable_body
+from ._web import NOT_UNAVAILABLE, UNAVAILABLE, check_max_pending, names_a_producer, \
+    readiness, retry_after, unavailable_body
 
 PRODUCER: web.AppKey[Producer[Any, Any]] = web.AppKey("aioproducer", Producer)
 """Where the application keeps its producer: `request.app[PRODUCER]`."""
@@ -63,7 +63,7 @@ class _State(dict[Any, Any]):
     a bare `KeyError: 'producer'`. Other missing keys raise aiohttp's plain KeyError."""
 
     def __missing__(self, key: object) -> Any:
-        if isinstance(key, str) and ("producer" in key.lower() or "kafka" in key.lower()):
+        if names_a_producer(key):
             raise KeyError(f"{key!r}: setup_producer() keeps the producer under the typed key "
                            "PRODUCER: `from aioproducer.integrations.aiohttp import PRODUCER`, "
                            "then `request.app[PRODUCER]`")
