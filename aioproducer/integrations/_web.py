@@ -1,7 +1,7 @@
 """What the FastAPI and aiohttp integrations both offer a web service facing a broker that
 went away: which errors mean "Kafka cannot take this record now" (answered 503, so clients
-retry elsewhere or later instead of seeing a 500), and a readiness check; and which names a
-handler looking the producer up by its own guess means it by."""
+retry elsewhere or later instead of seeing a 500), and a readiness check; and which missing
+names a handler meant the producer by (to say where it is)."""
 
 from __future__ import annotations
 
