@@ -4,6 +4,7 @@ close, and transactions), each handing its work to the part that owns it."""
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import functools
 import logging
@@ -148,6 +149,7 @@ class Producer(Generic[K, V]):
         self._created_at = f"{caller.f_code.co_filename}:{caller.f_lineno}"
         self._source_traceback = traceback.extract_stack(caller) if _debug_mode() else None
         self._blocking = False  # run by a BlockingProducer: the report of one dropped says so
+        self._collected = False  # dropped unclosed: `_let_go` ends its parts
         self._renew()
 
     def _renew(self) -> None:
@@ -284,6 +286,9 @@ class Producer(Generic[K, V]):
         self._sender_task.add_done_callback(functools.partial(_sender_done, weakref.ref(self)))
         lifecycle.become(STARTED)
         _STARTED.add(self)
+        if not self._blocking:  # (a BlockingProducer closes its own at exit)
+            _SENDERS[self._sender_task] = (
+                f"unclosed {self!r} created at {self._created_at}", accumulator)
         observer.started(self)
         if self._transactions is not None:
             try:
@@ -317,16 +322,17 @@ class Producer(Generic[K, V]):
         Idempotent: a second call waits for the first to finish; a shorter `timeout` in it
         bounds the closing too. Cancelling a caller does not stop the closing, which goes on
         in its own task. No task of the producer outlives close(). On a producer whose event
-        loop has ended (which reported what it left unsent), or in a child process forked
-        after it started, it only marks it closed."""
+        loop has ended (whose end sent what it could and reported it), or in a child process
+        forked after it started, it only marks it closed."""
         check_timeout("close(timeout=...)", timeout)
         lifecycle = self._lifecycle
         if lifecycle.loop is not None and (lifecycle.loop.is_closed() or lifecycle.forked):
-            # Its loop ended without close(), which said how many records it left unsent:
-            # its tasks are gone and nothing can be flushed (in a forked child, they are the
-            # parent's: only the parent's close() sends its records). Closed as far as it can
-            # be.
+            # Its loop ended without close(): its end sent what it could (Sender.finish) and
+            # said so; its tasks are gone and nothing can be flushed (in a forked child, they
+            # are the parent's: only the parent's close() sends its records). Closed as far
+            # as it can be.
             self._close_called = lifecycle.closing = True
+            lifecycle.ended_with_loop = False  # (closed as asked: calls say it is closed)
             if lifecycle.state is STARTED:
                 lifecycle.become(CLOSING)
             if lifecycle.state is not CLOSED:
@@ -452,6 +458,8 @@ class Producer(Generic[K, V]):
         # Another thread's loop (a BlockingProducer's) never runs here: a call into it from
         # this thread is refused in asyncio's debug mode (RuntimeError in the hook).
         loop_runs_here = lifecycle.thread == get_ident()
+        if self._sender is not None:
+            self._sender.running = False  # (cancelled, it must not send the parent's records)
         if self._cluster is not None:
             self._cluster.close_in_forked_child(loop_runs_here)
         self._tasks.cancel_in_forked_child(loop_runs_here)
@@ -464,14 +472,15 @@ class Producer(Generic[K, V]):
             if lifecycle.state is STARTED and not lifecycle.closing and \
                     lifecycle.loop is not None:
                 # Not by close(): the loop shuts down (asyncio.run() cancels what is left)
-                # with the producer open (a close() begun is _close_done's to report). Said
-                # where it is seen without -W, as asyncio says a task was destroyed pending.
+                # with the producer open, and its sender did not finish (transactional, or
+                # cancelled again; a close() begun is _close_done's to report). Said where it
+                # is seen without -W, as asyncio says a task was destroyed pending.
                 pending = sum(b.record_count for b in self._accumulator.incomplete) \
                     if self._accumulator is not None else 0
                 lifecycle.loop.call_exception_handler({
-                    "message": f"unclosed {self!r} (its sender was cancelled, {pending} "
-                               "record(s) unsent): call `await producer.close()` before the "
-                               "loop ends (or use `async with`)",
+                    "message": f"unclosed {self!r} created at {self._created_at} (its sender "
+                               f"was cancelled, {pending} record(s) unsent): call `await "
+                               "producer.close()` before the loop ends (or use `async with`)",
                     "producer": self})
                 if self._cluster is not None:
                     # Its sockets, while the loop runs to close them: left open, each
@@ -480,7 +489,19 @@ class Producer(Generic[K, V]):
                     self._cluster.close()
             return
         exc = task.exception()
-        if exc is not None:
+        if exc is None and self._sender is not None and self._sender.finish_by is not None \
+                and not lifecycle.closing and not self._collected:
+            # It outlived the cancel of the loop's end (asyncio.run() returning with the
+            # producer open) and sent what it could: the producer is closed as it can be.
+            lifecycle.ended_with_loop = True
+            _end_parts(f"unclosed {self!r} created at {self._created_at}",
+                       "open as its event loop ended",
+                       "call `await producer.close()` before the loop ends (or use `async with`)",
+                       self._source_traceback, lifecycle, self._tasks, self._cluster,
+                       self._txn, self._accumulator, self._sender)
+            if self._observer is not None:
+                self._observer.closed(self)
+        elif exc is not None:
             log.error("aioproducer sender task failed: %r", exc, exc_info=exc)
             lifecycle.failure = exc
             lifecycle.become(FAILED)
@@ -525,10 +546,12 @@ class Producer(Generic[K, V]):
         loop = lifecycle.loop
         if loop is None or loop.is_closed():  # (its loop's end cancelled its tasks already)
             return
+        self._collected = True  # (_let_go ends it: a warning may keep it a while as source)
         try:  # (collected in any thread, at any allocation: nothing is done here but this)
             loop.call_soon_threadsafe(
                 _let_go, unclosed, advice, self._source_traceback, lifecycle, self._tasks,
-                self._cluster, self._txn, self._accumulator, self._sender)
+                self._cluster, self._txn, self._accumulator, self._sender,
+                None if self._blocking else self._sender_task)
         except RuntimeError:  # closed meanwhile
             pass
 
@@ -818,21 +841,45 @@ class Producer(Generic[K, V]):
 
 # The producers started in this process: a child forked since closes its copies of them.
 _STARTED: weakref.WeakSet[Producer] = weakref.WeakSet()
+# Their sender tasks, with what to call each producer and its records, for the report at
+# exit (a forked child's copies are the parent's to report).
+_SENDERS: weakref.WeakKeyDictionary[asyncio.Task[None], tuple[str, RecordAccumulator]] = \
+    weakref.WeakKeyDictionary()
 
 
 def _forked_in_child() -> None:
     for producer in list(_STARTED):
         producer._forked_in_child()
     _STARTED.clear()
+    _SENDERS.clear()
 
 
 if hasattr(os, "register_at_fork"):  # (not on Windows)
     os.register_at_fork(after_in_child=_forked_in_child)
 
 
+@atexit.register
+def _report_left_at_exit() -> None:
+    """Records still buffered at exit by a sender whose loop was neither running nor run to
+    its end by asyncio.run() (`loop.run_until_complete(main())` without close(), as older
+    tutorials do): nothing cancelled the sender, so nothing finished the producer or said
+    so, and its records were lost unsaid."""
+    for task, (unclosed, accumulator) in list(_SENDERS.items()):
+        loop = task.get_loop()
+        if task.done() or loop.is_running():
+            continue
+        pending = sum(batch.record_count for batch in accumulator.incomplete)
+        if pending:
+            loop.call_exception_handler({
+                "message": f"{unclosed}: {pending} record(s) unsent at exit, its event loop "
+                           "never run to its end (loop.run_until_complete() without close()): "
+                           "call `await producer.close()` before the loop stops, or run the "
+                           "program with asyncio.run(main()), whose end sends them"})
+
+
 def _sender_done(producer: weakref.ref[Producer], task: asyncio.Task[None]) -> None:
     alive = producer()
-    if alive is not None:  # (else collected: `_let_go` stopped the sender)
+    if alive is not None:  # (else collected: `_let_go` ends its parts)
         alive._sender_done(task)
 
 
@@ -859,18 +906,42 @@ async def _settle(cluster: Cluster, deadline: CloseDeadline) -> None:
 def _let_go(unclosed: str, advice: str, source_traceback: traceback.StackSummary | None,
             lifecycle: Lifecycle, tasks: TaskSet, cluster: Cluster | None,
             txn: TransactionManager | None, accumulator: RecordAccumulator | None,
-            sender: Sender | None) -> None:
-    """The parts of a producer collected unclosed: fail what it held (nobody can flush it
-    now), close its sockets, cancel its tasks, and say so where it is seen without -W, as
-    aiohttp does for an unclosed session. Its hooks are not told on_close: it is gone."""
+            sender: Sender | None, sender_task: asyncio.Task[None] | None) -> None:
+    """The parts of a producer collected unclosed. Its sender (`sender_task`) sends what it
+    held, as close() would, for up to 10 s (`Sender.finish`; the loop's end included: a
+    script whose `main()` returns without close() loses nothing), then they are let go
+    (`_end_parts`). A BlockingProducer's (no `sender_task`: its thread and loop end with it)
+    and a transactional producer's are let go at once."""
+    if lifecycle.state is CLOSED:
+        return
+    if sender is not None and sender.running and sender.may_finish and \
+            sender_task is not None and not sender_task.done():
+        sender.finish()
+        sender_task.add_done_callback(lambda _: _end_parts(
+            unclosed, "collected", advice, source_traceback, lifecycle, tasks, cluster, txn,
+            accumulator, sender))
+        return
+    _end_parts(unclosed, "collected", advice, source_traceback, lifecycle, tasks, cluster, txn,
+               accumulator, sender)
+
+
+def _end_parts(unclosed: str, how: str, advice: str,
+               source_traceback: traceback.StackSummary | None, lifecycle: Lifecycle,
+               tasks: TaskSet, cluster: Cluster | None, txn: TransactionManager | None,
+               accumulator: RecordAccumulator | None, sender: Sender | None) -> None:
+    """The end of a producer nobody closed (`how`: collected, or open as its loop ended):
+    fail what it still holds, close its sockets, cancel its tasks, and say so where it is
+    seen without -W, as aiohttp does for an unclosed session. Its hooks are not told
+    on_close here."""
     if lifecycle.state is CLOSED:
         return
     pending = 0
+    finished = sender is not None and sender.finish_by is not None
     if accumulator is not None and sender is not None:
         pending = sum(batch.record_count for batch in accumulator.incomplete)
         exc = ProducerClosedError(
-            f"the producer was collected without close() ({unclosed}): records it held "
-            "were not sent")
+            f"the producer was {how} without close() ({unclosed}): records it held were not "
+            + (f"acknowledged within {sender.finish_within:g} s" if finished else "sent"))
         accumulator.begin_closing()
         sender.running = False
         sender.fail_in_flight(exc)
@@ -884,8 +955,17 @@ def _let_go(unclosed: str, advice: str, source_traceback: traceback.StackSummary
     if lifecycle.state is STARTED:
         lifecycle.become(CLOSING)
     lifecycle.become(CLOSED)
-    context: dict[str, Any] = {
-        "message": f"{unclosed} was collected, {pending} record(s) unsent: {advice}"}
+    if finished and not pending:
+        assert sender is not None
+        outcome = f"its {sender.held_at_finish} buffered record(s) were sent before it " \
+                  "closed" if sender.held_at_finish else "with nothing buffered"
+    elif finished:
+        assert sender is not None
+        outcome = f"{pending} of its {sender.held_at_finish} buffered record(s) were not " \
+                  f"acknowledged within {sender.finish_within:g} s and failed"
+    else:
+        outcome = f"{pending} record(s) unsent"
+    context: dict[str, Any] = {"message": f"{unclosed} was {how}, {outcome}: {advice}"}
     if source_traceback is not None:
         context["source_traceback"] = source_traceback
     asyncio.get_running_loop().call_exception_handler(context)

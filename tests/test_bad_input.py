@@ -4,6 +4,7 @@ already accepted is lost."""
 from __future__ import annotations
 
 import asyncio
+import datetime
 import enum
 import json
 import re
@@ -54,6 +55,12 @@ BAD_RECORDS = [
     ("timestamp-negative", dict(value=b"v", timestamp_ms=-5), InvalidRecordError, "timestamp_ms"),
     ("timestamp-str", dict(value=b"v", timestamp_ms="now"), InvalidRecordError, "timestamp_ms"),
     ("timestamp-float", dict(value=b"v", timestamp_ms=1.5), InvalidRecordError, "timestamp_ms"),
+    # time.time() and a datetime, as kafka-python and confluent-kafka users give them: said
+    # how to make the int of milliseconds
+    ("timestamp-time-time", dict(value=b"v", timestamp_ms=1795864672.9257882),
+     InvalidRecordError, r"not 1795864672\.9257882: seconds\? int\(time\.time\(\) \* 1000\)"),
+    ("timestamp-datetime", dict(value=b"v", timestamp_ms=datetime.datetime(2026, 11, 28)),
+     InvalidRecordError, r"int\(when\.timestamp\(\) \* 1000\) for a datetime"),
     ("timestamp-bool", dict(value=b"v", timestamp_ms=True), InvalidRecordError, "timestamp_ms"),
     ("timestamp-over-int64", dict(value=b"v", timestamp_ms=2**63), InvalidRecordError,
      "timestamp_ms"),

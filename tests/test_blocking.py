@@ -147,6 +147,49 @@ def test_a_delivery_callback_in_confluent_kafkas_order_is_refused(broker, topic)
         [b"a function", b"a method"]
 
 
+def test_a_blocking_call_from_async_code_says_to_await_a_producer(broker, topic,
+                                                                   monkeypatch, caplog):
+    """A BlockingProducer called in `async def` handlers blocks their event loop for every
+    wait (50 concurrent handlers: ~300 ms, where `await Producer.send()` took 6 ms), unsaid.
+    Its first blocking call from a thread whose event loop runs warns once, at the user's
+    line, naming Producer and `await producer.send()`; the records are sent all the same. Not
+    from a plain thread, nor in a Jupyter notebook (its kernel runs the cells in its loop:
+    blocking there is what BlockingProducer is for)."""
+    import warnings
+    from types import ModuleType
+
+    async def handlers(producer: BlockingProducer, tag: bytes) -> None:
+        async def handler(i: int) -> None:
+            producer.send(topic, b"%s %d" % (tag, i))
+            producer.flush()
+        await asyncio.gather(*(handler(i) for i in range(60)))
+
+    with BlockingProducer(broker.bootstrap) as producer, \
+            warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        caplog.set_level(logging.WARNING, logger="aioproducer")
+        line = sys._getframe().f_lineno - 8  # (the send() in handler())
+        asyncio.run(handlers(producer, b"async"))
+        threading.Thread(target=producer.send, args=(topic, b"thread")).start()
+        producer.flush()
+    said = [w for w in warned if issubclass(w.category, RuntimeWarning)]
+    assert len(said) == 1 and (said[0].filename, said[0].lineno) == (__file__, line), said
+    assert "blocks its event loop" in str(said[0].message) and \
+        "aioproducer.Producer and `await producer.send(...)`" in str(said[0].message), said
+    # (Not also the advice for a loop of send() in sync code: produce() and flush().)
+    assert "send() calls in a row" not in caplog.text
+    monkeypatch.setitem(sys.modules, "ipykernel", ModuleType("ipykernel"))
+    with BlockingProducer(broker.bootstrap) as producer, \
+            warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        asyncio.run(handlers(producer, b"notebook"))
+    assert [w for w in warned if issubclass(w.category, RuntimeWarning)] == []
+    got = consume_all(broker.bootstrap, topic, expected=121)
+    assert sorted(r.value for r in got) == sorted(
+        [b"async %d" % i for i in range(60)] + [b"thread"] +
+        [b"notebook %d" % i for i in range(60)])
+
+
 def test_confluent_kafkas_poll_and_list_topics_say_what_to_use(broker, topic):
     """confluent-kafka's produce loop calls poll(0) before each produce() (its callbacks run
     there): AttributeError "no attribute 'poll'" said nothing of why. It now says the call

@@ -502,6 +502,23 @@ async def test_a_bulk_future_is_an_asyncio_future(broker, topic_factory):
                    consume_all(broker.bootstrap, topic, 2001))
 
 
+async def test_iterating_a_bulk_future_instead_of_its_result_says_to_await_it(broker, topic):
+    """`for md in await producer.enqueue_many(...)`, one await short: asyncio's Future
+    iterates as its own await, so the loop got the BulkFuture itself as `md` ("'BulkFuture'
+    object has no attribute 'offset'"). Iterating one raises a TypeError saying to await it;
+    awaiting it (and gather, wait_for) is unchanged, and the records are sent."""
+    async with Producer(broker.bootstrap) as producer:
+        bulk = await producer.enqueue_many(topic, [(None, b"%d" % i) for i in range(3)])
+        with pytest.raises(TypeError, match=r"await it: `for md in await bulk`"):
+            for md in bulk:
+                md.offset  # noqa: B018 (what the loop was for)
+        assert [md.offset for md in await bulk] == [0, 1, 2]
+        again = await producer.enqueue_many(topic, [(None, b"3")])
+        assert [md.offset for md in await asyncio.wait_for(again, 10)] == [3]
+        assert len(await asyncio.gather(bulk, again)) == 2
+    assert _values(consume_all(broker.bootstrap, topic, 4)) == [b"0", b"1", b"2", b"3"]
+
+
 async def test_a_cancelled_bulk_future_leaves_its_records_to_be_sent(broker, topic):
     async with Producer(broker.bootstrap, **SLOW) as producer:
         bulk = await producer.enqueue_many(topic, [(None, b"%d" % i) for i in range(5)])

@@ -84,6 +84,43 @@ def test_fastapi_lifespan_passes_on_the_user_lifespan_state(broker, topic):
                                                                                    b"hello"]
 
 
+def test_a_fastapi_handler_asking_app_state_for_the_producer_is_told_the_dependency(broker,
+                                                                                   topic):
+    """`request.app.state.producer`, the Starlette habit: "'State' object has no attribute
+    'producer'" said nothing of where the producer is. The error names ProducerDep; other
+    missing names keep Starlette's plain AttributeError."""
+    from fastapi import FastAPI, Request
+    from fastapi.testclient import TestClient
+
+    from aioproducer.integrations.fastapi import ProducerDep, producer_lifespan
+
+    app = FastAPI(lifespan=producer_lifespan(broker.bootstrap, linger_ms=0))
+    raised: list[BaseException] = []
+
+    @app.post("/by-state/{name}")
+    async def by_state(request: Request, name: str) -> dict:
+        try:
+            await getattr(request.app.state, name).send(topic, b"lost")
+        except AttributeError as exc:
+            raised.append(exc)
+        return {}
+
+    @app.post("/by-dependency")
+    async def by_dependency(producer: ProducerDep) -> dict:
+        return {"offset": (await producer.send(topic, b"delivered")).offset}
+
+    with TestClient(app) as client:
+        for name in ("producer", "kafka", "db"):
+            assert client.post(f"/by-state/{name}").status_code == 200
+        assert client.post("/by-dependency").json() == {"offset": 0}
+    assert len(raised) == 3, raised
+    for exc in raised[:2]:
+        assert "producer_lifespan() keeps the producer on app.state.aioproducer" in str(exc) \
+            and "`producer: ProducerDep`" in str(exc), str(exc)
+    assert str(raised[2]) == "'State' object has no attribute 'db'"
+    assert [r.value for r in consume_all(broker.bootstrap, topic, expected=1)] == [b"delivered"]
+
+
 @pytest.mark.filterwarnings("ignore:Using `httpx` with `starlette.testclient` is deprecated")
 def test_a_sync_handler_that_calls_send_unawaited_is_told_how_to_send(broker, topic, caplog):
     """A `def` handler runs in a worker thread, where `producer.send(...)` can only return a
@@ -357,6 +394,41 @@ async def test_aiohttp_example(broker, events_topic):
     for i, body in enumerate(answers):
         assert landed[(body["partition"], body["offset"])] == {"user": f"u{i % 5}", "n": i}
     assert [r.key for r in got if json.loads(r.value)["user"] is None] == [None]  # not b"None"
+
+
+async def test_an_aiohttp_handler_asking_for_the_producer_by_a_string_is_told_the_key(
+        broker, topic, caplog):
+    """`request.app["producer"]`, the habit of aiohttp apps older than AppKey, answered 500
+    with a bare `KeyError: 'producer'`: the error now names the typed key to use. A string
+    that names no producer still gets aiohttp's plain KeyError."""
+    from aiohttp import web
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from aioproducer.integrations.aiohttp import PRODUCER, setup_producer
+
+    async def by_string(request: web.Request) -> web.Response:
+        await request.app[request.match_info["key"]].send(topic, b"lost")
+        return web.Response()
+
+    async def by_key(request: web.Request) -> web.Response:
+        md = await request.app[PRODUCER].send(topic, b"delivered")
+        return web.json_response({"offset": md.offset})
+
+    app = web.Application()
+    setup_producer(app, broker.bootstrap, linger_ms=0)
+    app.router.add_post("/by-string/{key}", by_string)
+    app.router.add_post("/by-key", by_key)
+    async with TestClient(TestServer(app)) as client:
+        for key in ("producer", "kafka_producer", "db"):
+            assert (await client.post(f"/by-string/{key}")).status == 500
+        assert (await client.post("/by-key")).status == 200
+    errors = [r.exc_info[1] for r in caplog.records if r.exc_info is not None]
+    assert [type(e) for e in errors] == [KeyError] * 3, errors
+    for error in errors[:2]:
+        assert "the typed key PRODUCER" in str(error) and \
+            "from aioproducer.integrations.aiohttp import PRODUCER" in str(error), str(error)
+    assert errors[2].args == ("db",)
+    assert [r.value for r in consume_all(broker.bootstrap, topic, expected=1)] == [b"delivered"]
 
 
 @pytest.mark.parametrize("framework", ["fastapi", "aiohttp"])

@@ -16,7 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from aioproducer import BlockingProducer, Producer
-from aioproducer.errors import ConfigError, MessageTooLargeError
+from aioproducer.errors import ConfigError, MessageTooLargeError, ProducerClosedError
+from tests.support.readback import consume_all
 
 
 async def test_the_delivery_error_hook_hears_of_records_nobody_awaits(proxied_broker):
@@ -55,8 +56,11 @@ def test_a_bad_hook_is_refused():
         Producer("127.0.0.1:9092", on_delivery_error="print")
 
 
-def test_a_producer_left_open_when_its_loop_ends_is_reported(broker, topic):
-    """asyncio.run() ends with the producer open: said on stderr, no -W needed."""
+def test_a_producer_left_open_when_its_loop_ends_sends_its_records_and_is_reported(broker,
+                                                                                   topic):
+    """asyncio.run() ends with the producer open (collected as `main()` returns): its
+    buffered record is sent, as close() would (it was lost, "1 record(s) unsent"), and that
+    it was left open is said on stderr, no -W needed."""
     script = textwrap.dedent(f"""
         import asyncio
         from aioproducer import Producer
@@ -70,8 +74,114 @@ def test_a_producer_left_open_when_its_loop_ends_is_reported(broker, topic):
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=60, env={**os.environ, "PYTHONWARNINGS": ""})
-    assert "unclosed <Producer" in done.stderr and "record(s) unsent" in done.stderr, \
-        done.stderr
+    assert "unclosed <Producer" in done.stderr and "created at <string>:6 was collected, " \
+        "its 1 buffered record(s) were sent before it closed" in done.stderr, done.stderr
+    assert [r.value for r in consume_all(broker.bootstrap, topic, expected=1)] == \
+        [b"never flushed"]
+
+
+@pytest.mark.parametrize("loop_closed", [False, True])
+def test_records_left_in_a_loop_never_run_to_its_end_are_reported_at_exit(broker, topic,
+                                                                          loop_closed):
+    """`loop.run_until_complete(main())` without close() (older tutorials' way, not
+    asyncio.run()): no task is cancelled, nothing ends the producer, and its 100 lingering
+    records were lost with nothing said (exit status 0, stderr empty; with `loop.close()`,
+    asyncio's "Task was destroyed but it is pending!" about our tasks only). At exit the
+    records left unsent are reported with the line that made the producer and what to do."""
+    script = textwrap.dedent(f"""
+        import asyncio
+        from aioproducer import Producer
+
+        async def main():
+            producer = Producer({broker.bootstrap!r}, linger_ms=60_000)
+            await producer.start()
+            for i in range(100):
+                await producer.enqueue({topic!r}, b"%d" % i)
+
+        loop = asyncio.new_event_loop()
+        loop.run_until_complete(main())
+        {"loop.close()" if loop_closed else ""}
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHONWARNINGS": ""})
+    assert done.returncode == 0, done.stderr
+    assert "created at <string>:6: 100 record(s) unsent at exit, its event loop never run " \
+        "to its end" in done.stderr and "asyncio.run(main())" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("runner", ["asyncio", "uvloop"])
+def test_a_producer_kept_open_past_its_loop_s_end_sends_what_it_held(broker, topic, runner):
+    """A producer still referenced when asyncio.run() ends without close() (a global, one
+    returned by main()): the loop's end cancelled its sender and its 1,000 lingering records
+    were lost ("its sender was cancelled, 1000 record(s) unsent"). The sender outlives that
+    cancel and sends them first, as close() would; the producer ends closed and says so."""
+    run = asyncio.run if runner == "asyncio" else pytest.importorskip("uvloop").run
+    reported: list[str] = []
+
+    async def main() -> Producer:
+        asyncio.get_running_loop().set_exception_handler(
+            lambda loop, context: reported.append(context["message"]))
+        producer = Producer(broker.bootstrap, linger_ms=60_000)
+        await producer.start()
+        await producer.enqueue_many(topic, [(None, b"%d" % i) for i in range(1000)])
+        return producer
+
+    producer = run(main())
+    assert producer.metrics().state == "closed"
+    assert len(reported) == 1 and "was open as its event loop ended, its 1000 buffered " \
+        "record(s) were sent before it closed: call `await producer.close()` before the loop " \
+        "ends" in reported[0], reported
+    got = consume_all(broker.bootstrap, topic, expected=1000)
+    assert [r.value for r in got] == [b"%d" % i for i in range(1000)]
+
+
+def test_a_transactional_producer_left_open_at_its_loop_s_end_sends_nothing_more(broker,
+                                                                                  topic):
+    """Records of a transaction nobody will commit are not sent at the loop's end: the
+    report says they were left unsent."""
+    reported: list[str] = []
+    kept: list[Producer] = []  # (open as the loop ends, not collected before)
+
+    async def main() -> None:
+        asyncio.get_running_loop().set_exception_handler(
+            lambda loop, context: reported.append(context["message"]))
+        producer = Producer(broker.bootstrap, transactional_id=f"{topic}-txn", linger_ms=60_000)
+        await producer.start()
+        producer.begin_transaction()
+        await producer.enqueue(topic, b"uncommitted")
+        kept.append(producer)
+
+    asyncio.run(main())
+    assert len(reported) == 1 and f"created at {__file__}" in reported[0] and \
+        "(its sender was cancelled, 1 record(s) unsent)" in reported[0], reported
+
+
+def test_a_producer_left_open_sends_for_its_delivery_timeout_at_most(proxied_broker):
+    """The sending at the loop's end is bounded (10 s, or delivery_timeout_ms if shorter): a
+    broker that stopped answering does not hold the script's exit; the record fails with
+    ProducerClosedError, and the report says how many were not acknowledged."""
+    cluster = proxied_broker
+    cluster.create_topic("left-open", 1)
+    reported: list[str] = []
+
+    async def main() -> asyncio.Future:
+        asyncio.get_running_loop().set_exception_handler(
+            lambda loop, context: reported.append(context["message"]))
+        producer = Producer(cluster.bootstrap, linger_ms=0, delivery_timeout_ms=1500,
+                            request_timeout_ms=1000)
+        await producer.start()
+        await producer.send("left-open", b"acknowledged")
+        cluster.proxy.stall(True)
+        return await producer.enqueue("left-open", b"never acknowledged")
+
+    try:
+        future = asyncio.run(main())
+    finally:
+        cluster.proxy.stall(False)
+    assert len(reported) == 1 and "1 of its 1 buffered record(s) were not acknowledged " \
+        "within 1.5 s and failed" in reported[0], reported
+    with pytest.raises(ProducerClosedError, match="not acknowledged within 1.5 s"):
+        future.result()
 
 
 def test_a_close_cut_short_by_the_loops_end_is_reported(proxied_broker):

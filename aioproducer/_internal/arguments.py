@@ -10,6 +10,7 @@ import struct
 import time
 from typing import Any, Awaitable, Callable, Iterator, Mapping, NamedTuple
 
+from .._speedups._py import SECONDS_LIKE_BELOW
 from ..errors import (
     ConfigError,
     InvalidRecordError,
@@ -192,8 +193,18 @@ def checked_timestamp(timestamp_ms: Any) -> int:
         timestamp_ms = as_int(timestamp_ms)
     if type(timestamp_ms) is not int or not 0 <= timestamp_ms < 1 << 63:  # Kafka's int64
         raise InvalidRecordError("timestamp_ms must be an int from 0 to 2**63-1 (ms since the "
-                                 f"epoch), not {timestamp_ms!r}")
+                                 f"epoch), not {timestamp_ms!r}{_timestamp_hint(timestamp_ms)}")
     return timestamp_ms
+
+
+def _timestamp_hint(timestamp_ms: Any) -> str:
+    """How to make the int of milliseconds from what was given instead: time.time() (a float
+    of seconds) or a datetime, as other clients' users give them."""
+    if isinstance(timestamp_ms, float) and 0 < timestamp_ms < SECONDS_LIKE_BELOW:
+        return ": seconds? int(time.time() * 1000) for now"
+    if hasattr(timestamp_ms, "timestamp") and callable(timestamp_ms.timestamp):
+        return ": int(when.timestamp() * 1000) for a datetime"
+    return ""
 
 
 def checked_headers(headers: Headers) -> MutableHeaders:

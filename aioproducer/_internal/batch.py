@@ -499,6 +499,14 @@ class BulkFuture(_BulkFutureBase):
     def __len__(self) -> int:
         return len(self._batches)
 
+    def __iter__(self) -> Any:
+        """Not its records' metadata: asyncio's Future iterates as its own await, so
+        `for md in await producer.enqueue_many(...)` (one await short) gave the BulkFuture
+        itself as `md`. (`await` uses `__await__`, untouched.)"""
+        raise TypeError(
+            "a BulkFuture is a future of the records' metadata, not the metadata: await it: "
+            "`for md in await bulk` (or `bulk.result()` once done)")
+
     def __repr__(self) -> str:
         state = "cancelled" if self.cancelled() else "done" if self.done() else "pending"
         return f"<BulkFuture records={self.count} {state}>"

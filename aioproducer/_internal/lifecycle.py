@@ -68,6 +68,8 @@ class Lifecycle:
         self.thread: int | None = None
         self.loop_running: Callable[[], bool] = lambda: False
         self.pid: int | None = None  # the process: a forked child has the loop's copy only
+        # Closed by its loop's end, not by close(): calls then say the loop ended.
+        self.ended_with_loop = False
 
     def become(self, state: State) -> None:
         self.state = next_state(self.state, state)
@@ -94,13 +96,7 @@ class Lifecycle:
             if self.forked:
                 raise_forked()
             if self.loop.is_closed():  # (kept from one asyncio.run() or test to the next)
-                raise EventLoopEndedError(
-                    "this producer's event loop has ended (asyncio.run() returned, or the "
-                    "loop of the test that started it closed): it can send nothing more. Make "
-                    "a producer in the loop that uses it (in pytest, a fixture of the same "
-                    "loop scope as the tests using it; sync code running asyncio.run() per "
-                    "job, a Celery task's, keeps a BlockingProducer instead); close() just "
-                    "closes this one")
+                raise_loop_ended()
             # (a sync web handler's asyncio.run(producer.send(...)), say; in the same thread,
             # most often pytest-asyncio's session fixture used by tests on their own loops)
             thread = _PYTEST_LOOPS if get_ident() == self.thread else (
@@ -125,7 +121,18 @@ class Lifecycle:
             raise ProducerClosedError(
                 "the producer is not started: `await producer.start()` (and let it finish) "
                 "or use `async with`")
+        if self.ended_with_loop:
+            raise_loop_ended()
         raise ProducerClosedError("the producer is closed: no more records can be sent")
+
+
+def raise_loop_ended() -> NoReturn:
+    raise EventLoopEndedError(
+        "this producer's event loop has ended (asyncio.run() returned, or the loop of the "
+        "test that started it closed): it can send nothing more. Make a producer in the loop "
+        "that uses it (in pytest, a fixture of the same loop scope as the tests using it; "
+        "sync code running asyncio.run() per job, a Celery task's, keeps a BlockingProducer "
+        "instead); close() just closes this one")
 
 
 def raise_forked() -> NoReturn:

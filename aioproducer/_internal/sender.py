@@ -65,6 +65,11 @@ if TYPE_CHECKING:
     from ..client.connection import BrokerConnection
     from ..config import ProducerConfig
 
+# How long a producer nobody closes goes on sending what it holds (`Sender.finish`), as a
+# BlockingProducer left open at interpreter exit is closed within 10 s; or less, its
+# delivery_timeout_ms, past which its records would fail anyway.
+FINISH_WITHIN = 10.0
+
 log = logging.getLogger(__name__)
 
 
@@ -107,6 +112,11 @@ class Sender:
         self._retry_backoff = config.retry_backoff_ms / 1000
         self._retry_backoff_max = config.retry_backoff_max_ms / 1000
         self.running = True
+        # Loop time by which a producer nobody will close sends what it holds (`finish`).
+        self.finish_by: float | None = None
+        self._finished_despite_cancel = False
+        self.held_at_finish = 0  # records incomplete when finish() began, for its report
+        self.finish_within = min(FINISH_WITHIN, config.delivery_timeout_ms / 1000)
         # Per broker, since when it has had a batch ready to send and taken none: one that
         # waited so for partitioner_availability_timeout_ms gets no new keyless records
         # (KIP-794). A broker leaves it when it takes a batch (in a round or by `_send_now`)
@@ -174,14 +184,58 @@ class Sender:
         return False
 
     async def run(self) -> None:
-        """Rounds until told to stop and nothing is left (the producer closes it)."""
+        """Rounds until told to stop and nothing is left (the producer closes it), or, after
+        `finish()`, until its deadline."""
         try:
             while self.running or self._accumulator.incomplete:
                 now = self._loop.time()
-                await self._sleep(now, self._run_once(now))
+                if self.finish_by is not None and now >= self.finish_by:
+                    return
+                try:
+                    delay = self._run_once(now)
+                    if self.finish_by is not None:  # (a response may never come to wake it)
+                        delay = min(delay, self.finish_by - now)
+                    await self._sleep(now, delay)
+                except asyncio.CancelledError:
+                    if not self._finish_when_cancelled():
+                        raise
         finally:
             if self._timer is not None:
                 self._timer.cancel()
+
+    @property
+    def may_finish(self) -> bool:
+        """Whether `finish()` is any use: not for a transactional producer, whose records
+        wait for a commit that nobody will make (close() aborts the transaction)."""
+        return self._txn is None or not self._txn.is_transactional
+
+    def finish(self) -> None:
+        """Send what is buffered, for at most `finish_within` seconds, then end: for a
+        producer that will not be closed (collected unclosed, or open as its event loop
+        ends)."""
+        if self.finish_by is not None:
+            return
+        self.held_at_finish = sum(b.record_count for b in self._accumulator.incomplete)
+        self.running = False
+        self.finish_by = self._loop.time() + self.finish_within
+        self._accumulator.begin_closing()
+        self.wake()
+
+    def _finish_when_cancelled(self) -> bool:
+        """Cancelled from outside the producer while it is open (asyncio.run() cancels every
+        task left as its loop ends: `await producer.close()` was never called, its buffered
+        records would be lost), or after `finish()` (a producer collected unclosed, then the
+        loop's end): finish instead, once. Not when the producer stops it itself (close(), a
+        forked child: `running` is False, and no `finish()`), nor for a transactional one."""
+        task = asyncio.current_task()
+        if task is None or self._finished_despite_cancel or not self.may_finish or \
+                not (self.running or self.finish_by is not None):
+            return False
+        self._finished_despite_cancel = True
+        task.uncancel()
+        if self.running:
+            self.finish()
+        return True
 
     async def _sleep(self, now: float, delay: float) -> None:
         """Set the next wake-up, `delay` after the round's `now`, write the round's requests,

@@ -1,6 +1,7 @@
 """What the FastAPI and aiohttp integrations both offer a web service facing a broker that
 went away: which errors mean "Kafka cannot take this record now" (answered 503, so clients
-retry elsewhere or later instead of seeing a 500), and a readiness check."""
+retry elsewhere or later instead of seeing a 500), and a readiness check; and which missing
+names a handler meant the producer by (to say where it is)."""
 
 from __future__ import annotations
 
@@ -53,3 +54,9 @@ def readiness(producer: Producer | None, max_pending_s: float) -> tuple[bool, di
                    "records_pending": metrics.records_pending,
                    "oldest_pending_s": round(metrics.oldest_pending_s, 3),
                    "connections": metrics.connections}
+
+
+def names_a_producer(name: object) -> bool:
+    """Whether a missing app key or attribute a handler asked for (`app["producer"]`,
+    `app.state.kafka_producer`) is the producer, looked up by a name of the user's guessing."""
+    return isinstance(name, str) and ("producer" in name.lower() or "kafka" in name.lower())

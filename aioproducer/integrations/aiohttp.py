@@ -29,8 +29,8 @@ from aiohttp.typedefs import Handler, Middleware
 
 from .._internal.arguments import check_timeout
 from ..producer import Producer
-from ._web import NOT_UNAVAILABLE, UNAVAILABLE, check_max_pending, readiness, retry_after, \
-    unavailable_body
+from ._web import NOT_UNAVAILABLE, UNAVAILABLE, check_max_pending, names_a_producer, \
+    readiness, retry_after, unavailable_body
 
 PRODUCER: web.AppKey[Producer[Any, Any]] = web.AppKey("aioproducer", Producer)
 """Where the application keeps its producer: `request.app[PRODUCER]`."""
@@ -42,6 +42,8 @@ def setup_producer(app: web.Application, bootstrap_servers: str | Sequence[str] 
     `close_timeout` seconds if given: records still unacknowledged then fail, so a broker
     that went away cannot hold the app past its grace period."""
     check_timeout("close_timeout", close_timeout)
+    if type(app._state) is dict:  # (aiohttp 3.14's items: left alone if that changes)
+        app._state = _State(app._state)
 
     async def producer_context(app: web.Application) -> AsyncIterator[None]:
         producer = Producer(bootstrap_servers, **settings)
@@ -53,6 +55,19 @@ def setup_producer(app: web.Application, bootstrap_servers: str | Sequence[str] 
             await producer.close(close_timeout)
 
     app.cleanup_ctx.append(producer_context)
+
+
+class _State(dict[Any, Any]):
+    """An application's items (aiohttp's `app._state`) where `app["producer"]`, a string key
+    as aiohttp apps used before AppKey, says which key holds the producer rather than raising
+    a bare `KeyError: 'producer'`. Other missing keys raise aiohttp's plain KeyError."""
+
+    def __missing__(self, key: object) -> Any:
+        if names_a_producer(key):
+            raise KeyError(f"{key!r}: setup_producer() keeps the producer under the typed key "
+                           "PRODUCER: `from aioproducer.integrations.aiohttp import PRODUCER`, "
+                           "then `request.app[PRODUCER]`")
+        raise KeyError(key)
 
 
 def unavailable_middleware(*, retry_after_s: int = 1) -> Middleware:

@@ -35,8 +35,8 @@ from starlette.websockets import WebSocketState
 
 from .._internal.arguments import check_timeout
 from ..producer import Producer
-from ._web import NOT_UNAVAILABLE, UNAVAILABLE, check_max_pending, readiness, retry_after, \
-    unavailable_body
+from ._web import NOT_UNAVAILABLE, UNAVAILABLE, check_max_pending, names_a_producer, \
+    readiness, retry_after, unavailable_body
 
 # A FastAPI lifespan, which may yield a state dict (Starlette copies it into request.state).
 Lifespan = Callable[[FastAPI], contextlib.AbstractAsyncContextManager[Any]]
@@ -58,6 +58,8 @@ def producer_lifespan(bootstrap_servers: str | Sequence[str] | None = None, *,
     async def run(app: FastAPI) -> AsyncIterator[Any]:
         producer = Producer(bootstrap_servers, **settings)
         await producer.start()
+        if type(app.state._state) is dict:  # (Starlette 1.x's items: left alone if that changes)
+            object.__setattr__(app.state, "_state", _State(app.state._state))
         app.state.aioproducer = producer
         try:
             if lifespan is None:
@@ -70,6 +72,23 @@ def producer_lifespan(bootstrap_servers: str | Sequence[str] | None = None, *,
             await producer.close(close_timeout)
 
     return run
+
+
+class _State(dict[str, Any]):
+    """An app's state items (Starlette's `app.state._state`) where `app.state.producer`, a
+    name of the user's guessing, says where the producer is rather than raising a bare
+    "'State' object has no attribute 'producer'". (Starlette turns a KeyError from here into
+    that bare AttributeError: an AttributeError passes through.) Other missing names keep
+    Starlette's own error."""
+
+    def __missing__(self, key: str) -> Any:
+        if names_a_producer(key):
+            raise AttributeError(
+                f"'State' object has no attribute {key!r}: producer_lifespan() keeps the "
+                "producer on app.state.aioproducer; a handler takes it as "
+                "`producer: ProducerDep` (from aioproducer.integrations.fastapi import "
+                "ProducerDep)")
+        raise KeyError(key)
 
 
 def get_producer(connection: HTTPConnection) -> Producer[Any, Any]:
