@@ -175,6 +175,11 @@ def _group(item: pytest.Item) -> str | None:
 
 
 _GROUP = pytest.StashKey[str]()
+# The budget of a test of the Spark session (pyproject's 120 s otherwise): the first of a
+# worker's pays the session's start and its first job's Python workers (61 s of 120 at load
+# 10, the test's own write 22 s of it; over 120 s at load 17), and a timeout inside a py4j
+# call leaves the gateway out of step, failing every later Spark test of the worker.
+_SPARK_TIMEOUT_S = 300
 
 
 @pytest.hookimpl(wrapper=True)  # around xdist's, which puts each group in its node ids
@@ -191,6 +196,8 @@ def pytest_collection_modifyitems(config, items):
         if group:
             item.add_marker(pytest.mark.xdist_group(group))
             item.stash[_GROUP] = group
+        if group == "spark" and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(_SPARK_TIMEOUT_S))
     items.sort(key=lambda item: not any(long in item.nodeid for long in _LONG))
     yield
     if hasattr(config, "workerinput") and config.getvalue("loadgroup"):

@@ -98,7 +98,10 @@ def subscribe(kafka: ApacheKafka, clients: str, metrics: str, interval_ms: int =
 
 def pushes(kafka: ApacheKafka, client_id: str) -> list[Push]:
     found = []
-    for line in kafka.dump.read_text().splitlines():  # type: ignore[attr-defined]
+    dump = kafka.dump.read_text()  # type: ignore[attr-defined]
+    # Whole lines only: the broker may be appending one (a file read is not atomic with a
+    # write: the reader can see its first page only).
+    for line in dump[:dump.rfind("\n") + 1].splitlines():
         client, instance, terminating, interval, data = line.split("\t")
         if client != client_id:
             continue

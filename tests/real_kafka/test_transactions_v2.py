@@ -15,6 +15,7 @@ import uuid
 from typing import Any, Iterator
 
 import pytest
+from kafka.protocol.admin import DescribeTransactionsRequest
 
 from aioproducer import Producer
 from aioproducer.errors import (
@@ -33,6 +34,7 @@ from aioproducer.testing import ApacheKafka, ApacheKafkaUnavailable
 from aioproducer.testing.pytest_plugin import REQUIRE_ENV
 from tests.support.producer_state import (CHECK_INTERVAL, active_producers,
                                           producer_ids_expiring_after, wait_forgotten)
+from tests.support.raw import call
 from tests.support.readback import consume_all
 from tests.support.transactions import COMMITTED_VALUES, commit_abort_commit
 
@@ -275,7 +277,7 @@ async def test_a_transaction_timed_out_by_the_coordinator(kafka):
                         transaction_timeout_ms=1000) as producer:
         producer.begin_transaction()
         await producer.send(topic, b"too-slow")
-        await asyncio.sleep(4)  # the timeout, and the coordinator's check every 500 ms
+        await asyncio.to_thread(_wait_aborted_by_the_coordinator, kafka, tid)
         with pytest.raises(KafkaError) as caught:
             await producer.send(topic, b"late")
         assert error_class(caught.value) is ErrorClass.ABORTABLE, repr(caught.value)
@@ -294,6 +296,20 @@ async def test_a_transaction_timed_out_by_the_coordinator(kafka):
             async with again.transaction():
                 await again.send(topic, b"in-time")
     assert _committed(kafka, topic, 1) == [b"in-time"]
+
+
+def _wait_aborted_by_the_coordinator(kafka: ApacheKafka, tid: str) -> None:
+    """Until the coordinator has aborted the timed-out transaction and written its markers
+    (DescribeTransactions says CompleteAbort). A fixed 4 s was not sure to cover its check
+    every 500 ms on a starved JVM: a record sent before the markers is taken."""
+    deadline = time.monotonic() + 60
+    while True:
+        [state] = call(kafka.bootstrap, DescribeTransactionsRequest(transactional_ids=[tid]),
+                       0).transaction_states
+        if state.transaction_state == "CompleteAbort" or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert state.transaction_state == "CompleteAbort", state
 
 
 async def test_a_transaction_timeout_above_the_brokers_limit_is_invalid_configuration(kafka):
