@@ -861,6 +861,19 @@ def test_append_record_appends_to_the_open_batch_and_makes_the_future(impl):
         impl.append_record(batches, writers[:2], 1, 0, b"k", b"v", None, Future)
 
 
+@pytest.mark.parametrize("impl", BOTH, ids=["python", "c"])
+def test_append_record_refuses_a_key_or_value_not_bytes_whatever_the_partition(impl):
+    # The C checked the partition first: None (the Python path) for a str key given with a
+    # partition out of range or without an open batch, where the Python twin raised.
+    Future = _future_class(impl)
+    writers, batches = [None, impl.RecordWriter(0, 200)], [None, "batch-1"]
+    for partition in (0, 1, 2, -1):
+        for key, value in (("text", b"v"), (b"k", bytearray(b"v"))):
+            with pytest.raises(TypeError, match="bytes or None"):
+                impl.append_record(batches, writers, partition, 0, key, value, None, Future)
+    assert writers[1].count == 0
+
+
 @needs_c
 def test_the_c_future_registers_with_its_batch_as_its_constructor_does():
     Future = _future_class(_c)

@@ -2008,15 +2008,6 @@ py_append_record(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     long long timestamp = PyLong_AsLongLong(args[3]);
     if (timestamp == -1 && PyErr_Occurred())
         return NULL;
-    if (partition < 0 || partition >= PyList_GET_SIZE(writers))
-        Py_RETURN_NONE;
-    PyObject *writer = PyList_GET_ITEM(writers, partition);
-    if (writer == Py_None)
-        Py_RETURN_NONE;
-    if (!PyObject_TypeCheck(writer, &RecordWriterType)) {
-        PyErr_SetString(PyExc_TypeError, "writers must hold RecordWriter or None");
-        return NULL;
-    }
     const char *data[3];
     Py_ssize_t length[3];
     for (int i = 0; i < 3; i++) {
@@ -2034,6 +2025,17 @@ py_append_record(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                             "bytes or None");
             return NULL;
         }
+    }
+    /* The types first, then the partition, as in the Python twin (a str key is a TypeError
+       whatever the partition). */
+    if (partition < 0 || partition >= PyList_GET_SIZE(writers))
+        Py_RETURN_NONE;
+    PyObject *writer = PyList_GET_ITEM(writers, partition);
+    if (writer == Py_None)
+        Py_RETURN_NONE;
+    if (!PyObject_TypeCheck(writer, &RecordWriterType)) {
+        PyErr_SetString(PyExc_TypeError, "writers must hold RecordWriter or None");
+        return NULL;
     }
     /* No Python code runs from the list reads to here: the lists are as they were. */
     RecordWriter *w = (RecordWriter *)writer;
