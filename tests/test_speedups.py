@@ -2181,6 +2181,52 @@ async def test_the_compiled_drain_decides_and_numbers_the_common_batch_without_p
         assert assigned == [[]] * 6
 
 
+def _lone_takes(impl, loop) -> list:
+    """_take_sendable of `impl` on an idempotent producer's partition "t"-0 (max_in_flight
+    2): without a producer id, then with one, then behind its first batch in flight and
+    unacknowledged, then behind an acknowledged one: per call, what was taken (epoch, base
+    sequence) or None, and how many batches stay queued; and the calls of may_send."""
+    acc = _accumulator_parts(impl, loop)
+    acc._max_request_size = acc.buffer_memory = 100_000
+    acc._pool = impl.MemoryPool(100_000)
+    txn = acc._txn = _transaction_manager(max_in_flight_requests_per_connection=2)
+    asked: list[int] = []
+    may_send = txn.may_send
+    txn.may_send = lambda batch: asked.append(batch.partition) or may_send(batch)
+    takes = []
+
+    def take():
+        queue = acc._batches[("t", 0)]
+        taken = acc._take_sendable(("t", 0), queue)
+        takes.append((None if taken is None else (taken.producer_epoch, taken.base_sequence),
+                      len(queue), list(asked)))
+        return taken
+
+    acc.open_new("t", 0, b"k", b"v", 1000, 1)
+    take()  # no producer id: nothing taken
+    txn.sequencer.start(1000, 2)
+    first = take()
+    txn.sequencer.sent_all([first])
+    acc.open_new("t", 0, b"k", b"v", 1000, 1)
+    take()  # its first batch unacknowledged: one at a time
+    txn.acked_all([first])
+    second = take()
+    assert second is not None and second.writer.codec == 0  # (sealed: taken as _take takes)
+    return takes
+
+
+@pytest.mark.parametrize("impl", BOTH, ids=["python", "c"])
+async def test_a_lone_batch_is_taken_only_when_it_may_go(impl):
+    """_take_sendable (the lone batch of an idle producer at linger_ms=0) takes a batch as
+    the drain would: not without a producer id nor behind an unacknowledged first batch;
+    numbered when taken. _c.c asks may_send only where the answer is not plain."""
+    takes = _lone_takes(impl, asyncio.get_running_loop())
+    assert [(taken, queued) for taken, queued, _ in takes] == [
+        (None, 1), ((2, 0), 0), (None, 1), ((2, 1), 0)]
+    asked = takes[-1][2]
+    assert asked == ([0, 0, 0, 0] if impl is _py else [0])  # (C: behind the unacknowledged)
+
+
 def _acked_counts(impl, loop) -> list:
     """take_acked and count_acked over four acknowledged batches of `impl` (one no longer
     incomplete: it expired in flight), of two topics, created at different times."""

@@ -577,13 +577,13 @@ class RecordAccumulator(AccumulatorFields):
         return drained
 
     def drain_lone(self, batch: ProducerBatch) -> bool:
-        """Drain `batch` if it is the only batch queued (a send on an idle producer at
-        linger_ms=0); False, taking nothing, otherwise."""
+        """Drain `batch` if it is the only batch queued and may go now (a send on an idle
+        producer at linger_ms=0); False, taking nothing, otherwise."""
         tp = (batch.topic, batch.partition)
         queue = self._batches.get(tp)
-        if len(self._batches) != 1 or queue is None or len(queue) != 1:
+        if len(self._batches) != 1 or queue is None or len(queue) != 1 or \
+                self._take_sendable(tp, queue) is None:
             return False
-        self._take(tp, queue)
         self._closed_since_drain = self._closed_bytes_since_drain = 0
         return True
 

@@ -229,8 +229,7 @@ class Sender:
     def _send_now(self, batch: ProducerBatch) -> bool:
         """Write a batch opened at linger_ms=0 while the sender sleeps, if it is the only one
         queued and its broker has nothing in flight; False leaves it to a round."""
-        txn = self._txn
-        if txn is not None and (txn.is_transactional or not txn.may_send(batch)):
+        if self._txn is not None and self._txn.is_transactional:
             return False  # transactions add partitions in rounds
         cluster = self._cluster
         conn = cluster.ready_connection(cluster.leader_for(batch.topic, batch.partition))

@@ -4946,6 +4946,32 @@ done:
     return result;
 }
 
+/* _take_sendable(tp, queue): see _py.AccumulatorFields._take_sendable. Decided as _drain
+   decides, on the sequencer's view: may_send is asked only where the answer is not plain
+   (a Python call of two frames, ~1% of a send on an idle producer). */
+static PyObject *
+accumulator_take_sendable(AccumulatorFields *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (!takes_args(nargs, 2, "_take_sendable(tp, queue)"))
+        return NULL;
+    if (self->txn == NULL || self->txn == Py_None)
+        return take_batch(self, args[0], args[1], NULL);
+    SequenceView view = {NULL};
+    int yes = sequence_view_get(self->txn, &view) < 0 ? -1 : may_send_at_once(&view, args[0]);
+    if (yes == ASK_MAY_SEND) {
+        PyObject *first = PySequence_GetItem(args[1], 0);
+        PyObject *may = first == NULL ? NULL
+            : PyObject_CallMethodOneArg(self->txn, s_may_send, first);
+        yes = may == NULL ? -1 : PyObject_IsTrue(may);
+        Py_XDECREF(may);
+        Py_XDECREF(first);
+    }
+    PyObject *batch = yes < 0 ? NULL : yes == 0 ? Py_NewRef(Py_None)
+        : take_batch(self, args[0], args[1], &view);
+    Py_XDECREF(view.held);
+    return batch;
+}
+
 static PyMethodDef accumulator_methods[] = {
     {"_drain", (PyCFunction)(void (*)(void))accumulator_drain, METH_FASTCALL,
      "_drain(topics, nodes, max_request_size, now) -> {node: [batch, ...]}\n\n"
@@ -4956,6 +4982,10 @@ static PyMethodDef accumulator_methods[] = {
      "Take the partition's first batch for a request: off its queue (the queue to the back\n"
      "of the line), and, on its first send, closed for appends and sealed (compressed), its\n"
      "bytes counted as the partition's; numbered if idempotent."},
+    {"_take_sendable", (PyCFunction)(void (*)(void))accumulator_take_sendable, METH_FASTCALL,
+     "_take_sendable(tp, queue) -> batch | None\n\n"
+     "_take(tp, queue) if the partition's first batch may be sent now, as _drain decides;\n"
+     "else None, taking nothing."},
     {"open_new", (PyCFunction)(void (*)(void))accumulator_open_new, METH_FASTCALL,
      "open_new(topic, partition, key, value, timestamp, partitions) -> batch | None\n\n"
      "A new batch holding a record (key and value bytes or None, no headers) placed where\n"
