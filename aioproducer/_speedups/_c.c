@@ -4574,8 +4574,10 @@ sequence_view_get(PyObject *txn, SequenceView *view)
 #define ASK_MAY_SEND 2
 
 /* The transaction manager's may_send for the batch of partition `tp` where the answer is
-   plain: 0 without a producer id; 1 with one, the partition in the transaction (if any) and
-   nothing of it in flight. ASK_MAY_SEND otherwise; -1 on an error. */
+   plain: 0 without a producer id, or for a partition not in the transaction (yet: its batches
+   wait for AddPartitionsToTxn's answer; at 10,000 partitions the first drain of each
+   transaction asked may_send of every one); 1 with a producer id, the partition in the
+   transaction (if any) and nothing of it in flight. ASK_MAY_SEND otherwise; -1 on an error. */
 static int
 may_send_at_once(SequenceView *view, PyObject *tp)
 {
@@ -4584,7 +4586,7 @@ may_send_at_once(SequenceView *view, PyObject *tp)
     if (view->in_txn != Py_None) {
         int in = PySet_Contains(view->in_txn, tp);
         if (in <= 0)
-            return in < 0 ? -1 : ASK_MAY_SEND;
+            return in;
     }
     PyObject *in_flight = PyDict_GetItemWithError(view->in_flight, tp);
     if (in_flight == NULL)
