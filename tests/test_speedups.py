@@ -861,6 +861,19 @@ def test_append_record_appends_to_the_open_batch_and_makes_the_future(impl):
         impl.append_record(batches, writers[:2], 1, 0, b"k", b"v", None, Future)
 
 
+@pytest.mark.parametrize("impl", BOTH, ids=["python", "c"])
+def test_append_record_refuses_a_key_or_value_not_bytes_whatever_the_partition(impl):
+    # The C checked the partition first: None (the Python path) for a str key given with a
+    # partition out of range or without an open batch, where the Python twin raised.
+    Future = _future_class(impl)
+    writers, batches = [None, impl.RecordWriter(0, 200)], [None, "batch-1"]
+    for partition in (0, 1, 2, -1):
+        for key, value in (("text", b"v"), (b"k", bytearray(b"v"))):
+            with pytest.raises(TypeError, match="bytes or None"):
+                impl.append_record(batches, writers, partition, 0, key, value, None, Future)
+    assert writers[1].count == 0
+
+
 @needs_c
 def test_the_c_future_registers_with_its_batch_as_its_constructor_does():
     Future = _future_class(_c)
@@ -2157,15 +2170,59 @@ async def test_the_compiled_drain_decides_and_numbers_the_common_batch_without_p
     """The compiled drain lets the common batch of an idempotent producer go and numbers it
     itself, with no Python call (at 10,000 partitions ~490 batches a request, two calls each
     cost ~14,000 instructions), and holds every batch without a producer id itself (the
-    first drain of 10,000 partitions asked 10,000 times): it asks may_send only for a
-    partition outside the transaction or with batches of its partition in flight;
-    Sequencer.assign never."""
+    first drain of 10,000 partitions asked 10,000 times) and every batch of a partition not
+    yet in the transaction (asked of each, every drain, till AddPartitionsToTxn answers): it
+    asks may_send only for a partition with batches in flight; Sequencer.assign never."""
     for transactional in (False, True):
         _, asked, assigned = _sequenced_drains(_c, asyncio.get_running_loop(), transactional)
-        outside = [6] if transactional else []
-        assert asked == [[], outside, [2] + outside, [1, 2, 4] + outside,
-                         [0, 2, 4] + outside, [1, 2, 4] + outside]
+        assert asked == [[], [], [2], [1, 2, 4], [0, 2, 4], [1, 2, 4]]
         assert assigned == [[]] * 6
+
+
+def _lone_takes(impl, loop) -> list:
+    """_take_sendable of `impl` on an idempotent producer's partition "t"-0 (max_in_flight
+    2): without a producer id, then with one, then behind its first batch in flight and
+    unacknowledged, then behind an acknowledged one: per call, what was taken (epoch, base
+    sequence) or None, and how many batches stay queued; and the calls of may_send."""
+    acc = _accumulator_parts(impl, loop)
+    acc._max_request_size = acc.buffer_memory = 100_000
+    acc._pool = impl.MemoryPool(100_000)
+    txn = acc._txn = _transaction_manager(max_in_flight_requests_per_connection=2)
+    asked: list[int] = []
+    may_send = txn.may_send
+    txn.may_send = lambda batch: asked.append(batch.partition) or may_send(batch)
+    takes = []
+
+    def take():
+        queue = acc._batches[("t", 0)]
+        taken = acc._take_sendable(("t", 0), queue)
+        takes.append((None if taken is None else (taken.producer_epoch, taken.base_sequence),
+                      len(queue), list(asked)))
+        return taken
+
+    acc.open_new("t", 0, b"k", b"v", 1000, 1)
+    take()  # no producer id: nothing taken
+    txn.sequencer.start(1000, 2)
+    first = take()
+    txn.sequencer.sent_all([first])
+    acc.open_new("t", 0, b"k", b"v", 1000, 1)
+    take()  # its first batch unacknowledged: one at a time
+    txn.acked_all([first])
+    second = take()
+    assert second is not None and second.writer.codec == 0  # (sealed: taken as _take takes)
+    return takes
+
+
+@pytest.mark.parametrize("impl", BOTH, ids=["python", "c"])
+async def test_a_lone_batch_is_taken_only_when_it_may_go(impl):
+    """_take_sendable (the lone batch of an idle producer at linger_ms=0) takes a batch as
+    the drain would: not without a producer id nor behind an unacknowledged first batch;
+    numbered when taken. _c.c asks may_send only where the answer is not plain."""
+    takes = _lone_takes(impl, asyncio.get_running_loop())
+    assert [(taken, queued) for taken, queued, _ in takes] == [
+        (None, 1), ((2, 0), 0), (None, 1), ((2, 1), 0)]
+    asked = takes[-1][2]
+    assert asked == ([0, 0, 0, 0] if impl is _py else [0])  # (C: behind the unacknowledged)
 
 
 def _acked_counts(impl, loop) -> list:

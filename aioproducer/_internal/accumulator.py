@@ -126,7 +126,7 @@ class RecordAccumulator(AccumulatorFields):
         # sender_sleeps): a batch opened alone in its partition that lingers past it need not
         # wake the sender (`_lingers_unwoken`).
         self._round_by = 0.0
-        # Each topic's metadata last found with every partition led (see _all_led).
+        # Each topic's metadata last found with every partition led (see all_led).
         self._led: dict[str, TopicInfo] = {}
         # Per topic, each partition's open batch and its writer, for appends without a tuple
         # key (the intake's fast path and enqueue_many's compiled loop read them too). A
@@ -498,7 +498,7 @@ class RecordAccumulator(AccumulatorFields):
                     next_check = min(next_check, linger_left)
                     continue
             ready.add(leader)
-            if len(ready) == brokers and self._all_led(topics):
+            if len(ready) == brokers and self.all_led(topics):
                 break  # the rest would only be skipped (flushing 10,000 partitions: ~1 ms)
         quiet = not (ready or unknown_leader or drain_all)
         self._quiet_until = now + next_check if quiet else 0.0
@@ -526,9 +526,9 @@ class RecordAccumulator(AccumulatorFields):
         A topic appended to for the first time since, or grown, lists its batches anew
         (open_batches), which ends this till the next sleep."""
         self._round_by = round_by if round_by and not self._flushing and \
-            self._linger > _CLOCK_SLACK and self._all_led(topics) else 0.0
+            self._linger > _CLOCK_SLACK and self.all_led(topics) else 0.0
 
-    def _all_led(self, topics: dict[str, TopicInfo]) -> bool:
+    def all_led(self, topics: dict[str, TopicInfo]) -> bool:
         """Whether every partition of every topic appended to has a leader: then no queued
         batch's leader is unknown, and ready() may stop once every broker is ready. A
         topic's metadata (a TopicInfo, immutable) found led is remembered: a scan of its
@@ -577,13 +577,13 @@ class RecordAccumulator(AccumulatorFields):
         return drained
 
     def drain_lone(self, batch: ProducerBatch) -> bool:
-        """Drain `batch` if it is the only batch queued (a send on an idle producer at
-        linger_ms=0); False, taking nothing, otherwise."""
+        """Drain `batch` if it is the only batch queued and may go now (a send on an idle
+        producer at linger_ms=0); False, taking nothing, otherwise."""
         tp = (batch.topic, batch.partition)
         queue = self._batches.get(tp)
-        if len(self._batches) != 1 or queue is None or len(queue) != 1:
+        if len(self._batches) != 1 or queue is None or len(queue) != 1 or \
+                self._take_sendable(tp, queue) is None:
             return False
-        self._take(tp, queue)
         self._closed_since_drain = self._closed_bytes_since_drain = 0
         return True
 

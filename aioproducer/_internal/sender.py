@@ -283,8 +283,7 @@ class Sender:
     def _send_now(self, batch: ProducerBatch) -> bool:
         """Write a batch opened at linger_ms=0 while the sender sleeps, if it is the only one
         queued and its broker has nothing in flight; False leaves it to a round."""
-        txn = self._txn
-        if txn is not None and (txn.is_transactional or not txn.may_send(batch)):
+        if self._txn is not None and self._txn.is_transactional:
             return False  # transactions add partitions in rounds
         cluster = self._cluster
         conn = cluster.ready_connection(cluster.leader_for(batch.topic, batch.partition))
@@ -313,7 +312,17 @@ class Sender:
                 if task is not None:
                     task.add_done_callback(self._producer_id_done)
 
-        ready, next_check, unknown_leader = accumulator.ready(cluster, now)
+        # Without a producer id every batch waits for one, and its arrival wakes the sender
+        # (TransactionManager.on_change): a round then looks for no sendable batch, only for
+        # a partition whose leader to ask for. (At 10,000 partitions the round a flush()
+        # woke before InitProducerId's answer walked every queue to take nothing.)
+        held = txn is not None and not txn.has_producer_id
+        ready: set[int]
+        unknown_leader: set[str]
+        if held and accumulator.all_led(cluster.topics):
+            ready, next_check, unknown_leader = set(), float("inf"), set()
+        else:
+            ready, next_check, unknown_leader = accumulator.ready(cluster, now)
         next_wake = min(next_wake, next_check)
         if unknown_leader:
             cluster.want(unknown_leader)
@@ -337,7 +346,7 @@ class Sender:
                 sendable[node] = conn
         again = self._again
         again.clear()
-        if sendable:
+        if sendable and not held:
             drained = accumulator.drain(cluster, sendable, self._config.max_request_size, now)
             limit = self._max_in_flight
             for node, batches in drained.items():

@@ -279,7 +279,8 @@ class TransactionManager:
 
     def may_send(self, batch: ProducerBatch) -> bool:
         """Whether the sender may put `batch` on the wire now: in order, and (transactional)
-        once its partition is in the transaction."""
+        once its partition is in the transaction. (_c.c's drain gives the first False below
+        itself, on `drain_view`: keep the two in step.)"""
         # (is_transactional inline: the drain asks this of each batch it takes, ~490 a
         # request at 10,000 partitions)
         if self.transactional_id is not None and \

@@ -532,6 +532,15 @@ class AccumulatorFields:
                 drained[node] = [self._take(tp, queue) for tp, queue in entries]
         return drained
 
+    def _take_sendable(self, tp: tuple[str, int], queue: Any) -> Any:
+        """`_take` if the partition's first batch may go now (the transaction manager's
+        may_send), else None, taking nothing: the lone batch of an idle producer at
+        linger_ms=0. (_c.c decides as its _drain does, on drain_view.)"""
+        txn = self._txn
+        if txn is not None and not txn.may_send(queue[0]):
+            return None
+        return self._take(tp, queue)
+
     def _take(self, tp: tuple[str, int], queue: Any) -> Any:
         """Take the partition's first batch for a request (the queue to the back of the
         line); on its first send, closed for appends and sealed (compressed) once."""
