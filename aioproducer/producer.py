@@ -935,10 +935,13 @@ def _end_parts(unclosed: str, how: str, advice: str,
     on_close here."""
     if lifecycle.state is CLOSED:
         return
-    pending = 0
+    pending = unacknowledged = 0
     finished = sender is not None and sender.finish_by is not None
     if accumulator is not None and sender is not None:
         pending = sum(batch.record_count for batch in accumulator.incomplete)
+        # (those that failed while it finished, a delivery timeout, count as well)
+        unacknowledged = sender.held_at_finish - (
+            accumulator.records_sent - sender.acknowledged_before_finish)
         exc = ProducerClosedError(
             f"the producer was {how} without close() ({unclosed}): records it held were not "
             + (f"acknowledged within {sender.finish_within:g} s" if finished else "sent"))
@@ -955,13 +958,13 @@ def _end_parts(unclosed: str, how: str, advice: str,
     if lifecycle.state is STARTED:
         lifecycle.become(CLOSING)
     lifecycle.become(CLOSED)
-    if finished and not pending:
+    if finished and not unacknowledged:
         assert sender is not None
         outcome = f"its {sender.held_at_finish} buffered record(s) were sent before it " \
                   "closed" if sender.held_at_finish else "with nothing buffered"
     elif finished:
         assert sender is not None
-        outcome = f"{pending} of its {sender.held_at_finish} buffered record(s) were not " \
+        outcome = f"{unacknowledged} of its {sender.held_at_finish} buffered record(s) were not " \
                   f"acknowledged within {sender.finish_within:g} s and failed"
     else:
         outcome = f"{pending} record(s) unsent"

@@ -115,7 +115,9 @@ class Sender:
         # Loop time by which a producer nobody will close sends what it holds (`finish`).
         self.finish_by: float | None = None
         self._finished_despite_cancel = False
-        self.held_at_finish = 0  # records incomplete when finish() began, for its report
+        # For its report: records incomplete when finish() began, and the accumulator's
+        # count of acknowledged records then (what is acknowledged after is of those).
+        self.held_at_finish = self.acknowledged_before_finish = 0
         self.finish_within = min(FINISH_WITHIN, config.delivery_timeout_ms / 1000)
         # Per broker, since when it has had a batch ready to send and taken none: one that
         # waited so for partitioner_availability_timeout_ms gets no new keyless records
@@ -216,6 +218,7 @@ class Sender:
         if self.finish_by is not None:
             return
         self.held_at_finish = sum(b.record_count for b in self._accumulator.incomplete)
+        self.acknowledged_before_finish = self._accumulator.records_sent
         self.running = False
         self.finish_by = self._loop.time() + self.finish_within
         self._accumulator.begin_closing()
