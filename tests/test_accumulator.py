@@ -205,8 +205,9 @@ async def test_a_turn_in_line_whose_batch_opening_fails_holds_no_memory_twice():
 
 def _memory_all_taken(buffer_memory: int, value: bytes, batch_size: int = 1024
                       ) -> tuple[RecordAccumulator, int]:
-    """An accumulator (batch_size 1 KiB unless given, linger 1 s) whose `buffer_memory` is all reserved, as
-    full batches would hold it, and the memory a record of `value` needs to open a batch."""
+    """An accumulator (batch_size 1 KiB unless given, linger 1 s) whose `buffer_memory` is
+    all reserved, as full batches would hold it, and the memory a record of `value` needs to
+    open a batch."""
     config = ProducerConfig.from_kwargs(bootstrap_servers="127.0.0.1:9092", linger_ms=1000,
                                         enable_idempotence=False, batch_size=batch_size,
                                         buffer_memory=buffer_memory)

@@ -311,7 +311,7 @@ async def test_a_ctrl_c_at_any_point_of_enqueue_many_s_python_code_says_what_it_
                                                                partition=partition))
                 except KeyboardInterrupt as exc:
                     bulk = accepted(exc)
-                    assert bulk is not None, f"{interrupt.where}: nothing said of what was buffered"
+                    assert bulk is not None, f"{interrupt.where}: nothing said of what it buffered"
                     futures.append(bulk)
             if not interrupt.struck:
                 break
