@@ -323,29 +323,39 @@ class BlockingProducer(Generic[K, V]):
         if threading.get_ident() == self._loop_thread:
             raise RuntimeError("close() from the producer's own thread (an on_delivery "
                                "callback?) would never return")
-        with self._gate:
-            if self._closed:  # (another thread's close() came first)
-                return
-            self._closed = True
-        _OPEN.discard(self)
-        if self._forked:
-            return  # the loop's thread is not in this process
+        # From the moment this call marks the producer closed, it closes it, whatever
+        # strikes: a Ctrl-C as it left the lock left a producer that said closed and was
+        # not, to a second close() and at exit alike (its thread and records never ended).
+        mine = False
+        closing: Future[None] | None = None
         try:
-            closing: Future[None] | None = None
-            try:
-                closing = self._portal.start_task_soon(self._close, timeout)
-                _wait_for(closing)
-            except KeyboardInterrupt:  # (also as the close was handed over: see _call)
+            with self._gate:
+                if self._closed:  # (another thread's close() came first)
+                    return
+                self._closed = mine = True
+            if self._forked:
+                return  # the loop's thread is not in this process
+            closing = self._portal.start_task_soon(self._close, timeout)
+            _wait_for(closing)
+            closing.result()
+        except KeyboardInterrupt:  # (also as the close was handed over: see _call)
+            if mine and not self._forked:
                 self._portal.start_task_soon(self._producer.close, 0)  # (joins, sooner)
                 if closing is not None:
                     _wait_for(closing)
-                raise
-            closing.result()
-        finally:
-            with self._gate:  # the calls that began before: each ends once the producer
-                while self._calls:  # closed (records in line for memory fail, say)
-                    self._gate.wait()
-            self._portal_cm.__exit__(None, None, None)
+            raise
+        finally:  # (each step in a `finally` of the one before: a Ctrl-C skips none)
+            if mine:
+                try:
+                    _OPEN.discard(self)
+                finally:
+                    if not self._forked:
+                        try:
+                            with self._gate:  # the calls that began before: each ends once
+                                while self._calls:  # the producer closed (records in line
+                                    self._gate.wait()  # for memory fail, say)
+                        finally:
+                            self._portal_cm.__exit__(None, None, None)
 
     def metrics(self) -> ProducerMetrics:
         """As `Producer.metrics()`."""

@@ -203,11 +203,13 @@ async def test_a_turn_in_line_whose_batch_opening_fails_holds_no_memory_twice():
         assert not accumulator.line
 
 
-def _memory_all_taken(buffer_memory: int, value: bytes) -> tuple[RecordAccumulator, int]:
-    """An accumulator (1 KiB batches, linger 1 s) whose `buffer_memory` is all reserved, as
-    full batches would hold it, and the memory a record of `value` needs to open a batch."""
+def _memory_all_taken(buffer_memory: int, value: bytes, batch_size: int = 1024
+                      ) -> tuple[RecordAccumulator, int]:
+    """An accumulator (batch_size 1 KiB unless given, linger 1 s) whose `buffer_memory` is
+    all reserved, as full batches would hold it, and the memory a record of `value` needs to
+    open a batch."""
     config = ProducerConfig.from_kwargs(bootstrap_servers="127.0.0.1:9092", linger_ms=1000,
-                                        enable_idempotence=False, batch_size=1024,
+                                        enable_idempotence=False, batch_size=batch_size,
                                         buffer_memory=buffer_memory)
     accumulator = RecordAccumulator(config, Codec.NONE, None, Observer(()))
     memory = accumulator.batch_memory(record_size_upper_bound(None, value, None))
@@ -312,3 +314,41 @@ async def test_a_send_in_line_whose_batch_s_wake_is_interrupted_is_told_its_reco
     batch.complete(41, -1)
     metadata = await asyncio.wait_for(future, 5)
     assert (metadata.topic, metadata.partition, metadata.offset) == ("t", 1, 41)
+
+
+async def test_the_line_s_service_interrupted_still_holds_its_memory_for_the_records_in_line():
+    """enqueue()'s turn came, two send()s waiting behind it: append_granted places the
+    turn's record, then serves the line, where the first send's opening is struck by a
+    KeyboardInterrupt-like exception in the sender's wake. The second send still waits in
+    line (its batch needs more memory than is free), so batches must not grow into the free
+    memory meanwhile: the records in line go first. The service's clean-up was skipped by
+    the interrupt: the pool stayed unpaused, and a batch grew into the memory (True)."""
+    accumulator, memory = _memory_all_taken(8192, b"v", batch_size=4096)  # (batches grow)
+    big = b"b" * 2000
+    mine = accumulator.join_line("t", 1, 0, None, b"mine", None, memory, 4, for_send=False)
+    behind = accumulator.join_line("t", 2, 0, None, b"behind", None, memory, 4,
+                                   for_send=True)
+    last = accumulator.join_line("t", 3, 0, None, big, None,
+                                 accumulator.batch_memory(record_size_upper_bound(None, big,
+                                                                                  None)),
+                                 4, for_send=True)
+    from aioproducer._internal.batch import RecordFuture
+
+    behind.record, last.record = RecordFuture(behind, 0, 0), RecordFuture(last, 0, 0)
+    wake = accumulator.wake_sender_for
+
+    def interrupted_at_partition_2(batch, opened):
+        if batch.partition == 2:
+            accumulator.wake_sender_for = wake  # type: ignore[method-assign]
+            raise _Interrupted
+
+    accumulator.wake_sender_for = interrupted_at_partition_2  # type: ignore[method-assign]
+    accumulator.release(2 * memory + 512)  # (finished batches' memory): the turn comes
+    await asyncio.wait_for(mine.turn, 5)
+    with pytest.raises(_Interrupted):
+        accumulator.append_granted(mine)
+    assert list(accumulator.line) == [last]
+    assert accumulator.memory_available > 0
+    mine_batch = accumulator.appendable["t"][0][1]
+    assert not mine_batch.writer.try_append(0, None, b"g" * 1000, None), \
+        "a batch grew into the memory the record in line waits for"

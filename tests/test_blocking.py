@@ -868,6 +868,42 @@ def test_ctrl_c_as_a_blocking_call_begins_leaves_close_to_return(broker, topic):
         [b"before", b"after"]
 
 
+def test_a_ctrl_c_at_any_point_of_close_leaves_the_producer_closed(broker, topic):
+    """A Ctrl-C (KeyboardInterrupt) strikes close() at each point in turn where CPython
+    could raise it (tests/support/interrupting.py), a record lingering (60 s) in the buffer.
+    Wherever it strikes, once close() marked the producer closed, it closes it, at once as
+    a Ctrl-C in close() promises: the record's future fails with ProducerClosedError, the
+    producer's thread ends, and a second close() returns. Struck as close() left its lock,
+    the producer said closed and was not: the record's future never ended (nor was it sent:
+    its thread, a daemon, died at exit, and the exit-time close skipped it)."""
+    from tests.support.interrupting import InterruptAt
+
+    struck = 0
+    for n in range(1, 101):  # (close() has a few dozen points: bounded all the same)
+        before = set(threading.enumerate())
+        producer = BlockingProducer(broker.bootstrap, linger_ms=60_000)
+        future = producer.produce(topic, b"lingering")
+        with InterruptAt([BlockingProducer.close], n) as interrupt:
+            try:
+                producer.close()
+            except KeyboardInterrupt:
+                pass
+        producer.close()  # (returns: closed by the first)
+        if not interrupt.struck:
+            assert future.result(10).offset >= 0  # (closed in full: sent)
+            break
+        struck += 1
+        assert future.done() or future.exception(10) is not None, \
+            f"struck at {interrupt.where}: the record's future never ends"
+        outcome = future.exception(0)
+        assert outcome is None or isinstance(outcome, ProducerClosedError), interrupt.where
+        left = set(threading.enumerate()) - before
+        for thread in left:
+            thread.join(10)
+        assert not any(t.is_alive() for t in left), f"struck at {interrupt.where}: {left}"
+    assert struck >= 3, f"only {struck} points struck"
+
+
 def test_a_closed_producer_refuses_produce_many_and_close_settles_its_future(broker, topic):
     producer = BlockingProducer(broker.bootstrap, linger_ms=1_000)
     sent = producer.produce_many(topic, [(None, b"a"), (None, b"b")])

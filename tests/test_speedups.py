@@ -1518,6 +1518,67 @@ async def test_a_batch_kept_by_an_interrupted_opening_goes_with_the_interrupt(im
     assert take_kept(caught.value) is None
 
 
+@pytest.mark.parametrize("impl", BOTH, ids=["python", "c"])
+@pytest.mark.parametrize("raised", [_Interrupted, RuntimeError])
+async def test_a_batch_kept_by_a_failed_report_of_a_failed_wake_goes_with_that_failure(
+        impl, raised):
+    """The opening's wake raised an Exception (a bug of ours), and reporting it
+    (_wake_failed) raised too: a Ctrl-C as it ran the loop's exception handler, or a bug of
+    its own. The batch, queued and holding the caller's record, rides on what it raised, as
+    on a KeyboardInterrupt in the wake itself. The Python twin raised it bare (the caller
+    could not count its record, and resumed, sent it twice); the C put the batch on it."""
+    from aioproducer._internal.accumulator import take_kept
+
+    acc = _accumulator_parts(impl, asyncio.get_running_loop())
+
+    def wake(batch, opened):
+        raise ValueError("the wake's bug")
+
+    def report(exc):
+        raise raised("as the wake's failure was reported")
+
+    acc.wake_sender_for = wake
+    acc._wake_failed = report
+    with pytest.raises(raised) as caught:
+        acc.open_new("t", 1, b"key", b"v", 1000, 3)
+    [batch] = acc._batches[("t", 1)]
+    assert batch in acc.incomplete and batch.writer.count == 1
+    assert take_kept(caught.value) == (batch, 0), "the queued batch is not named"
+
+
+@pytest.mark.parametrize("impl", BOTH, ids=["python", "c"])
+async def test_an_appender_whose_opening_failed_with_its_batch_queued_takes_the_record_once(
+        impl):
+    """send() of a record whose partition has no open batch: the Appender's opening queued
+    the batch, then its wake and the report of that failure (_wake_failed) raised an
+    Exception. The record is buffered: the Appender raises that failure (which names the
+    batch) and does not take the record again by its Python path. Both took it again (the
+    error was taken for one raised having queued nothing): the record in two batches."""
+    loop = asyncio.get_running_loop()
+    acc = _accumulator_parts(impl, loop)
+    acc.open_batches("t", 3)
+    parts = _Started(impl, loop)
+    taken_again: list = []
+
+    def later(topic, value, key, *, partition):
+        taken_again.append(value)
+
+    def wake(batch, opened):
+        raise ValueError("the wake's bug")
+
+    def report(exc):
+        raise RuntimeError("as the wake's failure was reported")
+
+    acc.wake_sender_for, acc._wake_failed = wake, report
+    appender = impl.Appender(later, _future_class(impl), False, parts, "started",
+                             lambda: 0.005, False, False)
+    appender.attach(parts, acc, None, lambda topic, leaders: 2, acc.open_new)
+    with pytest.raises(RuntimeError, match="reported"):
+        appender("t", b"v" * 100, b"key", partition=1)
+    assert taken_again == []
+    assert [batch.writer.count for batch in acc._batches[("t", 1)]] == [1]
+
+
 class _Once:
     """Raises `exc` the first time it is called, and nothing after (a passing failure)."""
 

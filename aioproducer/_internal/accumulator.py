@@ -353,15 +353,15 @@ class RecordAccumulator(AccumulatorFields):
         self._pool.paused = False
         try:
             self._serve_in_order()
-        finally:
+        finally:  # (also after a Ctrl-C in an opening's wake: the line still times out)
             self._serving = False
-        line = self.line
-        self._pool.paused = bool(line)
-        if not line:
-            self._pool.available += self._gathered
-            self._gathered = 0
-        elif self._line_timer is None and not line[0].granted:
-            self._line_timer = self._loop.call_at(line[0].deadline, self._expire_line)
+            line = self.line
+            self._pool.paused = bool(line)
+            if not line:
+                self._pool.available += self._gathered
+                self._gathered = 0
+            elif self._line_timer is None and not line[0].granted:
+                self._line_timer = self._loop.call_at(line[0].deadline, self._expire_line)
 
     def _serve_in_order(self) -> None:
         line = self.line

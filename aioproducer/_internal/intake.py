@@ -624,17 +624,24 @@ class RecordIntake:
                 if status == NEEDS_BATCH and known:
                     key, value = records[index]  # (the loop checked: bytes or None)
                     if key is not None or fixed >= 0:  # (a sticky one may move: see append)
+                        counted = len(out_batches)
                         try:
                             opened = self.open_new(topic, placed, key, value, timestamp_ms,
                                                    count)
+                            if opened is not None:
+                                _taken((opened, 0, timestamp_ms), None, out_batches,
+                                       out_deltas, counted)
                         except BaseException as exc:
-                            kept = take_kept(exc)
-                            if kept is not None:  # buffered all the same: counted
-                                _taken((*kept, timestamp_ms), None, out_batches, out_deltas)
+                            # A Ctrl-C, wherever it struck: the record has one entry if its
+                            # batch was queued (it is then the partition's open batch, which
+                            # had none: nothing else ran meanwhile).
+                            take_kept(exc)
+                            queued = batches[placed]
+                            if queued is not None:
+                                _taken((queued, 0, timestamp_ms), None, out_batches,
+                                       out_deltas, counted)
                             raise
                         if opened is not None:
-                            out_batches.append(opened)
-                            out_deltas += _DELTA.pack(0)
                             index += 1
                             continue
             # One record the loop could not take, done the way enqueue() does it.
@@ -654,14 +661,22 @@ class RecordIntake:
                 # raises here: the record is not buffered)
                 headers, told = self.tell_send(topic, key, value, None) if context is None \
                     else context.run(self.tell_send, topic, key, value, None)
+            counted, appended = len(out_batches), None
             try:
                 appending = self.append(topic, value, key, partition, timestamp_ms, headers,
                                         False)
                 appended = appending if isinstance(appending, tuple) else await appending
+                _taken(appended, None, out_batches, out_deltas, counted)
+                if told is not None:  # (told = None before the one call that tells it)
+                    future, tell = RecordFuture(*appended), partial(_tell_outcome, told)
+                    told = None
+                    future.add_done_callback(tell)
             except BaseException as exc:
                 kept = take_kept(exc)
-                if kept is not None:  # buffered all the same: counted, and told its outcome
-                    _taken((*kept, timestamp_ms), told, out_batches, out_deltas)
+                if kept is not None:
+                    appended = (*kept, timestamp_ms)
+                if appended is not None:  # buffered all the same (a Ctrl-C struck after):
+                    _taken(appended, told, out_batches, out_deltas, counted)  # counted, told
                     raise
                 if told is not None:
                     deliver(told, None, exc)
@@ -669,7 +684,6 @@ class RecordIntake:
                     # (a Spark task's Arrow batch: its index there would mislead)
                     _name_the_record(exc, len(out_batches))  # (one entry per record before)
                 raise
-            _taken(appended, told, out_batches, out_deltas)
             index += 1
 
     def open_new(self, topic: str, partition: int, key: bytes | None, value: bytes | None,
@@ -703,15 +717,17 @@ _RECORD_ERRORS = (InvalidRecordError, RecordTooLargeError, SerializationError)
 
 
 def _taken(appended: Appended, told: DeliveryCallback | None,
-           out_batches: list[ProducerBatch], out_deltas: bytearray) -> None:
+           out_batches: list[ProducerBatch], out_deltas: bytearray, counted: int) -> None:
     """enqueue_many() buffered a record (outside the compiled loop): its entry in the
-    call's BulkFuture; on_send hooks that asked are told its outcome."""
+    call's BulkFuture, the one after the first `counted` (made whole again: a Ctrl-C may
+    have struck as it was being made); on_send hooks that asked are told its outcome."""
     batch, delta, _ = appended
     assert isinstance(batch, ProducerBatch)  # (only send()'s records wait apart)
-    if told is not None:
-        RecordFuture(*appended).add_done_callback(partial(_tell_outcome, told))
+    del out_batches[counted:], out_deltas[4 * counted:]
     out_batches.append(batch)
     out_deltas += _DELTA.pack(delta)
+    if told is not None:
+        RecordFuture(*appended).add_done_callback(partial(_tell_outcome, told))
 
 
 def _name_the_record(exc: BaseException, index: int) -> None:

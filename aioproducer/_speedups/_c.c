@@ -3759,6 +3759,25 @@ as_index(PyObject *number)
     return index;
 }
 
+static PyObject *s_kept_batch;  /* (interned at import, with the others below) */
+
+/* Whether the error set was raised by an opening with its batch queued (its _wake_failed
+   raised: see _py.KEPT_BATCH): the record is buffered, and taken again it would be sent
+   twice. */
+static int
+raised_with_kept_batch(void)
+{
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    PyErr_NormalizeException(&type, &value, &traceback);
+    PyObject *dict = value == NULL ? NULL : PyObject_GenericGetDict(value, NULL);
+    int kept = dict != NULL && PyDict_GetItemWithError(dict, s_kept_batch) != NULL;
+    Py_XDECREF(dict);
+    PyErr_Clear();  /* (a failed lookup: not kept) */
+    PyErr_Restore(type, value, traceback);
+    return kept;
+}
+
 /* The common case: the appended record's future (in a Ready for enqueue), or NULL: with an
    error set, that error; without, "not the common case: ask `later`". No Python code with
    side effects runs before the append but the transaction's check, the sticky
@@ -3766,7 +3785,8 @@ as_index(PyObject *number)
    same answer. A keyed record (or one given its partition) whose partition has no open
    batch gets one from open_new, which opens it if the memory is free and returns it (else
    None, having done nothing; an Exception it raises, it raised having queued nothing and
-   given the memory back: then `later` does it all, and raises what open_new raised).
+   given the memory back: then `later` does it all, and raises what open_new raised; but
+   one raised with its batch queued, which is raised).
    At many partitions a batch is opened every record or two (one record a batch when the
    producer yields to the loop often), and `later` (a coroutine, and the intake's checks
    again) cost ~10 us each. */
@@ -3943,7 +3963,7 @@ appender_fast(Appender *self, PyObject *const *args, Py_ssize_t nargs, PyObject 
         PyObject *batch = PyObject_Vectorcall(self->open_new, call, 6, NULL);
         Py_DECREF(partitions);
         if (batch == NULL) {
-            if (PyErr_ExceptionMatches(PyExc_Exception))
+            if (PyErr_ExceptionMatches(PyExc_Exception) && !raised_with_kept_batch())
                 PyErr_Clear();  /* `later` raises it */
             goto done;
         }

@@ -439,15 +439,20 @@ class AccumulatorFields:
             adding = txn is not None and txn.is_transactional and \
                 txn.add_partition(topic, partition)  # a round adds it, blocked or not
             unwoken = not adding and self._lingers_unwoken(fresh, writer, now)
-            # Queued: incomplete, then in its partition's queue (undone if that fails).
-            self.incomplete.add(batch)
+            # Queued: incomplete, then in its partition's queue; a Ctrl-C as it does so (here
+            # Python checks for one after each call) undoes both.
             try:
+                self.incomplete.add(batch)
                 if fresh:
                     self._batches[tp] = queue
                 else:
                     queue.append(batch)
             except BaseException:
                 self.incomplete.discard(batch)
+                if self._batches.get(tp) is queue and queue[-1] is batch:
+                    queue.pop()
+                    if fresh:
+                        del self._batches[tp]
                 raise
         except BaseException:
             pool.available += reserved  # nothing queued: the pool's again
@@ -462,15 +467,16 @@ class AccumulatorFields:
         open_[0][partition] = batch
         open_[1][partition] = writer
         try:
-            if adding:
-                self.wake_sender()
-            elif not unwoken:
-                self.wake_sender_for(batch, True)  # a new linger end, or the one before full
-        except Exception as exc:
-            # The record is in its queued batch: the call has taken it, and must not fail
-            # (the Appender would append it again). See _wake_failed.
-            self._wake_failed(exc)  # type: ignore[attr-defined]
-        except BaseException as exc:
+            try:
+                if adding:
+                    self.wake_sender()
+                elif not unwoken:
+                    self.wake_sender_for(batch, True)  # a new linger end, or the one before full
+            except Exception as exc:
+                # The record is in its queued batch: the call has taken it, and must not fail
+                # (the Appender would append it again). See _wake_failed.
+                self._wake_failed(exc)  # type: ignore[attr-defined]
+        except BaseException as exc:  # (also what _wake_failed raised)
             vars(exc)[KEPT_BATCH] = batch
             raise
         return batch
@@ -777,10 +783,22 @@ def append_many(records: list[Any] | Columns, start: int, batches: list[Any],
         else:
             return i, NEEDS_PYTHON, -1
         writer = writers[p]
-        if writer is None or not writer.try_append(timestamp, key, value, None):
+        if writer is None:
             return i, NEEDS_BATCH, p
-        out_batches.append(batches[p])
-        out_deltas += pack(writer.count - 1)
+        counted, delta = len(out_batches), writer.count
+        try:
+            if not writer.try_append(timestamp, key, value, None):
+                return i, NEEDS_BATCH, p
+            out_batches.append(batches[p])
+            out_deltas += pack(delta)
+        except BaseException:
+            # A Ctrl-C (Python checks for one after each call; the C loop has no such point):
+            # the record, if appended, has one entry, as the caller counts what was buffered.
+            del out_batches[counted:], out_deltas[4 * counted:]
+            if writer.count > delta:
+                out_batches.append(batches[p])
+                out_deltas += pack(delta)
+            raise
     return len(records), DONE, -1
 
 
@@ -944,7 +962,9 @@ class Appender:
             return future  # (None: a full batch to close first, or no opener: `later`)
         try:
             batch = self._open_new(topic, partition, key, value, timestamp, count)
-        except Exception:  # (raised having queued nothing) `later` raises it
+        except Exception as exc:  # (raised having queued nothing) `later` raises it ...
+            if KEPT_BATCH in vars(exc):  # ... but with its batch queued (see _open): raised
+                raise
             return None
         return None if batch is None else self._future_type(batch, 0, timestamp)
 
