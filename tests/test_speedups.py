@@ -16,6 +16,7 @@ import gc
 import os
 import random
 import struct
+import subprocess
 import sys
 import threading
 import types
@@ -588,10 +589,10 @@ async def test_an_acknowledged_batch_is_out_of_the_collectors_way():
     pieces[0].complete(7, -1)
     compiled = _speedups.IMPLEMENTATION == "c"
     assert gc.is_tracked(acked) is not compiled
-    # Nor its asyncio future, resolved, nor the list of its records' futures (which stay
-    # out of the collector's way while it is pending: it lets them go when done).
+    # Nor its asyncio future, resolved, nor its records' futures (which stay out of the
+    # collector's way while it is pending: it lets them go when done).
     assert gc.is_tracked(acked.future) is not compiled
-    assert gc.is_tracked(batch()._untracked) is not compiled
+    assert gc.is_tracked(RecordFuture(batch(), 0, 0)) is not compiled
     assert gc.is_tracked(failed.future)
     assert gc.is_tracked(failed) and gc.is_tracked(pieces[0])
     pieces[1].complete(8, -1)  # the split batch is done too, with its pieces
@@ -601,6 +602,102 @@ async def test_an_acknowledged_batch_is_out_of_the_collectors_way():
     assert (await records[0]).offset == 5 and (await asyncio.gather(records[0]))[0].offset == 5
     with pytest.raises(RuntimeError):
         await records[1]
+
+
+async def test_a_done_batch_lets_go_of_the_record_futures_nobody_keeps():
+    """The C batch chains its records' futures while pending (each holds the one made
+    before it, and each watched the one watched before it, where lists held them before):
+    once the batch is acknowledged, or fails, and their callbacks ran, the futures nobody
+    keeps are freed, but for those older than one kept (its chain), freed with it. (Both
+    twins: the suite runs again with AIOPRODUCER_PURE_PYTHON=1.)"""
+    from aioproducer._internal.batch import ProducerBatch, RecordFuture
+    from aioproducer.protocol.records import BatchWriter
+    loop = asyncio.get_running_loop()
+    compiled = _speedups.IMPLEMENTATION == "c"
+
+    class Future(RecordFuture):  # (no __slots__: weak references)
+        pass
+
+    for outcome in ("acked", "failed"):
+        batch = ProducerBatch((1,), "t", 2, BatchWriter(0, 100), loop.create_future(), 0.0,
+                              60.0, 0)
+        futures = [Future(batch, delta, 1000) for delta in range(4)]
+        assert batch._untracked == (futures if compiled else [])
+        for delta in (1, 2, 3):
+            futures[delta].add_done_callback(lambda future: None)
+        made, kept = [weakref.ref(future) for future in futures], futures[2]
+        del futures
+        if outcome == "acked":
+            batch.complete(40, -1)
+            assert (await kept) == ("t", 2, 42, 1000)
+        else:
+            batch.fail(RuntimeError("refused"))
+            assert isinstance(kept.exception(), RuntimeError) and gc.is_tracked(kept)
+        await asyncio.sleep(0)  # (the callbacks run)
+        assert batch._untracked is None and batch._watchers is None
+        alive = [future() is not None for future in made]
+        assert alive == ([True, True, True, False] if compiled else [False, False, True, False])
+        del kept
+        assert [future() for future in made] == [None] * 4
+
+
+async def test_a_batch_runs_its_records_callbacks_once_in_the_order_they_were_added():
+    """The records of a batch given callbacks (gather's, a Task's wake-up) are called back
+    in the order the callbacks were added, whatever order the records were made in, and a
+    record given a callback again after its callbacks were removed is called back once.
+    (The C batch chains them newest first: it reverses the chain as it takes it.)"""
+    from aioproducer._internal.batch import ProducerBatch, RecordFuture
+    from aioproducer.protocol.records import BatchWriter
+    loop = asyncio.get_running_loop()
+    batch = ProducerBatch((1,), "t", 2, BatchWriter(0, 100), loop.create_future(), 0.0, 60.0,
+                          0)
+    futures = [RecordFuture(batch, delta, 1000) for delta in range(4)]
+    ran: list[int] = []
+
+    def called(future) -> None:
+        ran.append(future.result().offset)
+
+    for delta in (2, 0, 3, 1):
+        futures[delta].add_done_callback(called)
+    assert futures[0].remove_done_callback(called) == 1
+    futures[0].add_done_callback(called)  # (watched again: called back once)
+    assert batch._watchers == [futures[delta] for delta in (2, 0, 3, 1)] + \
+        ([] if _speedups.IMPLEMENTATION == "c" else [futures[0]])
+    batch.complete(10, -1)
+    await asyncio.sleep(0)
+    assert ran == [12, 10, 13, 11] and batch._watchers is None
+    futures[1].add_done_callback(called)  # done: called back soon
+    await asyncio.sleep(0)
+    assert ran[4:] == [11]
+
+
+@pytest.mark.parametrize("pure", ["1", ""], ids=["python", "c"])
+def test_a_batch_of_a_million_records_lets_their_futures_go(pure):
+    """A batch lets its records' futures go one by one, not by recursion: the C chain of
+    them, freed by each future freeing the one before it, overflowed the C stack (a
+    batch_size of 16 MiB holds a million records). RecordFields itself, as a Python
+    subclass's instances are freed by CPython's trashcan, which bounds that recursion. In
+    a child process, which a crash ends."""
+    code = """if True:
+        import asyncio
+        from aioproducer import _speedups
+        from aioproducer._internal.batch import ProducerBatch
+        from aioproducer.protocol.records import BatchWriter
+        loop = asyncio.new_event_loop()
+        batch = ProducerBatch((1,), "t", 0, BatchWriter(0, 100), loop.create_future(), 0.0,
+                              60.0, 0)
+        for delta in range(1_000_000):
+            _speedups.RecordFields(batch, delta, 0)
+        batch.complete(0, -1)
+        print(_speedups.IMPLEMENTATION, "let go")
+    """
+    if not pure and _c is None:
+        pytest.skip("the C speed-up did not build")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "AIOPRODUCER_PURE_PYTHON": pure}, timeout=120,
+                          check=False)
+    assert (done.returncode, done.stdout) == (0, f"{'python' if pure else 'c'} let go\n"), \
+        done.stderr[-2000:]
 
 
 _UNTRACKS = pytest.mark.skipif(
@@ -628,7 +725,7 @@ async def test_a_pending_batch_is_out_of_the_collectors_way_until_it_fails_or_sp
     assert not gc.is_tracked(queue) and not any(gc.is_tracked(tp) for tp in acc._batches)
     record = RecordFuture(acked, 0, 1000)
     record.add_done_callback(lambda future: None)
-    assert acked._watchers == [record] and not gc.is_tracked(acked._watchers)
+    assert acked._watchers == [record] and not gc.is_tracked(record)
     assert acc._take(("t", 0), queue) is acked
     payload = acked.writer.payload
     assert payload == acked.writer.parts()[1] and len(payload) == acked.writer.size - 61
@@ -1758,7 +1855,7 @@ async def test_a_batch_completes_alike_in_both(impl):
         return Batch((number,), "t", 0, writer, loop.create_future(), 0.0, 60.0, 0)
 
     watched, parent, failed = batch(1), batch(2), batch(3)
-    watched._watchers = ["a record"]
+    watched.watch(_future_class(impl)(watched, 0, 0))
     last, more, resolved = Bulk(1), Bulk(2), Bulk(1, done=True)
     watched._bulks = [last, more, resolved]
     watched.complete(5, -1)
@@ -1911,7 +2008,7 @@ def _settled(impl, loop, all_or_none: bool) -> tuple[list, list]:
         writer.payload = b"records"
         return Batch((number,), topic, partition, writer, loop.create_future(), 0.0, 60.0, 0)
     a0, a1, a2, b0 = batch(1, "a", 0), batch(2, "a", 1), batch(3, "a", 2), batch(4, "b", 0)
-    b0._watchers = ["a record"]
+    b0.watch(_future_class(impl)(b0, 0, 0))
     answer = {"index": 0, "error_code": 0, "base_offset": 40, "log_append_time_ms": -1}
     refused = {"index": 1, "error_code": 6, "base_offset": -1, "log_append_time_ms": -1}
     responses = [{"name": "b", "partition_responses": [answer | {"base_offset": 7}]},
@@ -1974,7 +2071,7 @@ def _three_acknowledged(impl, loop) -> tuple[list, list]:
         return impl.BatchFields((number,), topic, partition, writer, loop.create_future(),
                                 0.0, 60.0, 0)
     a0, a1, b0 = batch(1, "a", 0), batch(2, "a", 1), batch(3, "b", 0)
-    b0._watchers = ["a record"]
+    b0.watch(_future_class(impl)(b0, 0, 0))
     answer = {"index": 0, "error_code": 0, "base_offset": 40, "log_append_time_ms": -1}
     responses = [{"name": "b", "partition_responses": [answer | {"base_offset": 7}]},
                  {"name": "a", "partition_responses": [

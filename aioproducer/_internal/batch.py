@@ -129,7 +129,8 @@ class ProducerBatch(BatchFields):
         producer_epoch: int
         done: bool
         full: bool  # a record did not fit: closed for appends, sendable now
-        # Records' futures with done callbacks (gather's; a Task's awaiting one: its wake-up).
+        # Records' futures with done callbacks (gather's; a Task's awaiting one: its wake-up),
+        # in the order they were watched (read only: _take_watchers() takes them).
         _watchers: list[RecordFuture] | None
         _bulks: list[BulkFuture] | None  # enqueue_many futures with records here
         pieces: list[ProducerBatch] | None  # what it was split into, in order
@@ -207,8 +208,7 @@ class ProducerBatch(BatchFields):
             self.fail(failure)
 
     def _run_watchers(self) -> None:
-        watchers, self._watchers = self._watchers, None
-        _run_callbacks(watchers or [])
+        _run_callbacks(self._take_watchers())
 
     def fail(self, exc: BaseException) -> None:
         self.done = True
@@ -464,9 +464,7 @@ def run_watchers_of(batches: list[ProducerBatch]) -> None:
     and those set off a full collection."""
     records: list[RecordFuture] = []
     for batch in batches:
-        watchers, batch._watchers = batch._watchers, None
-        if watchers:
-            records += watchers
+        records += batch._take_watchers()
     _run_callbacks(records)
 
 

@@ -680,6 +680,20 @@ static PyTypeObject RecordWriterType = {
 
 /* -- BatchFields: a ProducerBatch's fields ---------------------------------------------------- */
 
+/* A RecordFuture's fields (RecordFields, below). `older`: the future of the record made
+   before it in the same batch, while the batch keeps them (its `newest`), else NULL.
+   `watched_before`: while its batch has it watched (its `watchers`), the record watched
+   before it, or None if it was the first; else NULL. They come first, beside the object's
+   reference count, read with it as a chain is let go: the object (96 bytes with the
+   collector's header) spans two cache lines. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *older, *batch, *watched_before, *callback, *context, *more_callbacks,
+        *offset_delta, *timestamp;
+} RecordFields;
+
+static PyTypeObject RecordFieldsType;
+
 /* A batch's fields, set in one C call: at 10,000 partitions a batch may hold one record (a
    producer that yields to the loop often), and ProducerBatch's Python __init__, 22 fields,
    was a tenth of a batch's cost. Its methods stay Python (batch.py); the members are
@@ -695,23 +709,31 @@ static PyTypeObject RecordWriterType = {
    Nor is `loop`: its asyncio future's loop, set when the accumulator opens it (else NULL:
    the future is asked), which a record's future answers get_loop() with (gather asks it of
    every record before watching it), again without reading the asyncio future. The fields
-   are in the order they are read: an append (untracked), gather's watch (loop, watchers),
-   then its answers (pieces, acked, topic, partition). */
+   are in the order they are read: an append (newest), gather's watch (loop, watchers),
+   then its answers (pieces, acked, topic, partition).
+
+   `newest` is the newest of its records' futures (each holds the one made before it:
+   RecordFields' `older`), NULL while it has none, None once it lets them go (done): a chain
+   where a list was, so that an append writes only the batch's line and the new future's
+   (the list's header and its array were two lines more, cold at many partitions).
+   Python reads it as `_untracked`, a list. `watchers` is a chain too, through the records
+   watched (gather's), newest first (RecordFields' `watched_before`), or None: Python reads
+   it as `_watchers`, a list in the order they were watched, or None. */
 typedef struct {
     PyObject_HEAD
-    PyObject *untracked, *loop, *watchers, *pieces, *acked, *topic, *partition, *writer,
+    PyObject *newest, *loop, *watchers, *pieces, *acked, *topic, *partition, *writer,
         *future, *done, *number, *created, *deadline, *attempts, *retry_at, *base_sequence,
         *producer_id, *producer_epoch, *full, *bulks, *parent, *first_delta;
 } BatchFields;
 
-#define BATCH_FIELD_COUNT 22  /* the PyObject pointers above, in order from `untracked` */
+#define BATCH_FIELD_COUNT 22  /* the PyObject pointers above, in order from `newest` */
 
 static PyObject *zero_float;  /* 0.0, every new batch's retry_at */
 
 static inline PyObject **
 batch_fields(BatchFields *self)
 {
-    return &self->untracked;
+    return &self->newest;
 }
 
 /* A batch of `type` (BatchFields or a subclass) with these fields, the rest at their
@@ -730,17 +752,9 @@ batch_fields_make(PyTypeObject *type, PyObject *number, PyObject *topic, PyObjec
     }
     else if (PyObject_SetAttrString(writer, "reserved", reserved) < 0)
         return NULL;
-    /* Out of the collector's way too: it holds only the batch's record futures, themselves
-       untracked (or, cancelled, leading to no batch), and the batch lets it go when done. */
-    PyObject *untracked = PyList_New(0);
-    if (untracked == NULL)
-        return NULL;
-    PyObject_GC_UnTrack(untracked);
     BatchFields *self = (BatchFields *)type->tp_alloc(type, 0);
-    if (self == NULL) {
-        Py_DECREF(untracked);
+    if (self == NULL)
         return NULL;
-    }
     PyObject *minus_one = PyLong_FromLong(-1), *zero = PyLong_FromLong(0);  /* (cached) */
     self->number = Py_NewRef(number);
     self->topic = Py_NewRef(topic);
@@ -761,7 +775,6 @@ batch_fields_make(PyTypeObject *type, PyObject *number, PyObject *topic, PyObjec
     self->pieces = Py_NewRef(Py_None);
     self->parent = Py_NewRef(Py_None);
     self->first_delta = Py_NewRef(zero);
-    self->untracked = untracked;
     Py_DECREF(minus_one);
     Py_DECREF(zero);
     return (PyObject *)self;
@@ -898,6 +911,109 @@ batch_fields_track(PyObject *self, PyObject *unused)
     Py_RETURN_NONE;
 }
 
+/* The batch lets its records' futures go (done): it drops the newest, and the chain goes
+   with it once the user has dropped that one too (its dealloc undoes the chain from there:
+   see let_go_chain). Not undone here link by link: a walk down the chain is a load that
+   waits for the one before, a cache miss each at complete() (the futures are cold by then),
+   where the list it replaced let the CPU overlap them (flushed at 6 partitions: 1.2x the
+   CPU of the list's). So a future a user keeps keeps its batch's older futures until it
+   is dropped (a batch's worth at most: ~2,000 records of 100 B in a 256 KiB batch). */
+static void
+batch_let_go_records(BatchFields *self)
+{
+    Py_XSETREF(self->newest, Py_NewRef(Py_None));
+}
+
+/* `_untracked`: its records' futures, oldest first, in a new list; None once it let them go
+   (a record's future made then is tracked from the start). */
+static PyObject *
+batch_fields_get_untracked(BatchFields *self, void *unused)
+{
+    if (self->newest == Py_None)
+        Py_RETURN_NONE;
+    PyObject *records = PyList_New(0);
+    if (records == NULL)
+        return NULL;
+    for (PyObject *node = self->newest; node != NULL; node = ((RecordFields *)node)->older) {
+        if (PyList_Append(records, node) < 0) {
+            Py_DECREF(records);
+            return NULL;
+        }
+    }
+    if (PyList_Reverse(records) < 0) {
+        Py_DECREF(records);
+        return NULL;
+    }
+    return records;
+}
+
+static int
+batch_fields_set_untracked(BatchFields *self, PyObject *value, void *unused)
+{
+    if (value != Py_None) {
+        PyErr_SetString(PyExc_TypeError,
+                        "a batch's _untracked can only be let go (set to None)");
+        return -1;
+    }
+    batch_let_go_records(self);
+    return 0;
+}
+
+/* The records watched, in the order they were watched, in a new list: `take`, they are
+   no longer (the chain is undone as it is read); else None if there are none. */
+static PyObject *
+batch_watchers_list(BatchFields *self, int take)
+{
+    if (self->watchers == Py_None && !take)
+        Py_RETURN_NONE;
+    PyObject *records = PyList_New(0);
+    PyObject *node = self->watchers;
+    if (take)
+        self->watchers = Py_NewRef(Py_None);  /* (its reference to the chain is `node`'s) */
+    int failed = records == NULL;
+    while (node != Py_None) {
+        RecordFields *record = (RecordFields *)node;
+        PyObject *before = record->watched_before;
+        failed = failed || PyList_Append(records, node) < 0;
+        if (take) {
+            record->watched_before = NULL;
+            Py_DECREF(node);
+        }
+        node = before;
+    }
+    if (take)
+        Py_DECREF(node);  /* (None) */
+    if (failed || PyList_Reverse(records) < 0) {
+        Py_XDECREF(records);
+        return NULL;
+    }
+    return records;
+}
+
+static PyObject *
+batch_fields_get_watchers(BatchFields *self, void *unused)
+{
+    return batch_watchers_list(self, 0);
+}
+
+static PyObject *
+batch_fields_take_watchers(BatchFields *self, PyObject *unused)
+{
+    return batch_watchers_list(self, 1);
+}
+
+/* Adds `record` to the records watched (0), unless it is watched already (1: a record
+   given callbacks again after they were removed; its callbacks run once either way). */
+static int
+batch_add_watcher(BatchFields *self, RecordFields *record)
+{
+    if (record->watched_before != NULL)
+        return 1;
+    record->watched_before = self->watchers;  /* (the batch's reference) */
+    self->watchers = Py_NewRef((PyObject *)record);
+    return 0;
+}
+
 /* A batch's outcome is in: run its records' callbacks in one loop callback (the batch's
    _run_watchers), and count it down in the enqueue_many futures with records in it. */
 static PyObject *s_done, *s_get_loop, *s_set_result, *s_call_soon, *s_run_watchers,
@@ -963,27 +1079,24 @@ batch_wake_watchers(BatchFields *self, PyObject *woken)
     return 0;
 }
 
-/* watch(record): see _py.BatchFields.watch. Its list holds only record futures, untracked
-   themselves while the batch has not failed, so it is kept from the collector too (gather
-   makes one a batch, and it lives as long as the batch is pending). */
+/* watch(record): see _py.BatchFields.watch. */
 static PyObject *
 batch_fields_watch(BatchFields *self, PyObject *record)
 {
-    if (self->watchers != NULL && PyList_CheckExact(self->watchers)) {
-        if (PyList_Append(self->watchers, record) < 0)
-            return NULL;
+    if (!PyObject_TypeCheck(record, &RecordFieldsType)) {
+        PyErr_SetString(PyExc_TypeError, "watch() takes a record's future");
+        return NULL;
+    }
+    if (self->watchers != Py_None) {
+        batch_add_watcher(self, (RecordFields *)record);
         Py_RETURN_NONE;
     }
     if (self->future == NULL) {
         PyErr_SetString(PyExc_AttributeError, "the batch has no future");
         return NULL;
     }
-    PyObject *watchers = PyList_New(1);
-    if (watchers == NULL)
-        return NULL;
-    PyList_SET_ITEM(watchers, 0, Py_NewRef(record));
-    PyObject_GC_UnTrack(watchers);
-    Py_XSETREF(self->watchers, watchers);
+    if (batch_add_watcher(self, (RecordFields *)record))
+        Py_RETURN_NONE;
     PyObject *done = PyObject_CallMethodNoArgs(self->future, s_done);
     int is_done = done == NULL ? -1 : PyObject_IsTrue(done);
     Py_XDECREF(done);
@@ -1023,7 +1136,7 @@ batch_complete(BatchFields *self, PyObject *base_offset, PyObject *log_append_ti
         return -1;
     }
     Py_XSETREF(self->done, Py_NewRef(Py_True));
-    Py_XSETREF(self->untracked, Py_NewRef(Py_None));
+    batch_let_go_records(self);
     PyObject *writer = self->writer;
     if (PyObject_TypeCheck(writer, &RecordWriterType))
         Py_CLEAR(((RecordWriter *)writer)->payload);  /* (BatchWriter.free()) */
@@ -1101,6 +1214,9 @@ static PyMethodDef batch_fields_methods[] = {
     {"watch", (PyCFunction)batch_fields_watch, METH_O,
      "watch(record): run `record`'s done callbacks once this batch is done, or soon if it\n"
      "is: either way in one loop callback for all the records watched meanwhile."},
+    {"_take_watchers", (PyCFunction)batch_fields_take_watchers, METH_NOARGS,
+     "_take_watchers(): the records watched, in the order they were watched (a list), which\n"
+     "are no longer."},
     {"_wake_watchers", (PyCFunction)batch_fields_wake_watchers, METH_NOARGS,
      "_wake_watchers(): the batch is done: run its records' callbacks soon, and count it\n"
      "down in its enqueue_many futures."},
@@ -1125,12 +1241,18 @@ static PyMemberDef batch_fields_members[] = {
     BATCH_MEMBER("producer_epoch", producer_epoch, NULL),
     BATCH_MEMBER("done", done, NULL),
     BATCH_MEMBER("full", full, "a record did not fit: closed for appends, sendable now"),
-    BATCH_MEMBER("_watchers", watchers, "records' futures with callbacks"),
     BATCH_MEMBER("_bulks", bulks, "enqueue_many futures with records here"),
     BATCH_MEMBER("pieces", pieces, "what it was split into, in order"),
     BATCH_MEMBER("parent", parent, "the batch this is a piece of"),
     BATCH_MEMBER("first_delta", first_delta, "offset delta of a piece's first record"),
-    BATCH_MEMBER("_untracked", untracked, "its records' futures, out of the collector's way"),
+    {NULL}
+};
+
+static PyGetSetDef batch_fields_getset[] = {
+    {"_untracked", (getter)batch_fields_get_untracked, (setter)batch_fields_set_untracked,
+     "its records' futures, out of the collector's way (None once it let them go)", NULL},
+    {"_watchers", (getter)batch_fields_get_watchers, NULL,
+     "records' futures with callbacks, in the order they were watched (None: none)", NULL},
     {NULL}
 };
 
@@ -1148,6 +1270,7 @@ static PyTypeObject BatchFieldsType = {
     .tp_traverse = (traverseproc)batch_fields_traverse,
     .tp_clear = (inquiry)batch_fields_clear,
     .tp_members = batch_fields_members,
+    .tp_getset = batch_fields_getset,
     .tp_methods = batch_fields_methods,
 };
 
@@ -1157,11 +1280,13 @@ static PyTypeObject BatchFieldsType = {
    of them: tracked by the garbage collector, each full collection walks them all (a third of
    the CPU of gather over 500k records). While it follows a batch that has not failed, a
    record's future is in no reference cycle that outlives the batch: the waits, callbacks and
-   the batch's list of its untracked futures, which point back at it, are dropped when the
-   batch is done, and an acknowledged batch leads to no frame or user object. So a future
-   whose batch keeps a list `_untracked` starts untracked, in that list; the batch hands them
-   all to the collector (_track) if it fails (the exception's traceback may come to hold frames
-   that hold them). A future of anything else (a record waiting in line for memory) is
+   the batch's chain of its untracked futures (BatchFields' `newest`), which point back at
+   it, are dropped when the batch is done (the chain's links lead only to older futures),
+   and an acknowledged batch leads to no frame or user object. So a future of a BatchFields
+   not done (or of another class with a list `_untracked`: in that list) starts untracked,
+   in its chain; the batch hands them all to the collector (_track) if it fails (the
+   exception's traceback may come to hold frames that hold them). A future of anything
+   else (a record waiting in line for memory) is
    tracked from the start, and so is one cancelled. (A producer abandoned unclosed, its loop
    gone, leaves its pending batches and their futures to the end of the process.)
 
@@ -1173,24 +1298,17 @@ static PyTypeObject BatchFieldsType = {
    each record), its topic and partition. */
 
 static PyObject *s_untracked, *s_future, *s_pieces, *s_topic, *s_partition,
-    *s_metadata_type, *s_metadata, *s_exception_for, *s_watch, *s_watchers, *s_done,
+    *s_metadata_type, *s_metadata, *s_exception_for, *s_watch, *s_done,
     *s_cancelled, *s_get_loop, *s_result, *s_exception, *s_context;  /* interned at import */
-
-typedef struct {
-    PyObject_HEAD
-    PyObject *batch, *offset_delta, *timestamp, *callback, *context, *more_callbacks;
-} RecordFields;
-
-static PyTypeObject RecordFieldsType;
 
 /* The batch attributes a record's future reads (asyncio.gather makes it read a dozen per
    record), from the batch's slots where its class has them (ProducerBatch: __slots__), as
    the member descriptors PyObject_GetAttr would find return them; else, or when a slot is
    empty, by PyObject_GetAttr. The offsets are learnt per class and version tag (a class
    changed since has another tag; a class without one is always asked). */
-enum { A_FUTURE, A_PIECES, A_TOPIC, A_PARTITION, A_WATCHERS, A_UNTRACKED, A_COUNT };
+enum { A_FUTURE, A_PIECES, A_TOPIC, A_PARTITION, A_UNTRACKED, A_COUNT };
 static PyObject **batch_names[A_COUNT] = {&s_future, &s_pieces, &s_topic, &s_partition,
-                                          &s_watchers, &s_untracked};
+                                          &s_untracked};
 static struct {
     PyTypeObject *type;  /* compared only, never followed */
     unsigned int version;
@@ -1243,7 +1361,16 @@ make_fields(PyTypeObject *type, PyObject *batch, PyObject *offset_delta, PyObjec
     self->batch = Py_NewRef(batch);
     self->offset_delta = Py_NewRef(offset_delta);
     self->timestamp = Py_NewRef(timestamp);
-    PyObject *untracked = batch_attr(batch, A_UNTRACKED);
+    if (PyObject_TypeCheck(batch, &BatchFieldsType)) {
+        BatchFields *fields = (BatchFields *)batch;
+        if (fields->newest != Py_None) {  /* (None: it let its records go) */
+            self->older = fields->newest;  /* (the batch's reference, or NULL) */
+            fields->newest = Py_NewRef(self);
+            PyObject_GC_UnTrack(self);
+        }
+        return (PyObject *)self;
+    }
+    PyObject *untracked = batch_attr(batch, A_UNTRACKED);  /* (another class's list) */
     if (untracked == NULL) {
         if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
             Py_DECREF(self);
@@ -1285,7 +1412,28 @@ fields_traverse(RecordFields *self, visitproc visit, void *arg)
     Py_VISIT(self->callback);
     Py_VISIT(self->context);
     Py_VISIT(self->more_callbacks);
+    Py_VISIT(self->older);
+    Py_VISIT(self->watched_before);
     return 0;
+}
+
+/* Lets go of `node` (a reference its caller held) and of the futures it alone keeps in a
+   chain through the field at offset `link` (older, watched_before), one by one: a batch may
+   hold a million records, and freeing the chain by recursion (each future's dealloc
+   freeing the next) overflowed the C stack. */
+static void
+let_go_chain(PyObject *node, Py_ssize_t link)
+{
+    while (node != NULL) {
+        PyObject *next = NULL;
+        if (Py_REFCNT(node) == 1 && PyObject_TypeCheck(node, &RecordFieldsType)) {
+            PyObject **field = (PyObject **)((char *)node + link);
+            next = *field;
+            *field = NULL;
+        }
+        Py_DECREF(node);
+        node = next;
+    }
 }
 
 static int
@@ -1297,6 +1445,10 @@ fields_clear(RecordFields *self)
     Py_CLEAR(self->callback);
     Py_CLEAR(self->context);
     Py_CLEAR(self->more_callbacks);
+    PyObject *older = self->older, *watched_before = self->watched_before;
+    self->older = self->watched_before = NULL;
+    let_go_chain(older, offsetof(RecordFields, older));
+    let_go_chain(watched_before, offsetof(RecordFields, watched_before));
     return 0;
 }
 
@@ -1581,19 +1733,12 @@ fields_add_done_callback(RecordFields *self, PyObject *const *args, Py_ssize_t n
         if (batch == NULL)
             return NULL;
         /* ProducerBatch.watch()'s common case inline (gather: every record after a batch's
-           first): the batch has a list of watched records already. */
-        PyObject *watchers = batch_attr(batch, A_WATCHERS);
-        if (watchers == NULL) {
-            if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
-                Py_DECREF(batch);
-                return NULL;
-            }
-            PyErr_Clear();
-        }
-        int listed = watchers != NULL && PyList_CheckExact(watchers);
-        int failed = listed && PyList_Append(watchers, (PyObject *)self) < 0;
-        Py_XDECREF(watchers);
-        if (!listed) {
+           first): the batch has records watched already. */
+        int failed = 0;
+        if (PyObject_TypeCheck(batch, &BatchFieldsType) &&
+            ((BatchFields *)batch)->watchers != Py_None)
+            batch_add_watcher((BatchFields *)batch, self);
+        else {
             PyObject *watched = PyObject_CallMethodOneArg(batch, s_watch, (PyObject *)self);
             failed = watched == NULL;
             Py_XDECREF(watched);
@@ -5200,8 +5345,7 @@ PyInit__c(void)
         {&s_untracked, "_untracked"}, {&s_future, "future"}, {&s_pieces, "pieces"},
         {&s_topic, "topic"}, {&s_partition, "partition"}, {&s_metadata_type, "_metadata_type"},
         {&s_metadata, "metadata"}, {&s_exception_for, "exception_for"}, {&s_watch, "watch"},
-        {&s_watchers, "_watchers"}, {&s_bulks, "_bulks"},
-        {&s_may_send, "may_send"},
+        {&s_bulks, "_bulks"}, {&s_may_send, "may_send"},
         {&s_done, "done"}, {&s_cancelled, "cancelled"}, {&s_get_loop, "get_loop"},
         {&s_result, "result"}, {&s_exception, "exception"}, {&s_context, "context"},
         {&s_state, "state"}, {&s_thread, "thread"}, {&s_loop_running, "loop_running"},

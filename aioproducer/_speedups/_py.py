@@ -165,6 +165,12 @@ class BatchFields:
         if self.future.done():
             self.future.get_loop().call_soon(self._run_watchers)  # type: ignore[attr-defined]
 
+    def _take_watchers(self) -> list[Any]:
+        """The records watched, in the order they were watched, which are no longer (in C
+        a chain through the records: see _c.c)."""
+        watchers, self._watchers = self._watchers, None
+        return watchers or []
+
     def _wake_watchers(self, woken: list[Any] | None = None) -> None:
         """The batch is done: run its records' callbacks (the tasks awaiting them wake up in
         one loop callback, the subclass's _run_watchers; or `woken`'s caller's), and tell
