@@ -265,13 +265,19 @@ async def test_doc_python_blocks(page, broker, topic_factory, tmp_path):
             imports = [line for line in block.splitlines()
                        if line.startswith(("from ", "import "))]
             exec("\n".join(imports), namespace)
-            exec("async def snippet():\n" +
-                 "".join(f"    {line}\n" for line in block.splitlines()), namespace)
             # (a hang guard, not a speed check: a block that starts Apache Kafka, three JVMs
             # on the testing guide's page, takes ~20 s on an idle 2-core machine)
             limit = 180 if "ApacheKafka(" in block else 30
+            if "BlockingProducer(" in block and "await " not in block:
+                # Sync code, run as a sync program runs it: in a thread with no event loop
+                # (in this coroutine, BlockingProducer rightly warns that it blocks the loop).
+                run = asyncio.to_thread(exec, block, namespace)
+            else:
+                exec("async def snippet():\n" +
+                     "".join(f"    {line}\n" for line in block.splitlines()), namespace)
+                run = namespace["snippet"]()
             try:
-                await asyncio.wait_for(namespace["snippet"](), limit)
+                await asyncio.wait_for(run, limit)
             except BaseException as exc:
                 raise AssertionError(f"{page}: python block {number} of {len(blocks)} failed: "
                                      f"{exc!r}") from exc
