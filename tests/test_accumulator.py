@@ -168,6 +168,18 @@ class _Interrupted(BaseException):
     """What may strike any Python line the opening runs (KeyboardInterrupt, say)."""
 
 
+def _interrupt_the_wake_for_partition_2(accumulator) -> None:
+    """The sender's wake for a batch opened in partition 2 raises _Interrupted, once."""
+    wake = accumulator.wake_sender_for
+
+    def interrupted_at_partition_2(batch, opened):
+        if batch.partition == 2:
+            accumulator.wake_sender_for = wake
+            raise _Interrupted
+
+    accumulator.wake_sender_for = interrupted_at_partition_2
+
+
 async def test_a_turn_in_line_whose_batch_opening_fails_holds_no_memory_twice():
     """enqueue()'s turn came (it holds its memory) and its record needs a new batch: an
     opening that fails before its batch is queued gives the memory back once and buffers
@@ -267,14 +279,7 @@ async def test_a_turn_whose_record_is_placed_before_the_line_s_service_is_interr
     behind = accumulator.join_line("t", 2, 0, None, b"behind", None, memory, 4,
                                    for_send=True)
     future = behind.record = RecordFuture(behind, 0, 0)
-    wake = accumulator.wake_sender_for
-
-    def interrupted_at_partition_2(batch, opened):
-        if batch.partition == 2:
-            accumulator.wake_sender_for = wake  # type: ignore[method-assign]
-            raise _Interrupted
-
-    accumulator.wake_sender_for = interrupted_at_partition_2  # type: ignore[method-assign]
+    _interrupt_the_wake_for_partition_2(accumulator)
     accumulator.release(2048)  # (two finished batches' memory): the turn comes
     await asyncio.wait_for(mine.turn, 5)
     with pytest.raises(_Interrupted) as caught:
@@ -335,14 +340,7 @@ async def test_the_line_s_service_interrupted_still_holds_its_memory_for_the_rec
     from aioproducer._internal.batch import RecordFuture
 
     behind.record, last.record = RecordFuture(behind, 0, 0), RecordFuture(last, 0, 0)
-    wake = accumulator.wake_sender_for
-
-    def interrupted_at_partition_2(batch, opened):
-        if batch.partition == 2:
-            accumulator.wake_sender_for = wake  # type: ignore[method-assign]
-            raise _Interrupted
-
-    accumulator.wake_sender_for = interrupted_at_partition_2  # type: ignore[method-assign]
+    _interrupt_the_wake_for_partition_2(accumulator)
     accumulator.release(2 * memory + 512)  # (finished batches' memory): the turn comes
     await asyncio.wait_for(mine.turn, 5)
     with pytest.raises(_Interrupted):

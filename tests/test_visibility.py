@@ -157,12 +157,11 @@ def test_a_transactional_producer_left_open_at_its_loop_s_end_sends_nothing_more
         "(its sender was cancelled, 1 record(s) unsent)" in reported[0], reported
 
 
-def test_a_producer_left_open_sends_for_its_delivery_timeout_at_most(proxied_broker):
-    """The sending at the loop's end is bounded (10 s, or delivery_timeout_ms if shorter): a
-    broker that stopped answering does not hold the script's exit; the record fails with
-    ProducerClosedError, and the report says how many were not acknowledged."""
-    cluster = proxied_broker
-    cluster.create_topic("left-open", 1)
+def _left_open_with_a_record_unanswered(cluster, topic: str, wait: float):
+    """asyncio.run() of a producer (delivery timeout 1.5 s) that sends a record, then enqueues
+    one as its broker stops answering, waits `wait` s and returns without close(): that
+    record's future and what the loop's exception handler was told."""
+    cluster.create_topic(topic, 1)
     reported: list[str] = []
 
     async def main() -> asyncio.Future:
@@ -171,14 +170,23 @@ def test_a_producer_left_open_sends_for_its_delivery_timeout_at_most(proxied_bro
         producer = Producer(cluster.bootstrap, linger_ms=0, delivery_timeout_ms=1500,
                             request_timeout_ms=1000)
         await producer.start()
-        await producer.send("left-open", b"acknowledged")
+        await producer.send(topic, b"acknowledged")
         cluster.proxy.stall(True)
-        return await producer.enqueue("left-open", b"never acknowledged")
+        future = await producer.enqueue(topic, b"never acknowledged")
+        await asyncio.sleep(wait)
+        return future
 
     try:
-        future = asyncio.run(main())
+        return asyncio.run(main()), reported
     finally:
         cluster.proxy.stall(False)
+
+
+def test_a_producer_left_open_sends_for_its_delivery_timeout_at_most(proxied_broker):
+    """The sending at the loop's end is bounded (10 s, or delivery_timeout_ms if shorter): a
+    broker that stopped answering does not hold the script's exit; the record fails, and the
+    report says how many were not acknowledged."""
+    future, reported = _left_open_with_a_record_unanswered(proxied_broker, "left-open", 0)
     assert len(reported) == 1 and "1 of its 1 buffered record(s) were not acknowledged " \
         "within 1.5 s and failed" in reported[0], reported
     # Its delivery timeout (1.5 s from the enqueue) and the bound (1.5 s from the loop's end)
@@ -193,26 +201,7 @@ def test_a_record_that_expires_as_a_producer_left_open_finishes_is_reported_fail
         proxied_broker):
     """Its delivery timeout passes 1 s into the sending at the loop's end (bounded at 1.5 s):
     it fails with DeliveryTimeoutError, and the report counts it failed, not sent."""
-    cluster = proxied_broker
-    cluster.create_topic("expires-at-the-end", 1)
-    reported: list[str] = []
-
-    async def main() -> asyncio.Future:
-        asyncio.get_running_loop().set_exception_handler(
-            lambda loop, context: reported.append(context["message"]))
-        producer = Producer(cluster.bootstrap, linger_ms=0, delivery_timeout_ms=1500,
-                            request_timeout_ms=1000)
-        await producer.start()
-        await producer.send("expires-at-the-end", b"acknowledged")
-        cluster.proxy.stall(True)
-        future = await producer.enqueue("expires-at-the-end", b"never acknowledged")
-        await asyncio.sleep(1.0)
-        return future
-
-    try:
-        future = asyncio.run(main())
-    finally:
-        cluster.proxy.stall(False)
+    future, reported = _left_open_with_a_record_unanswered(proxied_broker, "expires", 1.0)
     assert len(reported) == 1 and "1 of its 1 buffered record(s) were not acknowledged " \
         "within 1.5 s and failed" in reported[0], reported
     with pytest.raises(DeliveryTimeoutError):
