@@ -109,8 +109,11 @@ def cluster(broker):
         yield simulated
 
 
+_SPARK_CUT_SHORT_BY = pytest.StashKey[str]()
+
+
 @pytest.fixture(scope="session")
-def spark():
+def _spark_session(request):
     """One local Spark session per test process: a second session in the same process after
     stop() finds the JVM gateway half gone (py4j errors), as happened when pytest-xdist moved
     between the modules that each had their own."""
@@ -123,7 +126,34 @@ def spark():
                .config("spark.sql.shuffle.partitions", "4")
                .getOrCreate())
     yield session
-    session.stop()
+    try:
+        session.stop()
+    except Exception:
+        if _SPARK_CUT_SHORT_BY not in request.config.stash:
+            raise  # (else the gateway out of step fails it too: said once, by spark())
+
+
+@pytest.fixture
+def spark(_spark_session, request):
+    """The worker's Spark session, unless a test's timeout cut a py4j call short in it: the
+    gateway is then out of step, and every later Spark test of the worker would fail with
+    unrelated py4j errors (`KeyError: 'c'`, ~25 of them): they fail at once instead, naming
+    the test whose failure is the one to read."""
+    cut_short_by = request.config.stash.get(_SPARK_CUT_SHORT_BY, None)
+    if cut_short_by is not None:
+        pytest.fail(f"this worker's Spark session is out of step: {cut_short_by} timed out "
+                    f"inside it (a py4j call cut short); that test's failure is the one to read",
+                    pytrace=False)
+    return _spark_session
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if (report.failed and "_spark_session" in getattr(item, "fixturenames", ())
+            and "from pytest-timeout" in str(report.longrepr)):
+        item.config.stash[_SPARK_CUT_SHORT_BY] = item.nodeid
+    return report
 
 
 # -- the fast tier ------------------------------------------------------------------------
@@ -178,7 +208,8 @@ _GROUP = pytest.StashKey[str]()
 # The budget of a test of the Spark session (pyproject's 120 s otherwise): the first of a
 # worker's pays the session's start and its first job's Python workers (61 s of 120 at load
 # 10, the test's own write 22 s of it; over 120 s at load 17), and a timeout inside a py4j
-# call leaves the gateway out of step, failing every later Spark test of the worker.
+# call leaves the gateway out of step (later Spark tests of the worker then fail at once,
+# naming it: the `spark` fixture).
 _SPARK_TIMEOUT_S = 300
 
 
