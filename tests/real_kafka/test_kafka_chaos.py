@@ -204,12 +204,13 @@ async def test_a_leader_election_redirects_the_producer_without_a_metadata_reque
     assert moved is not None, f"nothing was produced to the new leader; {seen}"
     between = wire.events[refused:moved]
     assert [e for e in between if e.out and e.api_key == ApiKey.METADATA] == [], seen
-    # Not after a 5 s backoff: within a second of the old leader's last refusal (the batches
-    # in flight behind the first refused one come back first, the old leader's answers to
-    # them taking up to 0.5 s on a loaded machine).
+    # Not after the 5 s backoff: within half of it of the old leader's last refusal (the
+    # batches in flight behind the first refused one come back first, the old leader's
+    # answers to them taking up to 0.5 s on a loaded machine; then a connection to the new
+    # leader may have to be opened on a slow node: 1 s was thin for that).
     last = max(i for i in range(refused, moved)
                if named_leader(wire.events[i], topic, 0) is not None)
-    assert wire.events[moved].at - wire.events[last].at < 1.0, seen
+    assert wire.events[moved].at - wire.events[last].at < 2.5, seen
     assert redirects >= 1
     got = consume_all(kafka3.bootstrap, topic, expected=len(futures))
     assert [r.value for r in got] == [b"%06d" % i for i in range(len(futures))]
