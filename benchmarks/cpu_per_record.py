@@ -16,9 +16,11 @@ gc.callbacks timer), and minor page faults per batch.
     python benchmarks/cpu_per_record.py PARTITIONS [RECORDS] [--size B] [--rounds N]
         [--shapes gather,flushed,bulk,send,yielding,tasks,sync,syncbulk] [--profile SHAPE]
         [--asyncio]
-        [--batch-size B] [--gc] [--acks all]
+        [--batch-size B] [--gc] [--acks all] [--timeouts-ms MS]
 
 --acks all: an idempotent producer (the default setting, which acks=1 turns off).
+--timeouts-ms: delivery_timeout_ms (and half of it request_timeout_ms): a 10,000-partition
+idempotent run on a loaded machine expired records with the defaults.
 
 (sync's and syncbulk's profiles are two: the producing thread's, then the producer's loop
 thread's.)
@@ -40,7 +42,10 @@ p.add_argument("--batch-size", type=int, default=0)
 p.add_argument("--acks", default="1", choices=("1", "all"),
                help="all: idempotent, as by default (acks=1 turns idempotence off)")
 p.add_argument("--gc", action="store_true", help="the collector's CPU and page faults too")
+p.add_argument("--timeouts-ms", type=int, default=None)
 args = p.parse_args()
+TIMEOUTS = {} if args.timeouts_ms is None else {
+    "delivery_timeout_ms": args.timeouts_ms, "request_timeout_ms": args.timeouts_ms // 2}
 ACKS = 1 if args.acks == "1" else "all"
 value = os.urandom(args.size)
 data = [(b"key-%012d" % (i % 100_000), value) for i in range(args.records)]
@@ -119,6 +124,7 @@ def sync(bootstrap, topic, profile, bulk):
     flush(): both threads' CPU."""
     from aioproducer import BlockingProducer
     extra = {"batch_size": args.batch_size} if args.batch_size else {}
+    extra.update(TIMEOUTS)
     with BlockingProducer(bootstrap, acks=ACKS, linger_ms=5, **extra) as producer:
         producer.partitions_for(topic)
         gc.collect()  # (see one())
@@ -149,6 +155,7 @@ def sync(bootstrap, topic, profile, bulk):
 
 async def one(bootstrap, topic, shape, profile):
     extra = {"batch_size": args.batch_size} if args.batch_size else {}
+    extra.update(TIMEOUTS)
     async with Producer(bootstrap, acks=ACKS, linger_ms=5, **extra) as producer:
         await producer.partitions_for(topic)
         # The garbage of the rounds before (their producers, loops, broker connections) is
