@@ -199,3 +199,62 @@ def test_every_error_is_importable_from_errors_and_on_its_page(site):
             missing.append(f"{cls.__module__}.{cls.__name__}")
     assert not missing, f"errors not importable from aioproducer.errors or not documented: " \
         f"{sorted(missing)}"
+
+
+def _settings_table() -> list[tuple[list[str], list[str], str]]:
+    """docs/settings.md's table: each row's setting names, the defaults given (the first
+    backquoted value of each part of the default cell, parts split on " / "), its range."""
+    rows = []
+    for line in (ROOT / "docs" / "settings.md").read_text().splitlines():
+        if not line.startswith("| `"):
+            continue
+        setting, default, range_, _ = line.split(" | ", 3)
+        names = re.findall(r"`([a-z_]+)`", setting)
+        defaults = [found.group(1) for part in default.split(" / ")
+                    if (found := re.search(r"`([^`]*)`", part))]
+        rows.append((names, defaults, range_))
+    return rows
+
+
+def test_the_settings_page_lists_every_setting_with_its_default_and_lower_bound():
+    """Each setting of ProducerConfig has its row on docs/settings.md, with the default the
+    code has and, for an integer, the least value the code takes (`≥ N` in its range)."""
+    import ast
+
+    from aioproducer.config import _INT_SETTINGS, ProducerConfig, _setting_names
+
+    rows = _settings_table()
+    listed = [name for names, _, _ in rows for name in names]
+    assert sorted(listed) == sorted(_setting_names()), \
+        "settings.md's table and ProducerConfig's settings differ: " \
+        f"{sorted(set(listed) ^ _setting_names())}"
+    fields = {f.name: f.default for f in dataclasses.fields(ProducerConfig)}
+    wrong = []
+    for names, defaults, _ in rows:
+        if names == ["bootstrap_servers"]:
+            continue  # (required: no default)
+        assert len(defaults) in (1, len(names)), f"{names}: defaults {defaults}"
+        for name, shown in zip(names, defaults * len(names) if len(defaults) == 1 else defaults):
+            if ast.literal_eval(shown) != fields[name]:
+                wrong.append(f"{name}: the page says {shown}, the code has {fields[name]!r}")
+    ranges = {name: range_ for names, _, range_ in rows for name in names}
+    for name, low in _INT_SETTINGS:
+        if f"≥ {low}" not in ranges[name]:
+            wrong.append(f"{name}: the code takes {low} and up, the page's range is "
+                         f"{ranges[name]!r}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_errors_page_names_every_error_of_the_package_s_own():
+    """docs/errors.md names each exception aioproducer.errors defines for itself (the base
+    classes and the errors the client raises; not the one class per broker error code,
+    which the API reference lists), so a new one is documented where users look first."""
+    import aioproducer.errors as errors
+
+    own = [name for name, cls in vars(errors).items()
+           if isinstance(cls, type) and issubclass(cls, BaseException)
+           and cls.__module__ == errors.__name__ and not issubclass(cls, errors.BrokerError)]
+    assert len(own) > 20, own
+    page = (ROOT / "docs" / "errors.md").read_text()
+    missing = [name for name in own if not re.search(rf"\b{name}\b", page)]
+    assert not missing, f"not named on docs/errors.md: {missing}"
