@@ -249,7 +249,7 @@ def test_the_errors_page_names_every_error_of_the_package_s_own():
     """docs/errors.md names each exception aioproducer.errors defines for itself (the base
     classes and the errors the client raises; not the one class per broker error code,
     which the API reference lists), so a new one is documented where users look first."""
-    import aioproducer.errors as errors
+    from aioproducer import errors
 
     own = [name for name, cls in vars(errors).items()
            if isinstance(cls, type) and issubclass(cls, BaseException)
