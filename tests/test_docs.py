@@ -258,3 +258,16 @@ def test_the_errors_page_names_every_error_of_the_package_s_own():
     page = (ROOT / "docs" / "errors.md").read_text()
     missing = [name for name in own if not re.search(rf"\b{name}\b", page)]
     assert not missing, f"not named on docs/errors.md: {missing}"
+
+
+def test_the_architecture_page_names_every_module():
+    """docs/architecture.md names each module of the package (as `name.py`, or `name` in
+    code), so a new module has a place on the page a maintainer reads first."""
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    named = {part for code in re.findall(r"`([\w/.]+)`", page) for part in re.split(r"[/.]", code)}
+    named |= set(re.findall(r"(\w+)\.(?:py|c)\b", page))  # (file names in prose and the tree)
+    package = ROOT / "aioproducer"
+    missing = [str(path.relative_to(package)) for path in sorted(package.rglob("*"))
+               if path.suffix in (".py", ".c") and path.stem != "__init__"
+               and path.stem not in named]
+    assert not missing, f"modules docs/architecture.md does not name: {missing}"
