@@ -271,3 +271,22 @@ def test_the_architecture_page_names_every_module():
                if path.suffix in (".py", ".c") and path.stem != "__init__"
                and path.stem not in named]
     assert not missing, f"modules docs/architecture.md does not name: {missing}"
+
+
+def test_every_exported_name_has_its_entry_in_the_api_reference():
+    """Each name of `aioproducer.__all__` and `aioproducer.testing.__all__` has its `:::`
+    entry in docs/api (aioproducer.testing's ApacheKafka had none)."""
+    import aioproducer
+    import aioproducer.testing
+
+    reference = "\n".join(page.read_text() for page in (ROOT / "docs" / "api").glob("*.md"))
+    entries = set(re.findall(r"^::: ([\w.]+)$", reference, re.MULTILINE))
+    missing = []
+    for module in (aioproducer, aioproducer.testing):
+        for name in module.__all__:
+            if name == "__version__":
+                continue
+            defined_in = getattr(getattr(module, name), "__module__", "")
+            if not {f"{module.__name__}.{name}", f"{defined_in}.{name}", defined_in} & entries:
+                missing.append(f"{module.__name__}.{name}")
+    assert not missing, f"exported, with no entry in docs/api: {missing}"
