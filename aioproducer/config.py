@@ -39,7 +39,9 @@ class TokenProvider(Protocol):
     optional `extensions()` returns SASL extensions (KIP-342), e.g. Confluent Cloud's
     logicalCluster and identityPoolId."""
 
-    def token(self) -> str | Awaitable[str]: ...
+    def token(self) -> str | Awaitable[str]:
+        """The token to authenticate with now (a fresh one before the last expires)."""
+        ...
 
 
 # A TokenProvider, or a plain callable returning the token (or an awaitable of it).

@@ -41,6 +41,8 @@ class SchemaRegistrySerializer(Serializer[Any]):
 
     def serialize(self, topic: str, headers: MutableHeaders, value: Any
                   ) -> bytes | Awaitable[bytes]:
+        """confluent-kafka's serializer's bytes for `value` (schema id in front, or in a
+        header it appends to `headers`)."""
         # The same list, not a copy: a header schema id it appends goes out with the record.
         # (Its hint takes str header values too, so the list's type differs, not the list.)
         context = SerializationContext(topic, self._field, cast(Any, headers))

@@ -199,3 +199,94 @@ def test_every_error_is_importable_from_errors_and_on_its_page(site):
             missing.append(f"{cls.__module__}.{cls.__name__}")
     assert not missing, f"errors not importable from aioproducer.errors or not documented: " \
         f"{sorted(missing)}"
+
+
+def _settings_table() -> list[tuple[list[str], list[str], str]]:
+    """docs/settings.md's table: each row's setting names, the defaults given (the first
+    backquoted value of each part of the default cell, parts split on " / "), its range."""
+    rows = []
+    for line in (ROOT / "docs" / "settings.md").read_text().splitlines():
+        if not line.startswith("| `"):
+            continue
+        setting, default, range_, _ = line.split(" | ", 3)
+        names = re.findall(r"`([a-z_]+)`", setting)
+        defaults = [found.group(1) for part in default.split(" / ")
+                    if (found := re.search(r"`([^`]*)`", part))]
+        rows.append((names, defaults, range_))
+    return rows
+
+
+def test_the_settings_page_lists_every_setting_with_its_default_and_lower_bound():
+    """Each setting of ProducerConfig has its row on docs/settings.md, with the default the
+    code has and, for an integer, the least value the code takes (`≥ N` in its range)."""
+    import ast
+
+    from aioproducer.config import _INT_SETTINGS, ProducerConfig, _setting_names
+
+    rows = _settings_table()
+    listed = [name for names, _, _ in rows for name in names]
+    assert sorted(listed) == sorted(_setting_names()), \
+        "settings.md's table and ProducerConfig's settings differ: " \
+        f"{sorted(set(listed) ^ _setting_names())}"
+    fields = {f.name: f.default for f in dataclasses.fields(ProducerConfig)}
+    wrong = []
+    for names, defaults, _ in rows:
+        if names == ["bootstrap_servers"]:
+            continue  # (required: no default)
+        assert len(defaults) in (1, len(names)), f"{names}: defaults {defaults}"
+        for name, shown in zip(names, defaults * len(names) if len(defaults) == 1 else defaults):
+            if ast.literal_eval(shown) != fields[name]:
+                wrong.append(f"{name}: the page says {shown}, the code has {fields[name]!r}")
+    ranges = {name: range_ for names, _, range_ in rows for name in names}
+    for name, low in _INT_SETTINGS:
+        if f"≥ {low}" not in ranges[name]:
+            wrong.append(f"{name}: the code takes {low} and up, the page's range is "
+                         f"{ranges[name]!r}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_errors_page_names_every_error_of_the_package_s_own():
+    """docs/errors.md names each exception aioproducer.errors defines for itself (the base
+    classes and the errors the client raises; not the one class per broker error code,
+    which the API reference lists), so a new one is documented where users look first."""
+    from aioproducer import errors
+
+    own = [name for name, cls in vars(errors).items()
+           if isinstance(cls, type) and issubclass(cls, BaseException)
+           and cls.__module__ == errors.__name__ and not issubclass(cls, errors.BrokerError)]
+    assert len(own) > 20, own
+    page = (ROOT / "docs" / "errors.md").read_text()
+    missing = [name for name in own if not re.search(rf"\b{name}\b", page)]
+    assert not missing, f"not named on docs/errors.md: {missing}"
+
+
+def test_the_architecture_page_names_every_module():
+    """docs/architecture.md names each module of the package (as `name.py`, or `name` in
+    code), so a new module has a place on the page a maintainer reads first."""
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    named = {part for code in re.findall(r"`([\w/.]+)`", page) for part in re.split(r"[/.]", code)}
+    named |= set(re.findall(r"(\w+)\.(?:py|c)\b", page))  # (file names in prose and the tree)
+    package = ROOT / "aioproducer"
+    missing = [str(path.relative_to(package)) for path in sorted(package.rglob("*"))
+               if path.suffix in (".py", ".c") and path.stem != "__init__"
+               and path.stem not in named]
+    assert not missing, f"modules docs/architecture.md does not name: {missing}"
+
+
+def test_every_exported_name_has_its_entry_in_the_api_reference():
+    """Each name of `aioproducer.__all__` and `aioproducer.testing.__all__` has its `:::`
+    entry in docs/api (aioproducer.testing's ApacheKafka had none)."""
+    import aioproducer
+    import aioproducer.testing
+
+    reference = "\n".join(page.read_text() for page in (ROOT / "docs" / "api").glob("*.md"))
+    entries = set(re.findall(r"^::: ([\w.]+)$", reference, re.MULTILINE))
+    missing = []
+    for module in (aioproducer, aioproducer.testing):
+        for name in module.__all__:
+            if name == "__version__":
+                continue
+            defined_in = getattr(getattr(module, name), "__module__", "")
+            if not {f"{module.__name__}.{name}", f"{defined_in}.{name}", defined_in} & entries:
+                missing.append(f"{module.__name__}.{name}")
+    assert not missing, f"exported, with no entry in docs/api: {missing}"

@@ -305,9 +305,11 @@ class RecordFuture(_RecordFutureBase):
         return removed
 
     def set_result(self, result: Any) -> None:
+        """Refused: the producer resolves a record's future."""
         raise RuntimeError("a RecordFuture is resolved by the producer, not by hand")
 
     def set_exception(self, exception: type | BaseException) -> None:
+        """Refused: the producer resolves a record's future."""
         raise RuntimeError("a RecordFuture is resolved by the producer, not by hand")
 
     # asyncio.gather reads these two of a cancelled child (the only parts of asyncio's

@@ -140,6 +140,7 @@ class SinkProgress:
     rows_already_committed: Accumulator[int]
 
     def add(self, report: TaskReport) -> None:
+        """Count a task's report (on the executor)."""
         self.records.add(report.records)
         self.bytes.add(report.bytes)
         if report.failed:

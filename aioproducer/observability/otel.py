@@ -96,9 +96,11 @@ class OpenTelemetryHooks(ProducerSet):
 
     def on_ack(self, topic: str, partition: int, base_offset: int, record_count: int,
                latency_s: float) -> None:
+        """Record the batch's latency in the record-latency histogram, by topic."""
         self._record_latency.record(latency_s, {"topic": topic})
 
     def on_request(self, node_id: int, latency_s: float, error: BaseException | None) -> None:
+        """Record an answered request's latency, by node."""
         if error is None:
             self._request_latency.record(latency_s, {"node-id": str(node_id)})
 
@@ -106,6 +108,8 @@ class OpenTelemetryHooks(ProducerSet):
 
     def on_send(self, topic: str, key: Any, value: Any,
                 headers: MutableHeaders) -> DeliveryCallback | None:
+        """Start the record's PRODUCER span, put its trace context in the record's headers,
+        and end the span when the record's outcome is known."""
         attributes: dict[str, Any] = {
             "messaging.system": "kafka",
             "messaging.operation.name": "send",

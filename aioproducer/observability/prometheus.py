@@ -38,6 +38,8 @@ class PrometheusCollector(ProducerSet):
         return []
 
     def collect(self) -> Iterator[Metric]:
+        """The metrics of the running producers it is a hook of, read now
+        (prometheus_client calls it at each scrape)."""
         measured = self.measure()
         families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {}
         for group, labels in ((TOPIC_METRICS, ["client_id", "topic"]),

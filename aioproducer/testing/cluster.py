@@ -196,6 +196,9 @@ class SimulatedCluster:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self, timeout: float = 15.0) -> "SimulatedCluster":
+        """Start the embedded broker (unless given one or an upstream address), the loop's
+        thread and the nodes' listeners, within `timeout` s. Does nothing if started; a
+        stopped cluster cannot start again."""
         if self._thread.is_alive():
             return self
         if self._loop.is_closed() or self._expired:
@@ -363,6 +366,7 @@ class SimulatedCluster:
         return self._run_in_loop(lambda: self._partition(topic, partition).leader)
 
     def leader_epoch(self, topic: str, partition: int) -> int:
+        """The partition's leader epoch, bumped by each leader change."""
         return self._run_in_loop(lambda: self._partition(topic, partition).epoch)
 
     def move_leader(self, topic: str, partition: int, to: int | None = None) -> int:
@@ -1046,6 +1050,7 @@ class Chaos:
         self._ended = threading.Event()
 
     def stop(self) -> None:
+        """End the schedule, undoing what is still in force."""
         if self.task is not None and not self.task.done():
             cluster = self._cluster
             with contextlib.suppress(Exception):
@@ -1060,6 +1065,7 @@ class Chaos:
 
     @property
     def running(self) -> bool:
+        """Whether the schedule is still under way."""
         return self.task is not None and not self.task.done()
 
     def wait(self, timeout: float | None = None) -> bool:

@@ -310,6 +310,8 @@ class ApacheKafka:
                 + (["SSL"] if self.tls else []))
 
     def bootstrap_for(self, listener: str = "PLAINTEXT", nodes: Sequence[int] | None = None) -> str:
+        """The addresses of `listener` (PLAINTEXT, SASL_PLAINTEXT or SSL, as configured) on
+        every node, or on `nodes`, comma-separated."""
         if listener not in self.listeners:
             raise ApacheKafkaError(f"no {listener} listener: this cluster has "
                                    f"{', '.join(self.listeners)}")
@@ -323,6 +325,7 @@ class ApacheKafka:
 
     @property
     def bootstrap_servers(self) -> str:
+        """The same as `bootstrap` (the setting's name)."""
         return self.bootstrap
 
     def __repr__(self) -> str:
@@ -330,15 +333,20 @@ class ApacheKafka:
         return f"<ApacheKafka {self.version} nodes={self.nodes} {state}>"
 
     def pid(self, node_id: int) -> int | None:
+        """The node's process id while it runs, else None."""
         process = self._node(node_id).process
         return process.pid if process is not None and process.poll() is None else None
 
     def running(self, node_id: int) -> bool:
+        """Whether the node's process is alive (a paused node is)."""
         return self.pid(node_id) is not None
 
     # -- lifecycle -----------------------------------------------------------------------------
 
     def start(self) -> "ApacheKafka":
+        """Format the nodes' storage in a temporary directory, launch them and wait until
+        every node takes writes (`start_timeout`). Does nothing if started. (Without Java or
+        the jars, the constructor raised ApacheKafkaUnavailable.)"""
         if self._finalizer is not None:
             return self
         self.directory = Path(tempfile.mkdtemp(prefix="aioproducer-kafka-"))
@@ -357,6 +365,8 @@ class ApacheKafka:
         return self
 
     def stop(self) -> None:
+        """Kill every node and remove the directory (its logs kept with `keep_logs`); also
+        run when the object is collected or at exit."""
         if self._finalizer is not None:
             self._finalizer()  # runs _teardown once, whoever calls first
         self._finalizer = None
@@ -703,6 +713,7 @@ class ApacheKafka:
             node.paused = True
 
     def resume_node(self, node_id: int) -> None:
+        """SIGCONT: a paused node answers again."""
         with self._lock:
             node = self._node(node_id)
             if node.process is None:
@@ -734,6 +745,7 @@ class ApacheKafka:
 
     def create_topic(self, name: str, partitions: int = 1, replication_factor: int = 1,
                      config: Mapping[str, Any] | None = None) -> None:
+        """Create a topic (CreateTopics to the controller), with topic `config` properties."""
         from ..config import ProducerConfig
         from ..tools.admin import create_topic
 
