@@ -472,8 +472,8 @@ class Producer(Generic[K, V]):
             if lifecycle.state is STARTED and not lifecycle.closing and \
                     lifecycle.loop is not None:
                 # Not by close(): the loop shuts down (asyncio.run() cancels what is left)
-                # with the producer open, and its sender did not finish (transactional, or
-                # cancelled again; a close() begun is _close_done's to report). Said where it
+                # with the producer open, and its sender did not finish (cancelled again; a
+                # close() begun is _close_done's to report). Said where it
                 # is seen without -W, as asyncio says a task was destroyed pending.
                 pending = sum(b.record_count for b in self._accumulator.incomplete) \
                     if self._accumulator is not None else 0
@@ -909,12 +909,12 @@ def _let_go(unclosed: str, advice: str, source_traceback: traceback.StackSummary
             sender: Sender | None, sender_task: asyncio.Task[None] | None) -> None:
     """The parts of a producer collected unclosed. Its sender (`sender_task`) sends what it
     held, as close() would, for up to 10 s (`Sender.finish`; the loop's end included: a
-    script whose `main()` returns without close() loses nothing), then they are let go
-    (`_end_parts`). A BlockingProducer's (no `sender_task`: its thread and loop end with it)
-    and a transactional producer's are let go at once."""
+    script whose `main()` returns without close() loses nothing; an open transaction is
+    aborted), then they are let go (`_end_parts`). A BlockingProducer's (no `sender_task`:
+    its thread and loop end with it) are let go at once."""
     if lifecycle.state is CLOSED:
         return
-    if sender is not None and sender.running and sender.may_finish and \
+    if sender is not None and sender.running and \
             sender_task is not None and not sender_task.done():
         sender.finish()
         sender_task.add_done_callback(lambda _: _end_parts(
@@ -958,7 +958,9 @@ def _end_parts(unclosed: str, how: str, advice: str,
     if lifecycle.state is STARTED:
         lifecycle.become(CLOSING)
     lifecycle.become(CLOSED)
-    if finished and not unacknowledged:
+    if finished and sender is not None and sender.aborted_at_finish:
+        outcome = _abort_outcome(sender)
+    elif finished and not unacknowledged:
         assert sender is not None
         outcome = f"its {sender.held_at_finish} buffered record(s) were sent before it " \
                   "closed" if sender.held_at_finish else "with nothing buffered"
@@ -972,6 +974,17 @@ def _end_parts(unclosed: str, how: str, advice: str,
     if source_traceback is not None:
         context["source_traceback"] = source_traceback
     asyncio.get_running_loop().call_exception_handler(context)
+
+
+def _abort_outcome(sender: Sender) -> str:
+    """What became of the transaction a producer nobody closed aborted (`Sender.finish`)."""
+    failed = f" ({sender.failed_at_abort} record(s) of it still buffered failed)" \
+        if sender.failed_at_abort else ""
+    if sender.abort_failure is None:
+        return f"its open transaction was aborted, not committed{failed}"
+    return f"its open transaction could not be aborted within {sender.finish_within:g} s " \
+           f"({sender.abort_failure!r}){failed}: read_committed consumers of its partitions " \
+           "wait until its coordinator aborts it (transaction_timeout_ms)"
 
 
 def _debug_mode() -> bool:

@@ -17,8 +17,8 @@ import pytest
 
 from aioproducer import BlockingProducer, Producer
 from aioproducer.errors import (ConfigError, DeliveryTimeoutError, MessageTooLargeError,
-                               ProducerClosedError)
-from tests.support.readback import consume_all
+                               ProducerClosedError, TransactionAbortedError)
+from tests.support.readback import consume_all, transaction_outcomes
 
 
 async def test_the_delivery_error_hook_hears_of_records_nobody_awaits(proxied_broker):
@@ -136,12 +136,17 @@ def test_a_producer_kept_open_past_its_loop_s_end_sends_what_it_held(broker, top
     assert [r.value for r in got] == [b"%d" % i for i in range(1000)]
 
 
-def test_a_transactional_producer_left_open_at_its_loop_s_end_sends_nothing_more(broker,
-                                                                                  topic):
-    """Records of a transaction nobody will commit are not sent at the loop's end: the
-    report says they were left unsent."""
+def test_a_transactional_producer_left_open_at_its_loop_s_end_aborts_its_transaction(
+        broker, topic):
+    """asyncio.run() ends with a transaction open: never committed, it is aborted at once
+    (an ABORT marker after the record it sent), the record still buffered fails with
+    TransactionAbortedError, the producer ends closed, and the report says so. Before, its
+    sender was cancelled ("1 record(s) unsent"), the transaction was left open (no marker:
+    read_committed consumers held back until the coordinator's timeout) and metrics().state
+    stayed 'started'. (Tansu writes the marker; tests/real_kafka checks a read_committed
+    consumer.)"""
     reported: list[str] = []
-    kept: list[Producer] = []  # (open as the loop ends, not collected before)
+    kept: list[tuple[Producer, asyncio.Future]] = []  # (open as the loop ends, not collected)
 
     async def main() -> None:
         asyncio.get_running_loop().set_exception_handler(
@@ -149,12 +154,20 @@ def test_a_transactional_producer_left_open_at_its_loop_s_end_sends_nothing_more
         producer = Producer(broker.bootstrap, transactional_id=f"{topic}-txn", linger_ms=60_000)
         await producer.start()
         producer.begin_transaction()
-        await producer.enqueue(topic, b"uncommitted")
-        kept.append(producer)
+        await producer.enqueue(topic, b"sent, never committed")
+        await producer.flush()
+        kept.append((producer, await producer.enqueue(topic, b"buffered")))
 
     asyncio.run(main())
+    (producer, buffered), = kept
     assert len(reported) == 1 and f"created at {__file__}" in reported[0] and \
-        "(its sender was cancelled, 1 record(s) unsent)" in reported[0], reported
+        "was open as its event loop ended, its open transaction was aborted, not committed " \
+        "(1 record(s) of it still buffered failed)" in reported[0], reported
+    assert isinstance(buffered.exception(), TransactionAbortedError)
+    assert producer.metrics().state == "closed"
+    outcomes = transaction_outcomes(broker.bootstrap, topic, 1)
+    assert (outcomes.aborted, outcomes.committed, outcomes.open) == \
+        ([b"sent, never committed"], [], []), outcomes
 
 
 def _left_open_with_a_record_unanswered(cluster, topic: str, wait: float):
