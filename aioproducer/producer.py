@@ -288,7 +288,7 @@ class Producer(Generic[K, V]):
         _STARTED.add(self)
         if not self._blocking:  # (a BlockingProducer closes its own at exit)
             _SENDERS[self._sender_task] = (
-                f"unclosed {self!r} created at {self._created_at}", accumulator)
+                f"unclosed {self!r} created at {self._created_at}", accumulator, sender)
         observer.started(self)
         if self._transactions is not None:
             try:
@@ -841,9 +841,10 @@ class Producer(Generic[K, V]):
 
 # The producers started in this process: a child forked since closes its copies of them.
 _STARTED: weakref.WeakSet[Producer] = weakref.WeakSet()
-# Their sender tasks, with what to call each producer and its records, for the report at
-# exit (a forked child's copies are the parent's to report).
-_SENDERS: weakref.WeakKeyDictionary[asyncio.Task[None], tuple[str, RecordAccumulator]] = \
+# Their sender tasks, with what to call each producer, its records and its sender, for the
+# report at exit (a forked child's copies are the parent's to report).
+_SENDERS: weakref.WeakKeyDictionary[asyncio.Task[None],
+                                    tuple[str, RecordAccumulator, Sender]] = \
     weakref.WeakKeyDictionary()
 
 
@@ -863,13 +864,21 @@ def _report_left_at_exit() -> None:
     """Records still buffered at exit by a sender whose loop was neither running nor run to
     its end by asyncio.run() (`loop.run_until_complete(main())` without close(), as older
     tutorials do): nothing cancelled the sender, so nothing finished the producer or said
-    so, and its records were lost unsaid."""
-    for task, (unclosed, accumulator) in list(_SENDERS.items()):
+    so, and its records were lost unsaid. Or whose sending at the loop's end
+    (`Sender.finish`) a KeyboardInterrupt cut short: a second Ctrl-C, which asyncio.run()
+    leaves to Python's default handler as it cancels the tasks left."""
+    for task, (unclosed, accumulator, sender) in list(_SENDERS.items()):
         loop = task.get_loop()
-        if task.done() or loop.is_running():
+        if loop.is_running():
             continue
         pending = sum(batch.record_count for batch in accumulator.incomplete)
-        if pending:
+        if pending and sender.finishing_as_loop_ends:
+            loop.call_exception_handler({
+                "message": f"{unclosed}: {pending} record(s) unsent at exit, interrupted (a "
+                           "second Ctrl-C) while it sent what it held as its event loop "
+                           "ended: call `await producer.close()` before the loop ends (or "
+                           "use `async with`)"})
+        elif pending and not task.done():
             loop.call_exception_handler({
                 "message": f"{unclosed}: {pending} record(s) unsent at exit, its event loop "
                            "never run to its end (loop.run_until_complete() without close()): "

@@ -7,9 +7,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import queue
+import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -168,6 +171,59 @@ def test_a_transactional_producer_left_open_at_its_loop_s_end_aborts_its_transac
     outcomes = transaction_outcomes(broker.bootstrap, topic, 1)
     assert (outcomes.aborted, outcomes.committed, outcomes.open) == \
         ([b"sent, never committed"], [], []), outcomes
+
+
+def test_a_second_ctrl_c_leaves_at_once_and_says_what_was_lost(proxied_broker):
+    """A script's first Ctrl-C with its broker not answering: asyncio.run() ends, and the
+    producer left open sends what it holds for up to 10 s, which it now says after a second
+    (before, nothing was said until the 10 s ended). A second Ctrl-C leaves at once; the exit
+    report says the sending was interrupted (it said the loop was never run to its end,
+    `loop.run_until_complete()` without close(), the advice for another mistake)."""
+    from tests.support.processes import start_interruptible
+
+    cluster = proxied_broker
+    cluster.create_topic("interrupted", 1)
+    script = textwrap.dedent("""
+        import asyncio, sys
+        from aioproducer import Producer
+
+        async def main():
+            producer = Producer(sys.argv[1], linger_ms=60_000)
+            await producer.start()
+            for i in range(10):
+                await producer.enqueue("interrupted", b"%d" % i)
+            print("ready", flush=True)
+            await asyncio.sleep(60)
+
+        asyncio.run(main())
+    """)
+    process = start_interruptible([sys.executable, "-c", script, cluster.bootstrap],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  env={**os.environ, "PYTHONWARNINGS": ""})
+    lines: queue.Queue[str] = queue.Queue()
+    reader = threading.Thread(target=lambda: [lines.put(line) for line in process.stderr],
+                              daemon=True)
+    try:
+        assert process.stdout.readline() == "ready\n"
+        cluster.proxy.stall(True)
+        reader.start()
+        process.send_signal(signal.SIGINT)
+        said = []
+        while not any("Ctrl-C leaves now" in line for line in said):
+            said.append(lines.get(timeout=30))  # (queue.Empty: no word of the wait)
+        assert "sends the 10 record(s) it holds for up to" in said[-1], said
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=30)
+        reader.join(timeout=30)
+    finally:
+        process.kill()
+        process.wait()
+        cluster.proxy.stall(False)
+    said += list(lines.queue)
+    stderr = "".join(said)
+    assert "created at <string>:6: 10 record(s) unsent at exit, interrupted (a second " \
+        "Ctrl-C) while it sent what it held as its event loop ended" in stderr, stderr
+    assert "never run to its end" not in stderr and "within 10 s" not in stderr, stderr
 
 
 def _left_open_with_a_record_unanswered(cluster, topic: str, wait: float):

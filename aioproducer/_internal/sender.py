@@ -119,7 +119,8 @@ class Sender:
         self.running = True
         # Loop time by which a producer nobody will close sends what it holds (`finish`).
         self.finish_by: float | None = None
-        self._finished_despite_cancel = False
+        # Whether it took the cancel of its loop's end to finish (`_finish_when_cancelled`).
+        self.finishing_as_loop_ends = False
         # For its report: records incomplete when finish() began, and the accumulator's
         # count of acknowledged records then (what is acknowledged after is of those).
         self.held_at_finish = self.acknowledged_before_finish = 0
@@ -130,6 +131,7 @@ class Sender:
         self.aborted_at_finish = self._aborting = False
         self.failed_at_abort = 0
         self.abort_failure: BaseException | None = None
+        self._still_finishing: asyncio.TimerHandle | None = None  # (`_say_still_finishing`)
         # Per broker, since when it has had a batch ready to send and taken none: one that
         # waited so for partitioner_availability_timeout_ms gets no new keyless records
         # (KIP-794). A broker leaves it when it takes a batch (in a round or by `_send_now`)
@@ -218,6 +220,8 @@ class Sender:
         finally:
             if self._timer is not None:
                 self._timer.cancel()
+            if self._still_finishing is not None:
+                self._still_finishing.cancel()
 
     def finish(self) -> None:
         """Send what is buffered, for at most `finish_within` seconds, then end: for a
@@ -265,14 +269,25 @@ class Sender:
         loop's end): finish instead, once. Not when the producer stops it itself (close(), a
         forked child: `running` is False, and no `finish()`)."""
         task = asyncio.current_task()
-        if task is None or self._finished_despite_cancel or \
+        if task is None or self.finishing_as_loop_ends or \
                 not (self.running or self.finish_by is not None):
             return False
-        self._finished_despite_cancel = True
+        self.finishing_as_loop_ends = True
         task.uncancel()
         if self.running:
             self.finish()
+        self._still_finishing = self._loop.call_later(1.0, self._say_still_finishing)
         return True
+
+    def _say_still_finishing(self) -> None:
+        """The loop's end has waited a second for the records of a producer nobody closed
+        (a broker down or slow): say why the script does not end yet, and how to end it (a
+        Ctrl-C now interrupts the loop's wait: asyncio.run() handles only the first)."""
+        held = sum(b.record_count for b in self._accumulator.incomplete)
+        if held and self.finish_by is not None:
+            log.warning("the event loop ends with a producer open (never closed): it sends the "
+                        "%d record(s) it holds for up to %.0f s more (Ctrl-C leaves now, "
+                        "losing them)", held, max(self.finish_by - self._loop.time(), 0))
 
     async def _sleep(self, now: float, delay: float) -> None:
         """Set the next wake-up, `delay` after the round's `now`, write the round's requests,
