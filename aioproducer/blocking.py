@@ -76,6 +76,22 @@ _OTHER_CLIENTS_VERBS = {
 _OTHER_CLIENTS_VERBS["send_batch"] = _OTHER_CLIENTS_VERBS["create_batch"]
 
 
+def _typed_into_a_host_s_loop() -> bool:
+    """Whether the code running is a notebook's cell or a statement typed at the asyncio
+    REPL (`python -m asyncio`), which their hosts run in their event loop's thread: a
+    Jupyter kernel, marimo's (cells in `marimo edit`, `run` and `export`), the REPL's. Nothing
+    else of the user's waits on that loop, and blocking there is what BlockingProducer is
+    for. (marimo's test is its own, per thread: the handlers of a web app that mounts a
+    marimo app still hear the warning.)"""
+    if "ipykernel" in sys.modules:
+        return True
+    marimo = sys.modules.get("marimo")
+    if marimo is not None and getattr(marimo, "running_in_notebook", bool)():
+        return True
+    main_spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return getattr(main_spec, "name", None) == "asyncio.__main__"
+
+
 class BlockingProducer(Generic[K, V]):
     """A Kafka producer with blocking calls; the same settings as `Producer`.
 
@@ -466,10 +482,10 @@ class BlockingProducer(Generic[K, V]):
     def _warn_async_caller(self) -> None:
         """A blocking call in an event loop's thread (an `async def` handler) stops every
         task of that loop for the wait: 50 concurrent handlers took ~300 ms where `await
-        Producer.send()` took 6 ms. Said once, at the caller's line; not in a Jupyter
-        notebook, whose kernel runs each cell in its loop (nothing else waits there)."""
+        Producer.send()` took 6 ms. Said once, at the caller's line; not in a notebook or
+        the asyncio REPL (`_typed_into_a_host_s_loop`)."""
         self._said_async = self._said_send_loop = True  # (that advice is for sync code)
-        if "ipykernel" in sys.modules:
+        if _typed_into_a_host_s_loop():
             return
         frame, stacklevel = sys._getframe(1), 2
         while frame.f_back is not None and frame.f_code.co_filename == __file__:
