@@ -173,6 +173,36 @@ def test_a_transactional_producer_left_open_at_its_loop_s_end_aborts_its_transac
         ([b"sent, never committed"], [], []), outcomes
 
 
+def test_a_transaction_that_cannot_be_aborted_at_the_loop_s_end_is_reported(proxied_broker,
+                                                                             caplog):
+    """The broker stops answering before the loop's end aborts the open transaction: the
+    abort is given up at the bound (1.5 s here, delivery_timeout_ms), said while it waits,
+    and the report says it was not aborted and what that holds back."""
+    cluster = proxied_broker
+    cluster.create_topic("unabortable", 1)
+    reported: list[str] = []
+    caplog.set_level(logging.WARNING, logger="aioproducer")
+
+    async def main() -> None:
+        asyncio.get_running_loop().set_exception_handler(
+            lambda loop, context: reported.append(context["message"]))
+        producer = Producer(cluster.bootstrap, transactional_id="unabortable-txn",
+                            delivery_timeout_ms=1500, request_timeout_ms=1000)
+        await producer.start()
+        producer.begin_transaction()
+        await producer.send("unabortable", b"sent, never committed")
+        cluster.proxy.stall(True)
+
+    try:
+        asyncio.run(main())
+    finally:
+        cluster.proxy.stall(False)
+    assert len(reported) == 1 and "its open transaction could not be aborted within 1.5 s (" \
+        in reported[0] and "read_committed consumers of its partitions wait until its " \
+        "coordinator aborts it" in reported[0], reported
+    assert "it aborts its open transaction for up to" in caplog.text, caplog.text
+
+
 def test_a_second_ctrl_c_leaves_at_once_and_says_what_was_lost(proxied_broker):
     """A script's first Ctrl-C with its broker not answering: asyncio.run() ends, and the
     producer left open sends what it holds for up to 10 s, which it now says after a second

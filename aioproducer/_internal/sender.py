@@ -284,10 +284,13 @@ class Sender:
         (a broker down or slow): say why the script does not end yet, and how to end it (a
         Ctrl-C now interrupts the loop's wait: asyncio.run() handles only the first)."""
         held = sum(b.record_count for b in self._accumulator.incomplete)
-        if held and self.finish_by is not None:
-            log.warning("the event loop ends with a producer open (never closed): it sends the "
-                        "%d record(s) it holds for up to %.0f s more (Ctrl-C leaves now, "
-                        "losing them)", held, max(self.finish_by - self._loop.time(), 0))
+        if self.finish_by is None or not (held or self._aborting):
+            return
+        log.warning("the event loop ends with a producer open (never closed): it %s for up to "
+                    "%.0f s more (Ctrl-C leaves now%s)",
+                    "aborts its open transaction" if self._aborting else
+                    f"sends the {held} record(s) it holds",
+                    max(self.finish_by - self._loop.time(), 0), ", losing them" if held else "")
 
     async def _sleep(self, now: float, delay: float) -> None:
         """Set the next wake-up, `delay` after the round's `now`, write the round's requests,
