@@ -840,12 +840,29 @@ class _RunAtOnce(ThreadPoolExecutor):
 
 def _close_at_exit() -> None:
     """Records produced but never flushed are sent at exit (within 10 s each producer), as
-    the loop's thread is a daemon that would otherwise die with them."""
+    the loop's thread is a daemon that would otherwise die with them. A close still waiting
+    after a second (a broker down) says so (`_say_still_closing`)."""
     for producer in list(_OPEN):
+        closed = threading.Event()
         with contextlib.suppress(Exception):
-            producer._loop.call_soon_threadsafe(producer._loop.set_default_executor,
-                                                _RunAtOnce(max_workers=1))
+            loop = producer._loop
+            loop.call_soon_threadsafe(loop.set_default_executor, _RunAtOnce(max_workers=1))
+            loop.call_soon_threadsafe(loop.call_later, 1.0, _say_still_closing, producer,
+                                      closed)
             producer.close(timeout=10)
+        closed.set()
+
+
+def _say_still_closing(producer: BlockingProducer[Any, Any], closed: threading.Event) -> None:
+    """In the producer's thread: why the script does not end yet, and how to end it (a Ctrl-C
+    closes at once, as close() does when interrupted: no thread can be started at exit to
+    say this from outside)."""
+    accumulator = producer._producer._accumulator
+    held = sum(b.record_count for b in accumulator.incomplete) if accumulator else 0
+    if held and not closed.is_set():
+        log.warning("a BlockingProducer left open at exit (created at %s) waits for its %d "
+                    "record(s) for up to 9 s more (Ctrl-C leaves now, losing them)",
+                    producer._producer._created_at, held)
 
 
 os.register_at_fork(after_in_child=_forked_in_child)

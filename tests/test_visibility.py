@@ -203,17 +203,44 @@ def test_a_transaction_that_cannot_be_aborted_at_the_loop_s_end_is_reported(prox
     assert "it aborts its open transaction for up to" in caplog.text, caplog.text
 
 
+def _interrupted_twice(cluster, script: str) -> str:
+    """Run `script` (argv[1]: the bootstrap), which prints "ready" once it holds records;
+    stall the broker, Ctrl-C it (a real SIGINT), wait (30 s at most) for the warning that
+    says a Ctrl-C leaves now, Ctrl-C it again: its stderr."""
+    from tests.support.processes import start_interruptible
+
+    process = start_interruptible([sys.executable, "-c", script, cluster.bootstrap],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  env={**os.environ, "PYTHONWARNINGS": ""})
+    lines: queue.Queue[str] = queue.Queue()
+    reader = threading.Thread(target=lambda: [lines.put(line) for line in process.stderr],
+                              daemon=True)
+    said: list[str] = []
+    try:
+        assert process.stdout.readline() == "ready\n"
+        cluster.proxy.stall(True)
+        reader.start()
+        process.send_signal(signal.SIGINT)
+        while not any("Ctrl-C leaves now" in line for line in said):
+            said.append(lines.get(timeout=30))  # (queue.Empty: no word of the wait)
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=30)
+        reader.join(timeout=30)
+    finally:
+        process.kill()
+        process.wait()
+        cluster.proxy.stall(False)
+    return "".join(said + list(lines.queue))
+
+
 def test_a_second_ctrl_c_leaves_at_once_and_says_what_was_lost(proxied_broker):
     """A script's first Ctrl-C with its broker not answering: asyncio.run() ends, and the
     producer left open sends what it holds for up to 10 s, which it now says after a second
     (before, nothing was said until the 10 s ended). A second Ctrl-C leaves at once; the exit
     report says the sending was interrupted (it said the loop was never run to its end,
     `loop.run_until_complete()` without close(), the advice for another mistake)."""
-    from tests.support.processes import start_interruptible
-
-    cluster = proxied_broker
-    cluster.create_topic("interrupted", 1)
-    script = textwrap.dedent("""
+    proxied_broker.create_topic("interrupted", 1)
+    stderr = _interrupted_twice(proxied_broker, textwrap.dedent("""
         import asyncio, sys
         from aioproducer import Producer
 
@@ -226,34 +253,33 @@ def test_a_second_ctrl_c_leaves_at_once_and_says_what_was_lost(proxied_broker):
             await asyncio.sleep(60)
 
         asyncio.run(main())
-    """)
-    process = start_interruptible([sys.executable, "-c", script, cluster.bootstrap],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                  env={**os.environ, "PYTHONWARNINGS": ""})
-    lines: queue.Queue[str] = queue.Queue()
-    reader = threading.Thread(target=lambda: [lines.put(line) for line in process.stderr],
-                              daemon=True)
-    try:
-        assert process.stdout.readline() == "ready\n"
-        cluster.proxy.stall(True)
-        reader.start()
-        process.send_signal(signal.SIGINT)
-        said = []
-        while not any("Ctrl-C leaves now" in line for line in said):
-            said.append(lines.get(timeout=30))  # (queue.Empty: no word of the wait)
-        assert "sends the 10 record(s) it holds for up to" in said[-1], said
-        process.send_signal(signal.SIGINT)
-        process.wait(timeout=30)
-        reader.join(timeout=30)
-    finally:
-        process.kill()
-        process.wait()
-        cluster.proxy.stall(False)
-    said += list(lines.queue)
-    stderr = "".join(said)
+    """))
+    assert "sends the 10 record(s) it holds for up to" in stderr, stderr
     assert "created at <string>:6: 10 record(s) unsent at exit, interrupted (a second " \
         "Ctrl-C) while it sent what it held as its event loop ended" in stderr, stderr
     assert "never run to its end" not in stderr and "within 10 s" not in stderr, stderr
+
+
+def test_a_blocking_producer_closing_at_exit_says_a_ctrl_c_leaves_now(proxied_broker):
+    """The same in sync code: a BlockingProducer left open is closed at exit within 10 s;
+    with its broker not answering, a Ctrl-C'd script sat silent for those 10 s. It now says
+    so after a second; a second Ctrl-C leaves at once, its records failed and said."""
+    proxied_broker.create_topic("interrupted-sync", 1)
+    stderr = _interrupted_twice(proxied_broker, textwrap.dedent("""
+        import sys, time
+        from aioproducer import BlockingProducer
+
+        producer = BlockingProducer(sys.argv[1], linger_ms=60_000)
+        for i in range(10):
+            producer.produce("interrupted-sync", b"%d" % i)
+        print("ready", flush=True)
+        time.sleep(60)
+    """))
+    assert "a BlockingProducer left open at exit (created at <string>:5) waits for its 10 " \
+        "record(s) for up to" in stderr, stderr
+    assert "10 record(s) for interrupted-sync-0 failed: ProducerClosedError('the producer " \
+        "was closed before these records were acknowledged (close(timeout=0))')" in stderr, \
+        stderr
 
 
 def _left_open_with_a_record_unanswered(cluster, topic: str, wait: float):
