@@ -225,11 +225,14 @@ def _interrupted_twice(cluster, script: str) -> str:
             said.append(lines.get(timeout=30))  # (queue.Empty: no word of the wait)
         process.send_signal(signal.SIGINT)
         process.wait(timeout=30)
-        reader.join(timeout=30)
     finally:
         process.kill()
         process.wait()
         cluster.proxy.stall(False)
+        if reader.is_alive():
+            reader.join(timeout=30)  # (to the end of its stderr: the process is gone)
+        process.stdout.close()
+        process.stderr.close()
     return "".join(said + list(lines.queue))
 
 
