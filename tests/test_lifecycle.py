@@ -816,11 +816,16 @@ async def test_a_transactional_producer_dropped_unclosed_aborts_its_transaction(
         await producer.flush()
         return await producer.enqueue(topic, b"buffered")
 
-    buffered = await handler()
-    gc.collect()
-    left = await _tasks_left(30)  # (the abort's round trips first: bounded, for a loaded CI)
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        buffered = await handler()
+        gc.collect()
+        left = await _tasks_left(30)  # (the abort's round trips first: bounded, for a loaded CI)
     loop.set_exception_handler(None)
     assert left == [], left
+    unclosed = [str(w.message) for w in warned if issubclass(w.category, ResourceWarning)]
+    del warned  # (each holds its producer as its source)
+    assert len(unclosed) == 1 and unclosed[0].startswith("unclosed <Producer"), unclosed
     assert len(reported) == 1 and "was collected, its open transaction was aborted, not " \
         "committed (1 record(s) of it still buffered failed)" in reported[0], reported
     assert isinstance(buffered.exception(), TransactionAbortedError)

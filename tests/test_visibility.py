@@ -181,6 +181,7 @@ def test_a_transaction_that_cannot_be_aborted_at_the_loop_s_end_is_reported(prox
     cluster = proxied_broker
     cluster.create_topic("unabortable", 1)
     reported: list[str] = []
+    kept: list[Producer] = []  # (open as the loop ends, not collected before)
     caplog.set_level(logging.WARNING, logger="aioproducer")
 
     async def main() -> None:
@@ -192,6 +193,7 @@ def test_a_transaction_that_cannot_be_aborted_at_the_loop_s_end_is_reported(prox
         producer.begin_transaction()
         await producer.send("unabortable", b"sent, never committed")
         cluster.proxy.stall(True)
+        kept.append(producer)
 
     try:
         asyncio.run(main())
