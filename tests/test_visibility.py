@@ -223,8 +223,12 @@ def _interrupted_twice(cluster, script: str) -> str:
         cluster.proxy.stall(True)
         reader.start()
         process.send_signal(signal.SIGINT)
-        while not any("Ctrl-C leaves now" in line for line in said):
+        for _ in range(200):  # (the script's lines before the warning: a few)
             said.append(lines.get(timeout=30))  # (queue.Empty: no word of the wait)
+            if "Ctrl-C leaves now" in said[-1]:
+                break
+        else:
+            raise AssertionError(f"no word of the wait in 200 lines: {said}")
         process.send_signal(signal.SIGINT)
         process.wait(timeout=30)
     finally:
