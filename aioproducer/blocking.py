@@ -76,6 +76,22 @@ _OTHER_CLIENTS_VERBS = {
 _OTHER_CLIENTS_VERBS["send_batch"] = _OTHER_CLIENTS_VERBS["create_batch"]
 
 
+def _typed_into_a_host_s_loop() -> bool:
+    """Whether the code running is a notebook's cell or a statement typed at the asyncio
+    REPL (`python -m asyncio`), which their hosts run in their event loop's thread: a
+    Jupyter kernel, marimo's (cells in `marimo edit`, `run` and `export`), the REPL's. Nothing
+    else of the user's waits on that loop, and blocking there is what BlockingProducer is
+    for. (marimo's test is its own, per thread: the handlers of a web app that mounts a
+    marimo app still hear the warning.)"""
+    if "ipykernel" in sys.modules:
+        return True
+    marimo = sys.modules.get("marimo")
+    if marimo is not None and getattr(marimo, "running_in_notebook", bool)():
+        return True
+    main_spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return getattr(main_spec, "name", None) == "asyncio.__main__"
+
+
 class BlockingProducer(Generic[K, V]):
     """A Kafka producer with blocking calls; the same settings as `Producer`.
 
@@ -466,10 +482,10 @@ class BlockingProducer(Generic[K, V]):
     def _warn_async_caller(self) -> None:
         """A blocking call in an event loop's thread (an `async def` handler) stops every
         task of that loop for the wait: 50 concurrent handlers took ~300 ms where `await
-        Producer.send()` took 6 ms. Said once, at the caller's line; not in a Jupyter
-        notebook, whose kernel runs each cell in its loop (nothing else waits there)."""
+        Producer.send()` took 6 ms. Said once, at the caller's line; not in a notebook or
+        the asyncio REPL (`_typed_into_a_host_s_loop`)."""
         self._said_async = self._said_send_loop = True  # (that advice is for sync code)
-        if "ipykernel" in sys.modules:
+        if _typed_into_a_host_s_loop():
             return
         frame, stacklevel = sys._getframe(1), 2
         while frame.f_back is not None and frame.f_code.co_filename == __file__:
@@ -824,12 +840,29 @@ class _RunAtOnce(ThreadPoolExecutor):
 
 def _close_at_exit() -> None:
     """Records produced but never flushed are sent at exit (within 10 s each producer), as
-    the loop's thread is a daemon that would otherwise die with them."""
+    the loop's thread is a daemon that would otherwise die with them. A close still waiting
+    after a second (a broker down) says so (`_say_still_closing`)."""
     for producer in list(_OPEN):
+        closed = threading.Event()
         with contextlib.suppress(Exception):
-            producer._loop.call_soon_threadsafe(producer._loop.set_default_executor,
-                                                _RunAtOnce(max_workers=1))
+            loop = producer._loop
+            loop.call_soon_threadsafe(loop.set_default_executor, _RunAtOnce(max_workers=1))
+            loop.call_soon_threadsafe(loop.call_later, 1.0, _say_still_closing, producer,
+                                      closed)
             producer.close(timeout=10)
+        closed.set()
+
+
+def _say_still_closing(producer: BlockingProducer[Any, Any], closed: threading.Event) -> None:
+    """In the producer's thread: why the script does not end yet, and how to end it (a Ctrl-C
+    closes at once, as close() does when interrupted: no thread can be started at exit to
+    say this from outside)."""
+    accumulator = producer._producer._accumulator
+    held = sum(b.record_count for b in accumulator.incomplete) if accumulator else 0
+    if held and not closed.is_set():
+        log.warning("a BlockingProducer left open at exit (created at %s) waits for its %d "
+                    "record(s) for up to 9 s more (Ctrl-C leaves now, losing them)",
+                    producer._producer._created_at, held)
 
 
 os.register_at_fork(after_in_child=_forked_in_child)

@@ -288,7 +288,7 @@ class Producer(Generic[K, V]):
         _STARTED.add(self)
         if not self._blocking:  # (a BlockingProducer closes its own at exit)
             _SENDERS[self._sender_task] = (
-                f"unclosed {self!r} created at {self._created_at}", accumulator)
+                f"unclosed {self!r} created at {self._created_at}", accumulator, sender)
         observer.started(self)
         if self._transactions is not None:
             try:
@@ -472,8 +472,8 @@ class Producer(Generic[K, V]):
             if lifecycle.state is STARTED and not lifecycle.closing and \
                     lifecycle.loop is not None:
                 # Not by close(): the loop shuts down (asyncio.run() cancels what is left)
-                # with the producer open, and its sender did not finish (transactional, or
-                # cancelled again; a close() begun is _close_done's to report). Said where it
+                # with the producer open, and its sender did not finish (cancelled again; a
+                # close() begun is _close_done's to report). Said where it
                 # is seen without -W, as asyncio says a task was destroyed pending.
                 pending = sum(b.record_count for b in self._accumulator.incomplete) \
                     if self._accumulator is not None else 0
@@ -841,9 +841,10 @@ class Producer(Generic[K, V]):
 
 # The producers started in this process: a child forked since closes its copies of them.
 _STARTED: weakref.WeakSet[Producer] = weakref.WeakSet()
-# Their sender tasks, with what to call each producer and its records, for the report at
-# exit (a forked child's copies are the parent's to report).
-_SENDERS: weakref.WeakKeyDictionary[asyncio.Task[None], tuple[str, RecordAccumulator]] = \
+# Their sender tasks, with what to call each producer, its records and its sender, for the
+# report at exit (a forked child's copies are the parent's to report).
+_SENDERS: weakref.WeakKeyDictionary[asyncio.Task[None],
+                                    tuple[str, RecordAccumulator, Sender]] = \
     weakref.WeakKeyDictionary()
 
 
@@ -863,13 +864,21 @@ def _report_left_at_exit() -> None:
     """Records still buffered at exit by a sender whose loop was neither running nor run to
     its end by asyncio.run() (`loop.run_until_complete(main())` without close(), as older
     tutorials do): nothing cancelled the sender, so nothing finished the producer or said
-    so, and its records were lost unsaid."""
-    for task, (unclosed, accumulator) in list(_SENDERS.items()):
+    so, and its records were lost unsaid. Or whose sending at the loop's end
+    (`Sender.finish`) a KeyboardInterrupt cut short: a second Ctrl-C, which asyncio.run()
+    leaves to Python's default handler as it cancels the tasks left."""
+    for task, (unclosed, accumulator, sender) in list(_SENDERS.items()):
         loop = task.get_loop()
-        if task.done() or loop.is_running():
+        if loop.is_running():
             continue
         pending = sum(batch.record_count for batch in accumulator.incomplete)
-        if pending:
+        if pending and sender.finishing_as_loop_ends:
+            loop.call_exception_handler({
+                "message": f"{unclosed}: {pending} record(s) unsent at exit, interrupted (a "
+                           "second Ctrl-C) while it sent what it held as its event loop "
+                           "ended: call `await producer.close()` before the loop ends (or "
+                           "use `async with`)"})
+        elif pending and not task.done():
             loop.call_exception_handler({
                 "message": f"{unclosed}: {pending} record(s) unsent at exit, its event loop "
                            "never run to its end (loop.run_until_complete() without close()): "
@@ -909,12 +918,12 @@ def _let_go(unclosed: str, advice: str, source_traceback: traceback.StackSummary
             sender: Sender | None, sender_task: asyncio.Task[None] | None) -> None:
     """The parts of a producer collected unclosed. Its sender (`sender_task`) sends what it
     held, as close() would, for up to 10 s (`Sender.finish`; the loop's end included: a
-    script whose `main()` returns without close() loses nothing), then they are let go
-    (`_end_parts`). A BlockingProducer's (no `sender_task`: its thread and loop end with it)
-    and a transactional producer's are let go at once."""
+    script whose `main()` returns without close() loses nothing; an open transaction is
+    aborted), then they are let go (`_end_parts`). A BlockingProducer's (no `sender_task`:
+    its thread and loop end with it) are let go at once."""
     if lifecycle.state is CLOSED:
         return
-    if sender is not None and sender.running and sender.may_finish and \
+    if sender is not None and sender.running and \
             sender_task is not None and not sender_task.done():
         sender.finish()
         sender_task.add_done_callback(lambda _: _end_parts(
@@ -958,7 +967,9 @@ def _end_parts(unclosed: str, how: str, advice: str,
     if lifecycle.state is STARTED:
         lifecycle.become(CLOSING)
     lifecycle.become(CLOSED)
-    if finished and not unacknowledged:
+    if finished and sender is not None and sender.aborted_at_finish:
+        outcome = _abort_outcome(sender)
+    elif finished and not unacknowledged:
         assert sender is not None
         outcome = f"its {sender.held_at_finish} buffered record(s) were sent before it " \
                   "closed" if sender.held_at_finish else "with nothing buffered"
@@ -972,6 +983,17 @@ def _end_parts(unclosed: str, how: str, advice: str,
     if source_traceback is not None:
         context["source_traceback"] = source_traceback
     asyncio.get_running_loop().call_exception_handler(context)
+
+
+def _abort_outcome(sender: Sender) -> str:
+    """What became of the transaction a producer nobody closed aborted (`Sender.finish`)."""
+    failed = f" ({sender.failed_at_abort} record(s) of it still buffered failed)" \
+        if sender.failed_at_abort else ""
+    if sender.abort_failure is None:
+        return f"its open transaction was aborted, not committed{failed}"
+    return f"its open transaction could not be aborted within {sender.finish_within:g} s " \
+           f"({sender.abort_failure!r}){failed}: read_committed consumers of its partitions " \
+           "wait until its coordinator aborts it (transaction_timeout_ms)"
 
 
 def _debug_mode() -> bool:

@@ -7,6 +7,7 @@ import asyncio
 import datetime
 import enum
 import json
+import logging
 import re
 import threading
 import traceback
@@ -129,6 +130,24 @@ async def test_unknown_topic(broker):
                         max_block_ms=500) as producer:
         with pytest.raises(UnknownTopicError, match="no-such-topic"):
             await producer.send("no-such-topic", b"v")
+
+
+async def test_sends_waiting_for_a_topic_that_does_not_exist_say_so_once(broker, caplog):
+    """Sends to a topic that does not exist, none created on request (auto-creation off, as
+    on many Kafka clusters) wait max_block_ms (60 s by default) for it: nothing was said
+    until each failed with UnknownTopicError (measured on Kafka 4: 60.0 s of silence; the
+    Java client logs the UNKNOWN_TOPIC_OR_PARTITION of each metadata answer). Said once, a
+    second into the wait, naming the topic, the wait, and what to do."""
+    caplog.set_level(logging.WARNING, logger="aioproducer")
+    async with Producer(broker.bootstrap, allow_auto_create_topics=False,
+                        max_block_ms=2500) as producer:
+        failed = await asyncio.gather(*(producer.send("never-made", b"v") for _ in range(10)),
+                                      return_exceptions=True)
+    assert all(isinstance(error, UnknownTopicError) for error in failed), failed
+    said = [r.getMessage() for r in caplog.records if "never-made" in r.getMessage()]
+    assert len(said) == 1 and "topic 'never-made' does not exist (UNKNOWN_TOPIC_OR_PARTITION) " \
+        "and was not created on request (allow_auto_create_topics=False): records for it wait " \
+        "up to max_block_ms=2500 for it to be made, then fail" in said[0], said
 
 
 async def test_failing_serializer(broker, topic):

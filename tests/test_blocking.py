@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from collections.abc import Callable
@@ -153,8 +154,8 @@ def test_a_blocking_call_from_async_code_says_to_await_a_producer(broker, topic,
     wait (50 concurrent handlers: ~300 ms, where `await Producer.send()` took 6 ms), unsaid.
     Its first blocking call from a thread whose event loop runs warns once, at the user's
     line, naming Producer and `await producer.send()`; the records are sent all the same. Not
-    from a plain thread, nor in a Jupyter notebook (its kernel runs the cells in its loop:
-    blocking there is what BlockingProducer is for)."""
+    from a plain thread, nor in a Jupyter or marimo notebook (their kernels run the cells in
+    their loop: blocking there is what BlockingProducer is for)."""
     import warnings
     from types import ModuleType
 
@@ -178,16 +179,41 @@ def test_a_blocking_call_from_async_code_says_to_await_a_producer(broker, topic,
         "aioproducer.Producer and `await producer.send(...)`" in str(said[0].message), said
     # (Not also the advice for a loop of send() in sync code: produce() and flush().)
     assert "send() calls in a row" not in caplog.text
-    monkeypatch.setitem(sys.modules, "ipykernel", ModuleType("ipykernel"))
-    with BlockingProducer(broker.bootstrap) as producer, \
-            warnings.catch_warnings(record=True) as warned:
-        warnings.simplefilter("always")
-        asyncio.run(handlers(producer, b"notebook"))
-    assert [w for w in warned if issubclass(w.category, RuntimeWarning)] == []
-    got = consume_all(broker.bootstrap, topic, expected=121)
+    # A marimo kernel's thread (marimo.running_in_notebook(), checked with marimo 0.25.2's
+    # `marimo export html`: the warning came from its cells), then a Jupyter kernel.
+    marimo = ModuleType("marimo")
+    marimo.running_in_notebook = lambda: True  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "marimo", marimo)
+    for host in (b"marimo", b"jupyter"):
+        with BlockingProducer(broker.bootstrap) as producer, \
+                warnings.catch_warnings(record=True) as warned:
+            warnings.simplefilter("always")
+            asyncio.run(handlers(producer, host))
+        assert [w for w in warned if issubclass(w.category, RuntimeWarning)] == [], host
+        if host == b"marimo":
+            monkeypatch.delitem(sys.modules, "marimo")
+            monkeypatch.setitem(sys.modules, "ipykernel", ModuleType("ipykernel"))
+    got = consume_all(broker.bootstrap, topic, expected=181)
     assert sorted(r.value for r in got) == sorted(
         [b"async %d" % i for i in range(60)] + [b"thread"] +
-        [b"notebook %d" % i for i in range(60)])
+        [b"marimo %d" % i for i in range(60)] + [b"jupyter %d" % i for i in range(60)])
+
+
+def test_the_asyncio_repl_s_blocking_calls_do_not_warn(broker, topic):
+    """`python -m asyncio` runs every statement typed in its loop's thread, as a Jupyter
+    kernel does: a BlockingProducer there warned that it blocks the loop (where nothing
+    else runs) and to use Producer. With -W error the warning was an exception. (The REPL
+    with stdin piped, as a terminal feeds it.)"""
+    typed = textwrap.dedent(f"""
+        from aioproducer import BlockingProducer
+        producer = BlockingProducer({broker.bootstrap!r})
+        print("sent at", producer.send({topic!r}, b"typed").offset)
+        producer.close()
+    """)
+    done = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-m", "asyncio"],
+                          input=typed, capture_output=True, text=True, timeout=60)
+    assert "sent at 0" in done.stdout and "Warning" not in done.stderr, done.stderr
+    assert [r.value for r in consume_all(broker.bootstrap, topic, expected=1)] == [b"typed"]
 
 
 def test_confluent_kafkas_poll_and_list_topics_say_what_to_use(broker, topic):

@@ -26,11 +26,12 @@ from aioproducer.errors import (
     EventLoopEndedError,
     KafkaConnectionError,
     ProducerClosedError,
+    TransactionAbortedError,
     TransactionalIdAuthorizationFailedError,
 )
 from tests.support.forking import SENT_BY_THE_PARENT, fork_amid_sends
 from tests.support.proxy import refuse_producer_ids
-from tests.support.readback import consume_all
+from tests.support.readback import consume_all, transaction_outcomes
 
 
 async def _tasks_left(wait: float = 2.0) -> list[str]:
@@ -794,6 +795,43 @@ async def test_producers_dropped_unclosed_are_collected_and_let_go(broker, topic
     assert offsets == list(range(101))
     got = consume_all(broker.bootstrap, topic, expected=101)
     assert [r.value for r in got] == [b"forgotten"] * 101
+
+
+async def test_a_transactional_producer_dropped_unclosed_aborts_its_transaction(broker, topic):
+    """A handler that makes a transactional producer, sends in a transaction and forgets it:
+    collected while the loop runs on, it aborts the transaction (ABORT marker after the
+    record it sent; the buffered one fails with TransactionAbortedError) and says so. Before,
+    its parts were let go at once, the transaction left open (no marker) for the
+    coordinator's timeout."""
+    loop = asyncio.get_running_loop()
+    reported: list[str] = []
+    loop.set_exception_handler(lambda loop, context: reported.append(context["message"]))
+
+    async def handler() -> RecordFuture:
+        producer = Producer(broker.bootstrap, transactional_id=f"{topic}-dropped",
+                            linger_ms=60_000)
+        await producer.start()
+        producer.begin_transaction()
+        await producer.enqueue(topic, b"sent, never committed")
+        await producer.flush()
+        return await producer.enqueue(topic, b"buffered")
+
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        buffered = await handler()
+        gc.collect()
+        left = await _tasks_left(30)  # (the abort's round trips first: bounded, for a loaded CI)
+    loop.set_exception_handler(None)
+    assert left == [], left
+    unclosed = [str(w.message) for w in warned if issubclass(w.category, ResourceWarning)]
+    del warned  # (each holds its producer as its source)
+    assert len(unclosed) == 1 and unclosed[0].startswith("unclosed <Producer"), unclosed
+    assert len(reported) == 1 and "was collected, its open transaction was aborted, not " \
+        "committed (1 record(s) of it still buffered failed)" in reported[0], reported
+    assert isinstance(buffered.exception(), TransactionAbortedError)
+    outcomes = transaction_outcomes(broker.bootstrap, topic, 1)
+    assert (outcomes.aborted, outcomes.committed, outcomes.open) == \
+        ([b"sent, never committed"], [], []), outcomes
 
 
 async def test_sender_failure_reaches_every_caller(broker, topic):

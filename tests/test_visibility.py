@@ -7,9 +7,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import queue
+import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -17,8 +20,8 @@ import pytest
 
 from aioproducer import BlockingProducer, Producer
 from aioproducer.errors import (ConfigError, DeliveryTimeoutError, MessageTooLargeError,
-                               ProducerClosedError)
-from tests.support.readback import consume_all
+                               ProducerClosedError, TransactionAbortedError)
+from tests.support.readback import consume_all, transaction_outcomes
 
 
 async def test_the_delivery_error_hook_hears_of_records_nobody_awaits(proxied_broker):
@@ -136,12 +139,17 @@ def test_a_producer_kept_open_past_its_loop_s_end_sends_what_it_held(broker, top
     assert [r.value for r in got] == [b"%d" % i for i in range(1000)]
 
 
-def test_a_transactional_producer_left_open_at_its_loop_s_end_sends_nothing_more(broker,
-                                                                                  topic):
-    """Records of a transaction nobody will commit are not sent at the loop's end: the
-    report says they were left unsent."""
+def test_a_transactional_producer_left_open_at_its_loop_s_end_aborts_its_transaction(
+        broker, topic):
+    """asyncio.run() ends with a transaction open: never committed, it is aborted at once
+    (an ABORT marker after the record it sent), the record still buffered fails with
+    TransactionAbortedError, the producer ends closed, and the report says so. Before, its
+    sender was cancelled ("1 record(s) unsent"), the transaction was left open (no marker:
+    read_committed consumers held back until the coordinator's timeout) and metrics().state
+    stayed 'started'. (Tansu writes the marker; tests/real_kafka checks a read_committed
+    consumer.)"""
     reported: list[str] = []
-    kept: list[Producer] = []  # (open as the loop ends, not collected before)
+    kept: list[tuple[Producer, asyncio.Future]] = []  # (open as the loop ends, not collected)
 
     async def main() -> None:
         asyncio.get_running_loop().set_exception_handler(
@@ -149,12 +157,138 @@ def test_a_transactional_producer_left_open_at_its_loop_s_end_sends_nothing_more
         producer = Producer(broker.bootstrap, transactional_id=f"{topic}-txn", linger_ms=60_000)
         await producer.start()
         producer.begin_transaction()
-        await producer.enqueue(topic, b"uncommitted")
-        kept.append(producer)
+        await producer.enqueue(topic, b"sent, never committed")
+        await producer.flush()
+        kept.append((producer, await producer.enqueue(topic, b"buffered")))
 
     asyncio.run(main())
+    (producer, buffered), = kept
     assert len(reported) == 1 and f"created at {__file__}" in reported[0] and \
-        "(its sender was cancelled, 1 record(s) unsent)" in reported[0], reported
+        "was open as its event loop ended, its open transaction was aborted, not committed " \
+        "(1 record(s) of it still buffered failed)" in reported[0], reported
+    assert isinstance(buffered.exception(), TransactionAbortedError)
+    assert producer.metrics().state == "closed"
+    outcomes = transaction_outcomes(broker.bootstrap, topic, 1)
+    assert (outcomes.aborted, outcomes.committed, outcomes.open) == \
+        ([b"sent, never committed"], [], []), outcomes
+
+
+def test_a_transaction_that_cannot_be_aborted_at_the_loop_s_end_is_reported(proxied_broker,
+                                                                             caplog):
+    """The broker stops answering before the loop's end aborts the open transaction: the
+    abort is given up at the bound (1.5 s here, delivery_timeout_ms), said while it waits,
+    and the report says it was not aborted and what that holds back."""
+    cluster = proxied_broker
+    cluster.create_topic("unabortable", 1)
+    reported: list[str] = []
+    kept: list[Producer] = []  # (open as the loop ends, not collected before)
+    caplog.set_level(logging.WARNING, logger="aioproducer")
+
+    async def main() -> None:
+        asyncio.get_running_loop().set_exception_handler(
+            lambda loop, context: reported.append(context["message"]))
+        producer = Producer(cluster.bootstrap, transactional_id="unabortable-txn",
+                            delivery_timeout_ms=1500, request_timeout_ms=1000)
+        await producer.start()
+        producer.begin_transaction()
+        await producer.send("unabortable", b"sent, never committed")
+        cluster.proxy.stall(True)
+        kept.append(producer)
+
+    try:
+        asyncio.run(main())
+    finally:
+        cluster.proxy.stall(False)
+    assert len(reported) == 1 and "its open transaction could not be aborted within 1.5 s (" \
+        in reported[0] and "read_committed consumers of its partitions wait until its " \
+        "coordinator aborts it" in reported[0], reported
+    assert "it aborts its open transaction for up to" in caplog.text, caplog.text
+
+
+def _interrupted_twice(cluster, script: str) -> str:
+    """Run `script` (argv[1]: the bootstrap), which prints "ready" once it holds records;
+    stall the broker, Ctrl-C it (a real SIGINT), wait (30 s at most) for the warning that
+    says a Ctrl-C leaves now, Ctrl-C it again: its stderr."""
+    from tests.support.processes import start_interruptible
+
+    process = start_interruptible([sys.executable, "-c", script, cluster.bootstrap],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  env={**os.environ, "PYTHONWARNINGS": ""})
+    lines: queue.Queue[str] = queue.Queue()
+    reader = threading.Thread(target=lambda: [lines.put(line) for line in process.stderr],
+                              daemon=True)
+    said: list[str] = []
+    try:
+        assert process.stdout.readline() == "ready\n"
+        cluster.proxy.stall(True)
+        reader.start()
+        process.send_signal(signal.SIGINT)
+        for _ in range(200):  # (the script's lines before the warning: a few)
+            said.append(lines.get(timeout=30))  # (queue.Empty: no word of the wait)
+            if "Ctrl-C leaves now" in said[-1]:
+                break
+        else:
+            raise AssertionError(f"no word of the wait in 200 lines: {said}")
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=30)
+    finally:
+        process.kill()
+        process.wait()
+        cluster.proxy.stall(False)
+        if reader.is_alive():
+            reader.join(timeout=30)  # (to the end of its stderr: the process is gone)
+        process.stdout.close()
+        process.stderr.close()
+    return "".join(said + list(lines.queue))
+
+
+def test_a_second_ctrl_c_leaves_at_once_and_says_what_was_lost(proxied_broker):
+    """A script's first Ctrl-C with its broker not answering: asyncio.run() ends, and the
+    producer left open sends what it holds for up to 10 s, which it now says after a second
+    (before, nothing was said until the 10 s ended). A second Ctrl-C leaves at once; the exit
+    report says the sending was interrupted (it said the loop was never run to its end,
+    `loop.run_until_complete()` without close(), the advice for another mistake)."""
+    proxied_broker.create_topic("interrupted", 1)
+    stderr = _interrupted_twice(proxied_broker, textwrap.dedent("""
+        import asyncio, sys
+        from aioproducer import Producer
+
+        async def main():
+            producer = Producer(sys.argv[1], linger_ms=60_000)
+            await producer.start()
+            for i in range(10):
+                await producer.enqueue("interrupted", b"%d" % i)
+            print("ready", flush=True)
+            await asyncio.sleep(60)
+
+        asyncio.run(main())
+    """))
+    assert "sends the 10 record(s) it holds for up to" in stderr, stderr
+    assert "created at <string>:6: 10 record(s) unsent at exit, interrupted (a second " \
+        "Ctrl-C) while it sent what it held as its event loop ended" in stderr, stderr
+    assert "never run to its end" not in stderr and "within 10 s" not in stderr, stderr
+
+
+def test_a_blocking_producer_closing_at_exit_says_a_ctrl_c_leaves_now(proxied_broker):
+    """The same in sync code: a BlockingProducer left open is closed at exit within 10 s;
+    with its broker not answering, a Ctrl-C'd script sat silent for those 10 s. It now says
+    so after a second; a second Ctrl-C leaves at once, its records failed and said."""
+    proxied_broker.create_topic("interrupted-sync", 1)
+    stderr = _interrupted_twice(proxied_broker, textwrap.dedent("""
+        import sys, time
+        from aioproducer import BlockingProducer
+
+        producer = BlockingProducer(sys.argv[1], linger_ms=60_000)
+        for i in range(10):
+            producer.produce("interrupted-sync", b"%d" % i)
+        print("ready", flush=True)
+        time.sleep(60)
+    """))
+    assert "a BlockingProducer left open at exit (created at <string>:5) waits for its 10 " \
+        "record(s) for up to" in stderr, stderr
+    assert "10 record(s) for interrupted-sync-0 failed: ProducerClosedError('the producer " \
+        "was closed before these records were acknowledged (close(timeout=0))')" in stderr, \
+        stderr
 
 
 def _left_open_with_a_record_unanswered(cluster, topic: str, wait: float):

@@ -51,6 +51,7 @@ from ..errors import (
     KafkaError,
     MessageTooLargeError,
     OutOfOrderSequenceNumberError,
+    TransactionAbortedError,
     UnknownProducerIdError,
     error_for_code,
 )
@@ -69,6 +70,10 @@ if TYPE_CHECKING:
 # BlockingProducer left open at interpreter exit is closed within 10 s; or less, its
 # delivery_timeout_ms, past which its records would fail anyway.
 FINISH_WITHIN = 10.0
+# The transaction states in which a producer nobody closes aborts its transaction (ABORTING:
+# an abort cut short).
+_ABORT_AT_FINISH = frozenset({TxnState.IN_TRANSACTION, TxnState.ABORTABLE_ERROR,
+                              TxnState.ABORTING})
 
 log = logging.getLogger(__name__)
 
@@ -114,11 +119,19 @@ class Sender:
         self.running = True
         # Loop time by which a producer nobody will close sends what it holds (`finish`).
         self.finish_by: float | None = None
-        self._finished_despite_cancel = False
+        # Whether it took the cancel of its loop's end to finish (`_finish_when_cancelled`).
+        self.finishing_as_loop_ends = False
         # For its report: records incomplete when finish() began, and the accumulator's
         # count of acknowledged records then (what is acknowledged after is of those).
         self.held_at_finish = self.acknowledged_before_finish = 0
         self.finish_within = min(FINISH_WITHIN, config.delivery_timeout_ms / 1000)
+        # A transaction open at finish() is aborted (`_abort_at_finish`): whether one was
+        # (until its EndTxn has an outcome, `_aborting` too), how many buffered records of it
+        # failed unsent, and why the abort failed, if it did.
+        self.aborted_at_finish = self._aborting = False
+        self.failed_at_abort = 0
+        self.abort_failure: BaseException | None = None
+        self._still_finishing: asyncio.TimerHandle | None = None  # (`_say_still_finishing`)
         # Per broker, since when it has had a batch ready to send and taken none: one that
         # waited so for partitioner_availability_timeout_ms gets no new keyless records
         # (KIP-794). A broker leaves it when it takes a batch (in a round or by `_send_now`)
@@ -189,11 +202,14 @@ class Sender:
         """Rounds until told to stop and nothing is left (the producer closes it), or, after
         `finish()`, until its deadline."""
         try:
-            while self.running or self._accumulator.incomplete:
+            while self.running or self._accumulator.incomplete or self._aborting:
                 now = self._loop.time()
                 if self.finish_by is not None and now >= self.finish_by:
                     return
                 try:
+                    if not self.running and not self._accumulator.incomplete:
+                        await self._end_aborted_transaction()  # (`_aborting`: after finish())
+                        continue
                     delay = self._run_once(now)
                     if self.finish_by is not None:  # (a response may never come to wake it)
                         delay = min(delay, self.finish_by - now)
@@ -204,41 +220,77 @@ class Sender:
         finally:
             if self._timer is not None:
                 self._timer.cancel()
-
-    @property
-    def may_finish(self) -> bool:
-        """Whether `finish()` is any use: not for a transactional producer, whose records
-        wait for a commit that nobody will make (close() aborts the transaction)."""
-        return self._txn is None or not self._txn.is_transactional
+            if self._still_finishing is not None:
+                self._still_finishing.cancel()
 
     def finish(self) -> None:
         """Send what is buffered, for at most `finish_within` seconds, then end: for a
         producer that will not be closed (collected unclosed, or open as its event loop
-        ends)."""
+        ends). An open transaction is never committed so: it is aborted, as close() does
+        (its buffered records fail), rather than left to hold back read_committed consumers
+        until its coordinator's timeout (transaction_timeout_ms)."""
         if self.finish_by is not None:
             return
-        self.held_at_finish = sum(b.record_count for b in self._accumulator.incomplete)
-        self.acknowledged_before_finish = self._accumulator.records_sent
+        accumulator = self._accumulator
+        self.held_at_finish = sum(b.record_count for b in accumulator.incomplete)
+        self.acknowledged_before_finish = accumulator.records_sent
         self.running = False
         self.finish_by = self._loop.time() + self.finish_within
-        self._accumulator.begin_closing()
+        accumulator.begin_closing()
+        txn = self._txn
+        if txn is not None and txn.is_transactional and txn.state in _ABORT_AT_FINISH:
+            txn.start_commit_or_abort(commit=False)
+            accumulator.fail_all(TransactionAbortedError(
+                "the producer ended without close() with this record's transaction open: the "
+                "transaction was aborted (never committed)"))
+            self.failed_at_abort = self.held_at_finish - sum(
+                b.record_count for b in accumulator.incomplete)
+            self.aborted_at_finish = self._aborting = True
         self.wake()
+
+    async def _end_aborted_transaction(self) -> None:
+        """EndTxn for the transaction finish() aborts, once its records sent have outcomes,
+        before finish()'s deadline."""
+        assert self._txn is not None and self.finish_by is not None
+        try:
+            async with asyncio.timeout_at(self.finish_by):
+                await self._txn.end_transaction(commit=False)
+        except (KafkaError, TimeoutError) as exc:
+            # (If the state moved on, it was aborted: what failed came after, a new epoch's
+            # InitProducerId.)
+            if self._txn.state in _ABORT_AT_FINISH:
+                self.abort_failure = exc
+        self._aborting = False
 
     def _finish_when_cancelled(self) -> bool:
         """Cancelled from outside the producer while it is open (asyncio.run() cancels every
         task left as its loop ends: `await producer.close()` was never called, its buffered
         records would be lost), or after `finish()` (a producer collected unclosed, then the
         loop's end): finish instead, once. Not when the producer stops it itself (close(), a
-        forked child: `running` is False, and no `finish()`), nor for a transactional one."""
+        forked child: `running` is False, and no `finish()`)."""
         task = asyncio.current_task()
-        if task is None or self._finished_despite_cancel or not self.may_finish or \
+        if task is None or self.finishing_as_loop_ends or \
                 not (self.running or self.finish_by is not None):
             return False
-        self._finished_despite_cancel = True
+        self.finishing_as_loop_ends = True
         task.uncancel()
         if self.running:
             self.finish()
+        self._still_finishing = self._loop.call_later(1.0, self._say_still_finishing)
         return True
+
+    def _say_still_finishing(self) -> None:
+        """The loop's end has waited a second for the records of a producer nobody closed
+        (a broker down or slow): say why the script does not end yet, and how to end it (a
+        Ctrl-C now interrupts the loop's wait: asyncio.run() handles only the first)."""
+        held = sum(b.record_count for b in self._accumulator.incomplete)
+        if self.finish_by is None or not (held or self._aborting):
+            return
+        log.warning("the event loop ends with a producer open (never closed): it %s for up to "
+                    "%.0f s more (Ctrl-C leaves now%s)",
+                    "aborts its open transaction" if self._aborting else
+                    f"sends the {held} record(s) it holds",
+                    max(self.finish_by - self._loop.time(), 0), ", losing them" if held else "")
 
     async def _sleep(self, now: float, delay: float) -> None:
         """Set the next wake-up, `delay` after the round's `now`, write the round's requests,

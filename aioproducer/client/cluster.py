@@ -40,6 +40,7 @@ from ..errors import (
     RequestTimeoutError,
     TopicAuthorizationFailedError,
     UnknownTopicError,
+    UnknownTopicOrPartitionError,
     error_for_code,
 )
 from ..protocol.messages import ApiKey
@@ -133,6 +134,7 @@ class Cluster:
         self._bad_address = LogEvery(log, logging.WARNING, 30)
         self._not_recovering = LogEvery(log, logging.WARNING, 30)  # metadata_recovery "none"
         self._refused = LogEvery(log, logging.WARNING, 30)  # another cluster's metadata
+        self._said_missing: set[str] = set()  # topics said not to exist (`_say_missing`)
         # When each topic was last produced to (a new batch; the accumulator writes it too).
         self.touched: dict[str, float] = {}
         self._loop = asyncio.get_running_loop()
@@ -342,6 +344,9 @@ class Cluster:
                 if info is not None and isinstance(info.error, _HARD_TOPIC_ERRORS):
                     raise info.error
                 last_error = info.error if info is not None else None
+                if isinstance(last_error, UnknownTopicOrPartitionError) and \
+                        self._loop.time() >= deadline - timeout + 1:
+                    self._say_missing(topic, timeout)
             remaining = deadline - self._loop.time()
             if remaining <= 0:
                 break
@@ -357,6 +362,21 @@ class Cluster:
             f"topic {topic!r} is not in the cluster's metadata after max_block_ms="
             f"{timeout * 1000:.0f}" + (f" ({last_error})" if last_error else "")
             + ": create it first, or check its name")
+
+    def _say_missing(self, topic: str, timeout: float) -> None:
+        """A topic still unknown to the cluster a second into a send's wait for it (not one
+        just created, whose metadata may lag): said once, as records may wait max_block_ms
+        (60 s by default) before they fail. The Java client logs the error of each metadata
+        answer."""
+        if topic in self._said_missing:
+            return
+        self._said_missing.add(topic)
+        log.warning("topic %r does not exist (UNKNOWN_TOPIC_OR_PARTITION) and was not created "
+                    "on request (allow_auto_create_topics=%s%s): records for it wait up to "
+                    "max_block_ms=%.0f for it to be made, then fail. Create it, or check its "
+                    "name", topic, self._config.allow_auto_create_topics,
+                    "; the brokers' auto.create.topics.enable may be off"
+                    if self._config.allow_auto_create_topics else "", timeout * 1000)
 
     async def _fetch_metadata(self) -> None:
         self._forget_idle_topics()

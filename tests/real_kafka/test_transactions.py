@@ -166,3 +166,35 @@ async def test_an_idempotent_producer_goes_on_after_its_records_are_deleted(apac
     got = consume_all(apache_kafka.bootstrap, topic, expected=5)
     assert [r.value for r in got] == [b"after-%d" % i for i in range(5)]
     assert [r.offset for r in got] == list(range(5, 10))
+
+
+def test_a_transaction_left_open_as_asyncio_run_ends_is_aborted_at_once(apache_kafka,
+                                                                       make_topic):
+    """A script whose main() returns with a transaction open (no commit, no close()): the
+    transaction is aborted as the loop ends, so a read_committed consumer (librdkafka's)
+    reads a later producer's committed record at once, and not the abandoned one. Before, the
+    transaction stayed open until the coordinator timed it out (transaction_timeout_ms, 60 s):
+    the read found nothing in 15 s."""
+    topic = make_topic()
+    kept: list[Producer] = []  # (open as the loop ends)
+
+    async def left_open() -> None:
+        producer = Producer(apache_kafka.bootstrap, transactional_id=_tid())
+        await producer.start()
+        producer.begin_transaction()
+        await producer.send(topic, b"left open")
+        kept.append(producer)
+
+    async def committed_after() -> None:
+        async with Producer(apache_kafka.bootstrap, transactional_id=_tid()) as producer:
+            async with producer.transaction():
+                await producer.send(topic, b"committed after")
+
+    asyncio.run(left_open())
+    asyncio.run(committed_after())
+    got = consume_all(apache_kafka.bootstrap, topic, expected=1, timeout=15,
+                      isolation_level="read_committed")
+    assert [r.value for r in got] == [b"committed after"]
+    assert kept[0].metrics().state == "closed"
+    assert sorted(r.value for r in consume_all(apache_kafka.bootstrap, topic, expected=2)) == \
+        [b"committed after", b"left open"]
