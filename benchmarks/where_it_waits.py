@@ -8,7 +8,7 @@ transport's buffer (not yet taken by the kernel: the loop must turn to write the
 broker process's CPU seconds.
 
     python benchmarks/where_it_waits.py [--broker embedded|kafka] [--records N] [--size B]
-        [--shape gather|bulk] [--set name=value ...]
+        [--shape gather|bulk] [--set name=value ...] [--client confluent]
 
 A fresh broker (the embedded one, or one Apache Kafka node, warmed up by an untimed write of
 the same records), a topic of 6 partitions, keyed
@@ -16,6 +16,10 @@ records of --size bytes, each client default but linger 5 ms and acks=1, uvloop.
 overrides a setting (`--set batch_size=1048576 --set enable_idempotence=false`; `--set acks=0
 --set enable_idempotence=false` for acks=0). Counts come
 from wrapping the sender's and the intake's methods: a diagnosis, not a timing to compare.
+`--client confluent`: confluent-kafka's produce() and poll(0) per record (as grid.py runs it,
+its defaults but linger 5 ms, acks=1, idempotence off) with the same broker and records, and
+its requests as librdkafka's statistics (every 20 ms) tell them: how many, KB each, how many
+awaited a response (median and largest of the samples), round trip.
 """
 
 from __future__ import annotations
@@ -156,11 +160,68 @@ async def run(bootstrap: str, topic: str, args: argparse.Namespace,
           f"{backlog[len(backlog) * 9 // 10] / 1e3:.0f} KB, max {backlog[-1] / 1e3:.0f} KB")
     if broker_cpu is not None:
         print(f"  the broker's CPU: {broker_cpu[0]:.2f} s appending, {broker_cpu[1]:.2f} s in "
-              f"all ({broker_cpu[1] / wall:.0%} of a core)")
+              f"all ({broker_cpu[1] / wall:.0%} of a core, {broker_cpu[1] / n * 1e6:.2f} us a "
+              "record)")
     latencies.sort()
     if latencies:  # (none at acks=0)
         print(f"  latency (write to response) ms: p50 {latencies[len(latencies) // 2] * 1e3:.2f}, "
               f"p90 {latencies[len(latencies) * 9 // 10] * 1e3:.2f}, max {latencies[-1] * 1e3:.2f}")
+
+
+def run_confluent(bootstrap: str, topic: str, args: argparse.Namespace,
+                  broker_pid: int | None) -> None:
+    import json
+
+    from confluent_kafka import Producer as ConfluentProducer
+
+    value = os.urandom(args.size)
+    data = [(b"key-%012d" % (i % 100_000), value) for i in range(args.records)]
+    stats: list[str] = []
+    producer = ConfluentProducer({
+        "bootstrap.servers": bootstrap, "acks": 1, "enable.idempotence": False, "linger.ms": 5,
+        "statistics.interval.ms": 20, "stats_cb": stats.append})
+
+    def produce(into: str) -> None:
+        for key, value in data:
+            while True:
+                try:
+                    producer.produce(into, value, key)
+                    break
+                except BufferError:
+                    producer.poll(0.001)
+            producer.poll(0)
+        producer.flush(60)
+
+    if args.broker == "kafka":
+        produce("warm-up")
+    producer.list_topics(topic)
+    producer.poll(0.05)
+    stats.clear()
+    broker_start = process_seconds(broker_pid) if broker_pid else 0.0
+    cpu, start = time.process_time(), time.perf_counter()
+    produce(topic)
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+    broker_cpu = process_seconds(broker_pid) - broker_start if broker_pid else None
+    producer.poll(0.05)  # (the last statistics)
+    n = args.records
+    print(f"confluent, {n} records of {args.size} B: {n / wall:,.0f} rec/s, "
+          f"{n * args.size / wall / 1e6:.0f} MB/s, {cpu / n * 1e6:.2f} us CPU/record, "
+          f"busy {cpu / wall:.0%} (two threads), load {os.getloadavg()[0]:.1f}")
+    samples = [json.loads(s)["brokers"] for s in stats]
+    first = {name: b for name, b in json.loads(stats[0])["brokers"].items()}
+    for name, last in samples[-1].items():
+        sent = last["req"].get("Produce", 0) - first[name]["req"].get("Produce", 0)
+        if last["nodeid"] < 0 or not sent:
+            continue
+        awaited = sorted(s[name]["waitresp_cnt"] for s in samples if name in s)
+        tx_bytes = last["txbytes"] - first[name]["txbytes"]
+        print(f"  {sent} produce requests, {tx_bytes / sent / 1e3:.0f} KB each; awaiting a "
+              f"response (samples every 20 ms): median {awaited[len(awaited) // 2]}, "
+              f"max {awaited[-1]}; round trip ms: p50 {last['rtt']['p50'] / 1e3:.2f}, "
+              f"p99 {last['rtt']['p99'] / 1e3:.2f} (the last window)")
+    if broker_cpu is not None:
+        print(f"  the broker's CPU: {broker_cpu:.2f} s ({broker_cpu / wall:.0%} of a core, "
+              f"{broker_cpu / n * 1e6:.2f} us a record)")
 
 
 def main() -> None:
@@ -170,6 +231,7 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=1000)
     parser.add_argument("--shape", choices=("gather", "bulk"), default="gather")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument("--client", choices=("aioproducer", "confluent"), default="aioproducer")
     args = parser.parse_args()
     settings: dict[str, Any] = {}
     for item in args.set:
@@ -182,7 +244,10 @@ def main() -> None:
         if args.broker == "kafka":
             broker.create_topic("warm-up", 6)
         pid = broker.pid(0) if args.broker == "kafka" else broker.pid
-        uvloop.run(run(broker.bootstrap, "waits", args, settings, pid))
+        if args.client == "confluent":
+            run_confluent(broker.bootstrap, "waits", args, pid)
+        else:
+            uvloop.run(run(broker.bootstrap, "waits", args, settings, pid))
 
 
 if __name__ == "__main__":
