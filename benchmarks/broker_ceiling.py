@@ -116,6 +116,12 @@ def one_run(args: argparse.Namespace, frame: bytes, records: int, depth: int,
         pid = broker.pid(0) if args.broker == "kafka" else broker.pid
         host, port = broker.bootstrap.rsplit(":", 1)
         count = max(4, args.mb * 10**6 // len(frame) // conns)
+        for _ in range(40):  # until the new topic's partitions have their leaders (Kafka)
+            errors.clear()
+            write((host, int(port)), frame, 1, 1)
+            if not errors:
+                break
+            time.sleep(0.25)
         if args.broker == "kafka":  # the JIT warmed up by a first, untimed pass
             write((host, int(port)), frame, count, depth)
         threads = [threading.Thread(target=write, args=((host, int(port)), frame, count, depth))

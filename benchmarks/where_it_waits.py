@@ -108,6 +108,18 @@ def process_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def runnable_seconds(pid: int) -> float:
+    """Seconds a process's live threads have waited runnable, for a core (/proc schedstat)."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat") as stat:
+                total += int(stat.read().split()[1])
+        except FileNotFoundError:  # (a thread that ended meanwhile)
+            pass
+    return total / 1e9
+
+
 async def run(bootstrap: str, topic: str, args: argparse.Namespace,
               settings: dict[str, Any], broker_pid: int | None) -> None:
     value = os.urandom(args.size)
@@ -120,6 +132,7 @@ async def run(bootstrap: str, topic: str, args: argparse.Namespace,
         await producer.partitions_for(topic)
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         broker_start = process_seconds(broker_pid) if broker_pid else 0.0
+        broker_waited = runnable_seconds(broker_pid) if broker_pid else 0.0
         sched, cpu, start = scheduled(), time.process_time(), time.perf_counter()
         if args.shape == "gather":
             futures = [await producer.enqueue(topic, v, k) for k, v in data]
@@ -137,6 +150,8 @@ async def run(bootstrap: str, topic: str, args: argparse.Namespace,
         wall, cpu = time.perf_counter() - start, time.process_time() - cpu
         broker_cpu = (broker_appending - broker_start,
                       process_seconds(broker_pid) - broker_start) if broker_pid else None
+        if broker_pid:
+            broker_waited = runnable_seconds(broker_pid) - broker_waited
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
     n = args.records
     print(f"{args.shape}, {n} records of {args.size} B, {settings or 'defaults'}: "
@@ -161,7 +176,7 @@ async def run(bootstrap: str, topic: str, args: argparse.Namespace,
     if broker_cpu is not None:
         print(f"  the broker's CPU: {broker_cpu[0]:.2f} s appending, {broker_cpu[1]:.2f} s in "
               f"all ({broker_cpu[1] / wall:.0%} of a core, {broker_cpu[1] / n * 1e6:.2f} us a "
-              "record)")
+              f"record); its threads waited runnable {broker_waited * 1e3:.0f} ms")
     latencies.sort()
     if latencies:  # (none at acks=0)
         print(f"  latency (write to response) ms: p50 {latencies[len(latencies) // 2] * 1e3:.2f}, "
@@ -198,10 +213,12 @@ def run_confluent(bootstrap: str, topic: str, args: argparse.Namespace,
     producer.poll(0.05)
     stats.clear()
     broker_start = process_seconds(broker_pid) if broker_pid else 0.0
+    broker_waited = runnable_seconds(broker_pid) if broker_pid else 0.0
     cpu, start = time.process_time(), time.perf_counter()
     produce(topic)
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     broker_cpu = process_seconds(broker_pid) - broker_start if broker_pid else None
+    broker_waited = runnable_seconds(broker_pid) - broker_waited if broker_pid else 0.0
     producer.poll(0.05)  # (the last statistics)
     n = args.records
     print(f"confluent, {n} records of {args.size} B: {n / wall:,.0f} rec/s, "
@@ -221,7 +238,8 @@ def run_confluent(bootstrap: str, topic: str, args: argparse.Namespace,
               f"p99 {last['rtt']['p99'] / 1e3:.2f} (the last window)")
     if broker_cpu is not None:
         print(f"  the broker's CPU: {broker_cpu:.2f} s ({broker_cpu / wall:.0%} of a core, "
-              f"{broker_cpu / n * 1e6:.2f} us a record)")
+              f"{broker_cpu / n * 1e6:.2f} us a record); its threads waited runnable "
+              f"{broker_waited * 1e3:.0f} ms")
 
 
 def main() -> None:
