@@ -49,6 +49,7 @@ from aioproducer.testing import ApacheKafka, EmbeddedBroker  # noqa: E402
 requests: list[tuple[int, int, int]] = []  # (batches, bytes, in flight when written)
 backlog: list[int] = []  # bytes the transport still held (not in the kernel) after each write
 latencies: list[float] = []
+answered: list[tuple[float, float]] = []  # each request's (written, answered), perf_counter
 waits: list[tuple[float, bool]] = []  # (seconds, after closing a full batch: else in line)
 rounds = [0, 0]  # the sender's rounds, and those that prepared no request
 
@@ -78,6 +79,7 @@ def instrument() -> None:
 
     def on_response(self: Any, conn: Any, batches: Any, written: float, *rest: Any) -> None:
         latencies.append(time.perf_counter() - written)
+        answered.append((written, time.perf_counter()))
         responded(self, conn, batches, written, *rest)
 
     async def in_turn(self: Any, waiting: Any) -> Any:
@@ -128,6 +130,7 @@ async def run(bootstrap: str, topic: str, args: argparse.Namespace,
         if args.broker == "kafka":  # warmed up as grid.py does it: an untimed bulk write
             await (await producer.enqueue_many("warm-up", data))
             requests.clear(), latencies.clear(), waits.clear(), backlog.clear()
+            answered.clear()
             rounds[:] = [0, 0]
         await producer.partitions_for(topic)
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -148,6 +151,7 @@ async def run(bootstrap: str, topic: str, args: argparse.Namespace,
             for result in results:
                 await result
         wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+        answered[:] = [(w, a) for w, a in answered if w >= start]  # (not the untimed ones)
         broker_cpu = (broker_appending - broker_start,
                       process_seconds(broker_pid) - broker_start) if broker_pid else None
         if broker_pid:
@@ -181,6 +185,21 @@ async def run(bootstrap: str, topic: str, args: argparse.Namespace,
     if latencies:  # (none at acks=0)
         print(f"  latency (write to response) ms: p50 {latencies[len(latencies) // 2] * 1e3:.2f}, "
               f"p90 {latencies[len(latencies) * 9 // 10] * 1e3:.2f}, max {latencies[-1] * 1e3:.2f}")
+        outstanding(start, start + wall)
+
+
+def outstanding(start: float, end: float) -> None:
+    """How long the run had k requests written and not yet answered (0: the broker had
+    nothing of ours to do), and the time from the last answer to the run's end."""
+    changes = sorted([(w, 1) for w, _ in answered] + [(a, -1) for _, a in answered])
+    spent: collections.Counter[int] = collections.Counter()
+    k, since = 0, start
+    for when, step in changes:
+        spent[k] += when - since
+        k, since = k + step, when
+    print("  ms with k requests unanswered: " + ", ".join(
+        f"{k}: {seconds * 1e3:.0f}" for k, seconds in sorted(spent.items()))
+        + f"; from the last answer to the end: {(end - since) * 1e3:.0f} ms")
 
 
 def run_confluent(bootstrap: str, topic: str, args: argparse.Namespace,
