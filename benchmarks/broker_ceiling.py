@@ -70,7 +70,7 @@ async def _produce(bootstrap: str, size: int, settings: dict[str, int]) -> None:
         await (await producer.enqueue_many("capture", records))
 
 
-errors: list[Any] = []  # partitions a first response refused
+errors: list[Any] = []  # partitions a first response refused, or a request unanswered
 
 
 def write(address: tuple[str, int], frame: bytes, count: int, depth: int) -> None:
@@ -96,7 +96,9 @@ def write(address: tuple[str, int], frame: bytes, count: int, depth: int) -> Non
     reader.start()
     request = bytearray(frame)
     for correlation_id in range(count):
-        room.acquire()
+        if not room.acquire(timeout=60):  # (the connection closed, or the broker hangs)
+            errors.append(f"no answer to request {correlation_id - depth} in 60 s")
+            break
         struct.pack_into(">i", request, _CORRELATION_AT, correlation_id)
         sock.sendall(request)
     reader.join(timeout=120)
