@@ -4,8 +4,10 @@ waits of enqueue() (for its turn after closing a full batch, or in line for memo
 sender's rounds (and how many wrote nothing), and the
 producing thread's time on the CPU against its time runnable but not running (the run queue:
 another process, the broker's threads say, had the core), the bytes each request left in the
-transport's buffer (not yet taken by the kernel: the loop must turn to write them), and the
-broker process's CPU seconds.
+transport's buffer (not yet taken by the kernel: the loop must turn to write them), the
+broker process's CPU seconds and its threads' run-queue time, how long k requests were
+written and unanswered (0: the broker had nothing of ours to do), and the time from the last
+answer to the run's end (gather's own tail).
 
     python benchmarks/where_it_waits.py [--broker embedded|kafka] [--records N] [--size B]
         [--shape gather|bulk] [--set name=value ...] [--client confluent]
