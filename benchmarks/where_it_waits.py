@@ -218,10 +218,10 @@ def run_confluent(bootstrap: str, topic: str, args: argparse.Namespace,
         "statistics.interval.ms": 20, "stats_cb": stats.append})
 
     def produce(into: str) -> None:
-        for key, value in data:
+        for key, record in data:
             while True:
                 try:
-                    producer.produce(into, value, key)
+                    producer.produce(into, record, key)
                     break
                 except BufferError:
                     producer.poll(0.001)
@@ -231,8 +231,8 @@ def run_confluent(bootstrap: str, topic: str, args: argparse.Namespace,
     if args.broker == "kafka":
         produce("warm-up")
     producer.list_topics(topic)
-    producer.poll(0.05)
-    stats.clear()
+    producer.poll(0.05)  # (statistics every 20 ms: the last one before is the baseline)
+    del stats[:-1]
     broker_start = process_seconds(broker_pid) if broker_pid else 0.0
     broker_waited = runnable_seconds(broker_pid) if broker_pid else 0.0
     cpu, start = time.process_time(), time.perf_counter()
@@ -245,14 +245,14 @@ def run_confluent(bootstrap: str, topic: str, args: argparse.Namespace,
     print(f"confluent, {n} records of {args.size} B: {n / wall:,.0f} rec/s, "
           f"{n * args.size / wall / 1e6:.0f} MB/s, {cpu / n * 1e6:.2f} us CPU/record, "
           f"busy {cpu / wall:.0%} (two threads), load {os.getloadavg()[0]:.1f}")
-    samples = [json.loads(s)["brokers"] for s in stats]
-    first = {name: b for name, b in json.loads(stats[0])["brokers"].items()}
+    samples = [json.loads(s)["brokers"] for s in stats]  # (the first: before the run)
     for name, last in samples[-1].items():
-        sent = last["req"].get("Produce", 0) - first[name]["req"].get("Produce", 0)
+        before = samples[0].get(name, {"req": {}, "txbytes": 0})  # (not connected yet)
+        sent = last["req"].get("Produce", 0) - before["req"].get("Produce", 0)
         if last["nodeid"] < 0 or not sent:
             continue
-        awaited = sorted(s[name]["waitresp_cnt"] for s in samples if name in s)
-        tx_bytes = last["txbytes"] - first[name]["txbytes"]
+        awaited = sorted(s[name]["waitresp_cnt"] for s in samples[1:] if name in s)
+        tx_bytes = last["txbytes"] - before["txbytes"]
         print(f"  {sent} produce requests, {tx_bytes / sent / 1e3:.0f} KB each; awaiting a "
               f"response (samples every 20 ms): median {awaited[len(awaited) // 2]}, "
               f"max {awaited[-1]}; round trip ms: p50 {last['rtt']['p50'] / 1e3:.2f}, "
