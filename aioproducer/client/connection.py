@@ -104,7 +104,6 @@ class BrokerConnection(asyncio.Protocol):
         self.paused = False
         self.on_resume: Callable[[], None] | None = None
         self._max_request_size = max_request_size
-        self._idle: asyncio.Future[None] | None = None  # quiet(): no request pending
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
         self._joins_lines = False  # the transport's writelines() copies (connection_made)
@@ -178,8 +177,8 @@ class BrokerConnection(asyncio.Protocol):
 
     async def authenticate(self, mechanism: SaslMechanism) -> None:
         """SaslHandshake names the mechanism, then SaslAuthenticate carries each step (KIP-152).
-        Again later on the same connection to re-authenticate (KIP-368), once nothing is in
-        flight; `session_lifetime_ms` is then the broker's limit (0: none)."""
+        Again later on the same connection to re-authenticate (KIP-368); `session_lifetime_ms`
+        is then the broker's limit (0: none)."""
         response = await self.request(ApiKey.SASL_HANDSHAKE, {"mechanism": mechanism.name})
         if response["error_code"]:
             raise AuthenticationError(
@@ -228,16 +227,17 @@ class BrokerConnection(asyncio.Protocol):
             self.on_reauthentication_due(self)
 
     async def reauthenticate(self, mechanism: SaslMechanism) -> None:
-        """Authenticate again on this open connection (KIP-368), once nothing is in flight.
-        Every request sent meanwhile (and since it was due) is held and written after it, in
-        order: between SaslHandshake and the exchange's end a broker closes a connection that
-        sends anything but SaslAuthenticate. If it fails (or is cancelled) the connection
-        closes, failing what it held, and the error is raised; closed while it waits, it
-        just ends."""
+        """Authenticate again on this open connection (KIP-368). Every request sent meanwhile
+        (and since it was due) is held and written after it, in order: between SaslHandshake
+        and the exchange's end a broker closes a connection that sends anything but
+        SaslAuthenticate. The requests already in flight are not waited for, as Java's
+        KafkaChannel does not wait: a broker handles a connection's requests one at a time,
+        in order, so their answers come before the SaslHandshake's, each to its callback as
+        usual. If it fails (or is cancelled) the connection closes, failing what it held,
+        and the error is raised; closed before it begins, it just ends."""
         if self._held is None:
             self._held = []
         try:
-            await self.quiet()
             if self._close_exc is not None:
                 return
             await self.authenticate(mechanism)
@@ -359,17 +359,6 @@ class BrokerConnection(asyncio.Protocol):
         self.send(api_key, body, partial(_settle, future), version=version)
         return await future
 
-    async def quiet(self) -> None:
-        """Wait until no request is pending (or the connection closed)."""
-        while (self._pending or self._backlog) and self._close_exc is None:
-            self._idle = self._loop.create_future()
-            await self._idle
-
-    def _wake_idle(self) -> None:
-        idle, self._idle = self._idle, None
-        if idle is not None and not idle.done():
-            idle.set_result(None)
-
     @property
     def closed(self) -> bool:
         return self._close_exc is not None
@@ -409,7 +398,6 @@ class BrokerConnection(asyncio.Protocol):
         held = (self._held or []) + self._throttle_held
         self._held, self._throttle_held = None, []
         self.in_flight_produce = 0
-        self._wake_idle()
         callbacks = [entry.on_response for entry, _ in backlog] + \
             [entry.on_response for entry in pending.values()] + \
             [on_response for _, _, on_response, _ in held if on_response is not None]
@@ -501,8 +489,6 @@ class BrokerConnection(asyncio.Protocol):
             self._handle_one(entry, response)
             if self._close_exc is not None:  # by a callback or the error: close() failed the rest
                 return
-        if not pending and not self._backlog and self._idle is not None:
-            self._wake_idle()
 
     def _decode_next(self) -> None:
         """Deliver the backlog up to its first deferred response, and start decoding that
@@ -518,8 +504,6 @@ class BrokerConnection(asyncio.Protocol):
             self._decoding = True
             decoded = self._loop.run_in_executor(None, _decode_without_gc, backlog[0][1])
             decoded.add_done_callback(self._decoded)
-        elif not self._pending and self._idle is not None:
-            self._wake_idle()
 
     def _decoded(self, done: asyncio.Future[None]) -> None:
         self._decoding = False
