@@ -195,8 +195,11 @@ class BrokerConnection(asyncio.Protocol):
         try:  # a numeric address needs no lookup (nor a worker thread)
             addresses = socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM,
                                            flags=socket.AI_NUMERICHOST)
-        except socket.gaierror:
-            addresses = await loop.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
+        except socket.gaierror:  # a name: in the loop's executor, as asyncio's getaddrinfo
+            # does (uvloop's uses libuv's thread pool, whose threads a child forked later
+            # joins at its exit though they are not in it: SIGSEGV)
+            addresses = await loop.run_in_executor(None, socket.getaddrinfo, self.host,
+                                                   self.port, 0, socket.SOCK_STREAM)
         if not addresses:
             raise OSError(f"getaddrinfo({self.host!r}) returned no address")
         first_error: OSError | None = None
@@ -636,8 +639,7 @@ def _decode_without_gc(response: Response) -> None:
 async def _connect(loop: asyncio.AbstractEventLoop, sock: socket.socket,
                    address: Any) -> None:
     """sock.connect(address), waiting without blocking, as loop.sock_connect() does (but
-    uvloop's looks the address up again, in libuv's thread pool, whose threads a child
-    forked later joins at its exit though they are not in it: SIGSEGV)."""
+    uvloop's looks the address up again, in libuv's thread pool: see _connect_socket)."""
     error = sock.connect_ex(address)
     if error in (errno.EINPROGRESS, errno.EINTR):
         fd = sock.fileno()
