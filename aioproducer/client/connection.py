@@ -217,12 +217,9 @@ class BrokerConnection(asyncio.Protocol):
         else:
             assert first_error is not None
             raise first_error
-        try:
-            await loop.create_connection(lambda: self, sock=sock, ssl=ssl_context,
-                                         server_hostname=self.host if ssl_context else None)
-        except BaseException:
-            sock.close()  # (if the transport has not: a TLS handshake refused, say)
-            raise
+        # (Failed, the transport closes the socket: asyncio's closes it, uvloop's detaches it.)
+        await loop.create_connection(lambda: self, sock=sock, ssl=ssl_context,
+                                     server_hostname=self.host if ssl_context else None)
 
     async def authenticate(self, mechanism: SaslMechanism) -> None:
         """SaslHandshake names the mechanism, then SaslAuthenticate carries each step (KIP-152).
