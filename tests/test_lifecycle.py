@@ -29,7 +29,7 @@ from aioproducer.errors import (
     TransactionAbortedError,
     TransactionalIdAuthorizationFailedError,
 )
-from tests.support.forking import SENT_BY_THE_PARENT, fork_amid_sends
+from tests.support.forking import SENT_BY_THE_PARENT, fork_amid_sends, fork_while_connecting
 from tests.support.proxy import refuse_producer_ids
 from tests.support.readback import consume_all, transaction_outcomes
 
@@ -703,6 +703,28 @@ def test_a_child_forked_in_a_coroutine_leaves_the_parents_connections_alone(brok
     assert error.startswith("ProducerClosedError: this producer was started before os.fork()")
     got = consume_all(broker.bootstrap, topic, expected=len(SENT_BY_THE_PARENT))
     assert [r.value for r in got] == SENT_BY_THE_PARENT
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"),
+                    reason="Windows has no os.fork(): there is no forked child to guard")
+@pytest.mark.parametrize("runner", ["asyncio", "uvloop"])
+def test_a_child_forked_while_a_connection_opens_leaves_it_to_the_parent(proxied_broker,
+                                                                         runner):
+    """os.fork() in a coroutine while the producer's connection to the broker is being
+    opened (its ApiVersions unanswered): the child's copy of that connection was not made
+    inert as those already open were, and closing it in the child took the socket out of
+    the epoll instance the two processes share; the parent never heard its answer and
+    its record waited for request_timeout_ms (TimeoutError here after 20 s). Now the
+    parent's record goes out on it, and the child's send is refused naming the fork."""
+    run = asyncio.run if runner == "asyncio" else pytest.importorskip("uvloop").run
+    topic = f"fork-{random.randrange(10**6)}"
+    proxied_broker.create_topic(topic, 1)
+    error, exit_code = run(fork_while_connecting(proxied_broker.bootstrap, proxied_broker.proxy,
+                                                 topic))
+    assert exit_code == 0
+    assert error.startswith("ProducerClosedError: this producer was started before os.fork()")
+    got = consume_all(proxied_broker.bootstrap, topic, expected=1)
+    assert [r.value for r in got] == [b"buffered before the fork"]
 
 
 @pytest.mark.parametrize("runner", ["asyncio", "uvloop"])

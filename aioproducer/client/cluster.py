@@ -149,6 +149,7 @@ class Cluster:
         self._wanted: set[str] = set()
         self._connections: dict[int, BrokerConnection] = {}
         self._connecting: dict[int, asyncio.Task[BrokerConnection]] = {}
+        self._opening: set[BrokerConnection] = set()  # theirs, while BrokerConnection.connect()
         self._backoff: dict[int, _Backoff] = {}
         self._refresh: asyncio.Task[None] | None = None
         self._updated_at = float("-inf")
@@ -664,7 +665,8 @@ class Cluster:
                 ssl_context=self._ssl_context, sasl=sasl,
                 max_response_bytes=config.receive_message_max_bytes,
                 max_request_size=config.max_request_size,
-                expected_cluster_id=self.cluster_id if check else None)
+                expected_cluster_id=self.cluster_id if check else None,
+                opening=self._opening)
         except KafkaError as exc:
             if self._generation != generation:  # forgotten meanwhile: no backoff to keep
                 raise
@@ -823,7 +825,7 @@ class Cluster:
         """close(), in a child forked after the producer started: the connections' sockets
         are the parent's (see BrokerConnection.close_in_forked_child). Unless its loop's
         thread is this one (`loop_runs_here`), only their descriptors are let go of."""
-        for conn in list(self._connections.values()):
+        for conn in [*self._connections.values(), *self._opening]:
             conn.close_in_forked_child(loop_runs_here)
         if loop_runs_here:
             self.close()

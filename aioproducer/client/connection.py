@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import gc
 import math
 import os
@@ -104,8 +105,10 @@ class BrokerConnection(asyncio.Protocol):
         self.paused = False
         self.on_resume: Callable[[], None] | None = None
         self._max_request_size = max_request_size
-        self._idle: asyncio.Future[None] | None = None  # quiet(): no request pending
         self._loop = asyncio.get_running_loop()
+        # Its socket, made here (not by the loop) so that a child forked while it is being
+        # opened finds it too (close_in_forked_child); then the transport's.
+        self._socket: socket.socket | None = None
         self._transport: asyncio.Transport | None = None
         self._joins_lines = False  # the transport's writelines() copies (connection_made)
         self._framing = Framing(client_id, self.address, max_response_bytes=max_response_bytes)
@@ -134,20 +137,29 @@ class BrokerConnection(asyncio.Protocol):
                       sasl: SaslMechanism | None = None,
                       max_response_bytes: int = MAX_RESPONSE_BYTES,
                       max_request_size: int = 1 << 20,
-                      expected_cluster_id: str | None = None) -> "BrokerConnection":
+                      expected_cluster_id: str | None = None,
+                      opening: set[BrokerConnection] | None = None) -> BrokerConnection:
         """Open the socket (TLS if given a context), negotiate API versions, authenticate
         (SASL if given a mechanism); raise KafkaConnectionError or AuthenticationError.
         With `expected_cluster_id`, ask the broker to check that it is `node_id` of that
-        cluster (KIP-1242): RebootstrapRequiredError if it is not."""
-        loop = asyncio.get_running_loop()
+        cluster (KIP-1242): RebootstrapRequiredError if it is not. The connection is in
+        `opening` meanwhile (a fork then makes it inert in the child too)."""
         conn = cls(node_id, host, port, client_id, request_timeout, max_response_bytes,
                    max_request_size)
+        if opening is not None:
+            opening.add(conn)
         try:
-            await asyncio.wait_for(
-                loop.create_connection(lambda: conn, host, port, ssl=ssl_context,
-                                       server_hostname=host if ssl_context else None),
-                connect_timeout,
-            )
+            return await conn._open(connect_timeout, ssl_context, sasl, expected_cluster_id)
+        finally:
+            if opening is not None:
+                opening.discard(conn)
+
+    async def _open(self, connect_timeout: float, ssl_context: ssl.SSLContext | None,
+                    sasl: SaslMechanism | None,
+                    expected_cluster_id: str | None) -> BrokerConnection:
+        host, port, node_id = self.host, self.port, self.node_id
+        try:
+            await asyncio.wait_for(self._connect_socket(ssl_context), connect_timeout)
         except ssl.SSLError as exc:
             raise AuthenticationError(
                 f"TLS handshake with {host}:{port} failed: {exc.reason or exc}. Check "
@@ -168,18 +180,51 @@ class BrokerConnection(asyncio.Protocol):
             raise KafkaConnectionError(
                 f"cannot connect to {host}:{port}: {exc.strerror or exc}. {hint}") from exc
         try:
-            await conn._negotiate_versions(expected_cluster_id)
+            await self._negotiate_versions(expected_cluster_id)
             if sasl is not None:
-                await conn.authenticate(sasl)
+                await self.authenticate(sasl)
         except BaseException:
-            conn.close()
+            self.close()
             raise
-        return conn
+        return self
+
+    async def _connect_socket(self, ssl_context: ssl.SSLContext | None) -> None:
+        """loop.create_connection(host, port) with a socket of our own (`_socket`): each
+        address in turn until one connects, then the transport (TLS's handshake included)."""
+        loop = self._loop
+        try:  # a numeric address needs no lookup (nor a worker thread)
+            addresses = socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM,
+                                           flags=socket.AI_NUMERICHOST)
+        except socket.gaierror:  # a name: in the loop's executor, as asyncio's getaddrinfo
+            # does (uvloop's uses libuv's thread pool, whose threads a child forked later
+            # joins at its exit though they are not in it: SIGSEGV)
+            addresses = await loop.run_in_executor(None, socket.getaddrinfo, self.host,
+                                                   self.port, 0, socket.SOCK_STREAM)
+        if not addresses:
+            raise OSError(f"getaddrinfo({self.host!r}) returned no address")
+        first_error: OSError | None = None
+        for family, kind, proto, _, address in addresses:
+            self._socket = sock = socket.socket(family, kind, proto)
+            try:
+                sock.setblocking(False)
+                await _connect(loop, sock, address)
+                break
+            except BaseException as exc:
+                sock.close()
+                if not isinstance(exc, OSError):
+                    raise
+                first_error = first_error or exc
+        else:
+            assert first_error is not None
+            raise first_error
+        # (Failed, the transport closes the socket: asyncio's closes it, uvloop's detaches it.)
+        await loop.create_connection(lambda: self, sock=sock, ssl=ssl_context,
+                                     server_hostname=self.host if ssl_context else None)
 
     async def authenticate(self, mechanism: SaslMechanism) -> None:
         """SaslHandshake names the mechanism, then SaslAuthenticate carries each step (KIP-152).
-        Again later on the same connection to re-authenticate (KIP-368), once nothing is in
-        flight; `session_lifetime_ms` is then the broker's limit (0: none)."""
+        Again later on the same connection to re-authenticate (KIP-368); `session_lifetime_ms`
+        is then the broker's limit (0: none)."""
         response = await self.request(ApiKey.SASL_HANDSHAKE, {"mechanism": mechanism.name})
         if response["error_code"]:
             raise AuthenticationError(
@@ -228,16 +273,17 @@ class BrokerConnection(asyncio.Protocol):
             self.on_reauthentication_due(self)
 
     async def reauthenticate(self, mechanism: SaslMechanism) -> None:
-        """Authenticate again on this open connection (KIP-368), once nothing is in flight.
-        Every request sent meanwhile (and since it was due) is held and written after it, in
-        order: between SaslHandshake and the exchange's end a broker closes a connection that
-        sends anything but SaslAuthenticate. If it fails (or is cancelled) the connection
-        closes, failing what it held, and the error is raised; closed while it waits, it
-        just ends."""
+        """Authenticate again on this open connection (KIP-368). Every request sent meanwhile
+        (and since it was due) is held and written after it, in order: between SaslHandshake
+        and the exchange's end a broker closes a connection that sends anything but
+        SaslAuthenticate. The requests already in flight are not waited for, as Java's
+        KafkaChannel does not wait: a broker handles a connection's requests one at a time,
+        in order, so their answers come before the SaslHandshake's, each to its callback as
+        usual. If it fails (or is cancelled) the connection closes, failing what it held,
+        and the error is raised; closed before it begins, it just ends."""
         if self._held is None:
             self._held = []
         try:
-            await self.quiet()
             if self._close_exc is not None:
                 return
             await self.authenticate(mechanism)
@@ -359,17 +405,6 @@ class BrokerConnection(asyncio.Protocol):
         self.send(api_key, body, partial(_settle, future), version=version)
         return await future
 
-    async def quiet(self) -> None:
-        """Wait until no request is pending (or the connection closed)."""
-        while (self._pending or self._backlog) and self._close_exc is None:
-            self._idle = self._loop.create_future()
-            await self._idle
-
-    def _wake_idle(self) -> None:
-        idle, self._idle = self._idle, None
-        if idle is not None and not idle.done():
-            idle.set_result(None)
-
     @property
     def closed(self) -> bool:
         return self._close_exc is not None
@@ -409,7 +444,6 @@ class BrokerConnection(asyncio.Protocol):
         held = (self._held or []) + self._throttle_held
         self._held, self._throttle_held = None, []
         self.in_flight_produce = 0
-        self._wake_idle()
         callbacks = [entry.on_response for entry, _ in backlog] + \
             [entry.on_response for entry in pending.values()] + \
             [on_response for _, _, on_response, _ in held if on_response is not None]
@@ -423,19 +457,21 @@ class BrokerConnection(asyncio.Protocol):
             self.on_close(self, self._close_exc)
 
     def close_in_forked_child(self, loop_runs_here: bool) -> None:
-        """close(), in a child forked after this connected, without touching the parent's
-        socket: the child's descriptor of it is made to name an unconnected socket first
-        (dup2), so what the child's copy of the loop does with it, the close included,
-        reads, writes and unregisters nothing of the parent's (an epoll instance and its
-        interest list are shared with the parent: the child's unregistering the socket
-        stopped the parent's loop from hearing of it). A `shutdown` would end the parent's
-        connection too. Without `loop_runs_here` (the loop's thread is the parent's alone,
-        a BlockingProducer's: that loop never runs here, and asyncio's debug mode refuses
-        a call into it from this thread) the descriptor is all it changes."""
-        socket_ = self._transport.get_extra_info("socket") if self._transport else None
-        if socket_ is not None and socket_.fileno() >= 0:
+        """close(), in a child forked after this began connecting, without touching the
+        parent's socket: the child's descriptor of it is made to name an unconnected socket
+        first (dup2), so what the child's copy of the loop does with it, the close (or the
+        cancelled connect) included, reads, writes and unregisters nothing of the parent's
+        (an epoll instance and its interest list are shared with the parent: the child's
+        unregistering the socket stopped the parent's loop from hearing of it). A
+        `shutdown` would end the parent's connection too. Without `loop_runs_here` (the
+        loop's thread is the parent's alone, a BlockingProducer's: that loop never runs
+        here, and asyncio's debug mode refuses a call into it from this thread) the
+        descriptor is all it changes."""
+        # (A socket closed meanwhile says -1: asyncio's transport closes it, uvloop's
+        # detaches it.)
+        if self._socket is not None and self._socket.fileno() >= 0:
             with socket.socket() as unconnected:
-                os.dup2(unconnected.fileno(), socket_.fileno())
+                os.dup2(unconnected.fileno(), self._socket.fileno())
         if not loop_runs_here:
             return
         # (asyncio's transport with writes buffered asks the selector to watch the socket
@@ -501,8 +537,6 @@ class BrokerConnection(asyncio.Protocol):
             self._handle_one(entry, response)
             if self._close_exc is not None:  # by a callback or the error: close() failed the rest
                 return
-        if not pending and not self._backlog and self._idle is not None:
-            self._wake_idle()
 
     def _decode_next(self) -> None:
         """Deliver the backlog up to its first deferred response, and start decoding that
@@ -518,8 +552,6 @@ class BrokerConnection(asyncio.Protocol):
             self._decoding = True
             decoded = self._loop.run_in_executor(None, _decode_without_gc, backlog[0][1])
             decoded.add_done_callback(self._decoded)
-        elif not self._pending and self._idle is not None:
-            self._wake_idle()
 
     def _decoded(self, done: asyncio.Future[None]) -> None:
         self._decoding = False
@@ -599,6 +631,29 @@ def _decode_without_gc(response: Response) -> None:
             _gc_paused -= 1
             if not _gc_paused and _gc_was_enabled:
                 gc.enable()
+
+
+async def _connect(loop: asyncio.AbstractEventLoop, sock: socket.socket,
+                   address: Any) -> None:
+    """sock.connect(address), waiting without blocking, as loop.sock_connect() does (but
+    uvloop's looks the address up again, in libuv's thread pool: see _connect_socket)."""
+    error = sock.connect_ex(address)
+    if error in (errno.EINPROGRESS, errno.EINTR):
+        fd = sock.fileno()
+        writable = loop.create_future()
+        loop.add_writer(fd, _wake, writable)
+        try:
+            await writable
+        finally:
+            loop.remove_writer(fd)
+        error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+    if error:
+        raise OSError(error, os.strerror(error))
+
+
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 async def _step(mechanism: SaslMechanism, challenge: bytes | None) -> bytes | None:

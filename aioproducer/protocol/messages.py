@@ -418,6 +418,9 @@ _HEADER = struct.Struct(">ihhi")  # size, api_key, api_version, correlation_id
 # A request as it is written: one bytes, or its parts in order (see encode_request).
 Frame: TypeAlias = "bytes | list[bytes | memoryview]"
 _INT16 = struct.Struct(">h")
+# Parts of a request this large are written where they lie, not copied into it (_c.c's
+# REFERENCE_FROM).
+_REFERENCE_FROM = 16384
 _CORRELATION = struct.Struct(">i")
 
 
@@ -461,7 +464,7 @@ def encode_request(api_key: ApiKey, version: int, correlation_id: int, client_id
 
 
 def _encode_request(api_key: ApiKey, version: int, correlation_id: int, client_id: str | None,
-                    body: Mapping[str, Any]) -> bytes:
+                    body: Mapping[str, Any]) -> Frame:
     """encode_request() by the generated codec: every request, every case."""
     parts: list[bytes] = [b""]
     if client_id is None:
@@ -475,7 +478,29 @@ def _encode_request(api_key: ApiKey, version: int, correlation_id: int, client_i
     _request_writer(api_key, version)(parts, body)
     size = sum(map(len, parts)) + 8
     parts[0] = _HEADER.pack(size, api_key, version, correlation_id)
-    return b"".join(parts)
+    if size < _REFERENCE_FROM:
+        return b"".join(parts)
+    return _by_reference(parts)
+
+
+def _by_reference(parts: list[Any]) -> Frame:
+    """The frame as its parts, as the C encoder writes it: each part of _REFERENCE_FROM bytes
+    or more (a large batch's records) where it lies, the runs between them joined."""
+    frame: list[bytes | memoryview] = []
+    start = 0
+    for index, part in enumerate(parts):
+        if len(part) >= _REFERENCE_FROM:
+            if index > start:
+                frame.append(b"".join(parts[start:index]))
+            # (transports write bytes, bytearrays and memoryviews)
+            frame.append(part if type(part) is bytes or type(part) is memoryview
+                         else memoryview(part))
+            start = index + 1
+    if not frame:
+        return b"".join(parts)
+    if start < len(parts):
+        frame.append(b"".join(parts[start:]))
+    return frame
 
 
 def decode_response(api_key: ApiKey, version: int, frame: bytes | memoryview) -> dict[str, Any]:

@@ -183,11 +183,18 @@ def _write_field(src: _Source, name: str, kind: str | tuple[Field, ...], nullabl
         if kind == "string":
             data = src.var("data")
             src.emit(depth, f"{data} = {item}.encode()")
-        elif kind == "records":  # bytes, or a batch's (header, payload) as the sender gives it
+        length = "append(uvarint({} + 1))" if flexible else \
+            f"append({src.bind(_LENGTH[kind], _INT[_LENGTH[kind]].pack)}({{}}))"
+        if kind == "records":  # bytes, or a batch's (header, payload) as the sender gives it:
+            # both appended where they lie (encode_request keeps a large payload uncopied)
             src.emit(depth, f"if type({item}) is tuple:")
-            src.emit(depth + 1, f"{item} = b''.join({item})")
-        src.emit(depth, f"append(uvarint(len({data}) + 1))" if flexible else
-                 f"append({src.bind(_LENGTH[kind], _INT[_LENGTH[kind]].pack)}(len({data})))")
+            src.emit(depth + 1, f"head, payload = {item}")
+            src.emit(depth + 1, length.format("len(head) + len(payload)"))
+            src.emit(depth + 1, "append(head)")
+            src.emit(depth + 1, "append(payload)")
+            src.emit(depth, "else:")
+            depth += 1
+        src.emit(depth, length.format(f"len({data})"))
         src.emit(depth, f"append({data})")
     elif kind in _INT:
         src.emit(depth, f"append({src.bind(kind, _INT[kind].pack)}({item}))")

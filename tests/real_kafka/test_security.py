@@ -13,7 +13,9 @@ import pytest
 
 from aioproducer import Producer
 from aioproducer.errors import AuthenticationError, KafkaConnectionError
+from aioproducer.protocol.messages import ApiKey
 from tests.real_kafka.conftest import REAUTH_MS
+from tests.support.proxy import FaultProxy
 from tests.support.readback import consume_all
 
 
@@ -94,6 +96,50 @@ async def test_a_stalled_loop_reauthenticates_before_it_writes(apache_kafka, mak
     assert metrics.reauthentications >= 1
     got = await asyncio.to_thread(consume_all, apache_kafka.bootstrap, topic, 20)
     assert [r.value for r in got] == [b"%02d" % i for i in range(20)]
+
+
+async def test_re_authentication_does_not_wait_for_the_requests_in_flight(apache_kafka,
+                                                                         make_topic):
+    """KIP-368 as Java's KafkaChannel does it: the SaslHandshake that renews a session is
+    written at once, Produce requests still in flight (Kafka handles a connection's requests
+    one at a time, in order, so their answers come before the handshake's, each delivered as
+    usual); only what is sent meanwhile waits. It waited for every answer first: a bubble in
+    the pipeline each session. Here a proxy holds Kafka's answers from before the session's
+    renewal is due until the handshake is written (before: never, while they were held);
+    then every record arrives once, in order, none retried."""
+    topic = make_topic()
+    sasl_port = int(apache_kafka.bootstrap_for("SASL_PLAINTEXT").rsplit(":", 1)[1])
+    with FaultProxy(sasl_port) as proxy:
+        proxy.front()  # every connection through the proxy
+        async with Producer(f"127.0.0.1:{proxy.port}", security_protocol="SASL_PLAINTEXT",
+                            sasl_mechanism="OAUTHBEARER",
+                            sasl_oauth_token_provider=lambda: _unsecured_jwt("bob", 3600),
+                            linger_ms=0) as producer:
+            await producer.send(topic, b"00")  # every session began before it was answered
+            proxy.stall(True)  # Kafka's answers wait in the proxy
+            try:
+                in_flight = [producer.send(topic, b"%02d" % i) for i in range(1, 4)]
+                deadline = time.monotonic() + REAUTH_MS / 1000 + 10
+                while not _handshake_with_produce_unanswered(proxy.written) \
+                        and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
+            finally:
+                proxy.stall(False)
+            written = list(proxy.written)
+            await asyncio.gather(*in_flight, *(producer.send(topic, b"%02d" % i)
+                                               for i in range(4, 20)))
+            metrics = producer.metrics()
+    assert _handshake_with_produce_unanswered(written), \
+        f"no SaslHandshake written while a Produce was unanswered: {written}"
+    assert (metrics.retries, metrics.records_failed) == (0, 0)
+    assert metrics.reauthentications >= 1
+    got = await asyncio.to_thread(consume_all, apache_kafka.bootstrap, topic, 20)
+    assert [r.value for r in got] == [b"%02d" % i for i in range(20)]
+
+
+def _handshake_with_produce_unanswered(written: list[tuple[int, list[int]]]) -> bool:
+    return any(api_key == ApiKey.SASL_HANDSHAKE and ApiKey.PRODUCE in unanswered
+               for api_key, unanswered in list(written))
 
 
 async def test_tls_with_a_client_certificate(apache_kafka, make_topic):

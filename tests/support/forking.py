@@ -11,6 +11,7 @@ import warnings
 
 from aioproducer import Producer
 from aioproducer.errors import ProducerClosedError
+from tests.support.proxy import FaultProxy
 
 
 async def _child_goes_on(producer: Producer, topic: str, report: int) -> None:
@@ -36,15 +37,17 @@ async def _child_goes_on(producer: Producer, topic: str, report: int) -> None:
         os._exit(0)
 
 
-def _reap(pid: int, within: float) -> None:
-    """Wait up to `within` seconds for the child to exit, then kill it."""
+def _reap(pid: int, within: float) -> int:
+    """Wait up to `within` seconds for the child to exit, then kill it; its exit code
+    (-9: killed)."""
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
-        if os.waitpid(pid, os.WNOHANG)[0]:
-            return
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
         time.sleep(0.05)
     os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 
 
 # What fork_amid_sends() sends from the parent, in order.
@@ -73,3 +76,38 @@ async def fork_amid_sends(bootstrap: str, topic: str) -> str:
             await asyncio.to_thread(_reap, pid, 10)  # (it exits after a second)
         with os.fdopen(report, "rb") as said:
             return said.read().decode()
+
+
+async def fork_while_connecting(bootstrap: str, proxy: FaultProxy, topic: str) -> tuple[str, int]:
+    """A producer forks while its connection to the broker is being opened (`proxy`, which
+    every connection goes through, holds the broker's answers): the child goes on
+    (_child_goes_on); the parent's record, buffered before the fork, must go out on that
+    connection once the answers flow. What the child's send raised, and its exit code."""
+    async with Producer(bootstrap, linger_ms=0, acks=1, enable_idempotence=False,
+                        request_timeout_ms=60_000) as producer:
+        await producer.partitions_for(topic)  # (on the connection it keeps for the broker)
+        assert proxy.connections_accepted == 1
+        proxy.stall(True)
+        proxy.cut_all()  # the next is opened for the record
+        try:
+            future = await producer.enqueue(topic, b"buffered before the fork")
+            deadline = time.monotonic() + 10
+            while proxy.connections_accepted < 2 and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            assert proxy.connections_accepted == 2, "no connection to the broker opened"
+            report, child_end = os.pipe()
+            with warnings.catch_warnings():  # (3.12: pytest-xdist's threads)
+                warnings.simplefilter("ignore", DeprecationWarning)
+                pid = os.fork()
+            if pid == 0:
+                os.close(report)
+                await _child_goes_on(producer, topic, child_end)
+        finally:
+            proxy.stall(False)
+        os.close(child_end)
+        try:
+            await asyncio.wait_for(future, 20)
+        finally:
+            exit_code = await asyncio.to_thread(_reap, pid, 10)  # (it exits after a second)
+        with os.fdopen(report, "rb") as said:
+            return said.read().decode(), exit_code

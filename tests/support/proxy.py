@@ -60,6 +60,9 @@ class FaultProxy:
         # error code to answer them with]; None: lose nothing.
         self._lose: list[int] | None = None
         self.lost: list[tuple[str, int]] = []  # (topic, partition) of each batch lost
+        # Each request a client wrote, as it came (frame by frame: with front(), rewrites...):
+        # its api key, and those of the requests before it on its connection still unanswered.
+        self.written: list[tuple[int, list[int]]] = []
 
     def start(self) -> "FaultProxy":
         self._thread.start()
@@ -295,7 +298,9 @@ class FaultProxy:
             if lost_code is not None:
                 self._answer_lost(frame, version, correlation_id, lost_code, order)
                 continue
+            self.written.append((api_key, [order.api_keys[c] for c in order.outstanding]))
             order.outstanding.append(correlation_id)
+            order.api_keys[correlation_id] = api_key
             too_large: list[tuple[str, int]] = []
             if api_key == _PRODUCE and limit is not None:
                 request = ProduceRequest.decode(frame[4:], version=version, header=True)
@@ -372,7 +377,7 @@ class FaultProxy:
                 await asyncio.sleep(0.01)
             (correlation_id,) = struct.unpack_from(">i", frame, 4)
             if order.outstanding and order.outstanding[0] == correlation_id:
-                order.outstanding.popleft()
+                del order.api_keys[order.outstanding.popleft()]
             order.write_own(before=correlation_id)
             if correlation_id in asked:
                 api_key, version, too_large = asked.pop(correlation_id)
@@ -406,6 +411,7 @@ class _Order:
     def __init__(self, client: asyncio.StreamWriter) -> None:
         self.client = client
         self.outstanding: collections.deque[int] = collections.deque()
+        self.api_keys: dict[int, int] = {}  # of the outstanding requests
         self.own: dict[int, bytes] = {}
         self.due: set[int] = set()
 
