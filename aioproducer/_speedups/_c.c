@@ -1399,9 +1399,9 @@ batch_attr(PyObject *batch, int which)
 }
 
 /* One attribute read where its class keeps it in a slot, as batch_attr reads a batch's:
-   the Appender reads four a record (the lifecycle's state, thread and loop_running, the
-   topic's leaders), and PyObject_GetAttr was ~190 instructions each, a sixth of an
-   enqueue(). */
+   the Appender reads five a record (the lifecycle's state, thread and loop_running, the
+   cluster's topics, the topic's leaders), and PyObject_GetAttr was ~190 instructions each,
+   a fifth of an enqueue(). */
 typedef struct {
     PyTypeObject *type;  /* compared only, never followed */
     unsigned int version;
@@ -4191,7 +4191,8 @@ appender_fast(Appender *self, PyObject *const *args, Py_ssize_t nargs, PyObject 
     }
 
     /* The topic's leaders. */
-    PyObject *topics = PyObject_GetAttr(self->cluster, s_topics);
+    static SlotCache topics_slot;
+    PyObject *topics = read_slot(&topics_slot, self->cluster, s_topics);
     if (topics == NULL)
         return NULL;
     PyObject *info = PyDict_CheckExact(topics) ? PyDict_GetItemWithError(topics, topic) : NULL;
