@@ -1176,6 +1176,21 @@ class _Index:
 
 
 @pytest.mark.parametrize("impl", BOTH, ids=["python", "c"])
+async def test_each_record_is_stamped_with_the_millisecond_of_its_call(impl):
+    """A record given no timestamp gets int(time.time() * 1000) of its own call, also when
+    the one before it had the same millisecond (the C path reuses that int) or another."""
+    parts = _Started(impl, asyncio.get_running_loop())
+    times = iter([1700000000.1234, 1700000000.12349, 1700000000.1241, 1700000000.1241,
+                  1700000001.0, 1700000000.9999])
+    appender = impl.Appender(lambda *args, **kwargs: "later", _future_class(impl), True,
+                             parts, "started", lambda: next(times), False, False)
+    appender.attach(parts, parts, None, lambda topic, leaders: 2, None)
+    stamps = [(await appender("t", b"v", partition=1))._timestamp for _ in range(6)]
+    assert stamps == [1700000000123, 1700000000123, 1700000000124, 1700000000124,
+                      1700000001000, 1700000000999]
+
+
+@pytest.mark.parametrize("impl", BOTH, ids=["python", "c"])
 async def test_the_appender_takes_an_int_like_partition_and_timestamp(impl):
     """A partition or timestamp given as numpy.int64 (pandas' column of them, say) is the
     int it stands for: appended by the common case, its future holding a plain int; a bool,

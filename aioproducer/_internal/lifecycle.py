@@ -55,7 +55,11 @@ _PYTEST_LOOPS = (
 class Lifecycle:
     """One producer's state (changed only through the table) and the event loop it belongs
     to. Shared by the producer and its record intake, so the verbs and the append path ask
-    the same questions of one owner."""
+    the same questions of one owner. Slotted: the compiled append path reads `state`,
+    `thread` and `loop_running` from their slots, every record."""
+
+    __slots__ = ("closing", "ended_with_loop", "failure", "loop", "loop_running", "pid",
+                 "state", "thread")
 
     def __init__(self) -> None:
         self.state = NEW

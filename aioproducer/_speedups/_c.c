@@ -80,6 +80,21 @@ py_murmur2(PyObject *module, PyObject *arg)
     return PyLong_FromLong(h);
 }
 
+/* PyLong_AsLongLong without its general path, which 3.11 takes for any int of more than one
+   30-bit digit (a timestamp in ms, an offset): ~200 instructions through
+   _PyLong_AsByteArray, a tenth of an enqueue(). The same value and the same errors. */
+static inline long long
+as_long_long(PyObject *number)
+{
+    int overflow;
+    long long value = PyLong_AsLongLongAndOverflow(number, &overflow);
+    if (overflow) {
+        PyErr_SetString(PyExc_OverflowError, "int too big to convert");
+        return -1;
+    }
+    return value;
+}
+
 /* METH_FASTCALL's argument count: 0 and a TypeError naming the arguments if it is wrong. */
 static inline int
 takes_args(Py_ssize_t nargs, Py_ssize_t expected, const char *usage)
@@ -408,7 +423,7 @@ writer_try_append(RecordWriter *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (!takes_args(nargs, 4, "try_append(timestamp, key, value, headers)"))
         return NULL;
-    long long timestamp = PyLong_AsLongLong(args[0]);
+    long long timestamp = as_long_long(args[0]);
     if (timestamp == -1 && PyErr_Occurred())
         return NULL;
     OptionalBytes key, value, headers;
@@ -619,7 +634,7 @@ writer_header(RecordWriter *self, PyObject *const *args, Py_ssize_t nargs)
     };
     long long value[4];
     for (int i = 0; i < 4; i++) {
-        value[i] = PyLong_AsLongLong(args[i + 1]);
+        value[i] = as_long_long(args[i + 1]);
         if (value[i] == -1 && PyErr_Occurred())
             return NULL;
         if (value[i] < fields[i].low || value[i] > fields[i].high) {
@@ -734,6 +749,25 @@ static inline PyObject **
 batch_fields(BatchFields *self)
 {
     return &self->newest;
+}
+
+/* Whether `obj` is a BatchFields (PyObject_TypeCheck's answer), asked a dozen times a
+   record (appends, and each of gather's questions to a record's future), where
+   ProducerBatch, a subclass, made each a walk of its MRO: the subclass last found is
+   remembered (held: no other class can come to have its address). */
+static PyTypeObject BatchFieldsType;
+static PyObject *batch_subclass;
+
+static inline int
+is_batch(PyObject *obj)
+{
+    PyTypeObject *type = Py_TYPE(obj);
+    if (type == &BatchFieldsType || (PyObject *)type == batch_subclass)
+        return 1;
+    if (!PyType_IsSubtype(type, &BatchFieldsType))
+        return 0;
+    Py_XSETREF(batch_subclass, Py_NewRef((PyObject *)type));
+    return 1;
 }
 
 /* A batch of `type` (BatchFields or a subclass) with these fields, the rest at their
@@ -1315,24 +1349,37 @@ static struct {
     Py_ssize_t offset[A_COUNT];  /* -1: ask PyObject_GetAttr */
 } batch_slots;
 
+/* The offset of `name`'s slot in `type`'s instances (a member descriptor, as __slots__
+   make), or -1: an attribute found another way (PyObject_GetAttr's to answer). */
+static Py_ssize_t
+slot_offset(PyTypeObject *type, PyObject *name)
+{
+    PyObject *found = type->tp_getattro == PyObject_GenericGetAttr
+        ? _PyType_Lookup(type, name) : NULL;  /* (borrowed) */
+    PyMemberDef *member = found != NULL && Py_IS_TYPE(found, &PyMemberDescr_Type)
+        ? ((PyMemberDescrObject *)found)->d_member : NULL;
+    return member != NULL && member->type == T_OBJECT_EX && !(member->flags & READ_RESTRICTED)
+        ? member->offset : -1;
+}
+
+/* `type`'s version tag, 0 if it has none (then it is always asked). */
+static unsigned int
+version_of(PyTypeObject *type)
+{
+#ifdef Py_TPFLAGS_VALID_VERSION_TAG
+    return type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG ? type->tp_version_tag : 0;
+#else
+    return type->tp_version_tag;  /* (0: none) */
+#endif
+}
+
 static void
 learn_slots(PyTypeObject *type)
 {
     batch_slots.type = type;
-    for (int i = 0; i < A_COUNT; i++) {
-        PyObject *found = type->tp_getattro == PyObject_GenericGetAttr
-            ? _PyType_Lookup(type, *batch_names[i]) : NULL;  /* (borrowed) */
-        PyMemberDef *member = found != NULL && Py_IS_TYPE(found, &PyMemberDescr_Type)
-            ? ((PyMemberDescrObject *)found)->d_member : NULL;
-        batch_slots.offset[i] = member != NULL && member->type == T_OBJECT_EX &&
-            !(member->flags & READ_RESTRICTED) ? member->offset : -1;
-    }
-#ifdef Py_TPFLAGS_VALID_VERSION_TAG
-    batch_slots.version = type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG
-        ? type->tp_version_tag : 0;
-#else
-    batch_slots.version = type->tp_version_tag;  /* (0: none) */
-#endif
+    for (int i = 0; i < A_COUNT; i++)
+        batch_slots.offset[i] = slot_offset(type, *batch_names[i]);
+    batch_slots.version = version_of(type);
 }
 
 /* batch.<name of `which`>, a new reference (NULL and the error as PyObject_GetAttr). */
@@ -1351,6 +1398,34 @@ batch_attr(PyObject *batch, int which)
     return PyObject_GetAttr(batch, *batch_names[which]);
 }
 
+/* One attribute read where its class keeps it in a slot, as batch_attr reads a batch's:
+   the Appender reads five a record (the lifecycle's state, thread and loop_running, the
+   cluster's topics, the topic's leaders), and PyObject_GetAttr was ~190 instructions each,
+   a fifth of an enqueue(). */
+typedef struct {
+    PyTypeObject *type;  /* compared only, never followed */
+    unsigned int version;
+    Py_ssize_t offset;  /* -1: ask PyObject_GetAttr */
+} SlotCache;
+
+/* obj.<name>, a new reference (NULL and the error as PyObject_GetAttr). */
+static PyObject *
+read_slot(SlotCache *cache, PyObject *obj, PyObject *name)
+{
+    PyTypeObject *type = Py_TYPE(obj);
+    if (type != cache->type || type->tp_version_tag != cache->version) {
+        cache->offset = slot_offset(type, name);
+        cache->type = type;
+        cache->version = version_of(type);
+    }
+    if (cache->version != 0 && cache->offset >= 0) {
+        PyObject *value = *(PyObject **)((char *)obj + cache->offset);
+        if (value != NULL)
+            return Py_NewRef(value);
+    }
+    return PyObject_GetAttr(obj, name);
+}
+
 /* A new instance of `type` (RecordFields or a subclass) following `batch`. */
 static PyObject *
 make_fields(PyTypeObject *type, PyObject *batch, PyObject *offset_delta, PyObject *timestamp)
@@ -1361,7 +1436,7 @@ make_fields(PyTypeObject *type, PyObject *batch, PyObject *offset_delta, PyObjec
     self->batch = Py_NewRef(batch);
     self->offset_delta = Py_NewRef(offset_delta);
     self->timestamp = Py_NewRef(timestamp);
-    if (PyObject_TypeCheck(batch, &BatchFieldsType)) {
+    if (is_batch(batch)) {
         BatchFields *fields = (BatchFields *)batch;
         if (fields->newest != Py_None) {  /* (None: it let its records go) */
             self->older = fields->newest;  /* (the batch's reference, or NULL) */
@@ -1485,7 +1560,7 @@ static PyObject *
 acked_outcome(RecordFields *self)
 {
     PyObject *batch = self->batch;
-    if (batch == NULL || !PyObject_TypeCheck(batch, &BatchFieldsType))
+    if (batch == NULL || !is_batch(batch))
         return NULL;
     BatchFields *fields = (BatchFields *)batch;
     return fields->pieces == Py_None ? fields->acked : NULL;
@@ -1540,7 +1615,7 @@ static PyObject *
 fields_get_loop(RecordFields *self, PyObject *unused)
 {
     PyObject *batch = self->batch;
-    if (batch != NULL && PyObject_TypeCheck(batch, &BatchFieldsType) &&
+    if (batch != NULL && is_batch(batch) &&
         ((BatchFields *)batch)->loop != NULL)
         return Py_NewRef(((BatchFields *)batch)->loop);
     return ask_batch_future(self, s_get_loop);
@@ -1582,6 +1657,35 @@ new_tuple_of(PyTypeObject *cls, PyObject *const *items, Py_ssize_t n)
     return self;
 }
 
+/* The future class's `_metadata_type` (a tuple subclass), a new reference: remembered for
+   the class and its version tag (a class attribute set anew changes the tag), where a
+   lookup on the class each record was a sixth of result()'s instructions. */
+static struct {
+    PyTypeObject *future_type;  /* compared only, never followed */
+    unsigned int version;
+    PyObject *metadata_type;  /* (held) */
+} metadata_types;
+
+static PyObject *
+metadata_type_of(PyTypeObject *type)
+{
+    if (type == metadata_types.future_type && metadata_types.version != 0 &&
+        type->tp_version_tag == metadata_types.version)
+        return Py_NewRef(metadata_types.metadata_type);
+    PyObject *cls = PyObject_GetAttr((PyObject *)type, s_metadata_type);
+    if (cls == NULL)
+        return NULL;
+    if (!PyType_Check(cls) || !PyType_IsSubtype((PyTypeObject *)cls, &PyTuple_Type)) {
+        Py_DECREF(cls);
+        PyErr_SetString(PyExc_TypeError, "_metadata_type must be a tuple subclass");
+        return NULL;
+    }
+    metadata_types.future_type = type;
+    metadata_types.version = version_of(type);
+    Py_XSETREF(metadata_types.metadata_type, Py_NewRef(cls));
+    return cls;
+}
+
 /* The record's RecordMetadata (the type is the future class's `_metadata_type`). */
 static PyObject *
 fields_result(RecordFields *self, PyObject *unused)
@@ -1609,19 +1713,14 @@ fields_result(RecordFields *self, PyObject *unused)
     }
     PyObject *base_offset = PyTuple_GET_ITEM(outcome, 0);
     PyObject *log_append_time = PyTuple_GET_ITEM(outcome, 1);
-    long long base = PyLong_AsLongLong(base_offset);
+    long long base = as_long_long(base_offset);
     if (base == -1 && PyErr_Occurred())
         goto done;
-    long long appended = PyLong_AsLongLong(log_append_time);
+    long long appended = as_long_long(log_append_time);
     if (appended == -1 && PyErr_Occurred())
         goto done;
-    cls = PyObject_GetAttr((PyObject *)Py_TYPE(self), s_metadata_type);
-    if (cls == NULL)
+    if ((cls = metadata_type_of(Py_TYPE(self))) == NULL)
         goto done;
-    if (!PyType_Check(cls) || !PyType_IsSubtype((PyTypeObject *)cls, &PyTuple_Type)) {
-        PyErr_SetString(PyExc_TypeError, "_metadata_type must be a tuple subclass");
-        goto done;
-    }
     if ((items[0] = batch_attr(batch, A_TOPIC)) == NULL ||
         (items[1] = batch_attr(batch, A_PARTITION)) == NULL ||
         (items[2] = base >= 0 ? PyNumber_Add(base_offset, self->offset_delta)
@@ -1688,6 +1787,54 @@ contexts_same(PyObject *a, PyObject *b)
    is never entered, so it stays as it was copied. */
 static PyObject *snapshot;
 
+/* CPython's Context as laid out in 3.11-3.13 (Include/internal/pycore_context.h): `vars`,
+   the immutable mapping of its values, is shared by a context and its copies until one of
+   them sets a variable, which gives it a new mapping. So a context whose `vars` is the one
+   a live copy holds has the very same values as that copy. */
+#if PY_VERSION_HEX < 0x030E0000
+#define SEES_CONTEXT_VALUES 1
+typedef struct {
+    PyObject_HEAD
+    PyObject *prev, *vars, *weakreflist;
+    int entered;
+} ContextLayout;
+
+static inline PyObject *
+context_values(PyObject *context)
+{
+    return ((ContextLayout *)context)->vars;
+}
+#endif
+
+/* The snapshot of the current context, a new reference: `snapshot` unless the context holds
+   other values now (then a new one). gather adds a callback to every record in one
+   context: the current context's values are seen to be the snapshot's, where a copy of it
+   and its comparison with the snapshot was a fifth of add_done_callback's instructions (more
+   with context variables set: each is compared). */
+static PyObject *
+current_snapshot(void)
+{
+#ifdef SEES_CONTEXT_VALUES
+    PyObject *now = PyThreadState_Get()->context;  /* (NULL: none entered yet) */
+    if (snapshot != NULL && now != NULL && PyContext_CheckExact(now) &&
+        context_values(now) == context_values(snapshot))
+        return Py_NewRef(snapshot);
+#endif
+    PyObject *current = PyContext_CopyCurrent();
+    if (current == NULL)
+        return NULL;
+    int same = snapshot == NULL ? 0 : contexts_same(current, snapshot);
+    if (same < 0) {
+        Py_DECREF(current);
+        return NULL;
+    }
+    if (same)
+        Py_DECREF(current);
+    else
+        Py_XSETREF(snapshot, current);
+    return Py_NewRef(snapshot);
+}
+
 static PyObject *
 fields_add_done_callback(RecordFields *self, PyObject *const *args, Py_ssize_t nargs,
                          PyObject *kwnames)
@@ -1701,19 +1848,8 @@ fields_add_done_callback(RecordFields *self, PyObject *const *args, Py_ssize_t n
     }
     PyObject *fn = args[0], *context = keywords ? args[1] : Py_None, *held;
     if (context == Py_None) {
-        PyObject *current = PyContext_CopyCurrent();
-        if (current == NULL)
+        if ((held = current_snapshot()) == NULL)
             return NULL;
-        int same = snapshot == NULL ? 0 : contexts_same(current, snapshot);
-        if (same < 0) {
-            Py_DECREF(current);
-            return NULL;
-        }
-        if (same)
-            Py_DECREF(current);
-        else
-            Py_XSETREF(snapshot, current);
-        held = Py_NewRef(snapshot);
     }
     else if ((held = PyTuple_Pack(1, context)) == NULL)  /* that very context, as asyncio */
         return NULL;
@@ -1735,7 +1871,7 @@ fields_add_done_callback(RecordFields *self, PyObject *const *args, Py_ssize_t n
         /* ProducerBatch.watch()'s common case inline (gather: every record after a batch's
            first): the batch has records watched already. */
         int failed = 0;
-        if (PyObject_TypeCheck(batch, &BatchFieldsType) &&
+        if (is_batch(batch) &&
             ((BatchFields *)batch)->watchers != Py_None)
             batch_add_watcher((BatchFields *)batch, self);
         else {
@@ -1981,20 +2117,48 @@ static PyTypeObject RecordFieldsType = {
     .tp_iter = fields_await,
 };
 
+/* A copy of a snapshot that the callbacks of one run share in turn, where a copy each was
+   ~250 instructions a record: one that changes it (sets or resets a variable: the copy's
+   values are no longer the snapshot's) leaves the next callback a fresh copy. So each
+   callback still starts in the snapshot's values and what it sets is seen by no other, as
+   with a copy each (asyncio's); a callback cannot get the Context it runs in itself
+   (copy_context() copies it). */
+typedef struct {
+    PyObject *of, *copy;  /* (held, or NULL) */
+} SharedCopy;
+
 /* Run one done callback: fn(record) in `held` (a 1-tuple: that very context; else a copy of
-   the snapshot it holds). 0 if it ran (what it raised reported by `report`), -1 if it raised
-   SystemExit or KeyboardInterrupt, or the report failed. */
+   the snapshot it holds, `shared`'s if given). 0 if it ran (what it raised reported by
+   `report`), -1 if it raised SystemExit or KeyboardInterrupt, or the report failed. */
 static int
-run_callback(PyObject *record, PyObject *fn, PyObject *held, PyObject *report)
+run_callback(PyObject *record, PyObject *fn, PyObject *held, PyObject *report,
+             SharedCopy *shared)
 {
     PyObject *context, *result = NULL;
-    if (PyTuple_Check(held) && PyTuple_GET_SIZE(held) == 1)
+    if (PyTuple_Check(held) && PyTuple_GET_SIZE(held) == 1) {
         context = Py_NewRef(PyTuple_GET_ITEM(held, 0));
-    else
+        shared = NULL;
+    }
+#ifdef SEES_CONTEXT_VALUES
+    else if (shared != NULL && PyContext_CheckExact(held)) {
+        if (shared->copy == NULL || shared->of != held) {
+            Py_XSETREF(shared->copy, PyContext_Copy(held));
+            Py_XSETREF(shared->of, Py_NewRef(held));
+        }
+        context = Py_XNewRef(shared->copy);
+    }
+#endif
+    else {
         context = PyContext_Copy(held);
+        shared = NULL;
+    }
     if (context != NULL) {
         if (PyContext_Enter(context) == 0) {
             result = PyObject_CallOneArg(fn, record);
+#ifdef SEES_CONTEXT_VALUES
+            if (shared != NULL && context_values(context) != context_values(held))
+                Py_CLEAR(shared->copy);  /* (changed: not for the next callback) */
+#endif
             if (PyContext_Exit(context) < 0)
                 Py_CLEAR(result);
         }
@@ -2037,6 +2201,7 @@ py_run_callbacks(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     Py_INCREF(records);
+    SharedCopy shared = {NULL, NULL};
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(records); i++) {
         PyObject *item = Py_NewRef(PyList_GET_ITEM(records, i));
         if (!PyObject_TypeCheck(item, &RecordFieldsType)) {
@@ -2052,7 +2217,7 @@ py_run_callbacks(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             record->callback = record->context = NULL;  /* (read as None) */
             failed = held == NULL ? (PyErr_SetString(PyExc_TypeError, "a callback without "
                                                      "its context"), -1)
-                                  : run_callback(item, fn, held, report);
+                                  : run_callback(item, fn, held, report, &shared);
             Py_DECREF(fn);
             Py_XDECREF(held);
         }
@@ -2073,7 +2238,8 @@ py_run_callbacks(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                     }
                     else
                         failed = run_callback(item, PyTuple_GET_ITEM(entry, 0),
-                                              PyTuple_GET_ITEM(entry, 1), report) < 0;
+                                              PyTuple_GET_ITEM(entry, 1), report,
+                                              &shared) < 0;
                     Py_DECREF(entry);
                 }
             }
@@ -2083,9 +2249,13 @@ py_run_callbacks(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         if (failed)
             goto error;
     }
+    Py_XDECREF(shared.of);
+    Py_XDECREF(shared.copy);
     Py_DECREF(records);
     Py_RETURN_NONE;
 error:
+    Py_XDECREF(shared.of);
+    Py_XDECREF(shared.copy);
     Py_DECREF(records);
     return NULL;
 }
@@ -2150,7 +2320,7 @@ py_append_record(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t partition = PyLong_AsSsize_t(args[2]);
     if (partition == -1 && PyErr_Occurred())
         return NULL;
-    long long timestamp = PyLong_AsLongLong(args[3]);
+    long long timestamp = as_long_long(args[3]);
     if (timestamp == -1 && PyErr_Occurred())
         return NULL;
     const char *data[3];
@@ -2495,7 +2665,7 @@ py_append_many(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     if ((call.sticky = PyLong_AsSsize_t(args[5])) == -1 && PyErr_Occurred())
         return NULL;
-    if ((call.timestamp = PyLong_AsLongLong(args[6])) == -1 && PyErr_Occurred())
+    if ((call.timestamp = as_long_long(args[6])) == -1 && PyErr_Occurred())
         return NULL;
     int columns = Py_IS_TYPE(records, &ColumnsType);
     if ((!columns && !PyList_CheckExact(records)) || !PyList_CheckExact(call.batches) ||
@@ -2585,7 +2755,7 @@ py_watch_batches(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         /* A batch already told of `bulk` has it last in its _bulks: it was told in this
            pass (a set of the batches seen was a lookup per record, 5% of enqueue_many's
            CPU at 10,000 partitions). A BatchFields' fields are read where they lie. */
-        int fields = PyObject_TypeCheck(batch, &BatchFieldsType);
+        int fields = is_batch(batch);
         PyObject *bulks = fields ? Py_NewRef(((BatchFields *)batch)->bulks)
                                  : PyObject_GetAttr(batch, s_bulks);
         if (bulks == NULL)
@@ -3202,7 +3372,7 @@ ranged_field(PyObject *value, long long low, long long high, const char *name)
         PyErr_Format(PyExc_AttributeError, "the batch's %s is not set", name);
         return -1;
     }
-    long long n = PyLong_AsLongLong(value);
+    long long n = as_long_long(value);
     if (!(n == -1 && PyErr_Occurred()) && (n < low || n > high)) {
         PyErr_Format(PyExc_OverflowError, "%s is out of range", name);
         return -1;
@@ -3238,7 +3408,7 @@ py_produce_parts(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyObject *batch = Py_NewRef(PyList_GET_ITEM(batches, i));
         PyObject *header = NULL, *records = NULL, *entry = NULL;
         int ok = 0;
-        if (!PyObject_TypeCheck(batch, &BatchFieldsType)) {
+        if (!is_batch(batch)) {
             PyErr_SetString(PyExc_TypeError, "produce_parts takes a list of batches");
             goto next;
         }
@@ -3353,7 +3523,7 @@ required(PyObject *dict, PyObject *key)
 static int
 answered_ok(PyObject *answers, PyObject *batch)
 {
-    if (!PyObject_TypeCheck(batch, &BatchFieldsType))
+    if (!is_batch(batch))
         return 0;
     BatchFields *fields = (BatchFields *)batch;
     if (fields->topic == NULL || fields->partition == NULL)
@@ -3436,7 +3606,7 @@ py_settle_produce(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyObject *batch = Py_NewRef(PyList_GET_ITEM(batches, i));
         PyObject *answer = NULL, *code = NULL, *base = NULL, *time = NULL;
         int failed = 1;
-        if (!PyObject_TypeCheck(batch, &BatchFieldsType)) {
+        if (!is_batch(batch)) {
             PyErr_SetString(PyExc_TypeError, "settle_produce takes a list of batches");
             goto next;
         }
@@ -3504,7 +3674,7 @@ done:
 static RecordWriter *
 writer_of(PyObject *batch)
 {
-    if (!PyObject_TypeCheck(batch, &BatchFieldsType) || ((BatchFields *)batch)->writer == NULL ||
+    if (!is_batch(batch) || ((BatchFields *)batch)->writer == NULL ||
         !PyObject_TypeCheck(((BatchFields *)batch)->writer, &RecordWriterType)) {
         PyErr_SetString(PyExc_TypeError, "takes a list of batches (with their writers)");
         return NULL;
@@ -3533,7 +3703,7 @@ py_take_acked(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         if (in > 0) {  /* (else it had its outcome already: expired in flight) */
             PyObject *number = ((BatchFields *)batch)->number;
             long long first = number != NULL && PyTuple_Check(number) && PyTuple_GET_SIZE(number)
-                ? PyLong_AsLongLong(PyTuple_GET_ITEM(number, 0)) : -1;
+                ? as_long_long(PyTuple_GET_ITEM(number, 0)) : -1;
             if (first == -1 && PyErr_Occurred())
                 in = -1;
             freed += writer->reserved;
@@ -3834,6 +4004,8 @@ typedef struct {
        batch for a record whose partition has none (open_new). */
     PyObject *cluster, *accumulator, *check_can_send, *sticky, *open_new;
     vectorcallfunc vectorcall;
+    PyObject *stamp;        /* the last timestamp made (an int of ms), or NULL */
+    long long stamp_ms;     /* its value */
 } Appender;
 
 static PyTypeObject AppenderType;
@@ -3867,6 +4039,7 @@ appender_clear(Appender *self)
     Py_CLEAR(self->check_can_send);
     Py_CLEAR(self->sticky);
     Py_CLEAR(self->open_new);
+    Py_CLEAR(self->stamp);
     return 0;
 }
 
@@ -3923,6 +4096,24 @@ raised_with_kept_batch(void)
     return kept;
 }
 
+/* int(ms), ms being time.time() * 1000: the last one made if it is the same millisecond (a
+   new int each record was ~140 instructions, and its records' futures now share one). */
+static PyObject *
+stamp_of(Appender *self, double ms)
+{
+    if (!(ms >= 0.0 && ms < 9e15))  /* (beyond: not exactly a double's, or not a time) */
+        return PyLong_FromDouble(ms);
+    long long whole = (long long)ms;
+    if (self->stamp != NULL && self->stamp_ms == whole)
+        return Py_NewRef(self->stamp);
+    PyObject *stamp = PyLong_FromLongLong(whole);
+    if (stamp != NULL) {
+        Py_XSETREF(self->stamp, Py_NewRef(stamp));
+        self->stamp_ms = whole;
+    }
+    return stamp;
+}
+
 /* The common case: the appended record's future (in a Ready for enqueue), or NULL: with an
    error set, that error; without, "not the common case: ask `later`". No Python code with
    side effects runs before the append but the transaction's check, the sticky
@@ -3962,14 +4153,15 @@ appender_fast(Appender *self, PyObject *const *args, Py_ssize_t nargs, PyObject 
         return NULL;
 
     /* The lifecycle: started, and called from its loop's thread with the loop running. */
-    PyObject *got = PyObject_GetAttr(self->lifecycle, s_state);
+    static SlotCache state_slot, thread_slot, loop_running_slot, leaders_slot;
+    PyObject *got = read_slot(&state_slot, self->lifecycle, s_state);
     if (got == NULL)
         return NULL;
     int started = got == self->started;
     Py_DECREF(got);
     if (!started)
         return NULL;
-    if ((got = PyObject_GetAttr(self->lifecycle, s_thread)) == NULL)
+    if ((got = read_slot(&thread_slot, self->lifecycle, s_thread)) == NULL)
         return NULL;
     int here = PyLong_CheckExact(got) &&
         PyLong_AsUnsignedLong(got) == PyThread_get_thread_ident();
@@ -3978,7 +4170,7 @@ appender_fast(Appender *self, PyObject *const *args, Py_ssize_t nargs, PyObject 
         PyErr_Clear();
     if (!here)
         return NULL;
-    if ((got = PyObject_GetAttr(self->lifecycle, s_loop_running)) == NULL)
+    if ((got = read_slot(&loop_running_slot, self->lifecycle, s_loop_running)) == NULL)
         return NULL;
     PyObject *running = PyObject_CallNoArgs(got);
     Py_DECREF(got);
@@ -3999,7 +4191,8 @@ appender_fast(Appender *self, PyObject *const *args, Py_ssize_t nargs, PyObject 
     }
 
     /* The topic's leaders. */
-    PyObject *topics = PyObject_GetAttr(self->cluster, s_topics);
+    static SlotCache topics_slot;
+    PyObject *topics = read_slot(&topics_slot, self->cluster, s_topics);
     if (topics == NULL)
         return NULL;
     PyObject *info = PyDict_CheckExact(topics) ? PyDict_GetItemWithError(topics, topic) : NULL;
@@ -4007,7 +4200,7 @@ appender_fast(Appender *self, PyObject *const *args, Py_ssize_t nargs, PyObject 
     Py_DECREF(topics);
     if (info == NULL)
         return NULL;
-    PyObject *leaders = PyObject_GetAttr(info, s_leaders);
+    PyObject *leaders = read_slot(&leaders_slot, info, s_leaders);
     Py_DECREF(info);
     if (leaders == NULL)
         return NULL;
@@ -4026,7 +4219,7 @@ appender_fast(Appender *self, PyObject *const *args, Py_ssize_t nargs, PyObject 
         Py_DECREF(now);
         if (seconds == -1.0 && PyErr_Occurred())
             goto done;
-        if ((stamp = PyLong_FromDouble(seconds * 1000.0)) == NULL)
+        if ((stamp = stamp_of(self, seconds * 1000.0)) == NULL)
             goto done;
     }
     else {
@@ -4615,7 +4808,7 @@ accumulator_open_method(AccumulatorFields *self, PyObject *const *args, Py_ssize
     if (!takes_args(nargs, 9, "_open(topic, partition, timestamp, key, value, headers, "
                     "reserved, partitions, now)"))
         return NULL;
-    long long timestamp = PyLong_AsLongLong(args[2]);
+    long long timestamp = as_long_long(args[2]);
     if (timestamp == -1 && PyErr_Occurred())
         return NULL;
     Py_ssize_t reserved = PyLong_AsSsize_t(args[6]);
@@ -4655,7 +4848,7 @@ accumulator_open_new(AccumulatorFields *self, PyObject *const *args, Py_ssize_t 
     if ((key != Py_None && !PyBytes_CheckExact(key)) ||
         (value != Py_None && !PyBytes_CheckExact(value)))
         Py_RETURN_NONE;  /* (the Python path checks and takes it) */
-    long long timestamp = PyLong_AsLongLong(args[4]);
+    long long timestamp = as_long_long(args[4]);
     if (timestamp == -1 && PyErr_Occurred())
         return NULL;
     Py_ssize_t partitions = PyLong_AsSsize_t(args[5]);
@@ -4780,7 +4973,7 @@ number_batch(SequenceView *view, PyObject *tp, BatchFields *batch)
     PyObject *next = PyDict_GetItemWithError(view->next_sequence, tp);
     if (next == NULL && PyErr_Occurred())
         return -1;
-    long long sequence = next == NULL ? 0 : PyLong_AsLongLong(next);
+    long long sequence = next == NULL ? 0 : as_long_long(next);
     if (sequence == -1 && PyErr_Occurred())
         return -1;
     PyObject *writer = batch->writer;
@@ -4789,7 +4982,7 @@ number_batch(SequenceView *view, PyObject *tp, BatchFields *batch)
         count = ((RecordWriter *)writer)->count;
     else {
         PyObject *counted = PyObject_GetAttrString(writer, "count");
-        count = counted == NULL ? -1 : PyLong_AsLongLong(counted);
+        count = counted == NULL ? -1 : as_long_long(counted);
         Py_XDECREF(counted);
         if (count == -1 && PyErr_Occurred())
             return -1;
@@ -4837,7 +5030,7 @@ take_batch(AccumulatorFields *self, PyObject *tp, PyObject *queue, SequenceView 
     PyObject *batch = PyObject_CallMethodNoArgs(queue, s_popleft);
     if (batch == NULL)
         return NULL;
-    if (!PyObject_TypeCheck(batch, &BatchFieldsType)) {
+    if (!is_batch(batch)) {
         PyErr_SetString(PyExc_TypeError, "a queue holds batches");
         goto error;
     }
@@ -5035,7 +5228,7 @@ accumulator_drain(AccumulatorFields *self, PyObject *const *args, Py_ssize_t nar
         failed = 1;
         if ((batch = PySequence_GetItem(queue, 0)) == NULL)
             goto next;
-        if (!PyObject_TypeCheck(batch, &BatchFieldsType) ||
+        if (!is_batch(batch) ||
             ((BatchFields *)batch)->retry_at == NULL ||
             ((BatchFields *)batch)->writer == NULL ||
             !PyObject_TypeCheck(((BatchFields *)batch)->writer, &RecordWriterType)) {
