@@ -113,7 +113,7 @@ _SPARK_CUT_SHORT_BY = pytest.StashKey[str]()
 
 
 @pytest.fixture(scope="session")
-def _spark_session(request):
+def spark(request):
     """One local Spark session per test process: a second session in the same process after
     stop() finds the JVM gateway half gone (py4j errors), as happened when pytest-xdist moved
     between the modules that each had their own."""
@@ -130,27 +130,25 @@ def _spark_session(request):
         session.stop()
     except Exception:
         if _SPARK_CUT_SHORT_BY not in request.config.stash:
-            raise  # (else the gateway out of step fails it too: said once, by spark())
+            raise  # (else the gateway out of step fails it too: said once, below)
 
 
-@pytest.fixture
-def spark(_spark_session, request):
-    """The worker's Spark session, unless a test's timeout cut a py4j call short in it: the
-    gateway is then out of step, and every later Spark test of the worker would fail with
-    unrelated py4j errors (`KeyError: 'c'`, ~25 of them): they fail at once instead, naming
-    the test whose failure is the one to read."""
-    cut_short_by = request.config.stash.get(_SPARK_CUT_SHORT_BY, None)
-    if cut_short_by is not None:
+def pytest_runtest_setup(item):
+    """A test's timeout that cut a py4j call short leaves the worker's Spark session out of
+    step: every later Spark test of the worker would fail with unrelated py4j errors
+    (`KeyError: 'c'`, ~25 of them). They fail at once instead, before any fixture (a module's
+    own fixtures use the session too), naming the test whose failure is the one to read."""
+    cut_short_by = item.config.stash.get(_SPARK_CUT_SHORT_BY, None)
+    if cut_short_by is not None and "spark" in getattr(item, "fixturenames", ()):
         pytest.fail(f"this worker's Spark session is out of step: {cut_short_by} timed out "
                     f"inside it (a py4j call cut short); that test's failure is the one to read",
                     pytrace=False)
-    return _spark_session
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
     report = yield
-    if (report.failed and "_spark_session" in getattr(item, "fixturenames", ())
+    if (report.failed and "spark" in getattr(item, "fixturenames", ())
             and "from pytest-timeout" in str(report.longrepr)):
         item.config.stash[_SPARK_CUT_SHORT_BY] = item.nodeid
     return report
