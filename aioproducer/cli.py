@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import functools
 import json
+import logging
 import os
 import re
 import signal
@@ -41,6 +42,7 @@ from .errors import (
 )
 from ._internal.arguments import check_topic_name
 from ._internal.batch import RecordFuture
+from .client import cluster
 from .producer import Producer
 from .testing.broker import EmbeddedBrokerError
 from .tools.admin import create_topic
@@ -362,6 +364,7 @@ async def _produce(args: argparse.Namespace, properties: dict[str, str]) -> int:
     read, then says how many records were produced and from which line to resume, so that a
     re-run does not produce the first lines twice. Ctrl-C once stops reading; twice, at once."""
     terminated = _stop_on_sigterm()
+    logging.getLogger(cluster.__name__).addFilter(_not_said_by_the_cli)
     separator = None if args.key_separator is None else os.fsencode(args.key_separator)
     started = time.perf_counter()
     sent: list[tuple[int, RecordFuture]] = []
@@ -396,6 +399,12 @@ async def _produce(args: argparse.Namespace, properties: dict[str, str]) -> int:
     if interrupted:
         return 128 + signal.SIGTERM if terminated() else 130
     return 1 if any(future.exception() for _, future in sent) else 0
+
+
+def _not_said_by_the_cli(record: logging.LogRecord) -> bool:
+    """The library's warning of a topic that does not exist, which `_first` says its own way
+    (naming `aioproducer topic create`): not twice."""
+    return record.msg is not cluster.MISSING_TOPIC_WARNING
 
 
 async def _first(enqueued: Awaitable[RecordFuture], topic: str,

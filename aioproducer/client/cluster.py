@@ -119,6 +119,13 @@ class _Backoff:
         self.address: tuple[str, int] | None = None
 
 
+# What `Cluster._say_missing` logs (the CLI, which says it its own way, leaves it out).
+MISSING_TOPIC_WARNING = (
+    "topic %r does not exist (UNKNOWN_TOPIC_OR_PARTITION) and was not created on request "
+    "(allow_auto_create_topics=%s%s): records for it wait up to max_block_ms=%.0f for it to be "
+    "made, then fail. Create it, or check its name")
+
+
 class Cluster:
     """Metadata and one connection per broker; shared by the producer and its sender."""
 
@@ -376,10 +383,7 @@ class Cluster:
         if topic in self._said_missing:
             return
         self._said_missing.add(topic)
-        log.warning("topic %r does not exist (UNKNOWN_TOPIC_OR_PARTITION) and was not created "
-                    "on request (allow_auto_create_topics=%s%s): records for it wait up to "
-                    "max_block_ms=%.0f for it to be made, then fail. Create it, or check its "
-                    "name", topic, self._config.allow_auto_create_topics,
+        log.warning(MISSING_TOPIC_WARNING, topic, self._config.allow_auto_create_topics,
                     "; the brokers' auto.create.topics.enable may be off"
                     if self._config.allow_auto_create_topics else "", timeout * 1000)
 
