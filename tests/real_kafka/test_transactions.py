@@ -236,6 +236,40 @@ def test_a_producer_collected_unclosed_mid_commit_completes_the_commit(apache_ka
     assert [r.value for r in got] == [b"0", b"1", b"2"]
 
 
+def test_a_commit_under_way_whose_record_fails_as_asyncio_run_ends_is_aborted(
+        apache_kafka, make_topic, caplog):
+    """The loop's end finishing a commit under way, a record of it refused by the broker (a
+    topic's max.message.bytes): the commit cannot be, so the transaction is aborted at
+    once, not left open, and the report says why: a read_committed consumer reads a later
+    producer's committed record at once, and not the abandoned one."""
+    small = make_topic(max_message_bytes=1000)
+    topic = make_topic()
+
+    async def main() -> None:
+        producer = Producer(apache_kafka.bootstrap, transactional_id=_tid())
+        await producer.start()
+        producer.begin_transaction()
+        await producer.enqueue(topic, b"never committed")
+        await producer.enqueue(small, b"x" * 5000)
+        asyncio.ensure_future(producer.commit_transaction())
+        await asyncio.sleep(0)  # (the commit began: it waits for the records' acks)
+        assert producer.metrics().transaction_state == "committing"
+
+    async def committed_after() -> None:
+        async with Producer(apache_kafka.bootstrap, transactional_id=_tid()) as producer:
+            async with producer.transaction():
+                await producer.send(topic, b"committed after")
+
+    asyncio.run(main())
+    said = [r.getMessage() for r in caplog.records if "unclosed" in r.getMessage()]
+    assert len(said) == 1 and "its transaction's commit, under way, could not complete (" \
+        in said[0] and "): the transaction was aborted" in said[0], said
+    asyncio.run(committed_after())
+    got = consume_all(apache_kafka.bootstrap, topic, expected=1, timeout=15,
+                      isolation_level="read_committed")
+    assert [r.value for r in got] == [b"committed after"]
+
+
 def test_a_transaction_left_open_as_asyncio_run_ends_is_aborted_at_once(apache_kafka,
                                                                        make_topic):
     """A script whose main() returns with a transaction open (no commit, no close()): the
