@@ -256,9 +256,9 @@ def test_a_commit_under_way_whose_record_fails_as_asyncio_run_ends_is_aborted(
         assert producer.metrics().transaction_state == "committing"
 
     async def committed_after() -> None:
-        async with Producer(apache_kafka.bootstrap, transactional_id=_tid()) as producer:
-            async with producer.transaction():
-                await producer.send(topic, b"committed after")
+        async with Producer(apache_kafka.bootstrap, transactional_id=_tid()) as producer, \
+                producer.transaction():
+            await producer.send(topic, b"committed after")
 
     asyncio.run(main())
     said = [r.getMessage() for r in caplog.records if "unclosed" in r.getMessage()]
