@@ -970,7 +970,7 @@ def _end_parts(unclosed: str, how: str, advice: str,
     if finished and sender is not None and sender.aborted_at_finish:
         outcome = _abort_outcome(sender)
     elif finished and sender is not None and sender.committing_at_finish:
-        outcome = _commit_outcome(sender, unacknowledged)
+        outcome = _commit_outcome(sender)
     elif finished and not unacknowledged:
         assert sender is not None
         outcome = f"its {sender.held_at_finish} buffered record(s) were sent before it " \
@@ -998,19 +998,19 @@ def _abort_outcome(sender: Sender) -> str:
            "wait until its coordinator aborts it (transaction_timeout_ms)"
 
 
-def _commit_outcome(sender: Sender, unacknowledged: int) -> str:
+def _commit_outcome(sender: Sender) -> str:
     """What became of the transaction whose commit was under way as a producer nobody closed
-    ended (`Sender.finish` completes it)."""
-    sent = f"its {sender.held_at_finish} buffered record(s) were sent and " \
-        if sender.held_at_finish and not unacknowledged else ""
-    if sender.commit_failure is not None and sender.txn_end_failure is None:
-        return f"its transaction's commit, under way, could not complete " \
-               f"({sender.commit_failure!r}): the transaction was aborted"
+    ended (`Sender.finish` completes it, or aborts it if a record of it failed)."""
     if sender.txn_end_failure is not None:
         return f"its transaction's commit, under way, could not complete within " \
                f"{sender.finish_within:g} s ({sender.txn_end_failure!r}): read_committed " \
-               "consumers of its partitions wait until its coordinator " \
-               "aborts it (transaction_timeout_ms)"
+               "consumers of its partitions wait until its coordinator aborts it " \
+               "(transaction_timeout_ms)"
+    if sender.commit_failure is not None:
+        return f"its transaction's commit, under way, could not complete " \
+               f"({sender.commit_failure!r}): the transaction was aborted"
+    sent = f"its {sender.held_at_finish} buffered record(s) were sent and " \
+        if sender.held_at_finish else ""
     return f"{sent}its transaction's commit, under way, completed"
 
 
