@@ -251,7 +251,8 @@ class BlockingProducer(Generic[K, V]):
         self._check_blocking_allowed()
         called = time.monotonic()
         future = self.produce(topic, value, key, partition=partition,
-                              timestamp_ms=timestamp_ms, headers=headers)
+                              timestamp_ms=timestamp_ms, headers=headers,
+                              on_delivery=_raised_to_the_caller)
         _wait_for(future, timeout)  # (a Ctrl-C stops the wait: the record is still sent)
         metadata = future.result(0)
         if not self._said_send_loop:
@@ -600,7 +601,9 @@ class BlockingProducer(Generic[K, V]):
                     "the producer was closed before this record was sent"))
                 raise
             except Exception as exc:
-                if future._on_delivery is None:  # (as a batch that fails for good is logged)
+                # Nobody is told (no on_delivery; send() gives one): logged, as a batch that
+                # fails for good is.
+                if future._on_delivery is None:
                     self._log_refused("produce(%r, ...) failed, the record is not sent: %r",
                                       topic, exc)
                 _fail(future, exc)
@@ -738,6 +741,12 @@ class _Produced(ThreadFuture[RecordMetadata]):
 
     _record: Any = None  # (a tuple of the arguments, or None: unpacked per record unchecked)
     _on_delivery: DeliveryCallback | None = None
+
+
+def _raised_to_the_caller(metadata: RecordMetadata | None, exception: BaseException | None
+                          ) -> None:
+    """send()'s on_delivery: its caller gets the outcome. Given (not None) before the record
+    is queued, it tells the pump that a record refused needs no warning: send() raises it."""
 
 
 def _fail(future: _Produced, exc: BaseException) -> None:

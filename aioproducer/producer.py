@@ -969,6 +969,8 @@ def _end_parts(unclosed: str, how: str, advice: str,
     lifecycle.become(CLOSED)
     if finished and sender is not None and sender.aborted_at_finish:
         outcome = _abort_outcome(sender)
+    elif finished and sender is not None and sender.committing_at_finish:
+        outcome = _commit_outcome(sender)
     elif finished and not unacknowledged:
         assert sender is not None
         outcome = f"its {sender.held_at_finish} buffered record(s) were sent before it " \
@@ -989,11 +991,27 @@ def _abort_outcome(sender: Sender) -> str:
     """What became of the transaction a producer nobody closed aborted (`Sender.finish`)."""
     failed = f" ({sender.failed_at_abort} record(s) of it still buffered failed)" \
         if sender.failed_at_abort else ""
-    if sender.abort_failure is None:
+    if sender.txn_end_failure is None:
         return f"its open transaction was aborted, not committed{failed}"
     return f"its open transaction could not be aborted within {sender.finish_within:g} s " \
-           f"({sender.abort_failure!r}){failed}: read_committed consumers of its partitions " \
+           f"({sender.txn_end_failure!r}){failed}: read_committed consumers of its partitions " \
            "wait until its coordinator aborts it (transaction_timeout_ms)"
+
+
+def _commit_outcome(sender: Sender) -> str:
+    """What became of the transaction whose commit was under way as a producer nobody closed
+    ended (`Sender.finish` completes it, or aborts it if a record of it failed)."""
+    if sender.txn_end_failure is not None:
+        return f"its transaction's commit, under way, could not complete within " \
+               f"{sender.finish_within:g} s ({sender.txn_end_failure!r}): read_committed " \
+               "consumers of its partitions wait until its coordinator aborts it " \
+               "(transaction_timeout_ms)"
+    if sender.commit_failure is not None:
+        return f"its transaction's commit, under way, could not complete " \
+               f"({sender.commit_failure!r}): the transaction was aborted"
+    sent = f"its {sender.held_at_finish} buffered record(s) were sent and " \
+        if sender.held_at_finish else ""
+    return f"{sent}its transaction's commit, under way, completed"
 
 
 def _debug_mode() -> bool:

@@ -110,6 +110,23 @@ def test_a_record_refused_in_the_producers_thread_is_logged_if_nobody_is_told(
     assert repr(topic) in said[0] and "value must be bytes" in said[0]
 
 
+def test_a_record_send_refuses_is_reported_once_by_its_exception(broker, topic, caplog):
+    """send() of a str value raises InvalidRecordError to its caller; it also logged the
+    warning meant for records whose failure nobody sees ("produce(...) failed, the record
+    is not sent"): the same error said twice. A produce() after it, its future unread,
+    is still logged."""
+    caplog.set_level(logging.WARNING, logger="aioproducer")
+    with BlockingProducer(broker.bootstrap) as producer:
+        with pytest.raises(InvalidRecordError, match="value must be bytes"):
+            producer.send(topic, "row", timeout=30)  # type: ignore[arg-type]
+        assert not [r for r in caplog.records if "not sent" in r.getMessage()]
+        unseen = producer.produce(topic, "unseen")  # type: ignore[arg-type]
+        producer.flush(30)
+    assert isinstance(unseen.exception(), InvalidRecordError)
+    said = [r.getMessage() for r in caplog.records if "not sent" in r.getMessage()]
+    assert len(said) == 1 and "value must be bytes" in said[0], said
+
+
 def test_a_delivery_callback_in_confluent_kafkas_order_is_refused(broker, topic):
     """confluent-kafka's README's callback, delivery_report(err, msg), moved over as it is:
     called (metadata, None), it counted every record delivered as failed ("Message delivery

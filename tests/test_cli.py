@@ -148,6 +148,8 @@ def test_consume_without_from_beginning_prints_only_new_records(broker, topic):
         if consume.poll() is None:
             consume.kill()
             consume.wait(10)
+        consume.stdout.close()  # (communicate() closed them, unless an assertion came first)
+        consume.stderr.close()
     assert (consume.returncode, out) == (0, b"new 1\nnew 2\n"), err
 
 
@@ -173,6 +175,8 @@ def test_consume_into_a_pipe_its_reader_closes_early_ends_quietly(broker, topic)
         if consume.poll() is None:
             consume.kill()
             consume.wait(10)
+        consume.stdout.close()
+        consume.stderr.close()
     assert lines == [b"record %d%s\n" % (i, filler) for i in range(3)]
     assert consume.returncode == 0, err
     assert err.splitlines() == [f"reading {topic} from the earliest offsets: partition 0 at 0"]

@@ -568,45 +568,49 @@ def _port_is_free(port: int) -> bool:
             return False
 
 
-def _start_cli_broker(port: int) -> tuple[subprocess.Popen, int]:
-    """`aioproducer broker` in its own session, once it says it runs; and its broker's pid."""
+@contextlib.contextmanager
+def _cli_broker(port: int) -> Iterator[tuple[subprocess.Popen[str], int]]:
+    """`aioproducer broker` in its own session, once it says it runs; and its broker's pid.
+    Killed at the end if it still runs (a failed assertion), its pipes closed (left open,
+    each was a ResourceWarning)."""
     cli = subprocess.Popen([sys.executable, "-m", "aioproducer", "broker", "--port", str(port)],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                            start_new_session=True)
-    assert "embedded Kafka broker" in cli.stdout.readline()
-    with open(f"/proc/{cli.pid}/task/{cli.pid}/children") as f:
-        (child,) = map(int, f.read().split())
-    return cli, child
+    try:
+        assert "embedded Kafka broker" in cli.stdout.readline()
+        with open(f"/proc/{cli.pid}/task/{cli.pid}/children") as f:
+            (child,) = map(int, f.read().split())
+        yield cli, child
+    finally:
+        cli.kill()
+        cli.wait(5)
+        cli.stdout.close()
+        cli.stderr.close()
 
 
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
 def test_cli_broker_stopped_by_a_signal_frees_its_port(stop):
     port = free_port()
-    cli, child = _start_cli_broker(port)
-    try:
-        cli.send_signal(stop)
-        assert cli.wait(15) == 0, cli.stderr.read()
-        deadline = time.monotonic() + 5
-        while not _port_is_free(port) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert _port_is_free(port), f"port {port} still taken after `aioproducer broker` stopped"
-    finally:
-        cli.kill()
-        cli.wait(5)
-        if not _port_is_free(port):
-            os.kill(child, signal.SIGKILL)  # the orphaned broker process of a failed run
+    with _cli_broker(port) as (cli, child):
+        try:
+            cli.send_signal(stop)
+            assert cli.wait(15) == 0, cli.stderr.read()
+            deadline = time.monotonic() + 5
+            while not _port_is_free(port) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert _port_is_free(port), \
+                f"port {port} still taken after `aioproducer broker` stopped"
+        finally:
+            if not _port_is_free(port):
+                os.kill(child, signal.SIGKILL)  # the orphaned broker process of a failed run
 
 
 def test_cli_broker_exits_when_its_broker_dies():
     port = free_port()
-    cli, child = _start_cli_broker(port)
-    try:
+    with _cli_broker(port) as (cli, child):
         os.kill(child, signal.SIGKILL)
         assert cli.wait(15) == 1
         assert f"the broker on port {port} exited" in cli.stderr.read()
-    finally:
-        cli.kill()
-        cli.wait(5)
 
 
 def test_cli_broker_refuses_a_port_in_use():

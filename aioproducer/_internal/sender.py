@@ -125,12 +125,15 @@ class Sender:
         # count of acknowledged records then (what is acknowledged after is of those).
         self.held_at_finish = self.acknowledged_before_finish = 0
         self.finish_within = min(FINISH_WITHIN, config.delivery_timeout_ms / 1000)
-        # A transaction open at finish() is aborted (`_abort_at_finish`): whether one was
-        # (until its EndTxn has an outcome, `_aborting` too), how many buffered records of it
-        # failed unsent, and why the abort failed, if it did.
-        self.aborted_at_finish = self._aborting = False
+        # A transaction open at finish() is aborted, one whose commit was under way is
+        # committed (`finish`): whether one was (until its EndTxn has an outcome,
+        # `_ending_txn` too), how many buffered records of an aborted one failed unsent, why
+        # a commit under way could not be (a record of it failed: aborted instead), and
+        # why the EndTxn failed, if it did.
+        self.aborted_at_finish = self.committing_at_finish = self._ending_txn = False
         self.failed_at_abort = 0
-        self.abort_failure: BaseException | None = None
+        self.commit_failure: BaseException | None = None
+        self.txn_end_failure: BaseException | None = None
         self._still_finishing: asyncio.TimerHandle | None = None  # (`_say_still_finishing`)
         # Per broker, since when it has had a batch ready to send and taken none: one that
         # waited so for partitioner_availability_timeout_ms gets no new keyless records
@@ -202,13 +205,16 @@ class Sender:
         """Rounds until told to stop and nothing is left (the producer closes it), or, after
         `finish()`, until its deadline."""
         try:
-            while self.running or self._accumulator.incomplete or self._aborting:
+            while self.running or self._accumulator.incomplete or self._ending_txn:
                 now = self._loop.time()
                 if self.finish_by is not None and now >= self.finish_by:
+                    if self._ending_txn:  # (its records had no outcome by then: no EndTxn)
+                        self.txn_end_failure = TimeoutError(
+                            "its records were not all acknowledged in time")
                     return
                 try:
                     if not self.running and not self._accumulator.incomplete:
-                        await self._end_aborted_transaction()  # (`_aborting`: after finish())
+                        await self._end_transaction_at_finish()  # (after finish())
                         continue
                     delay = self._run_once(now)
                     if self.finish_by is not None:  # (a response may never come to wake it)
@@ -228,7 +234,9 @@ class Sender:
         producer that will not be closed (collected unclosed, or open as its event loop
         ends). An open transaction is never committed so: it is aborted, as close() does
         (its buffered records fail), rather than left to hold back read_committed consumers
-        until its coordinator's timeout (transaction_timeout_ms)."""
+        until its coordinator's timeout (transaction_timeout_ms). One whose commit was under
+        way (commit_transaction() called: the commit is decided) is committed once its
+        records are sent, or aborted if one of them failed."""
         if self.finish_by is not None:
             return
         accumulator = self._accumulator
@@ -245,22 +253,32 @@ class Sender:
                 "transaction was aborted (never committed)"))
             self.failed_at_abort = self.held_at_finish - sum(
                 b.record_count for b in accumulator.incomplete)
-            self.aborted_at_finish = self._aborting = True
+            self.aborted_at_finish = self._ending_txn = True
+        elif txn is not None and txn.is_transactional and txn.state is TxnState.COMMITTING:
+            # (Its own task, cancelled by the loop's end, or cancelled with the rest of a
+            # producer collected once the sender ends, would leave it open.)
+            self.committing_at_finish = self._ending_txn = True
         self.wake()
 
-    async def _end_aborted_transaction(self) -> None:
-        """EndTxn for the transaction finish() aborts, once its records sent have outcomes,
-        before finish()'s deadline."""
-        assert self._txn is not None and self.finish_by is not None
+    async def _end_transaction_at_finish(self) -> None:
+        """EndTxn for the transaction finish() ends, once its records sent have outcomes,
+        before finish()'s deadline: the abort, or the commit under way (an abort if a record
+        of it failed: a commit is refused then)."""
+        txn = self._txn
+        assert txn is not None and self.finish_by is not None
+        commit = self.committing_at_finish
         try:
             async with asyncio.timeout_at(self.finish_by):
-                await self._txn.end_transaction(commit=False)
+                if commit and txn.state is TxnState.ABORTABLE_ERROR:
+                    self.commit_failure, commit = txn.error, False
+                    txn.start_commit_or_abort(commit=False)
+                await txn.end_transaction(commit=commit)
         except (KafkaError, TimeoutError) as exc:
-            # (If the state moved on, it was aborted: what failed came after, a new epoch's
+            # (If the state moved on, it ended: what failed came after, a new epoch's
             # InitProducerId.)
-            if self._txn.state in _ABORT_AT_FINISH:
-                self.abort_failure = exc
-        self._aborting = False
+            if txn.state in _ABORT_AT_FINISH or txn.state is TxnState.COMMITTING:
+                self.txn_end_failure = exc
+        self._ending_txn = False
 
     def _finish_when_cancelled(self) -> bool:
         """Cancelled from outside the producer while it is open (asyncio.run() cancels every
@@ -284,12 +302,13 @@ class Sender:
         (a broker down or slow): say why the script does not end yet, and how to end it (a
         Ctrl-C now interrupts the loop's wait: asyncio.run() handles only the first)."""
         held = sum(b.record_count for b in self._accumulator.incomplete)
-        if self.finish_by is None or not (held or self._aborting):
+        if self.finish_by is None or not (held or self._ending_txn):
             return
         log.warning("the event loop ends with a producer open (never closed): it %s for up to "
                     "%.0f s more (Ctrl-C leaves now%s)",
-                    "aborts its open transaction" if self._aborting else
-                    f"sends the {held} record(s) it holds",
+                    f"sends the {held} record(s) it holds" if held else
+                    "commits its transaction" if self.committing_at_finish else
+                    "aborts its open transaction",
                     max(self.finish_by - self._loop.time(), 0), ", losing them" if held else "")
 
     async def _sleep(self, now: float, delay: float) -> None:

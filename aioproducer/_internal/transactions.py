@@ -159,6 +159,7 @@ class TransactionManager:
         self._coordinators: dict[tuple[int, str], int] = {}
         self._needs_epoch_bump = False
         self._offsets_added = False
+        self._ending: asyncio.Future[None] | None = None  # an end_transaction() under way
         # Transactions V2 (KIP-890 part 2) for the current transaction: decided when it
         # begins, from the cluster's finalized transaction.version, and kept until it ends;
         # V2 only if it was on when InitProducerId gave our epoch (`_v2_at_init`): a
@@ -525,7 +526,23 @@ class TransactionManager:
             self._transition(target)
 
     async def end_transaction(self, commit: bool) -> None:
-        """EndTxn, once every batch of the transaction has its outcome."""
+        """EndTxn, once every batch of the transaction has its outcome; one at a time: a
+        call while another's is under way (a commit's own task, and the sender that
+        finishes it as its producer is collected) waits for that one, and ends the
+        transaction only if that one did not."""
+        while self._ending is not None:
+            await asyncio.wait({self._ending})
+        if self.state not in (TxnState.COMMITTING, TxnState.ABORTING,
+                              TxnState.ABORTABLE_ERROR):
+            return  # (ended by that call)
+        self._ending = asyncio.get_running_loop().create_future()
+        try:
+            await self._end_transaction(commit)
+        finally:
+            self._ending.set_result(None)
+            self._ending = None
+
+    async def _end_transaction(self, commit: bool) -> None:
         if self._add_task is not None and not self._add_task.done():
             # Its outcome, not its cancellation (close() stops it), is what decides below.
             await asyncio.wait({self._add_task})

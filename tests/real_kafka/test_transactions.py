@@ -4,6 +4,7 @@ librdkafka's read_committed consumer, a real consumer group (kafka-python's) for
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 import uuid
 
@@ -166,6 +167,107 @@ async def test_an_idempotent_producer_goes_on_after_its_records_are_deleted(apac
     got = consume_all(apache_kafka.bootstrap, topic, expected=5)
     assert [r.value for r in got] == [b"after-%d" % i for i in range(5)]
     assert [r.offset for r in got] == list(range(5, 10))
+
+
+def test_a_commit_under_way_as_asyncio_run_ends_is_completed(apache_kafka, make_topic,
+                                                              caplog):
+    """A script whose main() returns as its commit is under way (commit_transaction() in a
+    task of its own, its records not acknowledged yet), no close(): asyncio.run() cancels
+    the commit with the rest. Its records were sent, the report said so, but no EndTxn
+    followed: the transaction stayed open until the coordinator's timeout (60 s), and a
+    read_committed consumer (librdkafka's) found nothing in 15 s. The loop's end now
+    finishes the commit, and the report says it did."""
+    topic = make_topic()
+    kept: list[Producer] = []  # (open as the loop ends)
+
+    async def main() -> None:
+        producer = Producer(apache_kafka.bootstrap, transactional_id=_tid())
+        await producer.start()
+        producer.begin_transaction()
+        for i in range(3):
+            await producer.enqueue(topic, b"%d" % i)
+        asyncio.ensure_future(producer.commit_transaction())
+        await asyncio.sleep(0)  # (the commit began: it waits for the records' acks)
+        assert producer.metrics().transaction_state == "committing"
+        kept.append(producer)
+
+    asyncio.run(main())
+    got = consume_all(apache_kafka.bootstrap, topic, expected=3, timeout=15,
+                      isolation_level="read_committed")
+    assert [r.value for r in got] == [b"0", b"1", b"2"]
+    assert kept[0].metrics().state == "closed"
+    said = [r.getMessage() for r in caplog.records if "unclosed" in r.getMessage()]
+    assert len(said) == 1 and "its transaction's commit, under way, completed" in said[0], \
+        said
+
+
+def test_a_producer_collected_unclosed_mid_commit_completes_the_commit(apache_kafka,
+                                                                       make_topic, caplog):
+    """A commit_transaction() given up by its caller (cancelled, as by a timeout: the commit
+    goes on in its task), then the producer dropped unclosed and collected: the producer's
+    end cancelled the commit's task as soon as its records were sent, before its EndTxn,
+    and the transaction stayed open until the coordinator's timeout. Now it completes."""
+    topic = make_topic()
+
+    async def main() -> None:
+        producer = Producer(apache_kafka.bootstrap, transactional_id=_tid())
+        await producer.start()
+        producer.begin_transaction()
+        for i in range(3):
+            await producer.enqueue(topic, b"%d" % i)
+        commit = asyncio.ensure_future(producer.commit_transaction())
+        await asyncio.sleep(0)  # (the commit began: it waits for the records' acks)
+        assert producer.metrics().transaction_state == "committing"
+        commit.cancel()  # (as a timeout does)
+        await asyncio.wait({commit})
+        del producer, commit
+        gc.collect()
+        for _ in range(300):  # at most 15 s: until its end is reported
+            if any("was collected" in r.getMessage() for r in caplog.records):
+                break
+            await asyncio.sleep(0.05)
+
+    asyncio.run(main())
+    said = [r.getMessage() for r in caplog.records if "was collected" in r.getMessage()]
+    assert len(said) == 1 and "its transaction's commit, under way, completed" in said[0], \
+        said
+    got = consume_all(apache_kafka.bootstrap, topic, expected=3, timeout=15,
+                      isolation_level="read_committed")
+    assert [r.value for r in got] == [b"0", b"1", b"2"]
+
+
+def test_a_commit_under_way_whose_record_fails_as_asyncio_run_ends_is_aborted(
+        apache_kafka, make_topic, caplog):
+    """The loop's end finishing a commit under way, a record of it refused by the broker (a
+    topic's max.message.bytes): the commit cannot be, so the transaction is aborted at
+    once, not left open, and the report says why: a read_committed consumer reads a later
+    producer's committed record at once, and not the abandoned one."""
+    small = make_topic(max_message_bytes=1000)
+    topic = make_topic()
+
+    async def main() -> None:
+        producer = Producer(apache_kafka.bootstrap, transactional_id=_tid())
+        await producer.start()
+        producer.begin_transaction()
+        await producer.enqueue(topic, b"never committed")
+        await producer.enqueue(small, b"x" * 5000)
+        asyncio.ensure_future(producer.commit_transaction())
+        await asyncio.sleep(0)  # (the commit began: it waits for the records' acks)
+        assert producer.metrics().transaction_state == "committing"
+
+    async def committed_after() -> None:
+        async with Producer(apache_kafka.bootstrap, transactional_id=_tid()) as producer, \
+                producer.transaction():
+            await producer.send(topic, b"committed after")
+
+    asyncio.run(main())
+    said = [r.getMessage() for r in caplog.records if "unclosed" in r.getMessage()]
+    assert len(said) == 1 and "its transaction's commit, under way, could not complete (" \
+        in said[0] and "): the transaction was aborted" in said[0], said
+    asyncio.run(committed_after())
+    got = consume_all(apache_kafka.bootstrap, topic, expected=1, timeout=15,
+                      isolation_level="read_committed")
+    assert [r.value for r in got] == [b"committed after"]
 
 
 def test_a_transaction_left_open_as_asyncio_run_ends_is_aborted_at_once(apache_kafka,
