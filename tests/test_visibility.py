@@ -173,13 +173,24 @@ def test_a_transactional_producer_left_open_at_its_loop_s_end_aborts_its_transac
         ([b"sent, never committed"], [], []), outcomes
 
 
-def test_a_transaction_that_cannot_be_aborted_at_the_loop_s_end_is_reported(proxied_broker,
-                                                                             caplog):
-    """The broker stops answering before the loop's end aborts the open transaction: the
-    abort is given up at the bound (1.5 s here, delivery_timeout_ms), said while it waits,
-    and the report says it was not aborted and what that holds back."""
+# What the report and the warning meanwhile say of a transaction the loop's end could not end.
+_NOT_ENDED = {
+    "abort": ("its open transaction could not be aborted within 1.5 s (",
+              "it aborts its open transaction for up to"),
+    "commit": ("its transaction's commit, under way, could not complete within 1.5 s (",
+               "it commits its transaction for up to"),
+}
+
+
+@pytest.mark.parametrize("ending", _NOT_ENDED)
+def test_a_transaction_the_loop_s_end_cannot_end_is_reported(proxied_broker, caplog, ending):
+    """The broker stops answering before the loop's end ends the transaction, open (abort)
+    or with its commit under way (commit): the end is given up at the bound (1.5 s here,
+    delivery_timeout_ms), said while it waits, and the report says it did not end and what
+    that holds back (not that the records were sent)."""
     cluster = proxied_broker
-    cluster.create_topic("unabortable", 1)
+    topic = f"unended-{ending}"
+    cluster.create_topic(topic, 1)
     reported: list[str] = []
     kept: list[Producer] = []  # (open as the loop ends, not collected before)
     caplog.set_level(logging.WARNING, logger="aioproducer")
@@ -187,57 +198,26 @@ def test_a_transaction_that_cannot_be_aborted_at_the_loop_s_end_is_reported(prox
     async def main() -> None:
         asyncio.get_running_loop().set_exception_handler(
             lambda loop, context: reported.append(context["message"]))
-        producer = Producer(cluster.bootstrap, transactional_id="unabortable-txn",
+        producer = Producer(cluster.bootstrap, transactional_id=f"{topic}-txn",
                             delivery_timeout_ms=1500, request_timeout_ms=1000)
         await producer.start()
         producer.begin_transaction()
-        await producer.send("unabortable", b"sent, never committed")
+        await producer.send(topic, b"sent, never committed")
         cluster.proxy.stall(True)
+        if ending == "commit":
+            asyncio.ensure_future(producer.commit_transaction())
+            await asyncio.sleep(0)  # (the commit began)
+            assert producer.metrics().transaction_state == "committing"
         kept.append(producer)
 
     try:
         asyncio.run(main())
     finally:
         cluster.proxy.stall(False)
-    assert len(reported) == 1 and "its open transaction could not be aborted within 1.5 s (" \
-        in reported[0] and "read_committed consumers of its partitions wait until its " \
-        "coordinator aborts it" in reported[0], reported
-    assert "it aborts its open transaction for up to" in caplog.text, caplog.text
-
-
-def test_a_commit_under_way_that_cannot_complete_at_the_loop_s_end_is_reported(
-        proxied_broker, caplog):
-    """The broker stops answering as the loop's end finishes a commit under way: the commit
-    is given up at the bound (1.5 s here, delivery_timeout_ms), said while it waits, and the
-    report says it did not complete and what that holds back (not that it was sent)."""
-    cluster = proxied_broker
-    cluster.create_topic("uncommittable", 1)
-    reported: list[str] = []
-    kept: list[Producer] = []  # (open as the loop ends, not collected before)
-    caplog.set_level(logging.WARNING, logger="aioproducer")
-
-    async def main() -> None:
-        asyncio.get_running_loop().set_exception_handler(
-            lambda loop, context: reported.append(context["message"]))
-        producer = Producer(cluster.bootstrap, transactional_id="uncommittable-txn",
-                            delivery_timeout_ms=1500, request_timeout_ms=1000)
-        await producer.start()
-        producer.begin_transaction()
-        await producer.send("uncommittable", b"sent, commit cut short")
-        cluster.proxy.stall(True)
-        asyncio.ensure_future(producer.commit_transaction())
-        await asyncio.sleep(0)  # (the commit began)
-        assert producer.metrics().transaction_state == "committing"
-        kept.append(producer)
-
-    try:
-        asyncio.run(main())
-    finally:
-        cluster.proxy.stall(False)
-    assert len(reported) == 1 and "its transaction's commit, under way, could not complete " \
-        "within 1.5 s (" in reported[0] and "read_committed consumers of its partitions " \
-        "wait until its coordinator aborts it" in reported[0], reported
-    assert "it commits its transaction for up to" in caplog.text, caplog.text
+    outcome, meanwhile = _NOT_ENDED[ending]
+    assert len(reported) == 1 and outcome in reported[0] and "read_committed consumers of " \
+        "its partitions wait until its coordinator aborts it" in reported[0], reported
+    assert meanwhile in caplog.text, caplog.text
 
 
 def _interrupted_twice(cluster, script: str) -> str:

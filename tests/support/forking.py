@@ -37,6 +37,20 @@ async def _child_goes_on(producer: Producer, topic: str, report: int) -> None:
         os._exit(0)
 
 
+async def _fork(producer: Producer, topic: str) -> tuple[int, int]:
+    """os.fork() in the running coroutine: the child goes on (_child_goes_on, which never
+    returns); the parent gets the child's pid and the read end of its report."""
+    report, child_end = os.pipe()
+    with warnings.catch_warnings():  # (3.12: pytest-xdist's threads)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:
+        os.close(report)
+        await _child_goes_on(producer, topic, child_end)
+    os.close(child_end)
+    return pid, report
+
+
 def _reap(pid: int, within: float) -> int:
     """Wait up to `within` seconds for the child to exit, then kill it; its exit code
     (-9: killed)."""
@@ -61,14 +75,7 @@ async def fork_amid_sends(bootstrap: str, topic: str) -> str:
     async with Producer(bootstrap, linger_ms=300) as producer:
         await producer.send(topic, b"before")
         lingering = [await producer.enqueue(topic, b"lingering %d" % i) for i in range(100)]
-        report, child_end = os.pipe()
-        with warnings.catch_warnings():  # (3.12: pytest-xdist's threads)
-            warnings.simplefilter("ignore", DeprecationWarning)
-            pid = os.fork()
-        if pid == 0:
-            os.close(report)
-            await _child_goes_on(producer, topic, child_end)
-        os.close(child_end)
+        pid, report = await _fork(producer, topic)
         try:
             after = [await producer.enqueue(topic, b"after %d" % i) for i in range(100)]
             await asyncio.wait_for(asyncio.gather(*lingering, *after), 20)
@@ -95,16 +102,9 @@ async def fork_while_connecting(bootstrap: str, proxy: FaultProxy, topic: str) -
             while proxy.connections_accepted < 2 and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)
             assert proxy.connections_accepted == 2, "no connection to the broker opened"
-            report, child_end = os.pipe()
-            with warnings.catch_warnings():  # (3.12: pytest-xdist's threads)
-                warnings.simplefilter("ignore", DeprecationWarning)
-                pid = os.fork()
-            if pid == 0:
-                os.close(report)
-                await _child_goes_on(producer, topic, child_end)
+            pid, report = await _fork(producer, topic)
         finally:
             proxy.stall(False)
-        os.close(child_end)
         try:
             await asyncio.wait_for(future, 20)
         finally:
