@@ -7,11 +7,12 @@ idempotence off, as grid.py runs it), taken from the wire by a proxy in front of
 broker; then replayed: `--depth` requests in flight on each of `--conns` connections, about
 --mb MB in all, to a fresh broker each run, the clients, shapes and depths alternating within
 a round. Each captured request's shape is printed first: per partition its batch's header
-fields and its first record's framing, to compare the clients' requests byte for byte.
+fields and its records' framing, to compare the clients' requests byte for byte.
+`--client aioproducer:batch_size=1048576` captures ours with that setting (beside the others).
 
     python benchmarks/broker_ceiling.py [--broker embedded|kafka] [--size B ...]
         [--depth N ...] [--conns N ...] [--mb MB] [--rounds N] [--set name=value ...]
-        [--client aioproducer|confluent ...]
+        [--client aioproducer[:name=value,...]|confluent ...]
 
 Prints, per run: MB/s and records/s, the broker's CPU seconds (utime + stime of its
 /proc/<pid>/stat) as a share of one core and per MB written, and the writer's own CPU share (a
@@ -42,10 +43,13 @@ from aioproducer.testing import ApacheKafka, EmbeddedBroker  # noqa: E402
 # A request frame: size (4), api key (2), version (2), correlation id (4).
 _VERSION_AT, _CORRELATION_AT = 6, 8
 _COUNT_AT = 57  # a record batch's header: its record count
+# What a capture writes: enough for librdkafka's batches to reach their 1 MB (batch.size), as
+# they do in a long run, on 6 partitions.
+_CAPTURED = 12 << 20
 
 
 def capture(broker: Any, size: int, settings: dict[str, int]) -> tuple[bytes, int]:
-    """The largest Produce request aioproducer writes for 4 MB of --size records, and its
+    """The largest Produce request aioproducer writes for 12 MB of --size records, and its
     record count."""
     frames: list[tuple[bytes, int]] = []
     send_request = framing.Framing.send_request
@@ -69,14 +73,14 @@ def capture(broker: Any, size: int, settings: dict[str, int]) -> tuple[bytes, in
 
 async def _produce(bootstrap: str, size: int, settings: dict[str, int]) -> None:
     value = os.urandom(size)
-    records = [(b"key-%012d" % i, value) for i in range(max(6, (4 << 20) // size))]
+    records = [(b"key-%012d" % i, value) for i in range(max(6, _CAPTURED // size))]
     async with Producer(bootstrap, **{"acks": 1, "linger_ms": 5, "enable_idempotence": False,
                                       **settings}) as producer:
         await (await producer.enqueue_many("capture", records))
 
 
 def capture_confluent(size: int) -> tuple[bytes, int]:
-    """The largest Produce request librdkafka writes for 4 MB of --size records, and its
+    """The largest Produce request librdkafka writes for 12 MB of --size records, and its
     record count: read off the wire by a proxy that the embedded broker advertises."""
     from confluent_kafka import Producer as ConfluentProducer
 
@@ -88,7 +92,7 @@ def capture_confluent(size: int) -> tuple[bytes, int]:
         producer = ConfluentProducer({"bootstrap.servers": broker.bootstrap, "acks": 1,
                                       "enable.idempotence": False, "linger.ms": 5})
         value = os.urandom(size)
-        for i in range(max(6, (4 << 20) // size)):
+        for i in range(max(6, _CAPTURED // size)):
             while True:
                 try:
                     producer.produce("capture", value, b"key-%012d" % i)
@@ -201,7 +205,9 @@ def _batch_shape(records: bytes) -> dict[str, Any]:
         at += max(key, 0)
         value, at = _varint(records, at)
         header_count, _ = _varint(records, at + max(value, 0))
-        deltas.append(delta), stamps.append(stamp), headers.add(header_count)
+        deltas.append(delta)
+        stamps.append(stamp)
+        headers.add(header_count)
         payload += max(key, 0) + max(value, 0)
         at = end
     return {"batch": 12 + length, "batches": 1 + (len(records) > 12 + length), "magic": magic,
@@ -295,19 +301,23 @@ def main() -> None:
     parser.add_argument("--mb", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE")
-    parser.add_argument("--client", choices=("aioproducer", "confluent"), nargs="+",
-                        default=["aioproducer"])
+    parser.add_argument("--client", nargs="+", default=["aioproducer"],
+                        metavar="aioproducer[:name=value,...]|confluent")
     args = parser.parse_args()
     settings = {name: int(value) for name, _, value in (s.partition("=") for s in args.set)}
     requests: dict[tuple[str, int], tuple[bytes, int]] = {}
-    if "aioproducer" in args.client:
-        with EmbeddedBroker() as broker:
-            broker.create_topic("capture", 6)
-            for size in args.size:
-                requests["aioproducer", size] = capture(broker, size, settings)
-    if "confluent" in args.client:
+    for client in args.client:
         for size in args.size:
-            requests["confluent", size] = capture_confluent(size)
+            if client == "confluent":
+                requests[client, size] = capture_confluent(size)
+                continue
+            name, _, own = client.partition(":")
+            if name != "aioproducer":
+                parser.error(f"--client {client}: aioproducer[:name=value,...] or confluent")
+            with EmbeddedBroker() as broker:
+                broker.create_topic("capture", 6)
+                requests[client, size] = capture(broker, size, {**settings, **{
+                    k: int(v) for k, _, v in (s.partition("=") for s in own.split(",") if s)}})
     for (client, size), (frame, records) in requests.items():
         print(f"{client}, {size} B records, {settings or 'defaults'}: a request of "
               f"{len(frame) / 1e3:.0f} KB, {records} records", flush=True)
