@@ -120,6 +120,7 @@ def _proxy(listener: socket.socket, upstream_port: int, frames: list[bytes]) -> 
 
 
 def _pipe(source: socket.socket, sink: socket.socket, frames: list[bytes] | None) -> None:
+    """Copy one direction of a connection; with `frames`, keep the Produce requests in it."""
     pending = bytearray()
     while data := source.recv(1 << 20):
         sink.sendall(data)
@@ -210,7 +211,8 @@ def _batch_shape(records: bytes) -> dict[str, Any]:
         headers.add(header_count)
         payload += max(key, 0) + max(value, 0)
         at = end
-    return {"batch": 12 + length, "batches": 1 + (len(records) > 12 + length), "magic": magic,
+    return {"batch": 12 + length, "another batch after it": len(records) > 12 + length,
+            "magic": magic,
             "attributes": attributes, "records": count,
             "offset deltas in order": deltas == list(range(count)),
             "last offset delta": last_delta, "max ts - first": max_ts - first_ts,
