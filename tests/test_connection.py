@@ -4,15 +4,18 @@ straight from the socket's data callback, so one request's trouble must not reac
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import random
+import socket
 import time
 import tracemalloc
 
 from kafka.protocol.metadata import ApiVersionsResponse, MetadataResponse
 
 from aioproducer import Producer
+from aioproducer.client import connection
 from aioproducer.client.connection import BrokerConnection
 from aioproducer.protocol.messages import ApiKey
 from tests.support.readback import consume_all
@@ -147,3 +150,37 @@ async def test_a_large_request_costs_no_copy_of_itself_to_write(proxied_broker):
         assert (await asyncio.wait_for(future, 30)).offset == 0
     # The batch's buffer, and at most the request again in the transport's buffer.
     assert peak < 2 * len(value), f"{peak / len(value):.1f}x the record's size"
+
+
+class _HostWithoutIPv6:
+    """The socket module as a host booted with IPv6 off sees it: `localhost` names ::1 first
+    (as /etc/hosts often does), and an AF_INET6 socket cannot be made (EAFNOSUPPORT)."""
+
+    def __getattr__(self, name: str):
+        return getattr(socket, name)
+
+    @staticmethod
+    def getaddrinfo(host, port, *args, **kwargs):
+        if host != "localhost":
+            return socket.getaddrinfo(host, port, *args, **kwargs)
+        return [(socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("::1", port, 0, 0)),
+                (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))]
+
+    @staticmethod
+    def socket(family=socket.AF_INET, *args, **kwargs):
+        if family == socket.AF_INET6:
+            raise OSError(errno.EAFNOSUPPORT, os.strerror(errno.EAFNOSUPPORT))
+        return socket.socket(family, *args, **kwargs)
+
+
+async def test_an_address_whose_family_the_host_cannot_make_gives_way_to_the_next(
+        broker, topic, monkeypatch):
+    """`localhost` on a host with IPv6 off: ::1's socket cannot be made, and 127.0.0.1 is
+    tried next, as asyncio's create_connection does (the first address's failure ended the
+    connect: KafkaConnectionError 'Address family not supported by protocol')."""
+    monkeypatch.setattr(connection, "socket", _HostWithoutIPv6())
+    port = broker.bootstrap.rsplit(":", 1)[1]
+    async with Producer(f"localhost:{port}", linger_ms=0) as producer:
+        metadata = await producer.send(topic, b"over IPv4")
+    assert [r.value for r in consume_all(broker.bootstrap, topic, expected=1)] == [b"over IPv4"]
+    assert metadata.offset == 0

@@ -204,7 +204,11 @@ class BrokerConnection(asyncio.Protocol):
             raise OSError(f"getaddrinfo({self.host!r}) returned no address")
         first_error: OSError | None = None
         for family, kind, proto, _, address in addresses:
-            self._socket = sock = socket.socket(family, kind, proto)
+            try:  # (a family the host cannot make, IPv6 turned off: the next address)
+                self._socket = sock = socket.socket(family, kind, proto)
+            except OSError as exc:
+                first_error = first_error or exc
+                continue
             try:
                 sock.setblocking(False)
                 await _connect(loop, sock, address)
