@@ -253,11 +253,24 @@ class BlockingProducer(Generic[K, V]):
         future = self.produce(topic, value, key, partition=partition,
                               timestamp_ms=timestamp_ms, headers=headers,
                               on_delivery=_raised_to_the_caller)
-        _wait_for(future, timeout)  # (a Ctrl-C stops the wait: the record is still sent)
-        metadata = future.result(0)
+        try:
+            _wait_for(future, timeout)  # (a Ctrl-C stops the wait: the record is still sent)
+            metadata = future.result(0)
+        except BaseException as exc:
+            if not future.done() or future.exception(0) is not exc:  # not its outcome: a
+                # timeout or a Ctrl-C ended the wait, and a refusal to come is logged
+                future.add_done_callback(partial(self._say_refused_unwaited, topic))
+            raise
         if not self._said_send_loop:
             self._count_send_loop(called)
         return metadata
+
+    def _say_refused_unwaited(self, topic: str, future: _Produced) -> None:
+        """A record refused (`_Produced.refused`) after its send() stopped waiting (its
+        timeout, a Ctrl-C): logged as produce()'s are, since no caller will see it."""
+        if future.refused:
+            self._log_refused("send(%r, ...) failed after its wait ended, the record is not "
+                              "sent: %r", topic, future.exception(0))
 
     def _count_send_loop(self, called: float) -> None:
         """Did this send() come as the last one, this thread's, returned? 50 in a row are a
@@ -601,8 +614,9 @@ class BlockingProducer(Generic[K, V]):
                     "the producer was closed before this record was sent"))
                 raise
             except Exception as exc:
-                # Nobody is told (no on_delivery; send() gives one): logged, as a batch that
-                # fails for good is.
+                # Nobody is told (no on_delivery; send() gives one, and logs it if its wait
+                # ended first): logged, as a batch that fails for good is.
+                future.refused = True
                 if future._on_delivery is None:
                     self._log_refused("produce(%r, ...) failed, the record is not sent: %r",
                                       topic, exc)
@@ -741,6 +755,7 @@ class _Produced(ThreadFuture[RecordMetadata]):
 
     _record: Any = None  # (a tuple of the arguments, or None: unpacked per record unchecked)
     _on_delivery: DeliveryCallback | None = None
+    refused = False  # (the producer refused the record: set before it fails the future)
 
 
 def _raised_to_the_caller(metadata: RecordMetadata | None, exception: BaseException | None

@@ -15,6 +15,7 @@ import sys
 import textwrap
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, wait
 from typing import Any
@@ -125,6 +126,26 @@ def test_a_record_send_refuses_is_reported_once_by_its_exception(broker, topic, 
     assert isinstance(unseen.exception(), InvalidRecordError)
     said = [r.getMessage() for r in caplog.records if "not sent" in r.getMessage()]
     assert len(said) == 1 and "value must be bytes" in said[0], said
+
+
+def test_a_record_refused_after_its_send_stopped_waiting_is_logged(broker, caplog):
+    """send(timeout=...) gives up waiting (TimeoutError) while the record waits for its
+    topic's metadata; the producer refuses it later (UnknownTopicError at max_block_ms): no
+    caller sees that, so it is logged once (it was said nowhere: send()'s own delivery
+    callback marked the refusal as its caller's)."""
+    caplog.set_level(logging.WARNING, logger="aioproducer")
+    missing = f"missing-{uuid.uuid4().hex[:8]}"
+    with BlockingProducer(broker.bootstrap, allow_auto_create_topics=False,
+                          max_block_ms=1500) as producer:
+        with pytest.raises(TimeoutError):
+            producer.send(missing, b"never sent", timeout=0.2)
+        deadline = time.monotonic() + 20  # (the refusal comes at max_block_ms)
+        while not [r for r in caplog.records if "not sent" in r.getMessage()] and \
+                time.monotonic() < deadline:
+            time.sleep(0.05)
+    said = [r.getMessage() for r in caplog.records if "not sent" in r.getMessage()]
+    assert len(said) == 1 and f"send({missing!r}, ...) failed after its wait ended" in said[0] \
+        and "UnknownTopicError" in said[0], said
 
 
 def test_a_delivery_callback_in_confluent_kafkas_order_is_refused(broker, topic):
