@@ -364,7 +364,8 @@ async def _produce(args: argparse.Namespace, properties: dict[str, str]) -> int:
     read, then says how many records were produced and from which line to resume, so that a
     re-run does not produce the first lines twice. Ctrl-C once stops reading; twice, at once."""
     terminated = _stop_on_sigterm()
-    logging.getLogger(cluster.__name__).addFilter(_not_said_by_the_cli)
+    said_by_the_library = logging.getLogger(cluster.__name__)
+    said_by_the_library.addFilter(_not_said_by_the_cli)
     separator = None if args.key_separator is None else os.fsencode(args.key_separator)
     started = time.perf_counter()
     sent: list[tuple[int, RecordFuture]] = []
@@ -394,6 +395,7 @@ async def _produce(args: argparse.Namespace, properties: dict[str, str]) -> int:
                     interrupted = True
                     _uncancel()
     finally:
+        said_by_the_library.removeFilter(_not_said_by_the_cli)  # (main() may be called again)
         if sent or resume != 1:
             _report(args.topic, sent, time.perf_counter() - started, resume)
     if interrupted:

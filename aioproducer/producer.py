@@ -869,7 +869,7 @@ def _report_left_at_exit() -> None:
     leaves to Python's default handler as it cancels the tasks left."""
     for task, (unclosed, accumulator, sender) in list(_SENDERS.items()):
         loop = task.get_loop()
-        if loop.is_running():
+        if loop.is_running() or task.done():  # (a sender that ended was reported as it did)
             continue
         pending = sum(batch.record_count for batch in accumulator.incomplete)
         if pending and sender.finishing_as_loop_ends:
@@ -878,7 +878,7 @@ def _report_left_at_exit() -> None:
                            "second Ctrl-C) while it sent what it held as its event loop "
                            "ended: call `await producer.close()` before the loop ends (or "
                            "use `async with`)"})
-        elif pending and not task.done():
+        elif pending:
             loop.call_exception_handler({
                 "message": f"{unclosed}: {pending} record(s) unsent at exit, its event loop "
                            "never run to its end (loop.run_until_complete() without close()): "

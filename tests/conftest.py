@@ -207,7 +207,7 @@ _GROUP = pytest.StashKey[str]()
 # worker's pays the session's start and its first job's Python workers (61 s of 120 at load
 # 10, the test's own write 22 s of it; over 120 s at load 17), and a timeout inside a py4j
 # call leaves the gateway out of step (later Spark tests of the worker then fail at once,
-# naming it: the `spark` fixture).
+# naming it: pytest_runtest_setup).
 _SPARK_TIMEOUT_S = 300
 
 

@@ -269,10 +269,18 @@ class Sender:
         commit = self.committing_at_finish
         try:
             async with asyncio.timeout_at(self.finish_by):
-                if commit and txn.state is TxnState.ABORTABLE_ERROR:
-                    self.commit_failure, commit = txn.error, False
-                    txn.start_commit_or_abort(commit=False)
-                await txn.end_transaction(commit=commit)
+                while True:  # (twice at most: a commit turns into an abort once)
+                    if commit and txn.state is TxnState.ABORTABLE_ERROR:
+                        self.commit_failure, commit = txn.error, False
+                        txn.start_commit_or_abort(commit=False)
+                    try:
+                        await txn.end_transaction(commit=commit)
+                        break
+                    except KafkaError:
+                        # (The commit's own EndTxn, waited for above, failed for good: the
+                        # transaction can only be aborted now.)
+                        if not (commit and txn.state is TxnState.ABORTABLE_ERROR):
+                            raise
         except (KafkaError, TimeoutError) as exc:
             # (If the state moved on, it ended: what failed came after, a new epoch's
             # InitProducerId.)
