@@ -169,6 +169,15 @@ async def test_an_idempotent_producer_goes_on_after_its_records_are_deleted(apac
     assert [r.offset for r in got] == list(range(5, 10))
 
 
+
+async def _in_a_transaction(bootstrap: str) -> Producer:
+    """A transactional producer started, its transaction begun: the loop-end tests leave it
+    unclosed."""
+    producer = Producer(bootstrap, transactional_id=_tid())
+    await producer.start()
+    producer.begin_transaction()
+    return producer
+
 def test_a_commit_under_way_as_asyncio_run_ends_is_completed(apache_kafka, make_topic,
                                                               caplog):
     """A script whose main() returns as its commit is under way (commit_transaction() in a
@@ -181,9 +190,7 @@ def test_a_commit_under_way_as_asyncio_run_ends_is_completed(apache_kafka, make_
     kept: list[Producer] = []  # (open as the loop ends)
 
     async def main() -> None:
-        producer = Producer(apache_kafka.bootstrap, transactional_id=_tid())
-        await producer.start()
-        producer.begin_transaction()
+        producer = await _in_a_transaction(apache_kafka.bootstrap)
         for i in range(3):
             await producer.enqueue(topic, b"%d" % i)
         asyncio.ensure_future(producer.commit_transaction())
@@ -210,9 +217,7 @@ def test_a_producer_collected_unclosed_mid_commit_completes_the_commit(apache_ka
     topic = make_topic()
 
     async def main() -> None:
-        producer = Producer(apache_kafka.bootstrap, transactional_id=_tid())
-        await producer.start()
-        producer.begin_transaction()
+        producer = await _in_a_transaction(apache_kafka.bootstrap)
         for i in range(3):
             await producer.enqueue(topic, b"%d" % i)
         commit = asyncio.ensure_future(producer.commit_transaction())
@@ -246,9 +251,7 @@ def test_a_commit_under_way_whose_record_fails_as_asyncio_run_ends_is_aborted(
     topic = make_topic()
 
     async def main() -> None:
-        producer = Producer(apache_kafka.bootstrap, transactional_id=_tid())
-        await producer.start()
-        producer.begin_transaction()
+        producer = await _in_a_transaction(apache_kafka.bootstrap)
         await producer.enqueue(topic, b"never committed")
         await producer.enqueue(small, b"x" * 5000)
         asyncio.ensure_future(producer.commit_transaction())
@@ -281,9 +284,7 @@ def test_a_transaction_left_open_as_asyncio_run_ends_is_aborted_at_once(apache_k
     kept: list[Producer] = []  # (open as the loop ends)
 
     async def left_open() -> None:
-        producer = Producer(apache_kafka.bootstrap, transactional_id=_tid())
-        await producer.start()
-        producer.begin_transaction()
+        producer = await _in_a_transaction(apache_kafka.bootstrap)
         await producer.send(topic, b"left open")
         kept.append(producer)
 
