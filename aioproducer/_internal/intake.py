@@ -720,12 +720,15 @@ def _taken(appended: Appended, told: DeliveryCallback | None,
            out_batches: list[ProducerBatch], out_deltas: bytearray, counted: int) -> None:
     """enqueue_many() buffered a record (outside the compiled loop): its entry in the
     call's BulkFuture, the one after the first `counted` (made whole again: a Ctrl-C may
-    have struck as it was being made); on_send hooks that asked are told its outcome."""
+    have struck as it was being made); on_send hooks that asked are told its outcome. The
+    two lists change with no point between where a Ctrl-C could strike (the append's
+    return is after both): a second one, in a fix-up, leaves the entry whole or not made."""
     batch, delta, _ = appended
     assert isinstance(batch, ProducerBatch)  # (only send()'s records wait apart)
+    packed = _DELTA.pack(delta)
     del out_batches[counted:], out_deltas[4 * counted:]
+    out_deltas += packed
     out_batches.append(batch)
-    out_deltas += _DELTA.pack(delta)
     if told is not None:
         RecordFuture(*appended).add_done_callback(partial(_tell_outcome, told))
 
