@@ -155,14 +155,15 @@ def fork_as_a_connection_is_handed_over(bootstrap: str, proxy: FaultProxy,
                 warnings.simplefilter("ignore", DeprecationWarning)
                 pid = os.fork()
             if pid == 0:
-                said = "unconnected"
+                said = "?"
                 try:
-                    conn = opening.leaving
-                    assert conn is not None and conn._socket is not None
-                    with socket.socket(fileno=os.dup(conn._socket.fileno())) as copy:
+                    fileno = opening.leaving._socket.fileno()  # type: ignore[union-attr]
+                    with socket.socket(fileno=os.dup(fileno)) as copy:
                         said = f"connected to {copy.getpeername()}"
-                except OSError:
-                    pass
+                except OSError:  # (ENOTCONN)
+                    said = "unconnected"
+                except BaseException as exc:
+                    said = repr(exc)
                 finally:
                     os.write(child_end, said.encode())
                     os._exit(0)
