@@ -5,7 +5,8 @@ and works from sync tests as well. Faults: cut every connection now, cut after N
 (mid-frame), stall responses, refuse connections (broker "down"), send garbage, throttle,
 a broker's size limit on record batches (which Tansu does not have), answers changed
 (error codes Tansu never sends, an older broker's ApiVersions), Produce requests lost on the
-way (answered here, never forwarded, the connection kept), and fronting a real broker
+way (answered here, never forwarded, the connection kept), commits refused (EndTxn
+answered here with an error, so the broker keeps the transaction open), and fronting a real broker
 (its Metadata and FindCoordinator answers name the proxy, so every connection comes here),
 and a broker that stops reading requests (the client's writes back up into its buffers).
 """
