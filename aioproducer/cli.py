@@ -76,8 +76,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                               "i.e. only records that arrive from now on)")
     consume.add_argument("--max", type=int, metavar="N", help="exit after N records")
     consume.add_argument("--timeout", type=float, metavar="SECONDS",
-                         help="exit after SECONDS with no new record (default: wait for more "
-                              "until Ctrl-C)")
+                         help="exit after SECONDS with no new record, counted from the "
+                              "broker's first answer (default: wait for more until Ctrl-C)")
     consume.add_argument("--partition", type=int, metavar="P",
                          help="only this partition (default: all)")
     consume.add_argument("--isolation", choices=("read_uncommitted", "read_committed"),
@@ -529,7 +529,11 @@ async def _consume(args: argparse.Namespace, config: ProducerConfig) -> int:
             file=sys.stderr, flush=True)
         reader_left = False
         try:
-            quiet_until = None if args.timeout is None else loop.time() + args.timeout
+            # --timeout's quiet time counts from the first fetch's answer (or failure): a
+            # first answer that is slow to come (a loaded machine) must not end the command
+            # before it printed what was there. The first fetch is bounded by the request
+            # timeout.
+            quiet_until: float | None = None
             while args.max is None or printed < args.max:
                 wait = 0.5 if quiet_until is None else min(0.5, quiet_until - loop.time())
                 if wait <= 0:
@@ -539,7 +543,7 @@ async def _consume(args: argparse.Namespace, config: ProducerConfig) -> int:
                         records = await reader.fetch(wait)
                 except TimeoutError:
                     break
-                if records and quiet_until is not None:
+                if args.timeout is not None and (records or quiet_until is None):
                     quiet_until = loop.time() + args.timeout
                 for record in records[:None if args.max is None else args.max - printed]:
                     out.write(_printed(record, args.format, separator, args.metadata))

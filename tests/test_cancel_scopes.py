@@ -324,3 +324,53 @@ async def test_a_ctrl_c_at_any_point_of_enqueue_many_s_python_code_says_what_it_
     assert [r.value for r in got] == expected
     if hooks:
         assert (told.written, told.errors) == (len(expected), [])
+
+
+async def test_a_second_ctrl_c_in_enqueue_many_s_fix_up_leaves_accepted_whole(broker, topic):
+    """A Ctrl-C strikes the sender's wake as enqueue_many() opens a batch for a record on its
+    one-by-one path (an on_send hook), and a second one strikes the fix-up that enters that
+    record in the call's result (`_taken`), at each point in turn. Whatever the second one
+    cut short, `accepted` is whole: each record it counts has its metadata, at the offset
+    where the broker has that record. Struck between the two lists' updates, the result had
+    one batch more than offset deltas: awaiting it raised, so nothing buffered was known.
+    (The record the second one struck before its entry is sent and not counted: no call can
+    count what a Ctrl-C in its own clean-up left out.)"""
+    from aioproducer import accepted
+    from aioproducer._internal import intake
+
+    sent: list[tuple[bytes, int]] = []  # (value, offset) of each record `accepted` counted
+    struck = 0
+    async with Producer(broker.bootstrap, batch_size=256, linger_ms=0,
+                        hooks=[_Told()]) as producer:
+        accumulator = producer._accumulator
+        wake = accumulator.wake_sender_for
+        for n in range(1, 50):  # (far more than _taken's points: bounded all the same)
+            given = [(None, b"%02d.%d" % (n, i) + b"v" * 90) for i in range(5)]
+            second = InterruptAt([intake._taken], n)
+
+            def interrupted_twice(batch, opened, second=second):
+                wake(batch, opened)
+                if opened and not second.points:  # (the call's first opening, then armed)
+                    second.__enter__()
+                    raise KeyboardInterrupt
+
+            accumulator.wake_sender_for = interrupted_twice
+            try:
+                with pytest.raises(KeyboardInterrupt) as caught:
+                    await producer.enqueue_many(topic, given)
+            finally:
+                second.__exit__()
+                accumulator.wake_sender_for = wake
+            bulk = accepted(caught.value)
+            assert bulk is not None, f"{second.where}: nothing said of what it buffered"
+            metadata = list(await asyncio.wait_for(bulk, 20))
+            assert len(metadata) == len(bulk), second.where
+            sent += [(value, md.offset) for (_, value), md in zip(given, metadata)]
+            if not second.struck:
+                break
+            struck += 1
+        assert struck >= 3, f"only {struck} points struck"
+    got = consume_all(broker.bootstrap, topic, expected=len(sent))
+    at = {r.offset: r.value for r in got}
+    assert [(value, at.get(offset)) for value, offset in sent] == \
+        [(value, value) for value, _ in sent]

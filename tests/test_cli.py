@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import uuid
 
 import pytest
@@ -21,6 +22,7 @@ from aioproducer.tools.reader import TopicReader
 from tests.support.ports import free_port
 from tests.support.processes import start_interruptible
 from tests.support.readback import _fetch_v4, consume_all, fetch_until
+_FETCH = 1  # (its API key, as the proxy records requests written)
 
 # What librdkafka writes: headers (duplicate names, a null value, bytes), null and empty keys
 # and values.
@@ -422,20 +424,25 @@ async def test_the_reader_waits_for_a_leader_not_ready_yet(proxied_broker, caplo
 
 def test_consume_timeout_holds_when_the_broker_goes_silent(proxied_broker):
     """--timeout ends the command even while a Fetch waits for a broker that stopped
-    answering (whose request timeout, 30 s, is far longer)."""
+    answering (whose request timeout, 30 s, is far longer), once it answered a first one."""
     topic = f"t-{uuid.uuid4().hex[:12]}"
     proxied_broker.create_topic(topic, 1)
+    proxy = proxied_broker.proxy
     consume = subprocess.Popen(
         [sys.executable, "-m", "aioproducer", "consume", topic, "--bootstrap-servers",
          proxied_broker.bootstrap, "--timeout", "2"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         assert b"reading" in consume.stderr.readline()
-        proxied_broker.proxy.stall(True)
+        deadline = time.monotonic() + 20
+        while sum(key == _FETCH for key, _ in proxy.written) < 2 and \
+                time.monotonic() < deadline:  # (the second is written once the first is answered)
+            time.sleep(0.01)
+        proxy.stall(True)
         assert consume.wait(20) == 0  # (less than the request timeout)
         assert b"0 records consumed" in consume.stderr.read()
     finally:
-        proxied_broker.proxy.stall(False)
+        proxy.stall(False)
         if consume.poll() is None:
             consume.kill()
             consume.wait(10)
@@ -540,3 +547,31 @@ def test_the_package_does_not_need_tqdm():
     from importlib.metadata import requires
     core = [r for r in requires("aioproducer") or [] if "extra ==" not in r]
     assert not [r for r in core if r.startswith("tqdm")]
+
+
+def test_consume_timeout_counts_from_the_first_fetch_s_answer(proxied_broker):
+    """A first Fetch answered late (a loaded machine, a broker busy starting) must not end
+    `consume --timeout 1` before it printed what was there: its quiet time began before the
+    first fetch, and the command exited with "0 records consumed" while the broker held
+    three. Here the proxy holds the first Fetch answer for 2 s."""
+    from kafka.protocol.consumer import FetchResponse
+
+    topic = f"t-{uuid.uuid4().hex[:12]}"
+    proxied_broker.create_topic(topic, 1)
+    values = [f"record {i}" for i in range(3)]
+    librdkafka_produce(proxied_broker.bootstrap, topic,
+                       [(None, value.encode(), []) for value in values])
+    held = []
+
+    def slow_first(response):
+        if not held:
+            held.append(response)
+            time.sleep(2)  # (the proxy's own thread: this connection's answers wait)
+        return None  # forwarded as it came
+    proxied_broker.proxy.rewrite_responses(FetchResponse, slow_first)
+    done = cli("consume", topic, "--bootstrap-servers", proxied_broker.bootstrap,
+               "--from-beginning", "--timeout", "1")
+    assert held, "no Fetch answered"
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == values
+    assert "3 records consumed" in done.stderr

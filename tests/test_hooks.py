@@ -303,3 +303,36 @@ def test_only_overridden_hooks_are_called():
     assert len(overridden(hooks, "on_ack")) == 2
     assert len(overridden(hooks, "on_send")) == 0
     assert len(overridden(hooks, "on_error")) == 1
+
+
+@pytest.mark.parametrize("call", ["send", "send, topic not yet known", "enqueue",
+                                  "enqueue, topic not yet known"])
+async def test_a_caller_that_stops_following_its_record_leaves_the_hook_told_its_outcome(
+        broker, topic_factory, call):
+    """The first Ctrl-C in an asyncio.run() script cancels its main task (asyncio.Runner's
+    SIGINT handler: no KeyboardInterrupt in the middle of a call), as asyncio.timeout or a
+    client gone cancel a handler: a record buffered by then is still sent. The on_send hook,
+    which sees every record as confluent-kafka's on_delivery does, must be told that it was
+    written, and where: it was told CancelledError, the caller's future's outcome."""
+    topic = topic_factory(1)
+    recorder = Recorder()
+    async with Producer(broker.bootstrap, linger_ms=60_000, hooks=[recorder]) as producer:
+        if not call.endswith("not yet known"):
+            await producer.partitions_for(topic)
+        if call.startswith("send"):
+            following = asyncio.ensure_future(producer.send(topic, b"v"))
+        else:
+            following = await producer.enqueue(topic, b"v")
+        for _ in range(1000):  # until it is buffered (bounded: 10 s)
+            if producer.metrics().records_pending:
+                break
+            await asyncio.sleep(0.01)
+        assert producer.metrics().records_pending == 1
+        following.cancel()  # as asyncio.run() does to its main task on Ctrl-C
+        with pytest.raises(asyncio.CancelledError):
+            await following
+        await asyncio.wait_for(producer.flush(), 20)
+    got = consume_all(broker.bootstrap, topic, expected=1)
+    assert [r.value for r in got] == [b"v"]
+    assert [(number, exc) for number, _, exc in recorder.outcomes] == [(0, None)]
+    assert recorder.outcomes[0][1].offset == got[0].offset

@@ -29,7 +29,8 @@ from aioproducer.errors import (
     TransactionAbortedError,
     TransactionalIdAuthorizationFailedError,
 )
-from tests.support.forking import SENT_BY_THE_PARENT, fork_amid_sends, fork_while_connecting
+from tests.support.forking import SENT_BY_THE_PARENT, fork_amid_sends, \
+    fork_as_a_connection_is_handed_over, fork_while_connecting
 from tests.support.proxy import refuse_producer_ids
 from tests.support.readback import consume_all, transaction_outcomes
 
@@ -725,6 +726,25 @@ def test_a_child_forked_while_a_connection_opens_leaves_it_to_the_parent(proxied
     assert error.startswith("ProducerClosedError: this producer was started before os.fork()")
     got = consume_all(proxied_broker.bootstrap, topic, expected=1)
     assert [r.value for r in got] == [b"buffered before the fork"]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"),
+                    reason="Windows has no os.fork(): there is no forked child to guard")
+def test_a_child_forked_as_a_connection_is_handed_over_holds_none_of_it(proxied_broker):
+    """os.fork() from the main thread at the moment a BlockingProducer's loop thread hands
+    a new connection over from `Cluster._opening` to the cluster's connections: it was in
+    neither then, so the fork hook left the child's copy of its socket connected to the
+    broker (the child held the parent's connection open while it lived, and could read or
+    write it). It enters the connections before it leaves `_opening` now: the child's copy
+    names an unconnected socket, as for every other connection, and the parent's record
+    goes out on it."""
+    topic = f"fork-{random.randrange(10**6)}"
+    proxied_broker.create_topic(topic, 1)
+    said = fork_as_a_connection_is_handed_over(proxied_broker.bootstrap,
+                                               proxied_broker.proxy, topic)
+    assert said == "unconnected"
+    got = consume_all(proxied_broker.bootstrap, topic, expected=1)
+    assert [r.value for r in got] == [b"sent by the parent"]
 
 
 @pytest.mark.parametrize("runner", ["asyncio", "uvloop"])

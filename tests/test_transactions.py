@@ -1134,3 +1134,34 @@ async def test_a_transactional_call_ends_by_max_block_ms_on_a_silent_broker(prox
         await asyncio.wait_for(producer.close(), 10)
     assert _markers(cluster.broker.bootstrap, "silent", 0)[-2:] == \
         ["data", "COMMIT" if call == "commit" else "ABORT"]
+
+
+def test_a_commit_refused_for_good_as_asyncio_run_ends_is_aborted(proxied_broker, caplog):
+    """A script whose main() returns as its commit is under way, no close(): the loop's end
+    finishes the commit, and its EndTxn is refused for good (TRANSACTION_ABORTABLE, from a
+    proxy that answers commits itself: the broker never sees one). The transaction can only
+    be aborted then, and is, at once: the loop's end raised the refused commit and left the
+    transaction open on the broker, its records neither committed nor aborted (until the
+    coordinator's timeout, which this broker never fires). (Tansu: aborts are read from the
+    raw batches' markers.)"""
+    cluster = proxied_broker
+    topic = f"refused-commit-{uuid.uuid4().hex[:8]}"
+    cluster.create_topic(topic, 1)
+    cluster.proxy.refuse_commits(120)  # TRANSACTION_ABORTABLE
+
+    async def main() -> None:
+        producer = Producer(cluster.bootstrap, transactional_id=_tid())
+        await producer.start()
+        producer.begin_transaction()
+        for i in range(3):
+            await producer.enqueue(topic, b"%d" % i)
+        asyncio.ensure_future(producer.commit_transaction())
+        await asyncio.sleep(0)  # (the commit began: it waits for the records' acks)
+        assert producer.metrics().transaction_state == "committing"
+
+    asyncio.run(main())
+    assert cluster.proxy.commits_refused == 1
+    assert _markers(cluster.broker.bootstrap, topic, 0) == ["data", "ABORT"]
+    said = [r.getMessage() for r in caplog.records if "unclosed" in r.getMessage()]
+    assert len(said) == 1 and "its transaction's commit, under way, could not complete (" \
+        in said[0] and "): the transaction was aborted" in said[0], said

@@ -481,3 +481,47 @@ def test_a_loop_of_blocking_sends_is_said_once(broker, topic, caplog, shape):
     if shape == "sequential":
         assert "linger_ms=2 and a round trip" in said()[0] and "at most ~333 records/s" in \
             said()[0] and "produce() in the loop and flush()" in said()[0]
+
+
+def test_a_sender_cancelled_twice_as_its_loop_ends_is_not_reported_again_at_exit(
+        proxied_broker):
+    """A script's asyncio.run() ends with a producer open and its broker not answering: the
+    loop's end cancels the sender, which goes on sending what it holds; something cancels
+    it again (here a timer of the script's), and it ends, saying what it could not send.
+    The exit report said so a second time, wrongly: "interrupted (a second Ctrl-C)", where
+    no Ctrl-C came. A sender that ended is not reported at exit."""
+    proxied_broker.create_topic("cancelled-twice", 1)
+    script = textwrap.dedent("""
+        import asyncio, sys
+        from aioproducer import Producer
+
+        KEPT = []  # (open as the loop ends, not collected)
+
+        async def main():
+            producer = Producer(sys.argv[1], linger_ms=60_000)
+            await producer.start()
+            KEPT.append(producer)
+            for i in range(10):
+                await producer.enqueue("cancelled-twice", b"%d" % i)
+            print("ready", flush=True)
+            sys.stdin.readline()  # (the test stalls the broker meanwhile)
+            # The sender's second cancel, after the one of asyncio.run()'s end:
+            asyncio.get_running_loop().call_later(0.5, producer._sender_task.cancel)
+
+        asyncio.run(main())
+    """)
+    process = subprocess.Popen([sys.executable, "-c", script, proxied_broker.bootstrap],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "PYTHONWARNINGS": ""})
+    try:
+        assert process.stdout.readline() == "ready\n"
+        proxied_broker.proxy.stall(True)
+        _, stderr = process.communicate("\n", timeout=30)
+    finally:
+        proxied_broker.proxy.stall(False)
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert stderr.count("10 record(s) unsent") == 1, stderr  # (the sender's own report)
+    assert "its sender was cancelled" in stderr and "second Ctrl-C" not in stderr, stderr

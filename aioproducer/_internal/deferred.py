@@ -57,14 +57,6 @@ class Deferred(_Coroutine[T]):
         if lifecycle.thread is not None and get_ident() != lifecycle.thread:
             self._called_at = _caller()  # (outside a started producer's loop thread)
 
-    def then(self, make: Callable[[Coroutine[Any, Any, T]], Coroutine[Any, Any, Any]]
-             ) -> Deferred[Any]:
-        """This one's coroutine inside `make`'s (send()'s told variant's), reported as this
-        one would be."""
-        self._started = True  # (the new one reports it)
-        return Deferred(make(self._coro), self._verb, self._topic, self._lifecycle,
-                        self._called_at)
-
     def __await__(self) -> Generator[Any, None, T]:
         self._started = True
         return self._coro.__await__()

@@ -142,23 +142,34 @@ class RecordIntake:
     def _send_told(self, topic: str, value: Any, key: Any = None, *,
                    partition: int | None = None, timestamp_ms: int | None = None,
                    headers: Headers | None = None) -> Coroutine[Any, Any, RecordMetadata]:
-        """send() with on_send hooks: they see the record first, then are told its fate."""
+        """send() with on_send hooks: they see the record first, then are told its fate
+        (the record's, not its future's: see _tell_hooks)."""
         headers, told = self.tell_send(topic, key, value, headers)
         if told is None:
             return RecordIntake.send(self, topic, value, key, partition=partition,
                                      timestamp_ms=timestamp_ms, headers=headers)
+        lifecycle = self._lifecycle
+        if lifecycle.state is not STARTED or get_ident() != lifecycle.thread or \
+                not lifecycle.loop_running():
+            return Deferred(self._send_when_awaited(topic, value, key, partition, timestamp_ms,
+                                                    headers, told), "send", topic, lifecycle)
         try:
-            sending = RecordIntake.send(self, topic, value, key, partition=partition,
-                                        timestamp_ms=timestamp_ms, headers=headers)
+            appended = self.append(topic, value, key, partition, timestamp_ms, headers, True,
+                                   False, Sending)
         except BaseException as exc:  # refused at the call: told so at once
             deliver(told, None, exc)
             raise
-        if isinstance(sending, Sending):
-            sending.add_done_callback(partial(_tell_outcome, told))
-            return sending
-        if isinstance(sending, Deferred):
-            return sending.then(partial(_told_when_awaited, told=told))
-        return _told_when_awaited(sending, told)  # (an async serializer's: see _deferred)
+        if isinstance(appended, Sending):
+            sending = appended
+        elif isinstance(appended, tuple):
+            sending = Sending(*appended)
+            if type(appended[0]) is WaitingRecord:
+                appended[0].record = sending
+        else:
+            return _deferred(_send_appended(appended, told), appended, "send", topic,
+                             lifecycle)
+        _tell_hooks(sending, told)
+        return sending
 
     def enqueue(self, topic: str, value: Any, key: Any = None, *,
                 partition: int | None = None, timestamp_ms: int | None = None,
@@ -195,7 +206,7 @@ class RecordIntake:
             return _deferred(enqueued, appended, "enqueue", topic, self._lifecycle)
         future = appended if isinstance(appended, RecordFuture) else RecordFuture(*appended)
         if told is not None:
-            future.add_done_callback(partial(_tell_outcome, told))
+            _tell_hooks(future, told)
         return Ready(future)
 
     def tell_send(self, topic: str, key: Any, value: Any, headers: Headers | None
@@ -224,13 +235,21 @@ class RecordIntake:
 
     async def _send_when_awaited(self, topic: str, value: Any, key: Any,
                                  partition: int | None, timestamp_ms: int | None,
-                                 headers: Headers | None) -> RecordMetadata:
-        appended = self.append(topic, value, key, partition, timestamp_ms, headers, True)
-        if not isinstance(appended, tuple):
-            appended = await appended
+                                 headers: Headers | None, told: DeliveryCallback | None = None
+                                 ) -> RecordMetadata:
+        try:
+            appended = self.append(topic, value, key, partition, timestamp_ms, headers, True)
+            if not isinstance(appended, tuple):
+                appended = await appended
+        except BaseException as exc:  # (nothing buffered)
+            if told is not None:
+                deliver(told, None, exc)
+            raise
         record = RecordFuture(*appended)
         if type(appended[0]) is WaitingRecord:
             appended[0].record = record
+        if told is not None:
+            _tell_hooks(record, told)
         return await record
 
     @overload
@@ -720,12 +739,15 @@ def _taken(appended: Appended, told: DeliveryCallback | None,
            out_batches: list[ProducerBatch], out_deltas: bytearray, counted: int) -> None:
     """enqueue_many() buffered a record (outside the compiled loop): its entry in the
     call's BulkFuture, the one after the first `counted` (made whole again: a Ctrl-C may
-    have struck as it was being made); on_send hooks that asked are told its outcome."""
+    have struck as it was being made); on_send hooks that asked are told its outcome. The
+    two lists change with no point between where a Ctrl-C could strike (the append's
+    return is after both): a second one, in a fix-up, leaves the entry whole or not made."""
     batch, delta, _ = appended
     assert isinstance(batch, ProducerBatch)  # (only send()'s records wait apart)
+    packed = _DELTA.pack(delta)
     del out_batches[counted:], out_deltas[4 * counted:]
+    out_deltas += packed
     out_batches.append(batch)
-    out_deltas += _DELTA.pack(delta)
     if told is not None:
         RecordFuture(*appended).add_done_callback(partial(_tell_outcome, told))
 
@@ -773,23 +795,33 @@ async def _enqueued_told(appending: Coroutine[Any, Any, Appended],
     except BaseException as exc:
         deliver(told, None, exc)
         raise
-    future.add_done_callback(partial(_tell_outcome, told))
+    _tell_hooks(future, told)
     return future
 
 
-async def _send_appended(appending: Coroutine[Any, Any, Appended]) -> RecordMetadata:
-    return await RecordFuture(*await appending)
-
-
-async def _told_when_awaited(sending: Coroutine[Any, Any, RecordMetadata],
-                             told: DeliveryCallback) -> RecordMetadata:
+async def _send_appended(appending: Coroutine[Any, Any, Appended],
+                         told: DeliveryCallback | None = None) -> RecordMetadata:
+    if told is None:
+        return await RecordFuture(*await appending)
     try:
-        metadata = await sending
-    except BaseException as exc:
+        record = RecordFuture(*await appending)
+    except BaseException as exc:  # (nothing buffered)
         deliver(told, None, exc)
         raise
-    deliver(told, metadata, None)
-    return metadata
+    _tell_hooks(record, told)
+    return await record
+
+
+def _tell_hooks(record: RecordFuture, told: DeliveryCallback) -> None:
+    """Tell on_send hooks the outcome of `record`'s record, followed by a future of their
+    own: the caller's may be cancelled (a Ctrl-C in asyncio.run() cancels the main task, as
+    asyncio.timeout or a client gone cancel a handler) while the record is still sent, and
+    hooks see every record as the broker stored it. (One still waiting in line for memory
+    is followed by its own future: cancelled there, it leaves the line unsent.)"""
+    batch = record._batch
+    follower = RecordFuture(batch, record._offset_delta, record._timestamp) \
+        if type(batch) is ProducerBatch else record
+    follower.add_done_callback(partial(_tell_outcome, told))
 
 
 def _tell_outcome(told: DeliveryCallback, future: asyncio.Future[RecordMetadata]) -> None:

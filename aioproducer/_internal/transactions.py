@@ -744,17 +744,16 @@ class TransactionManager:
 
 async def _within(attempt: Coroutine[Any, Any, T], deadline: float, what: str) -> T:
     """`attempt`'s outcome, or RequestTimeoutError (retriable) once the loop time passes
-    `deadline` (the attempt is cancelled: a late answer is dropped)."""
-    task = asyncio.ensure_future(attempt)
+    `deadline` (the attempt is cancelled: a late answer is dropped). It runs in the caller's
+    task: no task of its own to outlive the caller (cancelled twice, by a cancel scope)."""
+    timeout = asyncio.timeout_at(deadline)
     try:
-        await asyncio.wait({task}, timeout=max(deadline - asyncio.get_running_loop().time(), 0))
-    finally:
-        if not task.done():
-            task.cancel()
-            await asyncio.wait({task})
-    if task.cancelled():
-        raise RequestTimeoutError(f"{what}: no answer within max_block_ms")
-    return task.result()
+        async with timeout:
+            return await attempt
+    except TimeoutError:
+        if not timeout.expired():  # (the attempt's own)
+            raise
+        raise RequestTimeoutError(f"{what}: no answer within max_block_ms") from None
 
 
 def _deciding_error(codes: Iterable[int]) -> int:

@@ -701,21 +701,24 @@ class Cluster:
         finally:
             if self._connecting.get(broker.node_id) is asyncio.current_task():
                 del self._connecting[broker.node_id]
-        if self.closed:
-            conn.close()
-            raise ProducerClosedError("the producer is closed")
-        if self._generation != generation and broker.node_id >= 0:
-            conn.close()
-            raise KafkaConnectionError(f"{conn.address}: connected after the producer "
-                                       "rebootstrapped, and no longer known")
-        self._backoff.pop(broker.node_id, None)
-        self._brokers_check_where = self._brokers_check_where or \
-            conn.broker_ranges.get(ApiKey.API_VERSIONS, (0, 0))[1] >= 5
-        self.connections_created += 1
-        conn.on_close = self._connection_closed
-        conn.on_resume = self._connection_writable
-        conn.on_reauthentication_due = self._reauthenticate_soon
-        self._connections[broker.node_id] = conn
+        try:  # (it leaves _opening only once in _connections: a fork finds it in one)
+            if self.closed:
+                conn.close()
+                raise ProducerClosedError("the producer is closed")
+            if self._generation != generation and broker.node_id >= 0:
+                conn.close()
+                raise KafkaConnectionError(f"{conn.address}: connected after the producer "
+                                           "rebootstrapped, and no longer known")
+            self._backoff.pop(broker.node_id, None)
+            self._brokers_check_where = self._brokers_check_where or \
+                conn.broker_ranges.get(ApiKey.API_VERSIONS, (0, 0))[1] >= 5
+            self.connections_created += 1
+            conn.on_close = self._connection_closed
+            conn.on_resume = self._connection_writable
+            conn.on_reauthentication_due = self._reauthenticate_soon
+            self._connections[broker.node_id] = conn
+        finally:
+            self._opening.discard(conn)
         if conn.features_epoch >= self.features_epoch:  # the newest a broker told (KIP-584)
             self.features_epoch, self.finalized_features = \
                 conn.features_epoch, conn.finalized_features

@@ -143,16 +143,18 @@ class BrokerConnection(asyncio.Protocol):
         (SASL if given a mechanism); raise KafkaConnectionError or AuthenticationError.
         With `expected_cluster_id`, ask the broker to check that it is `node_id` of that
         cluster (KIP-1242): RebootstrapRequiredError if it is not. The connection is in
-        `opening` meanwhile (a fork then makes it inert in the child too)."""
+        `opening` meanwhile (a fork then makes it inert in the child too), and stays there
+        once open: the caller takes it out after putting it where a fork finds it next."""
         conn = cls(node_id, host, port, client_id, request_timeout, max_response_bytes,
                    max_request_size)
         if opening is not None:
             opening.add(conn)
         try:
             return await conn._open(connect_timeout, ssl_context, sasl, expected_cluster_id)
-        finally:
+        except BaseException:
             if opening is not None:
                 opening.discard(conn)
+            raise
 
     async def _open(self, connect_timeout: float, ssl_context: ssl.SSLContext | None,
                     sasl: SaslMechanism | None,

@@ -13,6 +13,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from aioproducer import Producer
 from aioproducer.errors import InvalidProducerEpochError, ProducerFencedError
+from tests.support.proxy import FaultProxy
 from tests.support.readback import consume_all
 
 
@@ -264,6 +265,43 @@ def test_a_commit_under_way_whose_record_fails_as_asyncio_run_ends_is_aborted(
             await producer.send(topic, b"committed after")
 
     asyncio.run(main())
+    said = [r.getMessage() for r in caplog.records if "unclosed" in r.getMessage()]
+    assert len(said) == 1 and "its transaction's commit, under way, could not complete (" \
+        in said[0] and "): the transaction was aborted" in said[0], said
+    asyncio.run(committed_after())
+    got = consume_all(apache_kafka.bootstrap, topic, expected=1, timeout=15,
+                      isolation_level="read_committed")
+    assert [r.value for r in got] == [b"committed after"]
+
+
+def test_a_commit_refused_for_good_as_asyncio_run_ends_is_aborted(apache_kafka, make_topic,
+                                                                   caplog):
+    """The loop's end finishing a commit under way, its EndTxn(commit) refused for good
+    (TRANSACTION_ABORTABLE, answered by a proxy in front of Kafka: the coordinator never
+    sees it): the transaction is aborted at once, not left to the coordinator's timeout. A
+    read_committed consumer reads a later producer's committed record at once, and none of
+    the refused commit's records; the loop's end raised the refused commit and left the
+    transaction open (60 s), and the read found nothing in 15 s."""
+    topic = make_topic()
+
+    async def main(bootstrap: str) -> None:
+        producer = await _in_a_transaction(bootstrap)
+        for i in range(3):
+            await producer.enqueue(topic, b"%d" % i)
+        asyncio.ensure_future(producer.commit_transaction())
+        await asyncio.sleep(0)  # (the commit began: it waits for the records' acks)
+        assert producer.metrics().transaction_state == "committing"
+
+    async def committed_after() -> None:
+        async with Producer(apache_kafka.bootstrap, transactional_id=_tid()) as producer, \
+                producer.transaction():
+            await producer.send(topic, b"committed after")
+
+    with FaultProxy(int(apache_kafka.bootstrap.rsplit(":", 1)[1])) as proxy:
+        proxy.front()  # (every connection through it, the coordinator's too)
+        proxy.refuse_commits(120)  # TRANSACTION_ABORTABLE
+        asyncio.run(main(f"127.0.0.1:{proxy.port}"))
+        assert proxy.commits_refused == 1
     said = [r.getMessage() for r in caplog.records if "unclosed" in r.getMessage()]
     assert len(said) == 1 and "its transaction's commit, under way, could not complete (" \
         in said[0] and "): the transaction was aborted" in said[0], said

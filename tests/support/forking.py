@@ -6,10 +6,13 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
+import threading
 import time
 import warnings
 
-from aioproducer import Producer
+from aioproducer import BlockingProducer, Producer
+from aioproducer.client.connection import BrokerConnection
 from aioproducer.errors import ProducerClosedError
 from tests.support.proxy import FaultProxy
 
@@ -111,3 +114,63 @@ async def fork_while_connecting(bootstrap: str, proxy: FaultProxy, topic: str) -
             exit_code = await asyncio.to_thread(_reap, pid, 10)  # (it exits after a second)
         with os.fdopen(report, "rb") as said:
             return said.read().decode(), exit_code
+
+
+class _HeldAsOneLeaves(set):
+    """A cluster's `_opening` that holds the first connection to leave it, as it leaves,
+    until `forked` is set: a fork from another thread may come at that moment."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.leaving: BrokerConnection | None = None
+        self.at_the_moment = threading.Event()
+        self.forked = threading.Event()
+
+    def discard(self, conn: BrokerConnection) -> None:
+        super().discard(conn)
+        if self.leaving is None:
+            self.leaving = conn
+            self.at_the_moment.set()
+            self.forked.wait(10)
+
+
+def fork_as_a_connection_is_handed_over(bootstrap: str, proxy: FaultProxy,
+                                        topic: str) -> str:
+    """The main thread forks while a BlockingProducer's loop thread hands its new
+    connection to the broker over, from `Cluster._opening` to the cluster's connections
+    (_HeldAsOneLeaves). The child says whether its copy of that connection's socket is
+    still connected to the broker (it holds the parent's connection open while it lives,
+    and could read or write it), then exits; the parent sends a record on it."""
+    opening = _HeldAsOneLeaves()
+    with BlockingProducer(bootstrap, linger_ms=0, acks=1, enable_idempotence=False) \
+            as producer:
+        producer.partitions_for(topic)  # (on the connection it keeps for the broker)
+        producer._producer._cluster._opening = opening  # (read as each one is opened)
+        proxy.cut_all()  # the next is opened for the record
+        future = producer.produce(topic, b"sent by the parent")
+        assert opening.at_the_moment.wait(10), "no connection was opened for the record"
+        report, child_end = os.pipe()
+        try:
+            with warnings.catch_warnings():  # (3.12: the loop's thread)
+                warnings.simplefilter("ignore", DeprecationWarning)
+                pid = os.fork()
+            if pid == 0:
+                said = "?"
+                try:
+                    fileno = opening.leaving._socket.fileno()  # type: ignore[union-attr]
+                    with socket.socket(fileno=os.dup(fileno)) as copy:
+                        said = f"connected to {copy.getpeername()}"
+                except OSError:  # (ENOTCONN)
+                    said = "unconnected"
+                except BaseException as exc:
+                    said = repr(exc)
+                finally:
+                    os.write(child_end, said.encode())
+                    os._exit(0)
+        finally:
+            opening.forked.set()
+        os.close(child_end)
+        _reap(pid, 10)
+        future.result(20)
+    with os.fdopen(report, "rb") as said:
+        return said.read().decode()

@@ -5,7 +5,8 @@ and works from sync tests as well. Faults: cut every connection now, cut after N
 (mid-frame), stall responses, refuse connections (broker "down"), send garbage, throttle,
 a broker's size limit on record batches (which Tansu does not have), answers changed
 (error codes Tansu never sends, an older broker's ApiVersions), Produce requests lost on the
-way (answered here, never forwarded, the connection kept), and fronting a real broker
+way (answered here, never forwarded, the connection kept), commits refused (EndTxn
+answered here with an error, so the broker keeps the transaction open), and fronting a real broker
 (its Metadata and FindCoordinator answers name the proxy, so every connection comes here),
 and a broker that stops reading requests (the client's writes back up into its buffers).
 """
@@ -20,9 +21,11 @@ import struct
 import threading
 from typing import Any, Callable
 
-from kafka.protocol.producer import ProduceRequest, ProduceResponse
+from kafka.protocol.producer import EndTxnRequest, EndTxnResponse, ProduceRequest, \
+    ProduceResponse
 
 _PRODUCE = 0
+_END_TXN = 26
 _MESSAGE_TOO_LARGE = 10
 _NOT_ENOUGH_REPLICAS = 19
 Rewrite = Callable[[Any], Any]  # a decoded response -> the one to send instead, or None
@@ -60,6 +63,8 @@ class FaultProxy:
         # error code to answer them with]; None: lose nothing.
         self._lose: list[int] | None = None
         self.lost: list[tuple[str, int]] = []  # (topic, partition) of each batch lost
+        self._refused_commits: int | None = None  # refuse_commits()' error code
+        self.commits_refused = 0
         # Each request a client wrote, as it came (frame by frame: with front(), rewrites...):
         # its api key, and those of the requests before it on its connection still unanswered.
         self.written: list[tuple[int, list[int]]] = []
@@ -165,6 +170,12 @@ class FaultProxy:
         for acks=0, whose requests get no answer."""
         self._lose = [after, count, error_code]
 
+    def refuse_commits(self, error_code: int | None) -> None:
+        """Answer every EndTxn that commits with `error_code` here, never forwarded (the
+        broker keeps the transaction open); aborts go through. None: forward them all.
+        Applies to connections made afterwards (forwarded frame by frame)."""
+        self._refused_commits = error_code
+
     def front(self) -> None:
         """Front the broker: its Metadata and FindCoordinator answers name this proxy where
         they name the broker's port, so a client bootstrapped here makes every connection
@@ -234,7 +245,8 @@ class FaultProxy:
         self.connections_accepted += 1
         pair = (writer, up_writer)
         self._pairs.add(pair)
-        if self._message_max_bytes is not None or self._rewrites or self._lose is not None:
+        if self._message_max_bytes is not None or self._rewrites or self._lose is not None \
+                or self._refused_commits is not None:
             rewrites = dict(self._rewrites)
             asked: dict[int, tuple[int, int, list[tuple[str, int]]]] = {}
             order = _Order(writer)
@@ -297,6 +309,17 @@ class FaultProxy:
             lost_code = self._losing() if api_key == _PRODUCE else None
             if lost_code is not None:
                 self._answer_lost(frame, version, correlation_id, lost_code, order)
+                continue
+            if api_key == _END_TXN and self._refused_commits is not None and \
+                    EndTxnRequest.decode(frame[4:], version=version, header=True).committed:
+                self.commits_refused += 1
+                response = EndTxnResponse(version=version, throttle_time_ms=0,
+                                          error_code=self._refused_commits)
+                response.with_header(correlation_id=correlation_id)
+                body = response.encode(header=True)
+                order.own[correlation_id] = struct.pack(">i", len(body)) + body
+                order.due.add(correlation_id)
+                order.write_own()  # (now, unless an older request is still unanswered)
                 continue
             self.written.append((api_key, [order.api_keys[c] for c in order.outstanding]))
             order.outstanding.append(correlation_id)
