@@ -1,0 +1,100 @@
+"""Topics named by id (KIP-516): Produce v13 on Apache Kafka, and a topic deleted and made
+again under a running producer, with v13 and with v12 (what a producer that speaks only
+names sends). Read back by librdkafka."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from typing import Any
+
+import pytest
+from confluent_kafka import TopicCollection
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from aioproducer import Producer
+from aioproducer.protocol import messages
+from aioproducer.protocol.messages import ApiKey
+from tests.support.readback import consume_all
+
+
+def _delete(admin: AdminClient, topic: str) -> None:
+    """Delete `topic` and wait (up to 30 s) until Metadata no longer names it."""
+    admin.delete_topics([topic], operation_timeout=30)[topic].result(timeout=30)
+    deadline = time.monotonic() + 30
+    while topic in admin.list_topics(timeout=10).topics:
+        assert time.monotonic() < deadline, f"{topic} still listed 30 s after its deletion"
+        time.sleep(0.05)
+
+
+def _create(admin: AdminClient, topic: str, partitions: int) -> None:
+    """Create `topic`, also while the deletion of one of that name is still under way (Kafka
+    then refuses it with TOPIC_ALREADY_EXISTS): tried for up to 30 s."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(timeout=30)
+            return
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def _topic_id(admin: AdminClient, topic: str) -> uuid.UUID:
+    """The topic's id as librdkafka's DescribeTopics reads it."""
+    described = admin.describe_topics(TopicCollection([topic]))[topic].result(timeout=30)
+    high = described.topic_id.get_most_significant_bits() & (2**64 - 1)
+    low = described.topic_id.get_least_significant_bits() & (2**64 - 1)
+    return uuid.UUID(int=high << 64 | low)
+
+
+async def _send_paced(producer: Producer, topic: str, numbers: range,
+                      futures: dict[int, Any]) -> None:
+    for i in numbers:
+        futures[i] = await producer.enqueue(topic, b"%06d" % i)
+        await asyncio.sleep(0.005)
+
+
+@pytest.mark.parametrize("highest", [13, 12])
+async def test_a_topic_recreated_mid_stream_gets_the_records_acknowledged_after(
+        apache_kafka, monkeypatch, caplog, highest):
+    """Numbered records, one every 5 ms, while the topic is deleted and made again: each
+    record is acknowledged (an in-flight v13 request naming the old id is answered
+    UNKNOWN_TOPIC_ID and retried once the new id is looked up, as the Java client does; v12's
+    by name is written to whatever topic has the name); those the new topic acknowledged are
+    read back from it at the offsets given, once each and in order; and the producer says the
+    topic was recreated. What the old topic acknowledged (record i at offset i) went with
+    it."""
+    monkeypatch.setitem(messages.CLIENT_VERSIONS, ApiKey.PRODUCE, (3, highest))
+    topic = f"k-{uuid.uuid4().hex[:12]}"
+    admin = AdminClient({"bootstrap.servers": apache_kafka.bootstrap})
+    await asyncio.to_thread(_create, admin, topic, 1)
+    futures: dict[int, Any] = {}
+    caplog.set_level(logging.WARNING, "aioproducer.client.cluster")
+    async with Producer(apache_kafka.bootstrap, linger_ms=0, delivery_timeout_ms=60_000,
+                        allow_auto_create_topics=False) as producer:
+        await _send_paced(producer, topic, range(100), futures)
+        await asyncio.gather(*futures.values())
+        cluster = producer._cluster
+        assert cluster is not None
+        assert cluster.topics[topic].topic_id == await asyncio.to_thread(_topic_id, admin, topic)
+        assert [c.version_for(ApiKey.PRODUCE) for c in cluster.open_connections()] == [highest]
+        sending = asyncio.create_task(_send_paced(producer, topic, range(100, 600), futures))
+        await asyncio.to_thread(_delete, admin, topic)
+        await asyncio.sleep(0.3)
+        await asyncio.to_thread(_create, admin, topic, 1)
+        await sending
+        acked = await asyncio.wait_for(asyncio.gather(*futures.values()), 60)
+        assert cluster.topics[topic].topic_id == await asyncio.to_thread(_topic_id, admin, topic)
+    assert len(acked) == 600  # every record acknowledged, none failed
+    by_old = [i for i, metadata in enumerate(acked) if metadata.offset == i]
+    by_new = [(i, metadata.offset) for i, metadata in enumerate(acked) if metadata.offset != i]
+    assert by_old == list(range(len(by_old))) and len(by_old) >= 100 and by_new
+    got = await asyncio.to_thread(consume_all, apache_kafka.bootstrap, topic, len(by_new), 30,
+                                  partitions=1)
+    assert [(int(r.value), r.offset) for r in got] == by_new
+    assert by_new == [(i, i - by_new[0][0]) for i, _ in by_new]  # in order, from offset 0
+    assert any("was deleted and recreated" in r.getMessage() for r in caplog.records)
