@@ -15,6 +15,7 @@ from confluent_kafka import TopicCollection
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from aioproducer import Producer
+from aioproducer.errors import ErrorClass, KafkaError, error_class
 from aioproducer.protocol import messages
 from aioproducer.protocol.messages import ApiKey
 from tests.support.readback import consume_all
@@ -98,3 +99,33 @@ async def test_a_topic_recreated_mid_stream_gets_the_records_acknowledged_after(
     assert [(int(r.value), r.offset) for r in got] == by_new
     assert by_new == [(i, i - by_new[0][0]) for i, _ in by_new]  # in order, from offset 0
     assert any("was deleted and recreated" in r.getMessage() for r in caplog.records)
+
+
+
+async def test_a_v2_transaction_whose_topic_is_recreated_aborts_and_the_next_commits(
+        apache_kafka):
+    """A Transactions V2 producer (Kafka 4.4's default) whose topic is deleted and made again
+    mid-transaction: its next record for the new topic is refused (a V2 producer's first batch
+    on a partition must have sequence 0: OUT_OF_ORDER_SEQUENCE_NUMBER), an abortable error;
+    after the abort the next transaction commits there, and a read_committed consumer sees
+    only that one: the broken transaction left nothing half-written in the new topic."""
+    topic = f"k-{uuid.uuid4().hex[:12]}"
+    admin = AdminClient({"bootstrap.servers": apache_kafka.bootstrap})
+    await asyncio.to_thread(_create, admin, topic, 1)
+    async with Producer(apache_kafka.bootstrap, transactional_id=f"t-{topic}", linger_ms=0,
+                        allow_auto_create_topics=False) as producer:
+        producer.begin_transaction()
+        for i in range(5):
+            await producer.send(topic, b"old-%d" % i)
+        assert producer.metrics().transaction_version == 2
+        await asyncio.to_thread(_delete, admin, topic)
+        await asyncio.to_thread(_create, admin, topic, 1)
+        with pytest.raises(KafkaError) as refused:
+            await asyncio.wait_for(producer.send(topic, b"new-0"), 60)
+        assert error_class(refused.value) is ErrorClass.ABORTABLE, refused.value
+        await producer.abort_transaction()
+        async with producer.transaction():
+            await producer.send(topic, b"next")
+    got = await asyncio.to_thread(consume_all, apache_kafka.bootstrap, topic, 1, 30,
+                                  "read_committed", 1)
+    assert [r.value for r in got] == [b"next"]
