@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 from .._speedups import produce_parts, settle_produce
 from ..client.backoff import exponential_backoff
 from ..errors import (
+    BrokerOutOfOrderSequenceNumberError,
     DuplicateSequenceNumberError,
     KafkaConnectionError,
     KafkaError,
@@ -628,6 +629,12 @@ class Sender:
         if p["error_code"] == UnknownTopicIdError.error_code:  # (Produce v13+)
             where += (": the topic was deleted (a topic made again under its name has another "
                       "id; the producer looks it up and writes there)")
+        elif p["error_code"] == BrokerOutOfOrderSequenceNumberError.error_code and \
+                self._cluster.recreated.get(batch.topic, -1.0) >= batch.created:
+            # (Kafka 4.4 refuses it from a Transactions V2 producer, which must begin a
+            # partition at sequence 0, and takes any sequence from others)
+            where += (": the topic was deleted and made again after this batch was made, and "
+                      "the new topic's partition does not take this producer's sequence")
         if p.get("record_errors"):
             # Produce v8+: which records made the broker refuse the batch (KIP-467). As in the
             # Java client, the whole batch fails; the message names the culprits.

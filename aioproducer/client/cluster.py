@@ -161,6 +161,8 @@ class Cluster:
         self.finalized_features: dict[str, int] = {}
         self.features_epoch = -1
         self.topics: dict[str, TopicInfo] = {}
+        # When Metadata last showed a topic under a new id (deleted and made again; loop time).
+        self.recreated: dict[str, float] = {}
         self._wanted: set[str] = set()
         self._connections: dict[int, BrokerConnection] = {}
         self._connecting: dict[int, asyncio.Task[BrokerConnection]] = {}
@@ -445,6 +447,7 @@ class Cluster:
                 log.warning("topic %r was deleted and recreated (its id was %s, now %s): its "
                             "records not yet written go to the new topic", name,
                             known.topic_id, topic_id)
+                self.recreated[name] = self._loop.time()
                 known = None
             leaders = [-1] * len(t["partitions"])
             epochs = [-1] * len(t["partitions"])

@@ -106,7 +106,8 @@ async def test_a_v2_transaction_whose_topic_is_recreated_aborts_and_the_next_com
         apache_kafka):
     """A Transactions V2 producer (Kafka 4.4's default) whose topic is deleted and made again
     mid-transaction: its next record for the new topic is refused (a V2 producer's first batch
-    on a partition must have sequence 0: OUT_OF_ORDER_SEQUENCE_NUMBER), an abortable error;
+    on a partition must have sequence 0: OUT_OF_ORDER_SEQUENCE_NUMBER), an abortable error
+    whose message says the topic was made again;
     after the abort the next transaction commits there, and a read_committed consumer sees
     only that one: the broken transaction left nothing half-written in the new topic."""
     topic = f"k-{uuid.uuid4().hex[:12]}"
@@ -123,6 +124,7 @@ async def test_a_v2_transaction_whose_topic_is_recreated_aborts_and_the_next_com
         with pytest.raises(KafkaError) as refused:
             await asyncio.wait_for(producer.send(topic, b"new-0"), 60)
         assert error_class(refused.value) is ErrorClass.ABORTABLE, refused.value
+        assert "the topic was deleted and made again" in str(refused.value)
         await producer.abort_transaction()
         async with producer.transaction():
             await producer.send(topic, b"next")
