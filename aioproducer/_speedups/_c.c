@@ -2964,7 +2964,7 @@ produce_body(PyObject *body, int version, char *out, const char *end, Refs *refs
                        PyObject_GetAttr(id_obj, s_bytes) : NULL);
             Py_XDECREF(id_obj);
             if (name_obj == NULL)
-                PyErr_Clear();  /* (None: the generated codec raises the right error) */
+                PyErr_Clear();  /* (None: the generated codec writes it, or says why not) */
             name = name_obj && PyBytes_CheckExact(name_obj) && PyBytes_GET_SIZE(name_obj) == 16
                 ? PyBytes_AS_STRING(name_obj) : NULL;
             length = 16;
