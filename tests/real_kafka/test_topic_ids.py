@@ -17,6 +17,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from aioproducer import Producer
 from aioproducer.errors import ErrorClass, KafkaError, error_class
 from aioproducer.protocol import messages
+from aioproducer.protocol.framing import Framing
 from aioproducer.protocol.messages import ApiKey
 from tests.support.readback import consume_all
 
@@ -131,3 +132,35 @@ async def test_a_v2_transaction_whose_topic_is_recreated_aborts_and_the_next_com
     got = await asyncio.to_thread(consume_all, apache_kafka.bootstrap, topic, 1, 30,
                                   "read_committed", 1)
     assert [r.value for r in got] == [b"next"]
+
+
+@pytest.mark.parametrize("metadata", [(1, 13), (1, 9)], ids=["with-ids", "metadata-v9"])
+async def test_produce_names_topics_by_id_only_when_metadata_gave_their_ids(
+        apache_kafka, monkeypatch, metadata):
+    """Produce goes at v13 when every topic of the request has its id from Metadata (v10+),
+    at v12 when Metadata was read at a version without ids; either way every record is read
+    back once, in order, from both topics."""
+    monkeypatch.setitem(messages.CLIENT_VERSIONS, ApiKey.METADATA, metadata)
+    written: list[int] = []
+    send_request = Framing.send_request
+
+    def spy(self: Framing, api_key: ApiKey, version: int, *args: Any, **kwargs: Any) -> Any:
+        if api_key == ApiKey.PRODUCE:
+            written.append(version)
+        return send_request(self, api_key, version, *args, **kwargs)
+
+    monkeypatch.setattr(Framing, "send_request", spy)
+    topics = [f"k-{uuid.uuid4().hex[:12]}" for _ in range(2)]
+    for topic in topics:
+        apache_kafka.create_topic(topic, 2)
+    async with Producer(apache_kafka.bootstrap, linger_ms=20) as producer:
+        futures = [await producer.enqueue(topics[i % 2], b"%04d" % i, partition=i // 2 % 2)
+                   for i in range(400)]
+        await asyncio.gather(*futures)
+    assert written and set(written) == {13 if metadata[1] >= 10 else 12}
+    for t, topic in enumerate(topics):
+        got = await asyncio.to_thread(consume_all, apache_kafka.bootstrap, topic, 200, 30,
+                                      partitions=2)
+        for p in range(2):
+            assert [r.value for r in got if r.partition == p] == \
+                [b"%04d" % i for i in range(400) if i % 2 == t and i // 2 % 2 == p]
