@@ -875,10 +875,11 @@ class PositionOutOfRangeError(BrokerError):
     error_code, name = 99, "POSITION_OUT_OF_RANGE"
 
 
-class UnknownTopicIdError(BrokerError, RetriableError):
+class UnknownTopicIdError(BrokerError, UnknownTopicError, RefreshRetriableError):
     """This server does not host this topic ID."""
 
     error_code, name = 100, "UNKNOWN_TOPIC_ID"
+    refresh_metadata = True
 
 
 class DuplicateBrokerRegistrationError(BrokerError):

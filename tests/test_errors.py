@@ -40,7 +40,8 @@ def test_the_errors_that_make_the_producer_look_up_leaders_again():
     assert refreshing == {
         "UNKNOWN_TOPIC_OR_PARTITION", "LEADER_NOT_AVAILABLE", "NOT_LEADER_OR_FOLLOWER",
         "REPLICA_NOT_AVAILABLE", "NETWORK_EXCEPTION", "KAFKA_STORAGE_ERROR",
-        "FENCED_LEADER_EPOCH", "UNKNOWN_LEADER_EPOCH"}
+        "FENCED_LEADER_EPOCH", "UNKNOWN_LEADER_EPOCH",
+        "UNKNOWN_TOPIC_ID"}  # (Produce v13+: the topic was deleted, perhaps made again)
     assert all(cls.retriable for cls in ERROR_CLASSES.values() if cls.refresh_metadata)
     assert not any(cls.retriable and cls.fatal for cls in ERROR_CLASSES.values())
 

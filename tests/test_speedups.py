@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import types
+import uuid
 import weakref
 from typing import NamedTuple
 
@@ -347,6 +348,7 @@ def _random_produce_body(rng: random.Random) -> dict:
         "timeout_ms": rng.choice([0, 30_000, 2**31 - 1]),
         "topic_data": [
             {"name": rng.choice(["t", "tøpic-" * rng.randrange(1, 30)]),
+             "topic_id": uuid.UUID(int=rng.getrandbits(128)),  # (v13+ write it, not the name)
              "partition_data": [
                  {"index": rng.choice([0, 5, 2**31 - 1]),
                   "records": rng.choice([None, b"", rng.randbytes(rng.randrange(1, 300)),
@@ -362,6 +364,7 @@ def _random_produce_response(rng: random.Random) -> dict:
     return {
         "responses": [
             {"name": rng.choice(["t", "tøpic-" * rng.randrange(1, 30)]),
+             "topic_id": uuid.UUID(int=rng.getrandbits(128)),
              "partition_responses": [
                  {"index": rng.randrange(0, 2**31), "error_code": rng.choice([0, 0, 6, 87, -1]),
                   "base_offset": rng.choice([-1, 0, 2**63 - 1]),
@@ -429,7 +432,9 @@ def test_produce_codec_leaves_uncommon_cases_to_python():
             "topic_data": [{"name": "t", "partition_data": [{"index": 0, "records": b"x"}]}]}
     assert _c.encode_produce(11, 1, "c", body) is not None
     uncommon = [
-        (2, body), (13, body),  # versions it does not know (13 names topics by id)
+        (2, body), (14, body),  # versions it does not know
+        (13, body),  # a topic without its id (the generated codec writes the zero id)
+        (13, dict(body, topic_data=[dict(body["topic_data"][0], topic_id=bytes(16))])),
         (11, {k: v for k, v in body.items() if k != "acks"}),  # a default to fill in
         (11, dict(body, acks=True)), (11, dict(body, acks=1 << 15)),
         (11, dict(body, topic_data=tuple(body["topic_data"]))),

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 from .._speedups import produce_parts, settle_produce
 from ..client.backoff import exponential_backoff
 from ..errors import (
+    BrokerOutOfOrderSequenceNumberError,
     DuplicateSequenceNumberError,
     KafkaConnectionError,
     KafkaError,
@@ -53,9 +54,10 @@ from ..errors import (
     OutOfOrderSequenceNumberError,
     TransactionAbortedError,
     UnknownProducerIdError,
+    UnknownTopicIdError,
     error_for_code,
 )
-from ..protocol.messages import ApiKey
+from ..protocol.messages import PRODUCE_TOPIC_IDS_FROM, ApiKey
 from .accumulator import RecordAccumulator, delivery_timeout_error
 from .batch import ProducerBatch, run_watchers_of
 from .observer import Observer
@@ -524,11 +526,17 @@ class Sender:
         txn = self._txn if self._txn is not None and self._txn.is_transactional else None
         for conn, body, batches, size in requests:
             try:
+                # (a transaction's Produce is v12+ only in a V2 transaction)
+                version = txn.version_for(conn, ApiKey.PRODUCE) if txn is not None else \
+                    conn.version_for(ApiKey.PRODUCE)
+                names = None
+                if version >= PRODUCE_TOPIC_IDS_FROM:
+                    names = self._name_topics_by_id(body["topic_data"])
+                    if names is None:
+                        version = PRODUCE_TOPIC_IDS_FROM - 1
                 conn.send(ApiKey.PRODUCE, body, partial(
-                    self._on_produce_response, conn, batches, time.perf_counter())
-                    if expect_response else None,
-                    # (a transaction's Produce is v12+ only in a V2 transaction)
-                    version=txn.version_for(conn, ApiKey.PRODUCE) if txn is not None else None)
+                    self._on_produce_response, conn, batches, names, time.perf_counter())
+                    if expect_response else None, version=version)
             except KafkaError as exc:  # the connection closed between ready() and now
                 self._on_request_failed(batches, exc)
                 continue
@@ -538,8 +546,22 @@ class Sender:
                 for batch in batches:
                     self._complete(batch, -1, -1)
 
+    def _name_topics_by_id(self, topic_data: list[dict[str, Any]]) -> dict[Any, str] | None:
+        """Give each topic of a request its id (Produce v13+) as the metadata has it now, and
+        return the names by id, which its response is read with (not the metadata by then:
+        the topic may be recreated meanwhile, KAFKA-19397); None if one has no id known."""
+        names = {}
+        for topic in topic_data:
+            info = self._cluster.topics.get(topic["name"])
+            if info is None or info.topic_id is None:
+                return None
+            topic["topic_id"] = info.topic_id
+            names[info.topic_id] = topic["name"]
+        return names
+
     def _on_produce_response(self, conn: BrokerConnection, batches: list[ProducerBatch],
-                             written: float, response: dict[str, Any] | None,
+                             names: dict[Any, str] | None, written: float,
+                             response: dict[str, Any] | None,
                              exc: BaseException | None) -> None:
         latency = time.perf_counter() - written
         self._observer.responded(conn.node_id, latency, exc)
@@ -558,6 +580,9 @@ class Sender:
             # answers ~490 batches. An idempotent producer's are, and its sequencer told in
             # one call, only when every batch is: an error's handling (a retry, a new
             # producer id) sees the partition's acknowledgements in order, as before.
+            if names is not None:  # answered by topic id (v13+): an id not asked for, None
+                for topic in response["responses"]:
+                    topic["name"] = names.get(topic["topic_id"])
             txn = self._txn
             acked, rest = settle_produce(batches, response["responses"], self._in_flight,
                                          run_watchers_of, txn is not None)
@@ -601,6 +626,15 @@ class Sender:
         elif too_large:
             where += (f": a record of {batch.writer.size} bytes (in its own batch) is over the "
                       "broker's message.max.bytes or the topic's max.message.bytes")
+        if p["error_code"] == UnknownTopicIdError.error_code:  # (Produce v13+)
+            where += (": the topic was deleted (a topic made again under its name has another "
+                      "id; the producer looks it up and writes there)")
+        elif p["error_code"] == BrokerOutOfOrderSequenceNumberError.error_code and \
+                self._cluster.recreated.get(batch.topic, -1.0) >= batch.created:
+            # (Kafka 4.4 refuses it from a Transactions V2 producer, which must begin a
+            # partition at sequence 0, and takes any sequence from others)
+            where += (": the topic was deleted and made again after this batch was made, and "
+                      "the new topic's partition does not take this producer's sequence")
         if p.get("record_errors"):
             # Produce v8+: which records made the broker refuse the batch (KIP-467). As in the
             # Java client, the whole batch fails; the message names the culprits.

@@ -2808,18 +2808,21 @@ py_watch_batches(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 
 /* -- Produce requests and responses ------------------------------------------------------- */
 
-/* Versions 3 to 11, as protocol/messages.py declares them; flexible (KIP-482) from 9. Only
+/* Versions 3 to 13, as protocol/messages.py declares them; flexible (KIP-482) from 9, topics
+ * named by their id (KIP-516: a uuid.UUID in the body, 16 bytes on the wire) from 13. Only
  * what the sender writes and a healthy broker answers: anything else returns None and the
  * generated codec, which knows every case and raises the right error, takes over. */
 
 #define PRODUCE_FIRST 3
-#define PRODUCE_LAST 12
+#define PRODUCE_LAST 13
 #define PRODUCE_FLEXIBLE 9
+#define PRODUCE_TOPIC_ID 13
 
 static PyObject *s_transactional_id, *s_acks, *s_timeout_ms, *s_topic_data, *s_name,
     *s_partition_data, *s_index, *s_records, *s_responses, *s_partition_responses,
     *s_error_code, *s_base_offset, *s_log_append_time_ms, *s_log_start_offset,
-    *s_record_errors, *s_error_message, *s_throttle_time_ms;
+    *s_record_errors, *s_error_message, *s_throttle_time_ms, *s_topic_id, *s_bytes;
+static PyObject *uuid_type;  /* uuid.UUID: a topic id, as the generated codec reads it */
 
 /* Size of a length (or count) prefix: compact (uvarint of n + 1) or int16/int32. */
 static inline Py_ssize_t
@@ -2954,20 +2957,35 @@ produce_body(PyObject *body, int version, char *out, const char *end, Refs *refs
         if (t >= PyList_GET_SIZE(topics))
             goto done;
         Py_XSETREF(topic, Py_NewRef(PyList_GET_ITEM(topics, t)));
-        Py_XSETREF(name_obj, item(topic, s_name));
+        const char *name;
+        if (version >= PRODUCE_TOPIC_ID) {  /* the id's 16 bytes (uuid.UUID.bytes) */
+            PyObject *id_obj = item(topic, s_topic_id);
+            Py_XSETREF(name_obj, id_obj && Py_IS_TYPE(id_obj, (PyTypeObject *)uuid_type) ?
+                       PyObject_GetAttr(id_obj, s_bytes) : NULL);
+            Py_XDECREF(id_obj);
+            if (name_obj == NULL)
+                PyErr_Clear();  /* (None: the generated codec writes it, or says why not) */
+            name = name_obj && PyBytes_CheckExact(name_obj) && PyBytes_GET_SIZE(name_obj) == 16
+                ? PyBytes_AS_STRING(name_obj) : NULL;
+            length = 16;
+        } else {
+            Py_XSETREF(name_obj, item(topic, s_name));
+            name = utf8(name_obj, &length);
+        }
         Py_XSETREF(partitions, item(topic, s_partition_data));
-        const char *name = utf8(name_obj, &length);
         if (name == NULL || length > 32767 || partitions == NULL ||
             !PyList_CheckExact(partitions))
             goto done;
         Py_ssize_t partition_count = PyList_GET_SIZE(partitions);
-        part = prefix_size(flexible, length, 2) + length +
-               prefix_size(flexible, partition_count, 4);
+        Py_ssize_t name_size = version >= PRODUCE_TOPIC_ID ? 16 :
+            prefix_size(flexible, length, 2) + length;
+        part = name_size + prefix_size(flexible, partition_count, 4);
         size += part;
         if (out) {
             if (end - out < part)
                 goto done;
-            out = put_prefix(out, flexible, length, 2);
+            if (version < PRODUCE_TOPIC_ID)
+                out = put_prefix(out, flexible, length, 2);
             memcpy(out, name, length);
             out += length;
             out = put_prefix(out, flexible, partition_count, 4);
@@ -3294,15 +3312,33 @@ read_array(Cursor *c, int version, PyObject *(*read)(Cursor *, int))
     return list;
 }
 
+/* A topic id (16 bytes) as a uuid.UUID; NULL as for read_partition. */
+static PyObject *
+read_uuid(Cursor *c)
+{
+    if (c->end - c->pos < 16)
+        return NULL;
+    PyObject *bytes = PyBytes_FromStringAndSize((const char *)c->data + c->pos, 16), *id = NULL;
+    c->pos += 16;
+    PyObject *kwargs = bytes ? PyDict_New() : NULL;
+    if (kwargs != NULL && PyDict_SetItem(kwargs, s_bytes, bytes) == 0)
+        id = PyObject_VectorcallDict(uuid_type, NULL, 0, kwargs);
+    Py_XDECREF(kwargs);
+    Py_XDECREF(bytes);
+    return id;
+}
+
 static PyObject *
 read_topic(Cursor *c, int version)
 {
     int flexible = version >= PRODUCE_FLEXIBLE;
-    PyObject *name = read_string(c, flexible, 0), *partitions = NULL, *topic = NULL;
+    PyObject *key = version >= PRODUCE_TOPIC_ID ? s_topic_id : s_name;
+    PyObject *name = version >= PRODUCE_TOPIC_ID ? read_uuid(c) : read_string(c, flexible, 0);
+    PyObject *partitions = NULL, *topic = NULL;
     if (name == NULL || (partitions = read_array(c, version, read_partition)) == NULL ||
         !read_no_tags(c, flexible) || (topic = PyDict_New()) == NULL)
         goto done;
-    if (PyDict_SetItem(topic, s_name, name) < 0 ||
+    if (PyDict_SetItem(topic, key, name) < 0 ||
         PyDict_SetItem(topic, s_partition_responses, partitions) < 0)
         Py_CLEAR(topic);
 done:
@@ -5516,6 +5552,15 @@ PyInit__c(void)
         if (deque_type == NULL)
             return NULL;
     }
+    if (uuid_type == NULL) {
+        PyObject *uuid = PyImport_ImportModule("uuid");
+        if (uuid == NULL)
+            return NULL;
+        uuid_type = PyObject_GetAttrString(uuid, "UUID");
+        Py_DECREF(uuid);
+        if (uuid_type == NULL)
+            return NULL;
+    }
     if (crc32c_function == NULL) {
         crc32c_table_init();
         PyObject *crc32c = PyImport_ImportModule("crc32c");
@@ -5535,6 +5580,7 @@ PyInit__c(void)
         {&s_log_append_time_ms, "log_append_time_ms"},
         {&s_log_start_offset, "log_start_offset"}, {&s_record_errors, "record_errors"},
         {&s_error_message, "error_message"}, {&s_throttle_time_ms, "throttle_time_ms"},
+        {&s_topic_id, "topic_id"}, {&s_bytes, "bytes"},
         {&s_untracked, "_untracked"}, {&s_future, "future"}, {&s_pieces, "pieces"},
         {&s_topic, "topic"}, {&s_partition, "partition"}, {&s_metadata_type, "_metadata_type"},
         {&s_metadata, "metadata"}, {&s_exception_for, "exception_for"}, {&s_watch, "watch"},

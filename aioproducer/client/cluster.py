@@ -23,6 +23,7 @@ import inspect
 import ipaddress
 import logging
 import random
+import uuid
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable, Iterable, Mapping
@@ -100,12 +101,15 @@ def address_problem(host: str, port: int) -> str | None:
 @dataclass(frozen=True, slots=True)
 class TopicInfo:
     """Leaders of a topic's partitions (-1: none now) and their leader epochs (-1: unknown);
-    `error` set when the topic is unusable."""
+    `error` set when the topic is unusable. `topic_id` (KIP-516, Metadata v10+; None: not
+    given) names the topic in Produce v13+; while the topic is unusable it is the last id seen,
+    so that its recreation is noticed."""
 
     name: str
     leaders: tuple[int, ...]
     error: KafkaError | None = None
     epochs: tuple[int, ...] = ()
+    topic_id: uuid.UUID | None = None
 
 
 class _Backoff:
@@ -157,6 +161,8 @@ class Cluster:
         self.finalized_features: dict[str, int] = {}
         self.features_epoch = -1
         self.topics: dict[str, TopicInfo] = {}
+        # When Metadata last showed a topic under a new id (deleted and made again; loop time).
+        self.recreated: dict[str, float] = {}
         self._wanted: set[str] = set()
         self._connections: dict[int, BrokerConnection] = {}
         self._connecting: dict[int, asyncio.Task[BrokerConnection]] = {}
@@ -235,7 +241,8 @@ class Cluster:
         leaders = list(info.leaders)
         epochs = list(info.epochs) if len(info.epochs) == len(leaders) else [-1] * len(leaders)
         leaders[partition], epochs[partition] = node_id, epoch
-        self.topics[topic] = TopicInfo(topic, tuple(leaders), epochs=tuple(epochs))
+        self.topics[topic] = TopicInfo(topic, tuple(leaders), epochs=tuple(epochs),
+                                       topic_id=info.topic_id)
         return True
 
     def _forget_backoff_elsewhere(self, broker: Broker) -> None:
@@ -424,11 +431,24 @@ class Cluster:
         topics_info: dict[str, TopicInfo] = {}
         for t in response["topics"]:
             name = t["name"]
+            known = self.topics.get(name)
             if t["error_code"]:
                 topics_info[name] = TopicInfo(name, (), error_for_code(
-                    t["error_code"], f"metadata for topic {name!r}"))
+                    t["error_code"], f"metadata for topic {name!r}"),
+                    topic_id=known.topic_id if known is not None else None)
                 continue
-            known = self.topics.get(name)
+            topic_id = t.get("topic_id")
+            if topic_id is not None and topic_id.int == 0:  # (none given)
+                topic_id = None
+            if known is not None and known.topic_id is not None and topic_id is not None \
+                    and known.topic_id != topic_id:
+                # Deleted and made again under the same name. Its partitions' leader epochs
+                # start again: the old ones must not win over the new topic's (below).
+                log.warning("topic %r was deleted and recreated (its id was %s, now %s): its "
+                            "records not yet written go to the new topic", name,
+                            known.topic_id, topic_id)
+                self.recreated[name] = self._loop.time()
+                known = None
             leaders = [-1] * len(t["partitions"])
             epochs = [-1] * len(t["partitions"])
             for p in t["partitions"]:
@@ -446,7 +466,8 @@ class Cluster:
                 # metadata_max_age_ms.
                 if leader in self.brokers:
                     leaders[index], epochs[index] = leader, epoch
-            topics_info[name] = TopicInfo(name, tuple(leaders), epochs=tuple(epochs))
+            topics_info[name] = TopicInfo(name, tuple(leaders), epochs=tuple(epochs),
+                                          topic_id=topic_id)
         self.topics = topics_info
         self._updated_at = self._loop.time()
         self._stale = False
@@ -508,7 +529,8 @@ class Cluster:
             log.debug("rebootstrapping again: %s", reason)
         self._generation += 1
         self.brokers = {}
-        self.topics = {name: TopicInfo(name, (-1,) * len(info.leaders), info.error, info.epochs)
+        self.topics = {name: TopicInfo(name, (-1,) * len(info.leaders), info.error, info.epochs,
+                                       info.topic_id)
                        for name, info in self.topics.items()}
         for node_id in [n for n in self._connecting if n >= 0]:
             task = self._connecting.pop(node_id)

@@ -41,7 +41,7 @@ class ApiKey(enum.IntEnum):
 
 # (lowest, highest) version we implement, and the first flexible version (99: none).
 CLIENT_VERSIONS: dict[ApiKey, tuple[int, int]] = {
-    ApiKey.PRODUCE: (3, 12),
+    ApiKey.PRODUCE: (3, 13),  # 13: topics named by id (KIP-516), when Metadata gave them
     ApiKey.METADATA: (1, 13),
     ApiKey.FIND_COORDINATOR: (0, 4),
     ApiKey.SASL_HANDSHAKE: (0, 1),
@@ -66,6 +66,10 @@ CLIENT_VERSIONS: dict[ApiKey, tuple[int, int]] = {
 TXN_V2_FROM: dict[ApiKey, int] = {
     ApiKey.PRODUCE: 12, ApiKey.TXN_OFFSET_COMMIT: 5, ApiKey.END_TXN: 5,
 }
+# From this version a Produce request names each topic by its id (KIP-516, as Metadata v10+
+# gives it), not its name, and its response answers by id; a broker that no longer has the
+# id (the topic was deleted) answers UNKNOWN_TOPIC_ID.
+PRODUCE_TOPIC_IDS_FROM = 13
 FLEXIBLE_FROM: dict[ApiKey, int] = {
     ApiKey.PRODUCE: 9, ApiKey.METADATA: 9, ApiKey.FIND_COORDINATOR: 3,
     ApiKey.SASL_HANDSHAKE: 99, ApiKey.API_VERSIONS: 3, ApiKey.CREATE_TOPICS: 5,
@@ -97,7 +101,8 @@ _REQUESTS: dict[ApiKey, tuple[F, ...]] = {
         F("acks", "int16"),
         F("timeout_ms", "int32"),
         F("topic_data", (
-            F("name", "string"),
+            F("name", "string", (0, 12)),
+            F("topic_id", "uuid", (13, 99)),
             F("partition_data", (
                 F("index", "int32"),
                 F("records", "records", nullable_from=0),
@@ -267,7 +272,8 @@ _RESPONSES: dict[ApiKey, tuple[F, ...]] = {
     ),
     ApiKey.PRODUCE: (
         F("responses", (
-            F("name", "string"),
+            F("name", "string", (0, 12)),
+            F("topic_id", "uuid", (13, 99)),
             F("partition_responses", (
                 F("index", "int32"),
                 F("error_code", "int16"),

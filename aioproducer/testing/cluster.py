@@ -35,6 +35,7 @@ import ssl
 import struct
 import threading
 import time
+import uuid
 import zlib
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Coroutine, Mapping, NamedTuple, Sequence, TypeVar
@@ -181,6 +182,7 @@ class SimulatedCluster:
         self._upstream = ("", 0)
         self._nodes = {i: _Node(i, racks[i - 1] if racks else None) for i in range(1, nodes + 1)}
         self._partitions: dict[PartitionKey, _Partition] = {}
+        self._topic_ids: dict[str, uuid.UUID] = {}  # recreated topics' new ids
         self._faults: dict[int | PartitionKey, _Fault] = {}
         self._rebootstrap_asks: dict[int | None, int] = {}  # node (None: any) -> answers left
         self._cluster_id = cluster_id
@@ -376,6 +378,18 @@ class SimulatedCluster:
         if to is not None:
             self._node(to)
         return self._run_in_loop(lambda: self._move_leader(topic, partition, to))
+
+    def recreate_topic(self, topic: str) -> None:
+        """As if `topic` were deleted and made again under its name: Metadata gives it a new
+        id (KIP-516), and each of its partitions known so far is led by the next live node at
+        leader epoch 0. (Its records stay in the real broker.)"""
+        def recreate() -> None:
+            self._topic_ids[topic] = uuid.uuid4()
+            for (name, index), partition in self._partitions.items():
+                if name == topic:
+                    self._move_leader(topic, index, None)
+                    partition.epoch = 0
+        self._run_in_loop(recreate)
 
     def stop_node(self, node_id: int, reelect: bool = True) -> None:
         """Take a node down: it refuses connections and its open ones are cut. Its partitions
@@ -807,6 +821,8 @@ class _Connection:
         for topic in body["topics"]:
             if topic["error_code"] or topic["name"] is None:
                 continue
+            if version >= 10 and topic["name"] in cluster._topic_ids:
+                topic["topic_id"] = cluster._topic_ids[topic["name"]]
             for entry in topic["partitions"]:
                 partition = cluster._partition(topic["name"], entry["partition_index"])
                 entry.update(
