@@ -370,6 +370,11 @@ class Producer(Generic[K, V]):
             if failed and self._observer is not None:
                 self._observer.closed(self)
             return
+        # Sends begun before close() that wait for their topic's metadata buffer first (a
+        # fire-and-forget send to a topic not used yet), within the deadline and max_block_ms.
+        metadata_waits = self._intake.metadata_waits_ended()
+        if metadata_waits is not None:
+            await deadline.wait({metadata_waits})
         if self._transactions is not None:
             await self._end_transaction_at_close(self._transactions, deadline)
         lifecycle.become(CLOSING)
