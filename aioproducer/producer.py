@@ -16,7 +16,7 @@ import weakref
 from contextvars import Context
 from threading import get_ident
 from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Coroutine, \
-    Generic, Iterable, Sequence, TypeAlias, TypeVar, Unpack, overload
+    Generic, Iterable, NoReturn, Sequence, SupportsIndex, TypeAlias, TypeVar, Unpack, overload
 
 from ._internal.accumulator import RecordAccumulator
 from ._internal.arguments import check_timeout, checked_offsets, group_fields, topic_str
@@ -72,6 +72,16 @@ _OTHER_CLIENTS_VERBS = {
     "list_topics": "`await producer.partitions_for(topic)` gives a topic's partition ids",
 }
 _OTHER_CLIENTS_VERBS["send_batch"] = _OTHER_CLIENTS_VERBS["create_batch"]
+
+
+def raise_not_picklable(kind: str) -> NoReturn:
+    """A producer handed to another process (a ProcessPoolExecutor's submit, multiprocessing)
+    is pickled: say what to hand it instead, not which inner part failed to pickle."""
+    raise TypeError(
+        f"a {kind} cannot be pickled (for another process, a ProcessPoolExecutor, "
+        "multiprocessing): it holds the connections and tasks of the event loop that started it. "
+        "Give the process the settings (a ProducerConfig pickles, unless a setting is a lambda "
+        f"or an SSLContext) and make a {kind} there, e.g. in the pool's initializer")
 
 
 def no_such_verb(obj: object, name: str, hints: dict[str, str]) -> AttributeError:
@@ -178,6 +188,9 @@ class Producer(Generic[K, V]):
     def __repr__(self) -> str:
         return (f"<Producer {self.config.client_id} {self._lifecycle.state.value} "
                 f"bootstrap={self.config.bootstrap_servers}>")
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:
+        raise_not_picklable("Producer")
 
     # -- lifecycle -------------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ import datetime
 import enum
 import json
 import logging
+import pickle
 import re
 import threading
 import traceback
@@ -718,3 +719,25 @@ async def test_a_timestamp_in_seconds_is_sent_as_given_and_warned_of_once(broker
     assert [(r.value, r.timestamp_ms) for r in got[:5]] == [
         (b"in ms", seconds * 1000), (b"at 0", 0), (b"in seconds", seconds),
         (b"in seconds, sent", seconds), (b"many", seconds)]
+
+
+async def test_a_producer_given_to_another_process_is_refused_saying_what_to_give_instead(
+        broker):
+    """A producer pickled for a ProcessPoolExecutor or multiprocessing (a careless user's
+    `pool.submit(work, producer)`): a TypeError that names the producer and says to give the
+    process the settings (a ProducerConfig pickles) and make a producer there. (It said
+    "cannot pickle '_asyncio.Future' object", or "Can't pickle local object
+    'Lifecycle.__init__.<locals>.<lambda>'" for one not started.)"""
+    config = ProducerConfig(bootstrap_servers=broker.bootstrap, linger_ms=5)
+    assert pickle.loads(pickle.dumps(config)) == config  # what the message says to give
+    unstarted = Producer(config=config)
+    async with Producer(config=config) as started:
+        for producer in (unstarted, started):
+            with pytest.raises(TypeError, match=r"a Producer cannot be pickled .*ProducerConfig"):
+                pickle.dumps(producer)
+    blocking = await asyncio.to_thread(BlockingProducer, config=config)
+    try:
+        with pytest.raises(TypeError, match=r"a BlockingProducer cannot be pickled .*ProducerCo"):
+            pickle.dumps(blocking)
+    finally:
+        await asyncio.to_thread(blocking.close)
