@@ -226,7 +226,7 @@ class ProducerConfig:
             if name not in _setting_names():
                 suggestion = _suggest(name, _setting_names())
                 if "." in key:  # said in the key's own spelling: linger.ms, not linger_ms
-                    suggestion = suggestion.replace("_", ".")
+                    suggestion = _dotted(suggestion)
                 raise ConfigError(f"unknown setting {key!r}{suggestion}")
             settings[name] = _parse(name, fields[name].default, raw)
         return cls.from_kwargs(**settings)
@@ -532,6 +532,40 @@ _OTHER_CLIENTS: dict[str, tuple[str | None, str]] = {
     "send_buffer_bytes": (None, "the operating system sizes the socket's buffers"),
     "receive_buffer_bytes": (None, "the operating system sizes the socket's buffers"),
     "client_dns_lookup": (None, "every address a host name resolves to is tried in turn"),
+    "message_send_max_retries": ("retries", "librdkafka's name"),
+    "ssl_key_password": ("ssl_password", "the Java client's and librdkafka's name"),
+    "ssl_certificate_pem": ("ssl_cert_pem", "librdkafka's name"),
+    "ssl_truststore_certificates": ("ssl_ca_pem", "the Java client's name"),
+    "ssl_keystore_certificate_chain": ("ssl_cert_pem", "the Java client's name"),
+    "ssl_keystore_key": ("ssl_key_pem", "the Java client's name"),
+}
+
+_TRUSTSTORE = ("a Java truststore is not read here: give its CA certificates as a PEM file in "
+               "ssl_cafile (keytool -exportcert -rfc writes one)")
+_KEYSTORE = ("a Java keystore is not read here: give the client's certificate and private key "
+             "as PEM files in ssl_certfile and ssl_keyfile (the key's password in ssl_password)")
+_TLS_VERSIONS = ("TLS versions and ciphers are the ssl module's defaults, or those of an "
+                 "ssl.SSLContext given as the ssl_context keyword")
+_KERBEROS = ("GSSAPI (Kerberos) is not supported; sasl_mechanism is "
+             f"{', '.join(_SASL[:-1])} or {_SASL[-1]}")
+# Other clients' settings for what is done otherwise here, or not at all (the nearest of our
+# names was the wrong setting: "did you mean 'ssl.password'?" for the truststore's password).
+_NOT_HERE: dict[str, str] = {
+    "ssl_truststore_location": _TRUSTSTORE,
+    "ssl_truststore_password": _TRUSTSTORE,
+    "ssl_truststore_type": _TRUSTSTORE,
+    "ssl_keystore_location": _KEYSTORE,
+    "ssl_keystore_password": _KEYSTORE,
+    "ssl_keystore_type": _KEYSTORE,
+    "ssl_protocol": _TLS_VERSIONS,
+    "ssl_enabled_protocols": _TLS_VERSIONS,
+    "ssl_cipher_suites": _TLS_VERSIONS,
+    "enable_ssl_certificate_verification": (
+        "the broker's certificate is always verified, unless by an ssl.SSLContext given as the "
+        "ssl_context keyword (ssl_check_hostname=false skips only the host name check)"),
+    "sasl_kerberos_service_name": _KERBEROS,
+    "sasl_kerberos_keytab": _KERBEROS,
+    "sasl_kerberos_principal": _KERBEROS,
 }
 
 
@@ -556,7 +590,16 @@ def _check_partitioner(partitioner: Any) -> None:
             "partitioner(key, list(range(count)), available)") from None
 
 
+def _dotted(text: str) -> str:
+    """The setting names in `text` spelt as in a properties file (ssl.cafile), but for
+    ssl_context, which only a keyword can give."""
+    return re.sub(r"[a-z]+(?:_[a-z0-9]+)+", lambda m: m[0].replace("_", ".")
+                  if m[0] in _setting_names() and m[0] != "ssl_context" else m[0], text)
+
+
 def _suggest(name: str, names: frozenset[str]) -> str:
+    if name in _NOT_HERE:
+        return f": {_NOT_HERE[name]}"
     ours, note = _OTHER_CLIENTS.get(name, (None, ""))
     if ours is not None:
         return f"; did you mean {ours!r}? ({note})"
@@ -624,7 +667,7 @@ def _parse(name: str, default: Any, raw: Any) -> Any:
         return text
     if name.endswith("_serializer"):  # (a Java class name, from a Java property file)
         raise ConfigError(f"{name} must be a Python callable (bytes values need none), not "
-                          f"the text {raw!r}: give it as a keyword, key_serializer=str.encode")
+                          f"the text {raw!r}: give it as a keyword, {name}=str.encode")
     raise ConfigError(f"{name} cannot be given as text")
 
 

@@ -88,6 +88,33 @@ def test_from_properties_takes_kafka_names_and_strings():
                           "sasl.username and sasl.password)")),
     ("interceptor.classes", ": not needed (hooks=[ProducerHooks subclass instances] do their "
                             "work)"),
+    # (the TLS and SASL lines of a Java or librdkafka property file: the nearest name was
+    # another setting, "did you mean 'ssl.password'?" for the truststore's password, or none)
+    ("message.send.max.retries", "; did you mean 'retries'? (librdkafka's name)"),
+    ("ssl.key.password", "; did you mean 'ssl.password'? (the Java client's and librdkafka's "
+                         "name)"),
+    ("ssl.certificate.pem", "; did you mean 'ssl.cert.pem'? (librdkafka's name)"),
+    ("ssl.truststore.certificates", "; did you mean 'ssl.ca.pem'? (the Java client's name)"),
+    ("ssl.keystore.certificate.chain", "; did you mean 'ssl.cert.pem'? (the Java client's "
+                                       "name)"),
+    ("ssl.keystore.key", "; did you mean 'ssl.key.pem'? (the Java client's name)"),
+    *((name, ": a Java truststore is not read here: give its CA certificates as a PEM file in "
+             "ssl.cafile (keytool -exportcert -rfc writes one)")
+      for name in ("ssl.truststore.location", "ssl.truststore.password", "ssl.truststore.type")),
+    *((name, ": a Java keystore is not read here: give the client's certificate and private "
+             "key as PEM files in ssl.certfile and ssl.keyfile (the key's password in "
+             "ssl.password)")
+      for name in ("ssl.keystore.location", "ssl.keystore.password", "ssl.keystore.type")),
+    *((name, ": TLS versions and ciphers are the ssl module's defaults, or those of an "
+             "ssl.SSLContext given as the ssl_context keyword")
+      for name in ("ssl.protocol", "ssl.enabled.protocols", "ssl.cipher.suites")),
+    ("enable.ssl.certificate.verification", (
+        ": the broker's certificate is always verified, unless by an ssl.SSLContext given as "
+        "the ssl_context keyword (ssl.check.hostname=false skips only the host name check)")),
+    *((name, ": GSSAPI (Kerberos) is not supported; sasl.mechanism is PLAIN, SCRAM-SHA-256, "
+             "SCRAM-SHA-512 or OAUTHBEARER")
+      for name in ("sasl.kerberos.service.name", "sasl.kerberos.keytab",
+                   "sasl.kerberos.principal")),
 ])
 def test_other_clients_setting_names_are_told_ours(given, said):
     """A confluent-kafka user's properties (librdkafka's names) or an aiokafka user's keywords:
@@ -99,6 +126,15 @@ def test_other_clients_setting_names_are_told_ours(given, said):
         else:
             Producer("h:1", **{given: 5})
     assert str(raised.value) == f"unknown setting {given!r}{said}"
+
+
+def test_a_java_property_files_value_serializer_class_names_value_serializer():
+    """It said "give it as a keyword, key_serializer=str.encode" for value.serializer too."""
+    with pytest.raises(ConfigError) as raised:
+        ProducerConfig.from_properties({
+            "bootstrap.servers": "h:1",
+            "value.serializer": "org.apache.kafka.common.serialization.StringSerializer"})
+    assert str(raised.value).endswith("give it as a keyword, value_serializer=str.encode")
 
 
 def test_a_java_property_files_serializer_class_says_what_to_give():
