@@ -139,6 +139,22 @@ async def test_plaintext_client_against_tls_broker_fails_clearly(tls_broker):
         await asyncio.wait_for(producer.start(), 15)
 
 
+async def test_a_tls_client_against_a_plaintext_listener_says_so(broker):
+    """security_protocol="SSL" against a PLAINTEXT listener (the embedded broker's, which
+    reads the TLS ClientHello as the start of a request and waits for the rest): it said
+    "connecting to ... timed out after 1.0 s: is the broker reachable from here?", though the
+    connection was made and the broker took it."""
+    producer = Producer(broker.bootstrap, security_protocol="SSL",
+                        socket_connection_setup_timeout_ms=1000,
+                        socket_connection_setup_timeout_max_ms=1000, max_block_ms=10_000)
+    with pytest.raises(KafkaConnectionError) as raised:
+        await asyncio.wait_for(producer.start(), 15)
+    said = str(raised.value)
+    assert f"connected to {broker.bootstrap}, but its TLS handshake" in said, said
+    assert "is it a TLS listener? (security_protocol='SSL';" in said, said
+    assert "is the broker reachable from here" not in said, said
+
+
 async def test_hostname_is_checked_unless_disabled(ca, tmp_path):
     server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ca.issue_cert("kafka.example").configure_cert(server)  # not our address
