@@ -741,3 +741,25 @@ async def test_a_producer_given_to_another_process_is_refused_saying_what_to_giv
             pickle.dumps(blocking)
     finally:
         await asyncio.to_thread(blocking.close)
+
+
+async def test_bootstrap_at_an_http_server_says_what_answered():
+    """bootstrap_servers at an HTTP port (a Schema Registry's 8081, a web app): a real HTTP
+    server (aiohttp's) answers the ApiVersions request with "HTTP/1.0 400 Bad Request" at
+    once, read as a frame of 1213486160 bytes. The error quotes the answer's first line, so
+    the user sees an HTTP server answered (it said only "sent a frame of 1213486160 bytes ...
+    not a Kafka broker")."""
+    from aiohttp import web
+    runner = web.AppRunner(web.Application())
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        port = runner.addresses[0][1]
+        producer = Producer(f"127.0.0.1:{port}", max_block_ms=10_000)
+        with pytest.raises(KafkaConnectionError) as raised:
+            await asyncio.wait_for(producer.start(), 15)
+    finally:
+        await runner.cleanup()
+    assert re.search(r"not a Kafka broker: it answered 'HTTP/1\.[01] 400 Bad Request'",
+                     str(raised.value)), str(raised.value)
