@@ -320,6 +320,14 @@ class ProducerConfig:
             elif not self.sasl_username or self.sasl_password is None:
                 raise ConfigError(f"security_protocol={protocol} needs "
                                   "sasl_username and sasl_password")
+        else:  # (ignored, a SASL listener closed the connection: "connection ... lost")
+            given = [name for name in ("sasl_username", "sasl_password",
+                                       "sasl_oauth_token_provider")
+                     if getattr(self, name) is not None]
+            if given:
+                raise ConfigError(f"{', '.join(given)} given, but security_protocol={protocol} "
+                                  "does not use SASL: set security_protocol='SASL_SSL' (or "
+                                  "'SASL_PLAINTEXT')")
         self._check_tls(protocol)
         for name in ("enable_idempotence", "allow_auto_create_topics", "enable_metrics_push",
                      "metadata_cluster_check_enable",

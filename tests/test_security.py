@@ -186,6 +186,26 @@ def test_security_settings_are_validated_and_secrets_hidden():
     assert "s3cret-pw" not in repr(config) and "s3cret-pw" not in repr(Producer(config=config))
 
 
+@pytest.mark.parametrize("protocol", ["PLAINTEXT", "SSL"])
+@pytest.mark.parametrize("given", [
+    {"sasl_username": "alice", "sasl_password": "alice-secret"},
+    {"sasl_username": "alice"},
+    {"sasl_oauth_token_provider": lambda: "token"},
+])
+def test_sasl_credentials_without_a_sasl_security_protocol_are_refused(protocol, given):
+    """Credentials given but security_protocol left at PLAINTEXT (or SSL): they were ignored,
+    and at Kafka's SASL_PLAINTEXT listener start() said only "connection to 127.0.0.1:PORT
+    lost" (Kafka closes a connection that sends Metadata before authenticating). Refused when
+    the producer is made, as TLS files with a plaintext protocol are, never showing a value."""
+    names = ", ".join(given)
+    with pytest.raises(ConfigError) as raised:
+        Producer("h:1", security_protocol=protocol, **given)
+    assert str(raised.value) == (
+        f"{names} given, but security_protocol={protocol} does not use SASL: set "
+        "security_protocol='SASL_SSL' (or 'SASL_PLAINTEXT')")
+    assert "alice-secret" not in str(raised.value)
+
+
 def test_tls_settings_of_the_wrong_type_or_that_would_be_ignored_are_refused():
     """A ConfigError when the producer is made, naming the setting and never its value (some
     are secrets): before, bytes PEM text raised a bare TypeError at start(), and TLS files
