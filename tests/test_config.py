@@ -91,28 +91,28 @@ def test_from_properties_takes_kafka_names_and_strings():
     # (the TLS and SASL lines of a Java or librdkafka property file: the nearest name was
     # another setting, "did you mean 'ssl.password'?" for the truststore's password, or none)
     ("message.send.max.retries", "; did you mean 'retries'? (librdkafka's name)"),
-    ("ssl.key.password", "; did you mean 'ssl.password'? (the Java client's and librdkafka's "
-                         "name)"),
+    ("ssl.key.password",
+     "; did you mean 'ssl.password'? (the Java client's and librdkafka's name)"),
     ("ssl.certificate.pem", "; did you mean 'ssl.cert.pem'? (librdkafka's name)"),
     ("ssl.truststore.certificates", "; did you mean 'ssl.ca.pem'? (the Java client's name)"),
-    ("ssl.keystore.certificate.chain", "; did you mean 'ssl.cert.pem'? (the Java client's "
-                                       "name)"),
+    ("ssl.keystore.certificate.chain",
+     "; did you mean 'ssl.cert.pem'? (the Java client's name)"),
     ("ssl.keystore.key", "; did you mean 'ssl.key.pem'? (the Java client's name)"),
-    *((name, ": a Java truststore is not read here: give its CA certificates as a PEM file in "
-             "ssl.cafile (keytool -exportcert -rfc writes one)")
+    *((name, (": a Java truststore is not read here: give its CA certificates as a PEM file "
+              "in ssl.cafile (keytool -exportcert -rfc writes one)"))
       for name in ("ssl.truststore.location", "ssl.truststore.password", "ssl.truststore.type")),
-    *((name, ": a Java keystore is not read here: give the client's certificate and private "
-             "key as PEM files in ssl.certfile and ssl.keyfile (the key's password in "
-             "ssl.password)")
+    *((name, (": a Java keystore is not read here: give the client's certificate and private "
+              "key as PEM files in ssl.certfile and ssl.keyfile (the key's password in "
+              "ssl.password)"))
       for name in ("ssl.keystore.location", "ssl.keystore.password", "ssl.keystore.type")),
-    *((name, ": TLS versions and ciphers are the ssl module's defaults, or those of an "
-             "ssl.SSLContext given as the ssl_context keyword")
+    *((name, (": TLS versions and ciphers are the ssl module's defaults, or those of an "
+              "ssl.SSLContext given as the ssl_context keyword"))
       for name in ("ssl.protocol", "ssl.enabled.protocols", "ssl.cipher.suites")),
     ("enable.ssl.certificate.verification", (
         ": the broker's certificate is always verified, unless by an ssl.SSLContext given as "
         "the ssl_context keyword (ssl.check.hostname=false skips only the host name check)")),
-    *((name, ": GSSAPI (Kerberos) is not supported; sasl.mechanism is PLAIN, SCRAM-SHA-256, "
-             "SCRAM-SHA-512 or OAUTHBEARER")
+    *((name, (": GSSAPI (Kerberos) is not supported; sasl.mechanism is PLAIN, "
+              "SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER"))
       for name in ("sasl.kerberos.service.name", "sasl.kerberos.keytab",
                    "sasl.kerberos.principal")),
 ])
