@@ -18,6 +18,7 @@ import pytest
 from aioproducer import BlockingProducer, Producer, ProducerConfig
 from aioproducer.errors import (
     ConfigError,
+    DeliveryTimeoutError,
     InvalidRecordError,
     InvalidTopicError,
     KafkaConnectionError,
@@ -28,6 +29,7 @@ from aioproducer.errors import (
     UnknownTopicError,
 )
 from aioproducer.hooks import ProducerHooks
+from aioproducer.testing import EmbeddedBroker
 from tests.support.ports import blackhole, free_port
 from tests.support.readback import consume_all
 
@@ -763,3 +765,26 @@ async def test_bootstrap_at_an_http_server_says_what_answered():
         await runner.cleanup()
     assert re.search(r"not a Kafka broker: it answered 'HTTP/1\.[01] 400 Bad Request'",
                      str(raised.value)), str(raised.value)
+
+
+async def test_a_record_whose_leader_cannot_be_reached_says_why_when_it_expires():
+    """The broker advertises an address this host cannot reach (Kafka in Docker advertising
+    its container's name, the classic first setup): bootstrap works, the leader does not. The
+    send() failed after delivery_timeout_ms with "... not acknowledged within
+    delivery_timeout_ms=3000 (waited in the buffer)" and no why (a WARNING in the log had it).
+    The error now carries the leader's last connection failure."""
+    advertised = free_port()  # (nothing listens there)
+    with EmbeddedBroker(advertised_port=advertised) as broker:
+        broker.create_topic("unreachable", 1)
+        async with Producer(f"127.0.0.1:{broker.port}", delivery_timeout_ms=3000,
+                            request_timeout_ms=2000, linger_ms=0) as producer:
+            with pytest.raises(DeliveryTimeoutError) as raised:
+                await asyncio.wait_for(producer.send("unreachable", b"v"), 30)
+    said = str(raised.value)
+    # (The leader is forgotten once it fails, and the cluster rebootstraps: either way the
+    # error names the address that failed and what the broker advertised.)
+    assert re.search(
+        r"not acknowledged within delivery_timeout_ms=3000 \(waited in the buffer: (its leader, "
+        r"broker 111, could not|no broker could) be reached: cannot connect to 127\.0\.0\.1:"
+        f"{advertised}" r": Connection refused\. It is where broker 111 says it is \(its "
+        r"advertised\.listeners\)", said), said
