@@ -111,6 +111,9 @@ class BrokerConnection(asyncio.Protocol):
         self._socket: socket.socket | None = None
         self._transport: asyncio.Transport | None = None
         self._handshaking_tls = False  # connected, in the TLS handshake (a failure says so)
+        # Opened without SASL, nothing answered but ApiVersions yet: a SASL listener closes
+        # such a connection at the next request (a loss then says so).
+        self._only_versions_answered = False
         self._joins_lines = False  # the transport's writelines() copies (connection_made)
         self._framing = Framing(client_id, self.address, max_response_bytes=max_response_bytes)
         # The callback and deadline of each request awaiting its response, oldest first.
@@ -194,6 +197,7 @@ class BrokerConnection(asyncio.Protocol):
                 f"cannot connect to {host}:{port}: {exc.strerror or exc}. {hint}") from exc
         try:
             await self._negotiate_versions(expected_cluster_id)
+            self._only_versions_answered = sasl is None
             if sasl is not None:
                 await self.authenticate(sasl)
         except BaseException:
@@ -525,6 +529,10 @@ class BrokerConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         reason = f": {exc}" if exc else ""
+        if self._only_versions_answered and self._pending:
+            reason += (": it closed the connection after answering only ApiVersions: is it a "
+                       "SASL listener? (it closes a connection that does not authenticate: set "
+                       "security_protocol='SASL_PLAINTEXT' or 'SASL_SSL' and the sasl_ settings)")
         self.close(KafkaConnectionError(f"connection to {self.address} lost{reason}"))
 
     def data_received(self, data: bytes) -> None:
@@ -585,6 +593,7 @@ class BrokerConnection(asyncio.Protocol):
         self._decode_next()
 
     def _handle_one(self, entry: _Pending, response: Response) -> None:
+        self._only_versions_answered = False
         error = response.error
         if error is None:
             self._note_throttle(response.body)

@@ -194,3 +194,15 @@ async def test_a_tls_client_against_kafkas_plaintext_listener_says_so(apache_kaf
     said = str(raised.value)
     assert "but its TLS handshake was cut short by the broker" in said, said
     assert "is it a TLS listener? (security_protocol='SSL';" in said, said
+
+
+async def test_a_client_without_sasl_at_kafkas_sasl_listener_says_so(apache_kafka):
+    """security_protocol left at PLAINTEXT against Kafka's SASL_PLAINTEXT listener: Kafka
+    answers ApiVersions, then closes the connection at the first other request. It said only
+    "connection to 127.0.0.1:PORT lost"."""
+    producer = Producer(apache_kafka.bootstrap_for("SASL_PLAINTEXT"), max_block_ms=20_000)
+    with pytest.raises(KafkaConnectionError) as raised:
+        await asyncio.wait_for(producer.start(), 30)
+    said = str(raised.value)
+    assert "closed the connection after answering only ApiVersions: is it a SASL listener?" \
+        in said, said
