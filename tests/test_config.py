@@ -1,6 +1,7 @@
 """Settings: Java-client defaults, Kafka property files, and the idempotence rules."""
 
 import dataclasses
+import logging
 import pickle
 
 import pytest
@@ -330,3 +331,38 @@ def test_the_typed_settings_are_the_settings_the_config_takes():
     fields = {f.name for f in dataclasses.fields(ProducerConfig)} - {
         "bootstrap_servers", "bootstrap_addresses"}  # (a parameter of its own; derived)
     assert set(ProducerSettings.__annotations__) == fields
+
+
+def test_a_shared_client_properties_file_is_read_as_librdkafka_reads_it(caplog):
+    """The client.properties Confluent Cloud gives for every client at once (producer,
+    consumer, Schema Registry): the consumer's and Schema Registry's settings are skipped
+    with one WARNING (librdkafka: "is a consumer property and will be ignored by this
+    producer instance"), and what is refused is listed at once, never with a value. It
+    stopped at the first line it could not use: session.timeout.ms said "did you mean
+    'transaction.timeout.ms'?"."""
+    properties = {
+        "bootstrap.servers": "h:9092", "security.protocol": "SASL_SSL",
+        "sasl.jaas.config": "org.apache.kafka.common.security.plain.PlainLoginModule required "
+                            "username='KEY' password='SECRET';",
+        "sasl.mechanism": "PLAIN", "client.dns.lookup": "use_all_dns_ips",
+        "session.timeout.ms": "45000", "acks": "all", "group.id": "orders",
+        "schema.registry.url": "https://psrc.example", "basic.auth.credentials.source":
+        "USER_INFO", "basic.auth.user.info": "SR_KEY:SR_SECRET"}
+    with caplog.at_level(logging.WARNING, logger="aioproducer"), \
+            pytest.raises(ConfigError) as raised:
+        ProducerConfig.from_properties(properties)
+    assert str(raised.value).splitlines() == [
+        "unknown setting 'sasl.jaas.config': not needed (the JAAS line's username and password "
+        "go in sasl.username and sasl.password)",
+        "unknown setting 'client.dns.lookup': not needed (every address a host name resolves "
+        "to is tried in turn)"]
+    del properties["sasl.jaas.config"], properties["client.dns.lookup"]
+    config = ProducerConfig.from_properties(
+        {**properties, "sasl.username": "KEY", "sasl.password": "SECRET"})
+    assert (config.security_protocol, config.acks) == ("SASL_SSL", -1)
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [
+        "ignoring session.timeout.ms, group.id, schema.registry.url, "
+        "basic.auth.credentials.source, basic.auth.user.info: settings of a consumer or of "
+        "Schema Registry's client, not of a producer"], said
+    assert "SECRET" not in str(raised.value) + "".join(said)
