@@ -209,6 +209,9 @@ def _properties(args: argparse.Namespace) -> dict[str, str]:
         refused = []
         for number, name, value in read_properties(text, args.producer_config):
             setting = name.replace(".", "_").replace("-", "_")
+            if setting == "isolation_level" and args.command == "consume":
+                refused.append(f"line {number}: isolation.level is consume's --isolation here")
+                continue
             if setting in known or setting in _NOT_A_PRODUCERS:
                 raw[name] = value  # (a consumer's: from_properties() skips it, saying so)
                 continue
