@@ -27,7 +27,7 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from functools import partial
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Coroutine, Generic, Iterable, \
-    Iterator, Sequence, TypeVar, Unpack, overload
+    Iterator, NoReturn, Sequence, SupportsIndex, TypeVar, Unpack, overload
 
 from anyio import CancelScope
 from anyio.from_thread import BlockingPortal, start_blocking_portal
@@ -40,7 +40,7 @@ from ._internal.thread_future import BulkThreadFuture, ThreadFuture
 from .client.ratelimit import LogEvery
 from .config import ProducerConfig, ProducerSettingsBase
 from .errors import BufferExhaustedError, ProducerClosedError
-from .producer import Bytes, K, Producer, V, no_such_verb
+from .producer import Bytes, K, Producer, V, no_such_verb, raise_not_picklable
 from .protocol.records import Headers
 from .serializers import SerializerOf
 
@@ -190,6 +190,9 @@ class BlockingProducer(Generic[K, V]):
 
     def __repr__(self) -> str:
         return f"<BlockingProducer of {self._producer!r}>"
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:
+        raise_not_picklable("BlockingProducer")
 
     def __enter__(self) -> BlockingProducer[K, V]:
         if self._closed:  # (as Producer's `async with` refuses a closed one)

@@ -32,7 +32,7 @@ from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, BinaryIO, Call
     Sequence
 
 from ._version import __version__
-from .config import ProducerConfig, _setting_names
+from .config import _NOT_A_PRODUCERS, ProducerConfig, _setting_names, other_clients_setting
 from .errors import (
     InvalidRecordError,
     InvalidTopicError,
@@ -206,13 +206,24 @@ def _properties(args: argparse.Namespace) -> dict[str, str]:
         with open(args.producer_config, encoding="utf-8") as f:
             text = f.read()
         known = _setting_names()
+        refused = []
         for number, name, value in read_properties(text, args.producer_config):
-            if name.replace(".", "_").replace("-", "_") not in known:
-                # Only the line's number: a line whose separator went missing holds the
-                # value in its key (`sasl.passwordhunter2`), and values may be secrets.
-                raise ValueError(f"{args.producer_config} line {number}: not a known setting "
-                                 "(the line is not shown: it may hold a secret)")
-            raw[name] = value
+            setting = name.replace(".", "_").replace("-", "_")
+            if setting == "isolation_level" and args.command == "consume":
+                refused.append(f"line {number}: isolation.level is consume's --isolation here")
+                continue
+            if setting in known or setting in _NOT_A_PRODUCERS:
+                raw[name] = value  # (a consumer's: from_properties() skips it, saying so)
+                continue
+            # Another client's setting is named; else only the line's number: a line whose
+            # separator went missing holds the value in its key (`sasl.passwordhunter2`),
+            # and values may be secrets.
+            refused.append(f"line {number}: " + (
+                other_clients_setting(name) or
+                "not a known setting (the line is not shown: it may hold a secret)"))
+        if refused:  # all at once: a file is not fixed one run per line
+            raise ValueError(f"{args.producer_config} " + f"\n{args.producer_config} ".join(
+                refused))
     for prop in getattr(args, "producer_props", ()):
         name, _, value = prop.partition("=")  # (each has one: _key_value)
         raw[name.strip()] = value

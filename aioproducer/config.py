@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import inspect
+import logging
 import operator
 import os
 import re
@@ -22,6 +23,8 @@ from .hooks import ProducerHooks
 from .protocol.compression import Codec
 from .protocol.sasl import MECHANISMS as _SASL
 from .serializers import Serializer, SerializerSetting
+
+log = logging.getLogger(__name__)
 
 _CODECS = tuple(codec.name.lower() for codec in Codec)
 _PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
@@ -221,14 +224,24 @@ class ProducerConfig:
         """Settings as Kafka's tools and property files give them: dotted names, string values."""
         fields = {f.name: f for f in dataclasses.fields(cls)}
         settings: dict[str, Any] = {}
+        unknown: list[str] = []
+        skipped: list[str] = []
         for key, raw in properties.items():
             name = key.strip().replace(".", "_").replace("-", "_")
-            if name not in _setting_names():
+            if name in _NOT_A_PRODUCERS:
+                skipped.append(key.strip())
+            elif name not in _setting_names():
                 suggestion = _suggest(name, _setting_names())
                 if "." in key:  # said in the key's own spelling: linger.ms, not linger_ms
-                    suggestion = suggestion.replace("_", ".")
-                raise ConfigError(f"unknown setting {key!r}{suggestion}")
-            settings[name] = _parse(name, fields[name].default, raw)
+                    suggestion = _dotted(suggestion)
+                unknown.append(f"unknown setting {key!r}{suggestion}")
+            else:
+                settings[name] = _parse(name, fields[name].default, raw)
+        if unknown:  # all at once: a file is not fixed one run per line
+            raise ConfigError("\n".join(unknown))
+        if skipped:
+            log.warning("ignoring %s: settings of a consumer or of Schema Registry's client, "
+                        "not of a producer", ", ".join(skipped))
         return cls.from_kwargs(**settings)
 
     def _check_tls(self, protocol: str) -> None:
@@ -320,6 +333,14 @@ class ProducerConfig:
             elif not self.sasl_username or self.sasl_password is None:
                 raise ConfigError(f"security_protocol={protocol} needs "
                                   "sasl_username and sasl_password")
+        else:  # (ignored, a SASL listener closed the connection: "connection ... lost")
+            given = [name for name in ("sasl_username", "sasl_password",
+                                       "sasl_oauth_token_provider")
+                     if getattr(self, name) is not None]
+            if given:
+                raise ConfigError(f"{', '.join(given)} given, but security_protocol={protocol} "
+                                  "does not use SASL: set security_protocol='SASL_SSL' (or "
+                                  "'SASL_PLAINTEXT')")
         self._check_tls(protocol)
         for name in ("enable_idempotence", "allow_auto_create_topics", "enable_metrics_push",
                      "metadata_cluster_check_enable",
@@ -532,6 +553,54 @@ _OTHER_CLIENTS: dict[str, tuple[str | None, str]] = {
     "send_buffer_bytes": (None, "the operating system sizes the socket's buffers"),
     "receive_buffer_bytes": (None, "the operating system sizes the socket's buffers"),
     "client_dns_lookup": (None, "every address a host name resolves to is tried in turn"),
+    "message_send_max_retries": ("retries", "librdkafka's name"),
+    "ssl_key_password": ("ssl_password", "the Java client's and librdkafka's name"),
+    "ssl_certificate_pem": ("ssl_cert_pem", "librdkafka's name"),
+    "ssl_truststore_certificates": ("ssl_ca_pem", "the Java client's name"),
+    "ssl_keystore_certificate_chain": ("ssl_cert_pem", "the Java client's name"),
+    "ssl_keystore_key": ("ssl_key_pem", "the Java client's name"),
+}
+
+# A consumer's and Schema Registry's client's settings, which a properties file shared by
+# every client holds (Confluent Cloud's client.properties): from_properties() skips them with
+# a warning, as librdkafka ("a consumer property and will be ignored by this producer
+# instance") and the Java client ("supplied but isn't a known config") do.
+_NOT_A_PRODUCERS = frozenset({
+    "group_id", "group_instance_id", "group_protocol", "group_remote_assignor",
+    "session_timeout_ms", "heartbeat_interval_ms", "max_poll_records", "max_poll_interval_ms",
+    "auto_offset_reset", "enable_auto_commit", "auto_commit_interval_ms", "isolation_level",
+    "fetch_min_bytes", "fetch_max_bytes", "fetch_max_wait_ms", "max_partition_fetch_bytes",
+    "partition_assignment_strategy", "key_deserializer", "value_deserializer", "check_crcs",
+    "exclude_internal_topics", "client_rack", "default_api_timeout_ms",
+    "schema_registry_url", "basic_auth_credentials_source", "basic_auth_user_info",
+    "schema_registry_basic_auth_user_info"})
+
+_TRUSTSTORE = ("a Java truststore is not read here: give its CA certificates as a PEM file in "
+               "ssl_cafile (keytool -exportcert -rfc writes one)")
+_KEYSTORE = ("a Java keystore is not read here: give the client's certificate and private key "
+             "as PEM files in ssl_certfile and ssl_keyfile (the key's password in ssl_password)")
+_TLS_VERSIONS = ("TLS versions and ciphers are the ssl module's defaults, or those of an "
+                 "ssl.SSLContext given as the ssl_context keyword")
+_KERBEROS = ("GSSAPI (Kerberos) is not supported; sasl_mechanism is "
+             f"{', '.join(_SASL[:-1])} or {_SASL[-1]}")
+# Other clients' settings for what is done otherwise here, or not at all (the nearest of our
+# names was the wrong setting: "did you mean 'ssl.password'?" for the truststore's password).
+_NOT_HERE: dict[str, str] = {
+    "ssl_truststore_location": _TRUSTSTORE,
+    "ssl_truststore_password": _TRUSTSTORE,
+    "ssl_truststore_type": _TRUSTSTORE,
+    "ssl_keystore_location": _KEYSTORE,
+    "ssl_keystore_password": _KEYSTORE,
+    "ssl_keystore_type": _KEYSTORE,
+    "ssl_protocol": _TLS_VERSIONS,
+    "ssl_enabled_protocols": _TLS_VERSIONS,
+    "ssl_cipher_suites": _TLS_VERSIONS,
+    "enable_ssl_certificate_verification": (
+        "the broker's certificate is always verified, unless by an ssl.SSLContext given as the "
+        "ssl_context keyword (ssl_check_hostname=false skips only the host name check)"),
+    "sasl_kerberos_service_name": _KERBEROS,
+    "sasl_kerberos_keytab": _KERBEROS,
+    "sasl_kerberos_principal": _KERBEROS,
 }
 
 
@@ -556,7 +625,27 @@ def _check_partitioner(partitioner: Any) -> None:
             "partitioner(key, list(range(count)), available)") from None
 
 
+def other_clients_setting(key: str) -> str | None:
+    """What from_properties() says of `key` if it is another client's setting name
+    (librdkafka's, the Java client's, aiokafka's: a name, safe to show), else None."""
+    name = key.strip().replace(".", "_").replace("-", "_")
+    if name in _NOT_HERE or name in _OTHER_CLIENTS:
+        return f"unknown setting {key!r}" + _dotted(_suggest(name, _setting_names()))
+    return None
+
+
+def _dotted(text: str) -> str:
+    """The setting names in `text` spelt as in a properties file (ssl.cafile), but for
+    ssl_context, which only a keyword can give."""
+    return re.sub(r"[a-z]+(?:_[a-z0-9]+)+", lambda m: m[0].replace("_", ".")
+                  if m[0] in _setting_names() and m[0] != "ssl_context" else m[0], text)
+
+
 def _suggest(name: str, names: frozenset[str]) -> str:
+    if name in _NOT_HERE:
+        return f": {_NOT_HERE[name]}"
+    if name in _NOT_A_PRODUCERS:  # (as a keyword: from_properties() skips it)
+        return ": a consumer's or Schema Registry's client's setting, not a producer's"
     ours, note = _OTHER_CLIENTS.get(name, (None, ""))
     if ours is not None:
         return f"; did you mean {ours!r}? ({note})"
@@ -624,7 +713,7 @@ def _parse(name: str, default: Any, raw: Any) -> Any:
         return text
     if name.endswith("_serializer"):  # (a Java class name, from a Java property file)
         raise ConfigError(f"{name} must be a Python callable (bytes values need none), not "
-                          f"the text {raw!r}: give it as a keyword, key_serializer=str.encode")
+                          f"the text {raw!r}: give it as a keyword, {name}=str.encode")
     raise ConfigError(f"{name} cannot be given as text")
 
 

@@ -16,7 +16,7 @@ import weakref
 from contextvars import Context
 from threading import get_ident
 from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Coroutine, \
-    Generic, Iterable, Sequence, TypeAlias, TypeVar, Unpack, overload
+    Generic, Iterable, NoReturn, Sequence, SupportsIndex, TypeAlias, TypeVar, Unpack, overload
 
 from ._internal.accumulator import RecordAccumulator
 from ._internal.arguments import check_timeout, checked_offsets, group_fields, topic_str
@@ -72,6 +72,16 @@ _OTHER_CLIENTS_VERBS = {
     "list_topics": "`await producer.partitions_for(topic)` gives a topic's partition ids",
 }
 _OTHER_CLIENTS_VERBS["send_batch"] = _OTHER_CLIENTS_VERBS["create_batch"]
+
+
+def raise_not_picklable(kind: str) -> NoReturn:
+    """A producer handed to another process (a ProcessPoolExecutor's submit, multiprocessing)
+    is pickled: say what to hand it instead, not which inner part failed to pickle."""
+    raise TypeError(
+        f"a {kind} cannot be pickled (for another process, a ProcessPoolExecutor, "
+        "multiprocessing): it holds the connections and tasks of the event loop that started it. "
+        "Give the process the settings (a ProducerConfig pickles, unless a setting is a lambda "
+        f"or an SSLContext) and make a {kind} there, e.g. in the pool's initializer")
 
 
 def no_such_verb(obj: object, name: str, hints: dict[str, str]) -> AttributeError:
@@ -178,6 +188,9 @@ class Producer(Generic[K, V]):
     def __repr__(self) -> str:
         return (f"<Producer {self.config.client_id} {self._lifecycle.state.value} "
                 f"bootstrap={self.config.bootstrap_servers}>")
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:
+        raise_not_picklable("Producer")
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -370,6 +383,11 @@ class Producer(Generic[K, V]):
             if failed and self._observer is not None:
                 self._observer.closed(self)
             return
+        # Sends begun before close() that wait for their topic's metadata buffer first (a
+        # fire-and-forget send to a topic not used yet), within the deadline and max_block_ms.
+        metadata_waits = self._intake.metadata_waits_ended()
+        if metadata_waits is not None:
+            await deadline.wait({metadata_waits})
         if self._transactions is not None:
             await self._end_transaction_at_close(self._transactions, deadline)
         lifecycle.become(CLOSING)

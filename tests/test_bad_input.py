@@ -8,6 +8,7 @@ import datetime
 import enum
 import json
 import logging
+import pickle
 import re
 import threading
 import traceback
@@ -17,6 +18,7 @@ import pytest
 from aioproducer import BlockingProducer, Producer, ProducerConfig
 from aioproducer.errors import (
     ConfigError,
+    DeliveryTimeoutError,
     InvalidRecordError,
     InvalidTopicError,
     KafkaConnectionError,
@@ -27,6 +29,7 @@ from aioproducer.errors import (
     UnknownTopicError,
 )
 from aioproducer.hooks import ProducerHooks
+from aioproducer.testing import EmbeddedBroker
 from tests.support.ports import blackhole, free_port
 from tests.support.readback import consume_all
 
@@ -718,3 +721,70 @@ async def test_a_timestamp_in_seconds_is_sent_as_given_and_warned_of_once(broker
     assert [(r.value, r.timestamp_ms) for r in got[:5]] == [
         (b"in ms", seconds * 1000), (b"at 0", 0), (b"in seconds", seconds),
         (b"in seconds, sent", seconds), (b"many", seconds)]
+
+
+async def test_a_producer_given_to_another_process_is_refused_saying_what_to_give_instead(
+        broker):
+    """A producer pickled for a ProcessPoolExecutor or multiprocessing (a careless user's
+    `pool.submit(work, producer)`): a TypeError that names the producer and says to give the
+    process the settings (a ProducerConfig pickles) and make a producer there. (It said
+    "cannot pickle '_asyncio.Future' object", or "Can't pickle local object
+    'Lifecycle.__init__.<locals>.<lambda>'" for one not started.)"""
+    config = ProducerConfig(bootstrap_servers=broker.bootstrap, linger_ms=5)
+    assert pickle.loads(pickle.dumps(config)) == config  # what the message says to give
+    unstarted = Producer(config=config)
+    async with Producer(config=config) as started:
+        for producer in (unstarted, started):
+            with pytest.raises(TypeError, match=r"a Producer cannot be pickled .*ProducerConfig"):
+                pickle.dumps(producer)
+    blocking = await asyncio.to_thread(BlockingProducer, config=config)
+    try:
+        with pytest.raises(TypeError, match=r"a BlockingProducer cannot be pickled .*ProducerCo"):
+            pickle.dumps(blocking)
+    finally:
+        await asyncio.to_thread(blocking.close)
+
+
+async def test_bootstrap_at_an_http_server_says_what_answered():
+    """bootstrap_servers at an HTTP port (a Schema Registry's 8081, a web app): a real HTTP
+    server (aiohttp's) answers the ApiVersions request with "HTTP/1.0 400 Bad Request" at
+    once, read as a frame of 1213486160 bytes. The error quotes the answer's first line, so
+    the user sees an HTTP server answered (it said only "sent a frame of 1213486160 bytes ...
+    not a Kafka broker")."""
+    from aiohttp import web
+    runner = web.AppRunner(web.Application())
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        port = runner.addresses[0][1]
+        producer = Producer(f"127.0.0.1:{port}", max_block_ms=10_000)
+        with pytest.raises(KafkaConnectionError) as raised:
+            await asyncio.wait_for(producer.start(), 15)
+    finally:
+        await runner.cleanup()
+    assert re.search(r"not a Kafka broker: it answered 'HTTP/1\.[01] 400 Bad Request'",
+                     str(raised.value)), str(raised.value)
+
+
+async def test_a_record_whose_leader_cannot_be_reached_says_why_when_it_expires():
+    """The broker advertises an address this host cannot reach (Kafka in Docker advertising
+    its container's name, the classic first setup): bootstrap works, the leader does not. The
+    send() failed after delivery_timeout_ms with "... not acknowledged within
+    delivery_timeout_ms=3000 (waited in the buffer)" and no why (a WARNING in the log had it).
+    The error now carries the leader's last connection failure."""
+    advertised = free_port()  # (nothing listens there)
+    with EmbeddedBroker(advertised_port=advertised) as broker:
+        broker.create_topic("unreachable", 1)
+        async with Producer(f"127.0.0.1:{broker.port}", delivery_timeout_ms=3000,
+                            request_timeout_ms=2000, linger_ms=0) as producer:
+            with pytest.raises(DeliveryTimeoutError) as raised:
+                await asyncio.wait_for(producer.send("unreachable", b"v"), 30)
+    said = str(raised.value)
+    # (The leader is forgotten once it fails, and the cluster rebootstraps: either way the
+    # error names the address that failed and what the broker advertised.)
+    assert re.search(
+        r"not acknowledged within delivery_timeout_ms=3000 \(waited in the buffer: (its leader, "
+        r"broker 111, could not|no broker could) be reached: cannot connect to 127\.0\.0\.1:"
+        f"{advertised}" r": Connection refused\. It is where broker 111 says it is \(its "
+        r"advertised\.listeners\)", said), said

@@ -509,6 +509,40 @@ def test_a_bad_properties_line_is_named_by_its_number_never_its_text(tmp_path, c
     assert "SECRET" not in done.stderr + done.stdout and "Traceback" not in done.stderr
 
 
+def test_a_client_properties_file_shared_with_consumers_works_and_other_clients_names_are_told(
+        broker, tmp_path):
+    """The client.properties every client shares (a consumer's and Schema Registry's lines
+    in it): they are skipped with one warning, as librdkafka does, and the records are sent.
+    Lines of other clients' settings are refused by line number with the name and what to
+    do, all at once, never a value; a key not known anywhere stays unshown. It refused the
+    first such line with "line 3: not a known setting" and nothing more."""
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    broker.create_topic(name, 1)
+    path = tmp_path / "client.properties"
+    path.write_text(f"bootstrap.servers={broker.bootstrap}\nacks=all\n"
+                    "session.timeout.ms=45000\ngroup.id=orders\n"
+                    "schema.registry.url=https://sr.example\n")
+    done = cli("produce", name, "--producer.config", str(path), stdin="one\ntwo\n")
+    assert done.returncode == 0, done.stderr
+    assert "ignoring session.timeout.ms, group.id, schema.registry.url" in done.stderr
+    assert [r.value for r in consume_all(broker.bootstrap, name, 2)] == [b"one", b"two"]
+    path.write_text(f"bootstrap.servers={broker.bootstrap}\n"
+                    f"sasl.jaas.config=PlainLoginModule required password='{SECRET}';\n"
+                    f"client.dns.lookup=use_all_dns_ips\nsasl.password{SECRET}\n")
+    done = cli("produce", name, "--producer.config", str(path), stdin="x\n")
+    assert done.returncode == 1, done.stderr
+    assert "line 2: unknown setting 'sasl.jaas.config': not needed (the JAAS line's username " \
+        "and password go in sasl.username and sasl.password)" in done.stderr, done.stderr
+    assert "line 3: unknown setting 'client.dns.lookup': not needed" in done.stderr, done.stderr
+    assert "line 4: not a known setting (the line is not shown" in done.stderr, done.stderr
+    assert "SECRET" not in done.stderr + done.stdout
+    # (consume reads: a consumer's isolation.level is not skipped there, but pointed to)
+    path.write_text(f"bootstrap.servers={broker.bootstrap}\nisolation.level=read_committed\n")
+    done = cli("consume", name, "--command-config", str(path), "--from-beginning", "--max", "1")
+    assert done.returncode == 1 and "line 2: isolation.level is consume's --isolation here" \
+        in done.stderr, done.stderr
+
+
 def test_properties_with_java_separators_work_for_every_command(broker, tmp_path):
     """`key value` and `key: value` lines, a value continued over lines, and a password
     holding `:` (which was cut at it, and shown in the error)."""

@@ -1,6 +1,7 @@
 """Settings: Java-client defaults, Kafka property files, and the idempotence rules."""
 
 import dataclasses
+import logging
 import pickle
 
 import pytest
@@ -88,6 +89,33 @@ def test_from_properties_takes_kafka_names_and_strings():
                           "sasl.username and sasl.password)")),
     ("interceptor.classes", ": not needed (hooks=[ProducerHooks subclass instances] do their "
                             "work)"),
+    # (the TLS and SASL lines of a Java or librdkafka property file: the nearest name was
+    # another setting, "did you mean 'ssl.password'?" for the truststore's password, or none)
+    ("message.send.max.retries", "; did you mean 'retries'? (librdkafka's name)"),
+    ("ssl.key.password",
+     "; did you mean 'ssl.password'? (the Java client's and librdkafka's name)"),
+    ("ssl.certificate.pem", "; did you mean 'ssl.cert.pem'? (librdkafka's name)"),
+    ("ssl.truststore.certificates", "; did you mean 'ssl.ca.pem'? (the Java client's name)"),
+    ("ssl.keystore.certificate.chain",
+     "; did you mean 'ssl.cert.pem'? (the Java client's name)"),
+    ("ssl.keystore.key", "; did you mean 'ssl.key.pem'? (the Java client's name)"),
+    *((name, (": a Java truststore is not read here: give its CA certificates as a PEM file "
+              "in ssl.cafile (keytool -exportcert -rfc writes one)"))
+      for name in ("ssl.truststore.location", "ssl.truststore.password", "ssl.truststore.type")),
+    *((name, (": a Java keystore is not read here: give the client's certificate and private "
+              "key as PEM files in ssl.certfile and ssl.keyfile (the key's password in "
+              "ssl.password)"))
+      for name in ("ssl.keystore.location", "ssl.keystore.password", "ssl.keystore.type")),
+    *((name, (": TLS versions and ciphers are the ssl module's defaults, or those of an "
+              "ssl.SSLContext given as the ssl_context keyword"))
+      for name in ("ssl.protocol", "ssl.enabled.protocols", "ssl.cipher.suites")),
+    ("enable.ssl.certificate.verification", (
+        ": the broker's certificate is always verified, unless by an ssl.SSLContext given as "
+        "the ssl_context keyword (ssl.check.hostname=false skips only the host name check)")),
+    *((name, (": GSSAPI (Kerberos) is not supported; sasl.mechanism is PLAIN, "
+              "SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER"))
+      for name in ("sasl.kerberos.service.name", "sasl.kerberos.keytab",
+                   "sasl.kerberos.principal")),
 ])
 def test_other_clients_setting_names_are_told_ours(given, said):
     """A confluent-kafka user's properties (librdkafka's names) or an aiokafka user's keywords:
@@ -99,6 +127,15 @@ def test_other_clients_setting_names_are_told_ours(given, said):
         else:
             Producer("h:1", **{given: 5})
     assert str(raised.value) == f"unknown setting {given!r}{said}"
+
+
+def test_a_java_property_files_value_serializer_class_names_value_serializer():
+    """It said "give it as a keyword, key_serializer=str.encode" for value.serializer too."""
+    with pytest.raises(ConfigError) as raised:
+        ProducerConfig.from_properties({
+            "bootstrap.servers": "h:1",
+            "value.serializer": "org.apache.kafka.common.serialization.StringSerializer"})
+    assert str(raised.value).endswith("give it as a keyword, value_serializer=str.encode")
 
 
 def test_a_java_property_files_serializer_class_says_what_to_give():
@@ -294,3 +331,38 @@ def test_the_typed_settings_are_the_settings_the_config_takes():
     fields = {f.name for f in dataclasses.fields(ProducerConfig)} - {
         "bootstrap_servers", "bootstrap_addresses"}  # (a parameter of its own; derived)
     assert set(ProducerSettings.__annotations__) == fields
+
+
+def test_a_shared_client_properties_file_is_read_as_librdkafka_reads_it(caplog):
+    """The client.properties Confluent Cloud gives for every client at once (producer,
+    consumer, Schema Registry): the consumer's and Schema Registry's settings are skipped
+    with one WARNING (librdkafka: "is a consumer property and will be ignored by this
+    producer instance"), and what is refused is listed at once, never with a value. It
+    stopped at the first line it could not use: session.timeout.ms said "did you mean
+    'transaction.timeout.ms'?"."""
+    properties = {
+        "bootstrap.servers": "h:9092", "security.protocol": "SASL_SSL",
+        "sasl.jaas.config": "org.apache.kafka.common.security.plain.PlainLoginModule required "
+                            "username='KEY' password='SECRET';",
+        "sasl.mechanism": "PLAIN", "client.dns.lookup": "use_all_dns_ips",
+        "session.timeout.ms": "45000", "acks": "all", "group.id": "orders",
+        "schema.registry.url": "https://psrc.example", "basic.auth.credentials.source":
+        "USER_INFO", "basic.auth.user.info": "SR_KEY:SR_SECRET"}
+    with caplog.at_level(logging.WARNING, logger="aioproducer"), \
+            pytest.raises(ConfigError) as raised:
+        ProducerConfig.from_properties(properties)
+    assert str(raised.value).splitlines() == [
+        "unknown setting 'sasl.jaas.config': not needed (the JAAS line's username and password "
+        "go in sasl.username and sasl.password)",
+        "unknown setting 'client.dns.lookup': not needed (every address a host name resolves "
+        "to is tried in turn)"]
+    del properties["sasl.jaas.config"], properties["client.dns.lookup"]
+    config = ProducerConfig.from_properties(
+        {**properties, "sasl.username": "KEY", "sasl.password": "SECRET"})
+    assert (config.security_protocol, config.acks) == ("SASL_SSL", -1)
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [
+        "ignoring session.timeout.ms, group.id, schema.registry.url, "
+        "basic.auth.credentials.source, basic.auth.user.info: settings of a consumer or of "
+        "Schema Registry's client, not of a producer"], said
+    assert "SECRET" not in str(raised.value) + "".join(said)

@@ -176,6 +176,27 @@ async def test_close_ends_a_wait_for_metadata_with_producer_closed(proxied_broke
     cluster.proxy.stall(False)
 
 
+@pytest.mark.parametrize("verb", ["send", "enqueue"])
+async def test_sends_begun_before_close_to_a_topic_not_known_yet_are_sent(broker, topic_factory,
+                                                                          verb):
+    """Fire-and-forget sends (`create_task(producer.send(...))`, no task kept) to a topic the
+    producer has not used yet, then `await close()`: the sends wait for the topic's metadata,
+    and close() waits for them to buffer their records, then sends them, as it sends what is
+    buffered. (It closed the metadata fetch under them: every record failed with
+    ProducerClosedError, none was written.)"""
+    count = 1000
+    producer = Producer(broker.bootstrap)
+    await producer.start()
+    topic = topic_factory(3)  # (made before start(), it came with the first metadata)
+    call = getattr(producer, verb)
+    tasks = [asyncio.create_task(call(topic, b"%d" % i)) for i in range(count)]
+    await asyncio.wait_for(producer.close(), 30)
+    outcomes = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 10)
+    assert [o for o in outcomes if isinstance(o, BaseException)][:1] == []
+    got = consume_all(broker.bootstrap, topic, expected=count)
+    assert sorted(int(r.value) for r in got) == list(range(count))
+
+
 async def _start_stalled(cluster) -> tuple[Producer, asyncio.Task[None]]:
     """A producer whose start() waits for its first metadata (the broker is stalled)."""
     cluster.proxy.stall(True)

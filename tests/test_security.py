@@ -139,6 +139,23 @@ async def test_plaintext_client_against_tls_broker_fails_clearly(tls_broker):
         await asyncio.wait_for(producer.start(), 15)
 
 
+async def test_a_tls_client_against_a_plaintext_listener_says_so(broker):
+    """security_protocol="SSL" against a PLAINTEXT listener (the embedded broker's, which
+    reads the TLS ClientHello as the start of a request and waits for the rest): it said
+    "connecting to ... timed out after 1.0 s: is the broker reachable from here?", though the
+    connection was made and the broker took it."""
+    # (3 s: the TCP connect itself must not time out on a loaded machine)
+    producer = Producer(broker.bootstrap, security_protocol="SSL",
+                        socket_connection_setup_timeout_ms=3000,
+                        socket_connection_setup_timeout_max_ms=3000, max_block_ms=20_000)
+    with pytest.raises(KafkaConnectionError) as raised:
+        await asyncio.wait_for(producer.start(), 30)
+    said = str(raised.value)
+    assert f"connected to {broker.bootstrap}, but its TLS handshake" in said, said
+    assert "is it a TLS listener? (security_protocol='SSL';" in said, said
+    assert "is the broker reachable from here" not in said, said
+
+
 async def test_hostname_is_checked_unless_disabled(ca, tmp_path):
     server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ca.issue_cert("kafka.example").configure_cert(server)  # not our address
@@ -168,6 +185,26 @@ def test_security_settings_are_validated_and_secrets_hidden():
         bootstrap_servers="h:1", security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512",
         sasl_username="alice", sasl_password="s3cret-pw")
     assert "s3cret-pw" not in repr(config) and "s3cret-pw" not in repr(Producer(config=config))
+
+
+@pytest.mark.parametrize("protocol", ["PLAINTEXT", "SSL"])
+@pytest.mark.parametrize("given", [
+    {"sasl_username": "alice", "sasl_password": "alice-secret"},
+    {"sasl_username": "alice"},
+    {"sasl_oauth_token_provider": lambda: "token"},
+])
+def test_sasl_credentials_without_a_sasl_security_protocol_are_refused(protocol, given):
+    """Credentials given but security_protocol left at PLAINTEXT (or SSL): they were ignored,
+    and at Kafka's SASL_PLAINTEXT listener start() said only "connection to 127.0.0.1:PORT
+    lost" (Kafka closes a connection that sends Metadata before authenticating). Refused when
+    the producer is made, as TLS files with a plaintext protocol are, never showing a value."""
+    names = ", ".join(given)
+    with pytest.raises(ConfigError) as raised:
+        Producer("h:1", security_protocol=protocol, **given)
+    assert str(raised.value) == (
+        f"{names} given, but security_protocol={protocol} does not use SASL: set "
+        "security_protocol='SASL_SSL' (or 'SASL_PLAINTEXT')")
+    assert "alice-secret" not in str(raised.value)
 
 
 def test_tls_settings_of_the_wrong_type_or_that_would_be_ignored_are_refused():

@@ -82,6 +82,10 @@ class RecordIntake:
         # them send() costs nothing more: the told variant replaces it only where needed.
         self.on_send_hooks = overridden(config.hooks, "on_send")
         self._said_seconds = False  # (a timestamp_ms that looks like seconds: warned once)
+        # Calls waiting for a topic's metadata, and the future close() waits on for them to
+        # end (see metadata_waits_ended).
+        self._waiting_for_metadata = 0
+        self._metadata_waits_ended: asyncio.Future[None] | None = None
         # enqueue_many's records go through the speed-up's loop, unless something needs each
         # of them in Python: serializers, a partitioner it does not know, on_send hooks.
         self._bulk_in_c = not self._serializing and not self._partition_in_python and \
@@ -418,8 +422,28 @@ class RecordIntake:
     async def partition_count(self, topic: str) -> int:
         info = self._cluster.topics.get(topic)
         if info is None or not info.leaders:
-            info = await self.topic_info(topic)
+            self._waiting_for_metadata += 1
+            try:
+                info = await self.topic_info(topic)
+            finally:
+                self._waiting_for_metadata -= 1
+                ended = self._metadata_waits_ended
+                if not self._waiting_for_metadata and ended is not None:
+                    self._metadata_waits_ended = None
+                    if not ended.done():
+                        ended.set_result(None)
         return len(info.leaders)
+
+    def metadata_waits_ended(self) -> asyncio.Future[None] | None:
+        """Done once no call waits for a topic's metadata (None if none waits now). close()
+        waits for it first: `create_task(producer.send(...))` for a topic not used yet, then
+        `await producer.close()`, buffers the record (once the metadata came, in the same
+        loop step, before this is done), and close() sends it."""
+        if not self._waiting_for_metadata:
+            return None
+        if self._metadata_waits_ended is None:
+            self._metadata_waits_ended = asyncio.get_running_loop().create_future()
+        return self._metadata_waits_ended
 
     async def topic_info(self, topic: str) -> TopicInfo:
         check_topic_name(topic)

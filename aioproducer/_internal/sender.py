@@ -747,8 +747,10 @@ class Sender:
     def _expire(self, now: float) -> None:
         timeout_ms = self._config.delivery_timeout_ms
         for batch in self._accumulator.expire(now):
+            cause = "waited for a retry" if batch.attempts else "waited in the buffer"
+            why = self._cluster.unreachable_leader(batch.topic, batch.partition)
             self._fail(batch, delivery_timeout_error(
-                batch, timeout_ms, "waited for a retry" if batch.attempts else "waited in the buffer"))
+                batch, timeout_ms, f"{cause}: {why}" if why else cause))
         if self._next_in_flight_expiry() > now:
             return
         heap, in_flight = self._expiry_heap, self._in_flight

@@ -113,14 +113,16 @@ class TopicInfo:
 
 
 class _Backoff:
-    """A broker's reconnect backoff: its failures in a row, and the address they were at."""
+    """A broker's reconnect backoff: its failures in a row, the address they were at, and
+    what the last one said."""
 
-    __slots__ = ("failures", "not_before", "address")
+    __slots__ = ("failures", "not_before", "address", "error")
 
     def __init__(self) -> None:
         self.failures = 0
         self.not_before = 0.0
         self.address: tuple[str, int] | None = None
+        self.error = ""
 
 
 # What `Cluster._say_missing` logs (the CLI, which says it its own way, leaves it out).
@@ -616,6 +618,27 @@ class Cluster:
 
     # -- connections -----------------------------------------------------------------------
 
+    def unreachable_leader(self, topic: str, partition: int) -> str | None:
+        """Why the partition's leader cannot be connected to now (its last connect's error),
+        or None: a record that expires waiting for it says why. A leader that failed is
+        forgotten until the metadata names it again (-1): then, if no broker is reachable,
+        the latest failure says why (it names its address)."""
+        info = self.topics.get(topic)
+        if info is None or not 0 <= partition < len(info.leaders):
+            return None
+        leader = info.leaders[partition]
+        failing = {node_id: backoff for node_id, backoff in self._backoff.items()
+                   if backoff.failures and self.connected(node_id) is None}
+        if leader >= 0:
+            backoff = failing.get(leader)
+            return None if backoff is None else \
+                f"its leader, broker {leader}, could not be reached: {backoff.error}"
+        known = list(self.brokers) or list(failing)  # (none is known while rebootstrapping)
+        if not known or not all(node_id in failing for node_id in known):
+            return None
+        _, error = max((failing[node_id].not_before, failing[node_id].error) for node_id in known)
+        return f"no broker could be reached: {error}"
+
     def connected(self, node_id: int) -> BrokerConnection | None:
         """The connection to `node_id` if it is up (starting none)."""
         conn = self._connections.get(node_id)
@@ -713,6 +736,7 @@ class Cluster:
             self._stale = True
             backoff = self._backoff.setdefault(broker.node_id, _Backoff())
             backoff.address = (broker.host, broker.port)
+            backoff.error = str(exc)
             delay = exponential_backoff(config.reconnect_backoff_ms / 1000, failures,
                                         config.reconnect_backoff_max_ms / 1000)
             backoff.failures = failures + 1

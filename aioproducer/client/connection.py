@@ -110,6 +110,10 @@ class BrokerConnection(asyncio.Protocol):
         # opened finds it too (close_in_forked_child); then the transport's.
         self._socket: socket.socket | None = None
         self._transport: asyncio.Transport | None = None
+        self._handshaking_tls = False  # connected, in the TLS handshake (a failure says so)
+        # Opened without SASL, nothing answered but ApiVersions yet: a SASL listener closes
+        # such a connection at the next request (a loss then says so).
+        self._only_versions_answered = False
         self._joins_lines = False  # the transport's writelines() copies (connection_made)
         self._framing = Framing(client_id, self.address, max_response_bytes=max_response_bytes)
         # The callback and deadline of each request awaiting its response, oldest first.
@@ -167,12 +171,24 @@ class BrokerConnection(asyncio.Protocol):
                 f"TLS handshake with {host}:{port} failed: {exc.reason or exc}. Check "
                 "ssl_cafile (the CA that signed the broker's certificate) and that the broker's "
                 "certificate names this host") from exc
-        except asyncio.TimeoutError:
-            raise KafkaConnectionError(
-                f"connecting to {host}:{port} timed out after {connect_timeout:.1f} s: is the "
-                "broker reachable from here? (check bootstrap_servers and advertised listeners)"
-            ) from None
-        except OSError as exc:
+        except (asyncio.TimeoutError, OSError) as exc:
+            if self._handshaking_tls:
+                # A PLAINTEXT listener reads the ClientHello as the start of a request: Tansu
+                # waits for the rest, Kafka closes the connection (librdkafka says so too).
+                protocol = "SASL_SSL" if sasl is not None else "SSL"
+                what = (f"got no answer within {connect_timeout:.1f} s"
+                        if isinstance(exc, asyncio.TimeoutError) else
+                        "was cut short by the broker "
+                        f"({exc.strerror or str(exc) or 'connection closed'})")
+                raise KafkaConnectionError(
+                    f"connected to {host}:{port}, but its TLS handshake {what}: is it a TLS "
+                    f"listener? (security_protocol={protocol!r}; a PLAINTEXT listener does not "
+                    "answer a TLS client, or closes the connection)") from None
+            if isinstance(exc, asyncio.TimeoutError):
+                raise KafkaConnectionError(
+                    f"connecting to {host}:{port} timed out after {connect_timeout:.1f} s: is "
+                    "the broker reachable from here? (check bootstrap_servers and advertised "
+                    "listeners)") from None
             # A broker metadata named is at the address it advertises, which bootstrap_servers
             # does not decide: a broker in a container advertising its own name, say. (Or it
             # is down: one Kafka node restarting, the usual case in development.)
@@ -183,6 +199,7 @@ class BrokerConnection(asyncio.Protocol):
                 f"cannot connect to {host}:{port}: {exc.strerror or exc}. {hint}") from exc
         try:
             await self._negotiate_versions(expected_cluster_id)
+            self._only_versions_answered = sasl is None
             if sasl is not None:
                 await self.authenticate(sasl)
         except BaseException:
@@ -224,6 +241,7 @@ class BrokerConnection(asyncio.Protocol):
             assert first_error is not None
             raise first_error
         # (Failed, the transport closes the socket: asyncio's closes it, uvloop's detaches it.)
+        self._handshaking_tls = ssl_context is not None
         await loop.create_connection(lambda: self, sock=sock, ssl=ssl_context,
                                      server_hostname=self.host if ssl_context else None)
 
@@ -513,6 +531,10 @@ class BrokerConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         reason = f": {exc}" if exc else ""
+        if self._only_versions_answered and self._pending:
+            reason += (": it closed the connection after answering only ApiVersions: is it a "
+                       "SASL listener? (it closes a connection that does not authenticate: set "
+                       "security_protocol='SASL_PLAINTEXT' or 'SASL_SSL' and the sasl_ settings)")
         self.close(KafkaConnectionError(f"connection to {self.address} lost{reason}"))
 
     def data_received(self, data: bytes) -> None:
@@ -573,6 +595,7 @@ class BrokerConnection(asyncio.Protocol):
         self._decode_next()
 
     def _handle_one(self, entry: _Pending, response: Response) -> None:
+        self._only_versions_answered = False
         error = response.error
         if error is None:
             self._note_throttle(response.body)

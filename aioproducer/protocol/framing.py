@@ -129,10 +129,13 @@ class Framing:
                         f"{self.peer} sent a frame of {size} bytes: it does not speak the Kafka "
                         "protocol (wrong port? TLS expected?)")
                 if size > self.max_response_bytes:
+                    said = f"{self.peer} sent a frame of {size} bytes, over receive_message_" \
+                        f"max_bytes={self.max_response_bytes}: not a Kafka broker"
+                    text = _text_line(source[start:start + 80])
                     raise FrameSizeError(
-                        f"{self.peer} sent a frame of {size} bytes, over receive_message_max_"
-                        f"bytes={self.max_response_bytes}: not a Kafka broker (wrong port? TLS "
-                        "expected?), or one whose answers need a larger limit")
+                        f"{said}: it answered {text!r} (wrong port?)" if text else
+                        f"{said} (wrong port? TLS expected?), or one whose answers need a "
+                        "larger limit")
                 if end - start - 4 < size:
                     break
                 (correlation_id,) = _INT32.unpack_from(source, start + 4)
@@ -165,3 +168,13 @@ class Framing:
             exc.responses = responses
             raise
         return responses, start
+
+
+def _text_line(head: bytes | memoryview) -> str | None:
+    """The first line of an answer in text, whose first bytes read as a huge frame size: an
+    HTTP server's status line ('HTTP/1.1 400 Bad Request', at a Schema Registry's port, say),
+    an SSH or SMTP banner. None for binary (a TLS alert, a larger Kafka response)."""
+    line = bytes(head).split(b"\n", 1)[0].rstrip(b"\r")
+    if len(line) >= 4 and all(32 <= byte < 127 for byte in line):
+        return line.decode("ascii")
+    return None

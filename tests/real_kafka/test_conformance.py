@@ -99,6 +99,26 @@ async def test_enqueue_many_full_batches_share_requests_in_order_once(apache_kaf
         assert in_partition == sorted(in_partition)  # in the order of the call
 
 
+async def test_fire_and_forget_sends_to_a_new_topic_then_close_arrive_once(apache_kafka,
+                                                                          make_topic):
+    """`create_task(producer.send(...))` for 5,000 records, no task kept, to a topic the
+    producer has not used yet, then `await close()`: close() waits for the sends' metadata,
+    then sends what they buffered. Each arrives once, each key's records in call order.
+    (close() closed the metadata fetch under them: none arrived.)"""
+    count = 5000
+    producer = Producer(apache_kafka.bootstrap, linger_ms=5)
+    await producer.start()
+    topic = make_topic(3)  # (after start(): its metadata is not known yet)
+    for i in range(count):
+        asyncio.create_task(producer.send(topic, b"%d" % i, key=b"%d" % (i % 7)))
+    await asyncio.wait_for(producer.close(), 60)
+    got = await asyncio.to_thread(consume_all, apache_kafka.bootstrap, topic, count)
+    assert sorted(int(r.value) for r in got) == list(range(count))
+    for key in range(7):
+        values = [int(r.value) for r in got if r.key == b"%d" % key]
+        assert values == sorted(values), f"key {key}'s records out of order"
+
+
 async def test_a_producer_byte_rate_quota_throttles_and_is_honoured(apache_kafka, make_topic,
                                                                    monkeypatch):
     """KIP-219 under a real producer_byte_rate quota: Kafka answers with throttle_time_ms,

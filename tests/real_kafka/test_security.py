@@ -180,3 +180,29 @@ async def test_tls_without_the_client_certificate_is_refused(apache_kafka):
     with pytest.raises(KafkaConnectionError, match="(?i)bad certificate"):
         await asyncio.wait_for(producer.start(), 30)
     await producer.close()
+
+
+async def test_a_tls_client_against_kafkas_plaintext_listener_says_so(apache_kafka):
+    """security_protocol="SSL" against Kafka's PLAINTEXT listener: Kafka reads the TLS
+    ClientHello as a request's size and closes the connection. It said "cannot connect to
+    127.0.0.1:PORT: . Is a Kafka broker running there?" (an empty reason, at a broker that
+    took the connection); librdkafka asks "connecting to a PLAINTEXT broker listener?"."""
+    producer = Producer(apache_kafka.bootstrap, security_protocol="SSL",
+                        ssl_cafile=apache_kafka.ssl_cafile, max_block_ms=20_000)
+    with pytest.raises(KafkaConnectionError) as raised:
+        await asyncio.wait_for(producer.start(), 30)
+    said = str(raised.value)
+    assert "but its TLS handshake was cut short by the broker" in said, said
+    assert "is it a TLS listener? (security_protocol='SSL';" in said, said
+
+
+async def test_a_client_without_sasl_at_kafkas_sasl_listener_says_so(apache_kafka):
+    """security_protocol left at PLAINTEXT against Kafka's SASL_PLAINTEXT listener: Kafka
+    answers ApiVersions, then closes the connection at the first other request. It said only
+    "connection to 127.0.0.1:PORT lost"."""
+    producer = Producer(apache_kafka.bootstrap_for("SASL_PLAINTEXT"), max_block_ms=20_000)
+    with pytest.raises(KafkaConnectionError) as raised:
+        await asyncio.wait_for(producer.start(), 30)
+    said = str(raised.value)
+    assert "closed the connection after answering only ApiVersions: is it a SASL listener?" \
+        in said, said
