@@ -163,7 +163,8 @@ def pytest_runtest_makereport(item, call):
 FAST = {
     "test_accumulator.py", "test_aiokafka_habits.py", "test_backoff.py", "test_blocking.py",
     "test_buffer_memory.py", "test_cancel_scopes.py", "test_config.py", "test_connection.py",
-    "test_errors.py", "test_framing.py", "test_future_parity.py", "test_futures.py",
+    "test_embedded_broker.py", "test_errors.py", "test_framing.py", "test_future_parity.py",
+    "test_futures.py",
     "test_hooks.py", "test_idempotence.py", "test_leaders.py", "test_lifecycle.py",
     "test_lifecycle_table.py", "test_metrics.py", "test_observability.py",
     "test_partitioning.py", "test_protocol.py", "test_sasl.py", "test_security.py",

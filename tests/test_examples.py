@@ -568,6 +568,11 @@ def _port_is_free(port: int) -> bool:
             return False
 
 
+def _argv(pid: int) -> list[str]:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read().decode().split("\0")
+
+
 @contextlib.contextmanager
 def _cli_broker(port: int) -> Iterator[tuple[subprocess.Popen[str], int]]:
     """`aioproducer broker` in its own session, once it says it runs; and its broker's pid.
@@ -579,7 +584,9 @@ def _cli_broker(port: int) -> Iterator[tuple[subprocess.Popen[str], int]]:
     try:
         assert "embedded Kafka broker" in cli.stdout.readline()
         with open(f"/proc/{cli.pid}/task/{cli.pid}/children") as f:
-            (child,) = map(int, f.read().split())
+            children = map(int, f.read().split())
+        # (the other child is the watchdog that kills the broker if the command is killed)
+        (child,) = [c for c in children if _argv(c)[1:2] == ["broker"]]
         yield cli, child
     finally:
         cli.kill()

@@ -21,6 +21,8 @@ import weakref
 from pathlib import Path
 from typing import Any, Iterator
 
+from ._watchdog import shared as shared_watchdog
+
 
 class EmbeddedBrokerError(RuntimeError):
     """The embedded broker could not be started or could not do what was asked."""
@@ -84,6 +86,7 @@ def _stop(process: subprocess.Popen[bytes], log: Any) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(5)
+    shared_watchdog().forget(process.pid)
     log.close()
 
 
@@ -133,7 +136,11 @@ class EmbeddedBroker:
              "--advertised-listener-url", f"tcp://127.0.0.1:{self.advertised_port}",
              "--storage-engine", "memory://tansu/"],
             stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")})
+            env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")},
+            start_new_session=True)  # (its group is what the watchdog kills)
+        # It dies with the process that started it, however that dies: the finalizer does
+        # not run on SIGKILL or os._exit (a crashed test worker left brokers running).
+        shared_watchdog().watch(self._process.pid)
         self._finalizer = weakref.finalize(self, _stop, self._process, self._log)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -18,7 +18,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -28,6 +27,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Mapping, Sequence, TypeVar
+
+from ._watchdog import Watchdog
 
 DEFAULT_VERSION = "4.4.0"
 VERSION_ENV = "AIOPRODUCER_KAFKA_VERSION"
@@ -124,54 +125,6 @@ def _kafka_version(libs: Path) -> str:
 
 
 # -- processes ---------------------------------------------------------------------------------
-
-# Runs beside the test process, in a session of its own: when that process dies, however it
-# dies, its end of the pipe closes, and every process it started is killed and its files gone.
-_WATCHDOG = """
-import os, shutil, signal, sys
-pids = set()
-for line in sys.stdin:
-    op, pid = line.split()
-    (pids.add if op == "+" else pids.discard)(int(pid))
-for pid in pids:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except OSError:
-        pass
-if len(sys.argv) > 1:
-    shutil.rmtree(sys.argv[1], ignore_errors=True)
-"""
-
-
-class _Watchdog:
-    def __init__(self, directory: Path | None) -> None:
-        """`directory` is removed when the test process dies (None: kept)."""
-        self._process = subprocess.Popen(
-            [sys.executable, "-c", _WATCHDOG, *([str(directory)] if directory else [])],
-            stdin=subprocess.PIPE, start_new_session=True, text=True)
-        self._lock = threading.Lock()
-
-    def _say(self, line: str) -> None:
-        with self._lock:
-            assert self._process.stdin is not None
-            self._process.stdin.write(line + "\n")
-            self._process.stdin.flush()
-
-    def watch(self, pid: int) -> None:
-        self._say(f"+ {pid}")
-
-    def forget(self, pid: int) -> None:
-        self._say(f"- {pid}")
-
-    def close(self) -> None:
-        if self._process.stdin is not None and not self._process.stdin.closed:
-            self._process.stdin.close()  # it kills what is still registered, then exits
-        try:
-            self._process.wait(60)
-        except subprocess.TimeoutExpired:
-            # Still removing the data directory on a loaded machine: it ends by itself, and
-            # a teardown that raised here lost the caller's results (benchmarks/run.py's).
-            pass
 
 
 def _free_ports(count: int) -> list[int]:
@@ -293,7 +246,7 @@ class ApacheKafka:
         self.cluster_id = _cluster_id()
         self.directory: Path | None = None
         self._nodes: list[_Node] = []
-        self._watchdog: _Watchdog | None = None
+        self._watchdog: Watchdog | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None
         self._lock = threading.RLock()
         self._classes: dict[str, str] = {}
@@ -350,7 +303,7 @@ class ApacheKafka:
         if self._finalizer is not None:
             return self
         self.directory = Path(tempfile.mkdtemp(prefix="aioproducer-kafka-"))
-        self._watchdog = _Watchdog(None if self._keep_logs else self.directory)
+        self._watchdog = Watchdog(None if self._keep_logs else self.directory)
         self._finalizer = weakref.finalize(self, _teardown, self._nodes, self._watchdog,
                                            self.directory, self._keep_logs)
         try:
@@ -840,7 +793,7 @@ class ApacheKafka:
         return "\n".join(parts)
 
 
-def _teardown(nodes: list[_Node], watchdog: _Watchdog, directory: Path, keep_logs: bool) -> None:
+def _teardown(nodes: list[_Node], watchdog: Watchdog, directory: Path, keep_logs: bool) -> None:
     for node in nodes:
         if node.process is not None and node.process.poll() is None:
             try:

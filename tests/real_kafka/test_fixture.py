@@ -15,6 +15,7 @@ import pytest
 
 from aioproducer import Producer
 from aioproducer.testing import ApacheKafka, ApacheKafkaError, ApacheKafkaUnavailable
+from tests.support.processes import alive
 from tests.support.readback import consume_all
 
 
@@ -89,27 +90,14 @@ def test_no_node_outlives_a_killed_test_process(tmp_path):
         parent.kill()
         parent.wait(10)
         deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and (_alive(int(pid)) or Path(directory).exists()):
+        while time.monotonic() < deadline and (alive(int(pid)) or Path(directory).exists()):
             time.sleep(0.1)
-        assert not _alive(int(pid)), "the Kafka node outlived the process that started it"
+        assert not alive(int(pid)), "the Kafka node outlived the process that started it"
         assert not Path(directory).exists()
     finally:
         if parent.poll() is None:
             os.killpg(parent.pid, signal.SIGKILL)
             parent.wait(10)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie is dead: the watchdog's child waits for reaping by init.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[1][0] != "Z"
-    except OSError:
-        return False
 
 
 def test_without_java_the_error_says_what_to_install(monkeypatch):

@@ -39,6 +39,19 @@ def _kill_group(process: subprocess.Popen[str]) -> None:
         os.killpg(process.pid, signal.SIGKILL)
 
 
+def alive(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie is dead: one a watchdog started waits for init)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"
+    except OSError:
+        return False
+
+
 def start_interruptible(cmd: Sequence[str], **popen: Any) -> subprocess.Popen[bytes]:
     """subprocess.Popen(cmd, **popen), with SIGINT's default action in the child, as a
     terminal gives the command it runs in the foreground, whatever this process does with

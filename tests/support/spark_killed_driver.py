@@ -30,7 +30,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aioproducer.testing.kafka import _Watchdog
+from aioproducer.testing._watchdog import Watchdog
 from tests.support.readback import OutcomeReader, Outcomes, consume_all
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -119,7 +119,7 @@ def run(bootstrap: str, topic: str, workdir: Path, *, kills: int = 1, pad: int =
             str(source), str(checkpoint), "--sink", sink, *(["--jars", jars] if jars else [])]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
-    watchdog = _Watchdog(None)  # kills the drivers if this process dies first
+    watchdog = Watchdog(None)  # kills the drivers if this process dies first
     started = time.monotonic()
     deadline = started + timeout
     try:
@@ -177,7 +177,7 @@ def run(bootstrap: str, topic: str, workdir: Path, *, kills: int = 1, pad: int =
 
 
 def _start(command: list[str], env: dict[str, str], log: Path,
-           watchdog: _Watchdog) -> subprocess.Popen[bytes]:
+           watchdog: Watchdog) -> subprocess.Popen[bytes]:
     """A driver in a process group of its own (killed whole), watched by the watchdog."""
     with log.open("ab") as out:
         driver = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out,
@@ -186,7 +186,7 @@ def _start(command: list[str], env: dict[str, str], log: Path,
     return driver
 
 
-def _end(driver: subprocess.Popen[bytes], watchdog: _Watchdog) -> None:
+def _end(driver: subprocess.Popen[bytes], watchdog: Watchdog) -> None:
     """Its whole group gone (the driver and its JVM), and the watchdog told."""
     if driver.poll() is None:
         os.killpg(driver.pid, signal.SIGKILL)
