@@ -41,9 +41,11 @@ class Watchdog:
 
     def _say(self, line: str) -> None:
         with self._lock:
-            assert self._process.stdin is not None
-            self._process.stdin.write(line + "\n")
-            self._process.stdin.flush()
+            stdin = self._process.stdin
+            assert stdin is not None
+            if not stdin.closed:  # (closed: it has killed what was registered, at exit)
+                stdin.write(line + "\n")
+                stdin.flush()
 
     def watch(self, pid: int) -> None:
         self._say(f"+ {pid}")
@@ -75,6 +77,13 @@ def shared() -> Watchdog:
             _shared = Watchdog(None)
             atexit.register(_shared.close, 5)
         return _shared
+
+
+def forget_shared(pid: int) -> None:
+    """`pid` (stopped) is no longer the shared watchdog's to kill, if there is one."""
+    with _shared_lock:
+        if _shared is not None:
+            _shared.forget(pid)
 
 
 def _forget_in_child() -> None:

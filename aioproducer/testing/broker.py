@@ -21,7 +21,7 @@ import weakref
 from pathlib import Path
 from typing import Any, Iterator
 
-from ._watchdog import shared as shared_watchdog
+from ._watchdog import forget_shared, shared as shared_watchdog
 
 
 class EmbeddedBrokerError(RuntimeError):
@@ -86,7 +86,7 @@ def _stop(process: subprocess.Popen[bytes], log: Any) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(5)
-    shared_watchdog().forget(process.pid)
+    forget_shared(process.pid)
     log.close()
 
 
