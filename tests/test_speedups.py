@@ -814,7 +814,7 @@ def _answers_once_acknowledged(impl, loop) -> list:
 
     seen = []
     for base, appended, delta in [(5, -1, 0), (5, -1, 3), (-1, -1, 2), (1 << 40, 1 << 41, 7),
-                                  ((1 << 63) - 1, -1, 1), (True, -1, 1)]:
+                                  ((1 << 63) - 1, -1, 1), (-(1 << 63), -1, 1), (True, -1, 1)]:
         batch = Batch((1,), "t", 2, impl.RecordWriter(0, 100), loop.create_future(), 0.0,
                       60.0, 0)
         record = _future_class(impl)(batch, delta, 1234)
