@@ -717,15 +717,19 @@ static PyTypeObject RecordFieldsType;
 /* The fields every record reads (its future's questions, an append, gather's watch) come
    first, with the object's header: at many partitions each record goes to another batch, out
    of the CPU's caches, and fields spread over the whole object were a cache miss more. So
-   does `acked`, which is no member: the (base_offset, log_append_time) its future was given
-   by complete(), or NULL. A record's future answers from it once set, without asking the
-   batch's asyncio future (another object, out of the caches too: gather asks each record
-   cancelled(), exception() and result() as it ends, in the order the records were made).
-   Nor is `loop`: its asyncio future's loop, set when the accumulator opens it (else NULL:
-   the future is asked), which a record's future answers get_loop() with (gather asks it of
-   every record before watching it), again without reading the asyncio future. The fields
-   are in the order they are read: an append (newest), gather's watch (loop, watchers),
-   then its answers (pieces, acked, topic, partition).
+   do `acked_base` and `acked_time`, which are no members: the base_offset and
+   log_append_time its future was given by complete() if it was acknowledged whole (not
+   split), else NOT_ACKED. A record's future answers from them once set, reading nothing
+   of its batch but its header, these, its topic and its partition (one cache line, mostly),
+   without asking the batch's asyncio future nor reading the ints it holds (objects out of
+   the caches too: gather asks each record cancelled(), exception() and result() once all
+   are done, in the order the records were made). Nor is `loop`: its asyncio future's loop,
+   set when the accumulator opens it (else NULL: the future is asked), which a record's
+   future answers get_loop() with (gather asks it of every record before watching it), again
+   without reading the asyncio future. The fields are in the order they are read: gather's
+   answers and an append (newest: beside the reference count an append raises), then the
+   answers' acked_base, acked_time, topic and partition, gather's watch (loop, watchers),
+   and `pieces` (a split batch's answers).
 
    `newest` is the newest of its records' futures (each holds the one made before it:
    RecordFields' `older`), NULL while it has none, None once it lets them go (done): a chain
@@ -736,19 +740,22 @@ static PyTypeObject RecordFieldsType;
    it as `_watchers`, a list in the order they were watched, or None. */
 typedef struct {
     PyObject_HEAD
-    PyObject *newest, *loop, *watchers, *pieces, *acked, *topic, *partition, *writer,
-        *future, *done, *number, *created, *deadline, *attempts, *retry_at, *base_sequence,
-        *producer_id, *producer_epoch, *full, *bulks, *parent, *first_delta;
+    PyObject *newest;
+    long long acked_base, acked_time;
+    PyObject *topic, *partition, *loop, *watchers, *pieces, *writer, *future, *done, *number,
+        *created, *deadline, *attempts, *retry_at, *base_sequence, *producer_id,
+        *producer_epoch, *full, *bulks, *parent, *first_delta;
 } BatchFields;
 
-#define BATCH_FIELD_COUNT 22  /* the PyObject pointers above, in order from `newest` */
+#define BATCH_FIELD_COUNT 20  /* the PyObject pointers above, in order from `topic` */
+#define NOT_ACKED LLONG_MIN  /* a batch's acked_base until it is acknowledged whole */
 
 static PyObject *zero_float;  /* 0.0, every new batch's retry_at */
 
 static inline PyObject **
 batch_fields(BatchFields *self)
 {
-    return &self->newest;
+    return &self->topic;
 }
 
 /* Whether `obj` is a BatchFields (PyObject_TypeCheck's answer), asked a dozen times a
@@ -789,6 +796,7 @@ batch_fields_make(PyTypeObject *type, PyObject *number, PyObject *topic, PyObjec
     BatchFields *self = (BatchFields *)type->tp_alloc(type, 0);
     if (self == NULL)
         return NULL;
+    self->acked_base = NOT_ACKED;
     PyObject *minus_one = PyLong_FromLong(-1), *zero = PyLong_FromLong(0);  /* (cached) */
     self->number = Py_NewRef(number);
     self->topic = Py_NewRef(topic);
@@ -832,6 +840,7 @@ batch_fields_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 static int
 batch_fields_traverse(BatchFields *self, visitproc visit, void *arg)
 {
+    Py_VISIT(self->newest);
     PyObject **fields = batch_fields(self);
     for (int i = 0; i < BATCH_FIELD_COUNT; i++)
         Py_VISIT(fields[i]);
@@ -841,6 +850,7 @@ batch_fields_traverse(BatchFields *self, visitproc visit, void *arg)
 static int
 batch_fields_clear(BatchFields *self)
 {
+    Py_CLEAR(self->newest);
     PyObject **fields = batch_fields(self);
     for (int i = 0; i < BATCH_FIELD_COUNT; i++)
         Py_CLEAR(fields[i]);
@@ -950,8 +960,9 @@ batch_fields_track(PyObject *self, PyObject *unused)
    see let_go_chain). Not undone here link by link: a walk down the chain is a load that
    waits for the one before, a cache miss each at complete() (the futures are cold by then),
    where the list it replaced let the CPU overlap them (flushed at 6 partitions: 1.2x the
-   CPU of the list's). So a future a user keeps keeps its batch's older futures until it
-   is dropped (a batch's worth at most: ~2,000 records of 100 B in a 256 KiB batch). */
+   CPU of the list's). Each future lets go of the one before it as its callbacks run or
+   its result is asked (let_go_older); one never awaited nor asked keeps its batch's older
+   futures until it is dropped (a batch's worth at most). */
 static void
 batch_let_go_records(BatchFields *self)
 {
@@ -1190,8 +1201,16 @@ batch_complete(BatchFields *self, PyObject *base_offset, PyObject *log_append_ti
             : PyObject_CallMethodOneArg(future, s_set_result, outcome);
         if (set == NULL)
             acked = -1;
-        else if (PyLong_CheckExact(base_offset) && PyLong_CheckExact(log_append_time))
-            Py_XSETREF(self->acked, Py_NewRef(outcome));  /* (for its records' futures) */
+        else if (self->pieces == Py_None && PyLong_CheckExact(base_offset) &&
+                 PyLong_CheckExact(log_append_time)) {  /* (for its records' futures) */
+            long long base = as_long_long(base_offset), time = as_long_long(log_append_time);
+            if (PyErr_Occurred())  /* (out of range: they ask its future) */
+                PyErr_Clear();
+            else {
+                self->acked_time = time;
+                self->acked_base = base;
+            }
+        }
         Py_XDECREF(outcome);
         Py_XDECREF(set);
     }
@@ -1511,6 +1530,22 @@ let_go_chain(PyObject *node, Py_ssize_t link)
     }
 }
 
+/* Once its batch let its records go (done), a record's future lets go of the one made
+   before it, as its callbacks run or its result is asked: a future a user keeps (awaited,
+   given a callback, asked) then keeps no other future of its batch, which the chain made it
+   keep (50,000 records of a 1 MiB batch: 6 MB). Its own line is at hand then, and gather's
+   futures are let go in the order they were made: the one before was just let go itself. */
+static inline void
+let_go_older(RecordFields *self)
+{
+    PyObject *older = self->older;
+    if (older != NULL && self->batch != NULL && is_batch(self->batch) &&
+        ((BatchFields *)self->batch)->newest == Py_None) {
+        self->older = NULL;
+        let_go_chain(older, offsetof(RecordFields, older));
+    }
+}
+
 static int
 fields_clear(RecordFields *self)
 {
@@ -1554,16 +1589,15 @@ batch_of(RecordFields *self)
     return Py_NewRef(self->batch);
 }
 
-/* The (base_offset, log_append_time) of the record's batch, acknowledged whole (BatchFields'
-   `acked`, not split), borrowed; or NULL: then its asyncio future has the answers. */
-static PyObject *
-acked_outcome(RecordFields *self)
+/* The record's batch if it was acknowledged whole (its acked_base is set), borrowed; or
+   NULL: then its asyncio future (or its pieces) has the answers. */
+static BatchFields *
+acked_batch(RecordFields *self)
 {
     PyObject *batch = self->batch;
-    if (batch == NULL || !is_batch(batch))
+    if (batch == NULL || !is_batch(batch) || ((BatchFields *)batch)->acked_base == NOT_ACKED)
         return NULL;
-    BatchFields *fields = (BatchFields *)batch;
-    return fields->pieces == Py_None ? fields->acked : NULL;
+    return (BatchFields *)batch;
 }
 
 /* `method()` of the batch's asyncio future. */
@@ -1598,7 +1632,7 @@ is_split(PyObject *batch)
 static PyObject *
 fields_done(RecordFields *self, PyObject *unused)
 {
-    if (acked_outcome(self) != NULL)
+    if (acked_batch(self) != NULL)
         Py_RETURN_TRUE;
     return ask_batch_future(self, s_done);
 }
@@ -1606,7 +1640,7 @@ fields_done(RecordFields *self, PyObject *unused)
 static PyObject *
 fields_cancelled(RecordFields *self, PyObject *unused)
 {
-    if (acked_outcome(self) != NULL)
+    if (acked_batch(self) != NULL)
         Py_RETURN_FALSE;
     return ask_batch_future(self, s_cancelled);
 }
@@ -1624,7 +1658,7 @@ fields_get_loop(RecordFields *self, PyObject *unused)
 static PyObject *
 fields_exception(RecordFields *self, PyObject *unused)
 {
-    if (acked_outcome(self) != NULL)
+    if (acked_batch(self) != NULL)
         Py_RETURN_NONE;
     PyObject *batch = batch_of(self), *answer = NULL;
     if (batch == NULL)
@@ -1686,14 +1720,58 @@ metadata_type_of(PyTypeObject *type)
     return cls;
 }
 
+/* A RecordMetadata of the future class's `_metadata_type`: the topic, the partition, the
+   record's offset (the batch's base_offset plus its offset delta; -1 if the base is
+   unknown: acks=0, or a duplicate), and the log-append time if the topic stamps one (`time`,
+   or made from `appended` if NULL), else the record's own timestamp. */
+static PyObject *
+metadata_of(RecordFields *self, PyObject *topic, PyObject *partition, long long base,
+            long long appended, PyObject *time)
+{
+    PyObject *cls = metadata_type_of(Py_TYPE(self)), *answer = NULL;
+    if (cls == NULL)
+        return NULL;
+    PyObject *items[4] = {Py_NewRef(topic), Py_NewRef(partition), NULL, NULL};
+    long long delta = as_long_long(self->offset_delta);
+    if (delta == -1 && PyErr_Occurred())
+        goto done;
+    if (base < 0)
+        items[2] = PyLong_FromLong(-1);
+    else if (delta >= 0 && base <= LLONG_MAX - delta)
+        items[2] = PyLong_FromLongLong(base + delta);
+    else {  /* (past int64: a broker's nonsense, summed as Python would) */
+        PyObject *first = PyLong_FromLongLong(base);
+        items[2] = first == NULL ? NULL : PyNumber_Add(first, self->offset_delta);
+        Py_XDECREF(first);
+    }
+    if (items[2] == NULL)
+        goto done;
+    items[3] = appended < 0 ? Py_NewRef(self->timestamp)
+        : time != NULL ? Py_NewRef(time) : PyLong_FromLongLong(appended);
+    if (items[3] != NULL)
+        answer = new_tuple_of((PyTypeObject *)cls, items, 4);
+done:
+    for (int i = 0; i < 4; i++)
+        Py_XDECREF(items[i]);
+    Py_DECREF(cls);
+    return answer;
+}
+
 /* The record's RecordMetadata (the type is the future class's `_metadata_type`). */
 static PyObject *
 fields_result(RecordFields *self, PyObject *unused)
 {
+    BatchFields *acked = acked_batch(self);
+    if (acked != NULL) {  /* (read borrowed: no Python code runs until it is made) */
+        PyObject *answer = metadata_of(self, acked->topic, acked->partition,
+                                       acked->acked_base, acked->acked_time, NULL);
+        let_go_older(self);
+        return answer;
+    }
     PyObject *batch = batch_of(self);
     if (batch == NULL)
         return NULL;
-    PyObject *future = NULL, *outcome = NULL, *cls = NULL, *items[4] = {NULL, NULL, NULL, NULL};
+    PyObject *future = NULL, *outcome = NULL, *topic = NULL, *partition = NULL;
     PyObject *answer = NULL;
     int split = is_split(batch);
     if (split < 0)
@@ -1703,35 +1781,26 @@ fields_result(RecordFields *self, PyObject *unused)
                                             self->timestamp, NULL);
         goto done;
     }
-    if ((outcome = Py_XNewRef(acked_outcome(self))) == NULL &&
-        ((future = batch_attr(batch, A_FUTURE)) == NULL ||
-         (outcome = PyObject_CallMethodNoArgs(future, s_result)) == NULL))
+    if ((future = batch_attr(batch, A_FUTURE)) == NULL ||
+        (outcome = PyObject_CallMethodNoArgs(future, s_result)) == NULL)
         goto done;
     if (!PyTuple_Check(outcome) || PyTuple_GET_SIZE(outcome) != 2) {
         PyErr_SetString(PyExc_TypeError, "a batch's outcome is (base_offset, log_append_time)");
         goto done;
     }
-    PyObject *base_offset = PyTuple_GET_ITEM(outcome, 0);
     PyObject *log_append_time = PyTuple_GET_ITEM(outcome, 1);
-    long long base = as_long_long(base_offset);
+    long long base = as_long_long(PyTuple_GET_ITEM(outcome, 0));
     if (base == -1 && PyErr_Occurred())
         goto done;
     long long appended = as_long_long(log_append_time);
     if (appended == -1 && PyErr_Occurred())
         goto done;
-    if ((cls = metadata_type_of(Py_TYPE(self))) == NULL)
-        goto done;
-    if ((items[0] = batch_attr(batch, A_TOPIC)) == NULL ||
-        (items[1] = batch_attr(batch, A_PARTITION)) == NULL ||
-        (items[2] = base >= 0 ? PyNumber_Add(base_offset, self->offset_delta)
-                              : PyLong_FromLong(-1)) == NULL)
-        goto done;
-    items[3] = Py_NewRef(appended >= 0 ? log_append_time : self->timestamp);
-    answer = new_tuple_of((PyTypeObject *)cls, items, 4);
+    if ((topic = batch_attr(batch, A_TOPIC)) != NULL &&
+        (partition = batch_attr(batch, A_PARTITION)) != NULL)
+        answer = metadata_of(self, topic, partition, base, appended, log_append_time);
 done:
-    for (int i = 0; i < 4; i++)
-        Py_XDECREF(items[i]);
-    Py_XDECREF(cls);
+    Py_XDECREF(topic);
+    Py_XDECREF(partition);
     Py_XDECREF(outcome);
     Py_XDECREF(future);
     Py_DECREF(batch);
@@ -2210,6 +2279,7 @@ py_run_callbacks(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             goto error;
         }
         RecordFields *record = (RecordFields *)item;
+        let_go_older(record);
         PyObject *fn = record->callback, *held = record->context;
         PyObject *more = Py_XNewRef(record->more_callbacks);
         int failed = 0;

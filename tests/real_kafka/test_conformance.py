@@ -39,6 +39,27 @@ async def test_every_codec_with_headers_timestamps_and_keys(apache_kafka, make_t
     assert all(r.headers == headers for r in got)
 
 
+async def test_a_log_append_time_topic_gives_each_record_the_brokers_time(apache_kafka,
+                                                                        make_topic):
+    """A topic stamped by the broker (message.timestamp.type=LogAppendTime): each record's
+    metadata, from gather and from awaiting it, has the time the broker wrote and the offset
+    it was read back at, not the timestamp the record was given."""
+    topic = make_topic(partitions=2, message_timestamp_type="LogAppendTime")
+    async with Producer(apache_kafka.bootstrap, linger_ms=20) as producer:
+        futures = [await producer.enqueue(topic, b"%03d" % i, partition=i % 2,
+                                          timestamp_ms=1_000_000_000_000 + i)
+                   for i in range(100)]
+        gathered = await asyncio.gather(*futures)
+        awaited = [await f for f in futures]
+    assert gathered == awaited
+    got = {(r.partition, r.offset): r for r in
+           consume_all(apache_kafka.bootstrap, topic, expected=100)}
+    for i, md in enumerate(gathered):
+        record = got[(md.partition, md.offset)]
+        assert record.value == b"%03d" % i
+        assert record.timestamp_ms == md.timestamp_ms > 1_000_000_000_000 + 100
+
+
 async def test_enqueue_many_keyed_records_land_where_librdkafka_would_put_them(
         apache_kafka, make_topic):
     from tests.support.readback import partition_for_key_librdkafka
