@@ -183,6 +183,7 @@ class BlockingProducer(Generic[K, V]):
             self._portal_cm.__exit__(None, None, None)
             raise
         _OPEN.add(self)
+        _close_before_multiprocessing_child_exits()
 
     @property
     def config(self) -> ProducerConfig:
@@ -875,6 +876,23 @@ def _close_at_exit() -> None:
                                       closed)
             producer.close(timeout=10)
         closed.set()
+
+
+def _close_before_multiprocessing_child_exits() -> None:
+    """A child of multiprocessing's fork or forkserver start method (a Pool's worker, a
+    Process) leaves by os._exit(), past atexit and `_close_at_exit`: what a producer made in
+    it still buffered was lost, unsaid. Such a child runs multiprocessing's finalizers first
+    (its registry starts empty in each child): one per child closes its producers there."""
+    global _finalizer_in
+    process = sys.modules.get("multiprocessing.process")
+    if process is None or process.parent_process() is None or _finalizer_in == os.getpid():
+        return
+    from multiprocessing.util import Finalize
+    Finalize(None, _close_at_exit, exitpriority=0)
+    _finalizer_in = os.getpid()
+
+
+_finalizer_in: int | None = None  # the process _close_before_multiprocessing_child_exits ran in
 
 
 def _say_still_closing(producer: BlockingProducer[Any, Any], closed: threading.Event) -> None:
