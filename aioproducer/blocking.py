@@ -192,6 +192,15 @@ class BlockingProducer(Generic[K, V]):
     def __repr__(self) -> str:
         return f"<BlockingProducer of {self._producer!r}>"
 
+    def __reduce__(self) -> Any:
+        """Refused saying why: pickle's own error (a Spark job's function, a multiprocessing
+        argument) named an asyncio Future, neither the producer nor where to make one."""
+        raise TypeError(
+            "a BlockingProducer cannot be pickled: create it in the process that uses it (for "
+            "Spark: in the function foreachPartition runs, or write the DataFrame with "
+            "format(\"aioproducer\"); for multiprocessing: in a Pool's initializer or the "
+            "function the child runs)")
+
     def __enter__(self) -> BlockingProducer[K, V]:
         if self._closed:  # (as Producer's `async with` refuses a closed one)
             self._check_usable()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import pickle
 import queue
 import signal
 import socket
@@ -714,6 +715,16 @@ def test_a_producer_left_open_in_a_multiprocessing_worker_sends_as_the_worker_le
     assert done.stdout.strip() == str(sum(range(20))), done.stderr
     got = consume_all(broker.bootstrap, topic, expected=20)
     assert sorted(int(r.value) for r in got) == list(range(20)), done.stderr
+
+
+def test_pickling_a_producer_says_to_create_it_where_it_is_used(broker):
+    """A producer passed to a multiprocessing child (spawn, forkserver) or captured by a Spark
+    job's function is pickled: pickle's own error named an asyncio Future."""
+    with BlockingProducer(broker.bootstrap) as producer, \
+            pytest.raises(TypeError, match=r"a BlockingProducer cannot be pickled: create it "
+                          r"in the process that uses it .*for multiprocessing: in a Pool's "
+                          r"initializer or the function the child runs"):
+        pickle.dumps(producer)
 
 
 def test_asyncio_code_does_not_import_the_blocking_facade():

@@ -4,6 +4,7 @@ query's exactly-once writes across a killed driver."""
 
 from __future__ import annotations
 
+import pickle
 import shutil
 import time
 from collections import Counter
@@ -169,6 +170,27 @@ def test_bad_columns_and_options_fail_a_stream_before_any_task(spark, broker, to
         assert query.recentProgress == []  # no micro-batch finished
     finally:
         query.stop()
+
+def test_a_blocking_producer_made_on_the_driver_is_refused_saying_where_to_make_one(
+        spark, broker, topic):
+    """foreachPartition over a BlockingProducer the driver made: Spark pickles the function,
+    the producer with it, to ship it to the executors. The error was pickle's own ("cannot
+    pickle '_asyncio.Future' object"), which names neither the producer nor the remedy."""
+    from aioproducer import BlockingProducer
+
+    with BlockingProducer(broker.bootstrap) as producer:
+        def send_rows(rows):
+            for row in rows:
+                producer.produce(topic, b"%d" % row.id)
+
+        with pytest.raises(pickle.PicklingError, match=r"a BlockingProducer cannot be "
+                           r"pickled: create it in the process that uses it \(for Spark: in "
+                           r"the function foreachPartition runs, or write the DataFrame with "
+                           r"format\(\"aioproducer\"\)"):
+            spark.range(3).foreachPartition(send_rows)
+        producer.send(topic, b"from the driver", timeout=30)  # the driver's goes on
+    assert [r.value for r in consume_all(broker.bootstrap, topic, expected=1)] == \
+        [b"from the driver"]
 
 
 def test_a_failed_delivery_fails_the_write_saying_why(spark, progress, broker, topic):
