@@ -70,8 +70,9 @@ class SparkExecutorSetupError(KafkaError):
 
 @dataclass(frozen=True)
 class WriteTotals:
-    """What a write delivered: records and key/value bytes acknowledged, Spark partitions
-    written. (A write that did not deliver everything raises SparkWriteError instead.)"""
+    """What a write delivered: records and key/value bytes acknowledged (the columns' bytes,
+    before a serializer), Spark partitions written. (A write that did not deliver everything
+    raises SparkWriteError instead.)"""
 
     records: int
     bytes: int
