@@ -55,6 +55,9 @@ _POLL = 0.001  # how often the pump looks at the queue while records keep coming
 # How often a calling thread's wait looks up (see _wait_for): a Ctrl-C is raised that soon.
 _STEP = 0.1
 _OPEN: weakref.WeakSet[BlockingProducer[Any, Any]] = weakref.WeakSet()
+# The process whose multiprocessing finalizers close its producers left open (see
+# _close_before_multiprocessing_child_exits).
+_finalizer_in: int | None = None
 # send() calls in a row from one thread, each made within _AT_ONCE of its last one's return
 # and none from another thread between (those share batches: many threads sending is
 # fine), before saying once that such a loop waits a round trip per record (as the
@@ -899,9 +902,6 @@ def _close_before_multiprocessing_child_exits() -> None:
     from multiprocessing.util import Finalize
     Finalize(None, _close_at_exit, exitpriority=0)
     _finalizer_in = os.getpid()
-
-
-_finalizer_in: int | None = None  # the process _close_before_multiprocessing_child_exits ran in
 
 
 def _say_still_closing(producer: BlockingProducer[Any, Any], closed: threading.Event) -> None:
