@@ -55,6 +55,9 @@ _POLL = 0.001  # how often the pump looks at the queue while records keep coming
 # How often a calling thread's wait looks up (see _wait_for): a Ctrl-C is raised that soon.
 _STEP = 0.1
 _OPEN: weakref.WeakSet[BlockingProducer[Any, Any]] = weakref.WeakSet()
+# The process whose multiprocessing finalizers close its producers left open (see
+# _close_before_multiprocessing_child_exits).
+_finalizer_in: int | None = None
 # send() calls in a row from one thread, each made within _AT_ONCE of its last one's return
 # and none from another thread between (those share batches: many threads sending is
 # fine), before saying once that such a loop waits a round trip per record (as the
@@ -183,6 +186,7 @@ class BlockingProducer(Generic[K, V]):
             self._portal_cm.__exit__(None, None, None)
             raise
         _OPEN.add(self)
+        _close_before_multiprocessing_child_exits()
 
     @property
     def config(self) -> ProducerConfig:
@@ -878,6 +882,20 @@ def _close_at_exit() -> None:
                                       closed)
             producer.close(timeout=10)
         closed.set()
+
+
+def _close_before_multiprocessing_child_exits() -> None:
+    """A child of multiprocessing's fork or forkserver start method (a Pool's worker, a
+    Process) leaves by os._exit(), past atexit and `_close_at_exit`: what a producer made in
+    it still buffered was lost, unsaid. Such a child runs multiprocessing's finalizers first
+    (its registry starts empty in each child): one per child closes its producers there."""
+    global _finalizer_in
+    process = sys.modules.get("multiprocessing.process")
+    if process is None or process.parent_process() is None or _finalizer_in == os.getpid():
+        return
+    from multiprocessing.util import Finalize
+    Finalize(None, _close_at_exit, exitpriority=0)
+    _finalizer_in = os.getpid()
 
 
 def _say_still_closing(producer: BlockingProducer[Any, Any], closed: threading.Event) -> None:

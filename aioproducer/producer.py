@@ -75,13 +75,16 @@ _OTHER_CLIENTS_VERBS["send_batch"] = _OTHER_CLIENTS_VERBS["create_batch"]
 
 
 def raise_not_picklable(kind: str) -> NoReturn:
-    """A producer handed to another process (a ProcessPoolExecutor's submit, multiprocessing)
-    is pickled: say what to hand it instead, not which inner part failed to pickle."""
+    """A producer handed to another process (a ProcessPoolExecutor's submit, multiprocessing,
+    a Spark job's function) is pickled: say where to make one instead, not which inner part
+    failed to pickle."""
     raise TypeError(
-        f"a {kind} cannot be pickled (for another process, a ProcessPoolExecutor, "
-        "multiprocessing): it holds the connections and tasks of the event loop that started it. "
-        "Give the process the settings (a ProducerConfig pickles, unless a setting is a lambda "
-        f"or an SSLContext) and make a {kind} there, e.g. in the pool's initializer")
+        f"a {kind} cannot be pickled: create it in the process that uses it (for Spark: in "
+        "the function foreachPartition runs, or write the DataFrame with "
+        "format(\"aioproducer\"); for multiprocessing: in a Pool's initializer or the "
+        "function the child runs, from the settings: a ProducerConfig pickles, unless a "
+        "setting is a lambda or an SSLContext). It holds the connections and tasks of the "
+        "event loop that started it")
 
 
 def no_such_verb(obj: object, name: str, hints: dict[str, str]) -> AttributeError:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import pickle
 import queue
 import signal
 import socket
@@ -25,6 +26,7 @@ import pytest
 from aioproducer import BlockingProducer, RecordMetadata, accepted
 from aioproducer.errors import BufferExhaustedError, InvalidRecordError, ProducerClosedError
 from tests.support.ports import free_port
+from tests.support.processes import run_in_own_group
 from tests.support.readback import consume_all
 
 THREADS, PER_THREAD = 8, 2_000
@@ -671,6 +673,58 @@ def test_a_child_forked_in_asyncio_debug_mode_makes_the_copy_inert_quietly(broke
     assert done.returncode == 0, done.stderr
     assert [r.value for r in consume_all(broker.bootstrap, topic, expected=2)] == \
         [b"parent", b"parent again"]
+
+_POOL_WORKERS_PRODUCE = """
+import multiprocessing, sys
+
+producer = None
+
+def start(bootstrap):
+    global producer
+    producer = BlockingProducer(bootstrap, linger_ms=1000)  # made in the worker, never closed
+
+def task(i):
+    producer.produce(sys.argv[2], b"%d" % i)  # returns at once: the record is buffered
+    return i
+
+from aioproducer import BlockingProducer
+
+if __name__ == "__main__":
+    context = multiprocessing.get_context(sys.argv[3])
+    pool = context.Pool(2, initializer=start, initargs=(sys.argv[1],))
+    print(sum(pool.map(task, range(20))))
+    pool.close()
+    pool.join()  # the workers leave as their tasks end, by os._exit(): atexit does not run
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"),
+                    reason="Windows has no os.fork(): no fork or forkserver start method")
+@pytest.mark.parametrize("method", ["fork", "forkserver"])
+def test_a_producer_left_open_in_a_multiprocessing_worker_sends_as_the_worker_leaves(
+        broker, topic, method, tmp_path):
+    """A multiprocessing Pool's workers (fork, forkserver: 3.14's default) leave by
+    os._exit(), past atexit, where a BlockingProducer left open is closed: the records a
+    worker's producer still buffered were lost, unsaid (none of the 20 arrived). The worker
+    runs multiprocessing's finalizers before it leaves: one closes them there."""
+    script = tmp_path / "pool.py"  # (a forkserver's workers import the script's functions)
+    script.write_text(_POOL_WORKERS_PRODUCE)
+    done = run_in_own_group([sys.executable, str(script), broker.bootstrap, topic, method],
+                            timeout=90)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(sum(range(20))), done.stderr
+    got = consume_all(broker.bootstrap, topic, expected=20)
+    assert sorted(int(r.value) for r in got) == list(range(20)), done.stderr
+
+
+def test_pickling_a_producer_says_to_create_it_where_it_is_used(broker):
+    """A producer passed to a multiprocessing child (spawn, forkserver) or captured by a Spark
+    job's function is pickled: pickle's own error named an asyncio Future."""
+    with BlockingProducer(broker.bootstrap) as producer, \
+            pytest.raises(TypeError, match=r"a BlockingProducer cannot be pickled: create it "
+                          r"in the process that uses it .*for multiprocessing: in a Pool's "
+                          r"initializer or the function the child runs"):
+        pickle.dumps(producer)
 
 
 def test_asyncio_code_does_not_import_the_blocking_facade():

@@ -4,6 +4,7 @@ query's exactly-once writes across a killed driver."""
 
 from __future__ import annotations
 
+import pickle
 import shutil
 import time
 from collections import Counter
@@ -103,6 +104,15 @@ _CLASH = (r"ConfigError: exactlyOnce writes each Spark partition in a Kafka tran
     (["'x' AS value"], {"kafka.bootstrap.servers": None},
      r"ConfigError: the aioproducer data source needs .option\(\"kafka.bootstrap.servers\""),
     (["'x' AS value"], {"exactlyOnce": "true"}, r"needs .option\(\"transactionalIdPrefix\""),
+    (["'x' AS value"], {"kafka.value.serializer": ("org.apache.kafka.common.serialization."
+                                                  "StringSerializer")},
+     r"ConfigError: kafka\.value\.serializer names Java code, which the data source cannot "
+     r"run: the key and value columns are sent as their bytes \(a string's as UTF-8\), as "
+     r"Spark's Kafka sink sends them, which refuses this option too; drop it"),
+    (["'x' AS value"], {"kafka.partitioner.class": ("org.apache.kafka.clients.producer."
+                                                   "RoundRobinPartitioner")},
+     r"ConfigError: kafka\.partitioner\.class names Java code, which the data source cannot "
+     r"run: .* set a partition column, or give write_dataframe\(\) a partitioner="),
     (["'x' AS value"], {"kafka.transactional.id": "mine"},
      r"ConfigError: each Spark partition gets its own transactional id: set "
      r"\.option\(\"transactionalIdPrefix\", \.\.\.\) instead of kafka\.transactional\.id"),
@@ -127,6 +137,22 @@ def test_bad_columns_and_options_fail_before_any_task(spark, broker, topic, colu
     jobs = _jobs_run(spark)
     with pytest.raises(AnalysisException, match=message):
         writer.mode("append").save()
+    assert _jobs_run(spark) == jobs
+
+
+@pytest.mark.usefixtures("progress")
+def test_overwrite_is_refused_as_by_sparks_kafka_sink(spark, broker, topic):
+    """Records are appended to a topic: .mode("overwrite") wrote them as append does,
+    leaving the topic's earlier records, where Spark's Kafka sink refuses it."""
+    from pyspark.errors import AnalysisException
+
+    jobs = _jobs_run(spark)
+    writer = (spark.range(3).selectExpr("CAST(id AS STRING) AS value").write.format("aioproducer")
+              .option("kafka.bootstrap.servers", broker.bootstrap).option("topic", topic))
+    with pytest.raises(AnalysisException, match=r"ConfigError: \.mode\(\"overwrite\"\) cannot "
+                       r"replace a topic's records: Kafka topics are appended to; use "
+                       r"\.mode\(\"append\"\)"):
+        writer.mode("overwrite").save()
     assert _jobs_run(spark) == jobs
 
 
@@ -169,6 +195,27 @@ def test_bad_columns_and_options_fail_a_stream_before_any_task(spark, broker, to
         assert query.recentProgress == []  # no micro-batch finished
     finally:
         query.stop()
+
+def test_a_blocking_producer_made_on_the_driver_is_refused_saying_where_to_make_one(
+        spark, broker, topic):
+    """foreachPartition over a BlockingProducer the driver made: Spark pickles the function,
+    the producer with it, to ship it to the executors. The error was pickle's own ("cannot
+    pickle '_asyncio.Future' object"), which names neither the producer nor the remedy."""
+    from aioproducer import BlockingProducer
+
+    with BlockingProducer(broker.bootstrap) as producer:
+        def send_rows(rows):
+            for row in rows:
+                producer.produce(topic, b"%d" % row.id)
+
+        with pytest.raises(pickle.PicklingError, match=r"a BlockingProducer cannot be "
+                           r"pickled: create it in the process that uses it \(for Spark: in "
+                           r"the function foreachPartition runs, or write the DataFrame with "
+                           r"format\(\"aioproducer\"\)"):
+            spark.range(3).foreachPartition(send_rows)
+        producer.send(topic, b"from the driver", timeout=30)  # the driver's goes on
+    assert [r.value for r in consume_all(broker.bootstrap, topic, expected=1)] == \
+        [b"from the driver"]
 
 
 def test_a_failed_delivery_fails_the_write_saying_why(spark, progress, broker, topic):

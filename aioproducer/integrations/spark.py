@@ -70,8 +70,9 @@ class SparkExecutorSetupError(KafkaError):
 
 @dataclass(frozen=True)
 class WriteTotals:
-    """What a write delivered: records and key/value bytes acknowledged, Spark partitions
-    written. (A write that did not deliver everything raises SparkWriteError instead.)"""
+    """What a write delivered: records and key/value bytes acknowledged (the columns' bytes,
+    before a serializer), Spark partitions written. (A write that did not deliver everything
+    raises SparkWriteError instead.)"""
 
     records: int
     bytes: int
@@ -224,6 +225,19 @@ def check_executor_imports(spark: SparkSession) -> None:
     _checked_applications.add(application)
 
 
+_AS_BYTES = ("the key and value columns are sent as their bytes (a string's as UTF-8), as "
+             "Spark's Kafka sink sends them, which refuses this option too; drop it (or convert "
+             "the column in Spark: CAST, to_json)")
+# Settings Spark's Kafka sink hands to its Java producer as class names.
+_JAVA_CODE = {
+    "key.serializer": _AS_BYTES,
+    "value.serializer": _AS_BYTES,
+    "partitioner.class": ("a row goes to its partition column's partition, else to its key's "
+                          "murmur2 partition (the Java client's default); set a partition "
+                          "column, or give write_dataframe() a partitioner= (a Python callable)"),
+}
+
+
 def plan_from_options(options: Mapping[str, str], schema: StructType, *,
                       streaming: bool) -> WritePlan:
     """The data source's options, as Spark's Kafka sink takes them, checked with the
@@ -231,6 +245,10 @@ def plan_from_options(options: Mapping[str, str], schema: StructType, *,
     options = {name.lower(): value for name, value in options.items()}
     properties = {name[len("kafka."):]: value for name, value in options.items()
                   if name.startswith("kafka.")}
+    for name in properties:
+        if name.strip() in _JAVA_CODE:
+            raise ConfigError(f"kafka.{name.strip()} names Java code, which the data source "
+                              f"cannot run: {_JAVA_CODE[name.strip()]}")
     if "bootstrap.servers" not in properties:
         raise ConfigError('the aioproducer data source needs .option("kafka.bootstrap.servers", '
                           '"host:9092"), as Spark\'s Kafka sink does')

@@ -52,6 +52,9 @@ class KafkaSink(DataSource):
         return FORMAT
 
     def writer(self, schema: StructType, overwrite: bool) -> BatchWriter:
+        if overwrite:  # (it wrote as append does; Spark's Kafka sink refuses it too)
+            raise ConfigError('.mode("overwrite") cannot replace a topic\'s records: Kafka '
+                              'topics are appended to; use .mode("append")')
         return BatchWriter(plan_from_options(self.options, schema, streaming=False),
                            self.progress)
 
