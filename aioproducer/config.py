@@ -736,8 +736,11 @@ def _parse_bootstrap(servers: Any) -> tuple[tuple[str, int], ...]:
         if not match or not 0 < port < 65536:
             # A listener as advertised.listeners spells it ("PLAINTEXT://kafka:9092")
             scheme, found, _ = item.strip().partition("://")
+            parts = re.split(r"[;\s]+", item.strip())
             hint = (f": drop {scheme}:// (a listener's name; security_protocol says how to "
-                    "connect)") if found else ""
+                    "connect)") if found else \
+                f": separate addresses with commas, {','.join(parts)!r}" \
+                if len(parts) > 1 and all(map(_ADDRESS.match, parts)) else ""
             raise ConfigError(f"bootstrap_servers: {item!r} is not \"host:port\" (e.g. "
                               f"\"localhost:9092\" or \"[::1]:9092\"){hint}")
         addresses.append((match["ipv6"] or match["host"], port))

@@ -276,6 +276,14 @@ def test_a_listener_given_as_a_bootstrap_server_says_what_to_drop():
         ProducerConfig.from_kwargs(bootstrap_servers=" , ")
 
 
+@pytest.mark.parametrize("servers", ["h1:9092;h2:9092", "h1:9092 h2:9092", "h1:9092; h2:9092"])
+def test_addresses_separated_otherwise_than_by_commas_are_told_how(servers):
+    """A list copied from a shell variable or a semicolon-separated setting."""
+    with pytest.raises(ConfigError, match="is not \"host:port\" .*: separate addresses with "
+                                          "commas, 'h1:9092,h2:9092'$"):
+        ProducerConfig.from_kwargs(bootstrap_servers=servers)
+
+
 def test_defaulted_idempotence_turns_off_quietly_when_settings_conflict():
     assert not ProducerConfig.from_kwargs(bootstrap_servers="h:1", acks=1).enable_idempotence
     assert not ProducerConfig.from_kwargs(bootstrap_servers="h:1", retries=0).enable_idempotence
