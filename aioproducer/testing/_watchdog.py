@@ -4,6 +4,7 @@ it dies (SIGKILL, `os._exit`, a crashed xdist worker): their finalizers do not r
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import subprocess
 import sys
@@ -16,8 +17,11 @@ _SCRIPT = """
 import os, shutil, signal, sys
 pids = set()
 for line in sys.stdin:
-    op, pid = line.split()
-    (pids.add if op == "+" else pids.discard)(int(pid))
+    try:
+        op, pid = line.split()
+        (pids.add if op == "+" else pids.discard)(int(pid))
+    except ValueError:  # (a line cut short)
+        pass
 for pid in pids:
     try:
         os.killpg(pid, signal.SIGKILL)
@@ -88,11 +92,18 @@ def forget_shared(pid: int) -> None:
 
 def _forget_in_child() -> None:
     """A forked child lets go of its parent's watchdog (its copy of the pipe would keep the
-    parent's brokers alive after the parent died) and starts its own if it needs one."""
-    global _shared
+    parent's brokers alive after the parent died) and starts its own if it needs one. The
+    pipe's descriptor is pointed at /dev/null rather than its file closed, which would write
+    what another thread of the parent had half-written at the fork; the lock is new (another
+    thread may have held it)."""
+    global _shared, _shared_lock
     if _shared is not None and _shared._process.stdin is not None:
-        _shared._process.stdin.close()
+        with contextlib.suppress(OSError, ValueError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, _shared._process.stdin.fileno())
+            os.close(devnull)
     _shared = None
+    _shared_lock = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_forget_in_child)

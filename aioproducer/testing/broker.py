@@ -129,6 +129,10 @@ class EmbeddedBroker:
         if self.running:
             return self
         _check_free(self.port)
+        # It dies with the process that started it, however that dies: the finalizer does
+        # not run on SIGKILL or os._exit (a crashed test worker left brokers running). The
+        # watchdog first: one that cannot start leaves no broker behind.
+        watchdog = shared_watchdog()
         self._log = tempfile.NamedTemporaryFile(prefix="tansu-", suffix=".log", delete=False)
         self._process = subprocess.Popen(
             [self._binary, "broker",
@@ -138,10 +142,8 @@ class EmbeddedBroker:
             stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")},
             start_new_session=True)  # (its group is what the watchdog kills)
-        # It dies with the process that started it, however that dies: the finalizer does
-        # not run on SIGKILL or os._exit (a crashed test worker left brokers running).
-        shared_watchdog().watch(self._process.pid)
         self._finalizer = weakref.finalize(self, _stop, self._process, self._log)
+        watchdog.watch(self._process.pid)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._process.poll() is not None:

@@ -47,7 +47,7 @@ def alive(pid: int) -> bool:
         return False
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[1][0] != "Z"
+            return f.read().rsplit(") ", 1)[1][0] != "Z"
     except OSError:
         return False
 
