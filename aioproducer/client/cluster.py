@@ -621,8 +621,8 @@ class Cluster:
     def unreachable_leader(self, topic: str, partition: int) -> str | None:
         """Why the partition's leader cannot be connected to now (its last connect's error),
         or None: a record that expires waiting for it says why. A leader that failed is
-        forgotten until the metadata names it again (-1): then, if no broker is reachable,
-        the latest failure says why (it names its address)."""
+        forgotten until the metadata names it again (-1): then the latest failure says why (it
+        names its address), and whether every broker (or bootstrap server) failed."""
         info = self.topics.get(topic)
         if info is None or not 0 <= partition < len(info.leaders):
             return None
@@ -633,11 +633,14 @@ class Cluster:
             backoff = failing.get(leader)
             return None if backoff is None else \
                 f"its leader, broker {leader}, could not be reached: {backoff.error}"
-        known = list(self.brokers) or list(failing)  # (none is known while rebootstrapping)
-        if not known or not all(node_id in failing for node_id in known):
+        if not failing:
             return None
-        _, error = max((failing[node_id].not_before, failing[node_id].error) for node_id in known)
-        return f"no broker could be reached: {error}"
+        _, error = max((backoff.not_before, backoff.error) for backoff in failing.values())
+        # (while rebootstrapping no broker is known: the bootstrap servers are the ones tried)
+        known = list(self.brokers) or [broker.node_id for broker in self._bootstrap]
+        if all(node_id in failing for node_id in known):
+            return f"no broker could be reached: {error}"
+        return f"its leader is not known now; the last broker tried could not be reached: {error}"
 
     def connected(self, node_id: int) -> BrokerConnection | None:
         """The connection to `node_id` if it is up (starting none)."""
