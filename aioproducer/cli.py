@@ -199,6 +199,12 @@ def _add_client_options(parser: argparse.ArgumentParser) -> None:
                              "security.protocol, ssl.*, sasl.*, client.id, ...)")
 
 
+# A consumer's settings consume takes as options (it reads with no group: group.id and the
+# like are skipped, as for a producer).
+_CONSUME_OPTIONS = {"isolation_level": "--isolation",
+                    "auto_offset_reset": "--from-beginning (earliest; latest without it)"}
+
+
 def _properties(args: argparse.Namespace) -> dict[str, str]:
     """The producer settings, dotted; --bootstrap-servers wins over a bootstrap.servers in them."""
     raw: dict[str, str] = {}
@@ -209,8 +215,9 @@ def _properties(args: argparse.Namespace) -> dict[str, str]:
         refused = []
         for number, name, value in read_properties(text, args.producer_config):
             setting = name.replace(".", "_").replace("-", "_")
-            if setting == "isolation_level" and args.command == "consume":
-                refused.append(f"line {number}: isolation.level is consume's --isolation here")
+            if setting in _CONSUME_OPTIONS and args.command == "consume":
+                refused.append(f"line {number}: {name} is consume's "
+                               f"{_CONSUME_OPTIONS[setting]} here")
                 continue
             if setting in known or setting in _NOT_A_PRODUCERS:
                 raw[name] = value  # (a consumer's: from_properties() skips it, saying so)

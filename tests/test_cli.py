@@ -536,11 +536,15 @@ def test_a_client_properties_file_shared_with_consumers_works_and_other_clients_
     assert "line 3: unknown setting 'client.dns.lookup': not needed" in done.stderr, done.stderr
     assert "line 4: not a known setting (the line is not shown" in done.stderr, done.stderr
     assert "SECRET" not in done.stderr + done.stdout
-    # (consume reads: a consumer's isolation.level is not skipped there, but pointed to)
-    path.write_text(f"bootstrap.servers={broker.bootstrap}\nisolation.level=read_committed\n")
+    # (consume reads: a consumer's isolation.level and auto.offset.reset are not skipped
+    # there, but pointed to its options)
+    path.write_text(f"bootstrap.servers={broker.bootstrap}\nisolation.level=read_committed\n"
+                    "auto.offset.reset=earliest\n")
     done = cli("consume", name, "--command-config", str(path), "--from-beginning", "--max", "1")
     assert done.returncode == 1 and "line 2: isolation.level is consume's --isolation here" \
         in done.stderr, done.stderr
+    assert "line 3: auto.offset.reset is consume's --from-beginning (earliest; latest without " \
+        "it) here" in done.stderr, done.stderr
 
 
 def test_properties_with_java_separators_work_for_every_command(broker, tmp_path):
