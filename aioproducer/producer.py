@@ -999,6 +999,10 @@ def _end_parts(unclosed: str, how: str, advice: str,
                   f"acknowledged within {sender.finish_within:g} s and failed"
     else:
         outcome = f"{pending} record(s) unsent"
+    if lifecycle.cancelled_unbuffered:  # (lost before the producer held them)
+        outcome += f"; {lifecycle.cancelled_unbuffered} call(s) were cancelled before they " \
+            "buffered their records (sends waiting for a topic's metadata, or never run): " \
+            "those records were not sent"
     context: dict[str, Any] = {"message": f"{unclosed} was {how}, {outcome}: {advice}"}
     if source_traceback is not None:
         context["source_traceback"] = source_traceback

@@ -465,6 +465,9 @@ class RecordIntake:
                 except (KafkaConnectionError, UnknownTopicError):  # (what its deadline raises)
                     if not (shared.deadline < deadline and loop.time() < deadline):
                         raise
+        except asyncio.CancelledError:
+            self._lifecycle.count_cancelled_unbuffered()
+            raise
         finally:
             self._waiting_for_metadata -= 1
             ended = self._metadata_waits_ended
