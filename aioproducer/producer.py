@@ -251,7 +251,7 @@ class Producer(Generic[K, V]):
             txn.on_change = sender.wake
         cluster.release_topic = accumulator.release_topic
         accumulator.touched = cluster.touched  # (a new batch's topic is produced to)
-        self._intake.attach(cluster, accumulator, txn, sender.node_unavailable)
+        self._intake.attach(cluster, accumulator, txn, sender.node_unavailable, self._tasks)
         if txn is not None and txn.is_transactional:
             self._transactions = TransactionFlow(txn, accumulator, self._tasks, lifecycle,
                                                  config.client_id)
@@ -731,7 +731,7 @@ class Producer(Generic[K, V]):
         if self._lifecycle.state is not STARTED:
             self._lifecycle.raise_not_started()
         self._lifecycle.check_loop()
-        return set(range(len((await self._intake.topic_info(topic_str(topic))).leaders)))
+        return set(range(await self._intake.partition_count(topic_str(topic))))
 
     async def send_and_wait(self, topic: str, value: V | None, key: K | None = None, *,
                             partition: int | None = None, timestamp_ms: int | None = None,
@@ -1002,6 +1002,10 @@ def _end_parts(unclosed: str, how: str, advice: str,
                   f"acknowledged within {sender.finish_within:g} s and failed"
     else:
         outcome = f"{pending} record(s) unsent"
+    if lifecycle.cancelled_unbuffered:  # (lost before the producer held them)
+        outcome += f"; {lifecycle.cancelled_unbuffered} call(s) were cancelled before they " \
+            "buffered their records (sends waiting for a topic's metadata, or never run): " \
+            "those records were not sent"
     context: dict[str, Any] = {"message": f"{unclosed} was {how}, {outcome}: {advice}"}
     if source_traceback is not None:
         context["source_traceback"] = source_traceback

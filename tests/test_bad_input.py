@@ -135,6 +135,24 @@ async def test_unknown_topic(broker):
             await producer.send("no-such-topic", b"v")
 
 
+async def test_a_send_that_joined_a_wait_for_a_missing_topic_late_waits_its_own_max_block_ms(
+        broker):
+    """Sends waiting for one topic's metadata share one wait (one fetch); the end of a wait
+    begun before a send does not cut that send short: it waits on until its own
+    max_block_ms is over, as each send did with a wait of its own, and says max_block_ms
+    as set."""
+    async with Producer(broker.bootstrap, allow_auto_create_topics=False,
+                        max_block_ms=2000) as producer:
+        first = asyncio.create_task(producer.send("never-made-late", b"v"))
+        await asyncio.sleep(1.0)
+        late = asyncio.create_task(producer.send("never-made-late", b"v"))
+        with pytest.raises(UnknownTopicError, match="after max_block_ms=2000"):
+            await asyncio.wait_for(first, 30)
+        assert not late.done()  # (it joined half way: a second of its own is left)
+        with pytest.raises(UnknownTopicError, match="after max_block_ms=2000"):
+            await asyncio.wait_for(late, 30)
+
+
 async def test_sends_waiting_for_a_topic_that_does_not_exist_say_so_once(broker, caplog):
     """Sends to a topic that does not exist, none created on request (auto-creation off, as
     on many Kafka clusters) wait max_block_ms (60 s by default) for it: nothing was said

@@ -866,3 +866,44 @@ def test_a_produce_many_whose_records_fail_in_two_partitions_tells_which(cluster
         bulk = producer.produce_many(topic, [(key, b"v") for key in _KEYS])
         first = bulk.exception(10)
         _check_told(cluster, topic, expected, bulk.failures(), first)
+
+
+@pytest.mark.parametrize("idempotent", [False, True])
+async def test_a_bug_in_handling_a_produce_response_fails_its_records_at_once_and_says_so(
+        cluster, monkeypatch, caplog, idempotent):
+    """The handling of a partition's error raises (a bug of ours, as topicid-17 met one in
+    _on_partition_error): the record fails at once with an error that says so, chained to
+    the bug, which is logged with its traceback; before, its batch stayed in flight until
+    delivery_timeout_ms (120 s here), nothing said. Later records are sent as usual (an
+    idempotent producer's after a new producer id: the failed batch used its sequence);
+    without idempotence a record of another partition answered with it is sent too (an
+    idempotent producer's response with an error is handled batch by batch: one the bug
+    left unsettled fails with it)."""
+    from aioproducer._internal.sender import Sender
+
+    def broken(self, *args):
+        raise RuntimeError("the handler's bug")
+
+    monkeypatch.setattr(Sender, "_on_partition_error", broken)
+    topic = f"handler-bug-{os.urandom(4).hex()}"
+    cluster.create_topic(topic, 2)
+    cluster.fail((topic, 0), BrokerInvalidRecordError.error_code)  # (its handling raises)
+    expected = [b"later"]
+    async with Producer(cluster.bootstrap_servers, acks="all" if idempotent else 1,
+                        enable_idempotence=idempotent, delivery_timeout_ms=120_000) as producer:
+        with caplog.at_level("ERROR", logger="aioproducer"):
+            refused = await producer.enqueue(topic, b"refused", partition=0)
+            other = None if idempotent else await producer.enqueue(topic, b"other", partition=1)
+            with pytest.raises(KafkaError, match="could not be handled") as raised:
+                await asyncio.wait_for(refused, 30)  # (a bound far below the 120 s)
+            if other is not None:
+                assert (await asyncio.wait_for(other, 30)).partition == 1
+                expected.append(b"other")
+            later = await asyncio.wait_for(producer.send(topic, b"later", partition=0), 30)
+    assert isinstance(raised.value.__cause__, RuntimeError)
+    assert "the handler's bug" in str(raised.value)
+    logged = [r for r in caplog.records if r.levelname == "ERROR" and r.exc_info]
+    assert len(logged) == 1 and logged[0].exc_info[1] is raised.value.__cause__
+    assert later.offset == 0  # the refused record was not written; the later one was
+    got = consume_all(cluster.bootstrap_servers, topic, expected=len(expected))
+    assert sorted(r.value for r in got) == sorted(expected)

@@ -197,6 +197,35 @@ async def test_sends_begun_before_close_to_a_topic_not_known_yet_are_sent(broker
     assert sorted(int(r.value) for r in got) == list(range(count))
 
 
+async def test_sends_waiting_for_a_new_topic_s_metadata_share_one_wait(broker, topic_factory):
+    """1,000 `create_task(producer.send(...))` to a topic not used yet wait for its metadata
+    together: one fetch (a task), whose end wakes them all. Each waited through its own
+    asyncio.wait (a future, a timer and a callback on the fetch each): 45 us a send for
+    100,000 of them. Counted, not timed: the timers the loop holds while they wait. The
+    records arrive once, each key's in call order."""
+    count, keys = 1000, 7
+    producer = Producer(broker.bootstrap)
+    await producer.start()
+    topic = topic_factory(3)  # (made after start(): its metadata is not known)
+    loop = asyncio.get_running_loop()
+    timers = len(loop._scheduled)  # type: ignore[attr-defined]
+    tasks = [asyncio.create_task(producer.send(topic, b"%d" % i, b"k%d" % (i % keys)))
+             for i in range(count)]
+    await asyncio.sleep(0)  # (each send's first step: it waits for the metadata)
+    waits = [t for t in asyncio.all_tasks() if t.get_name().startswith(
+        f"aioproducer-metadata-wait-{topic}")]
+    added = len(loop._scheduled) - timers  # type: ignore[attr-defined]
+    assert len(waits) == 1 and added < 10, (len(waits), added)
+    await asyncio.wait_for(asyncio.gather(*tasks), 30)
+    await asyncio.wait_for(producer.close(), 30)
+    got = consume_all(broker.bootstrap, topic, expected=count)
+    assert sorted(int(r.value) for r in got) == list(range(count))
+    for key in range(keys):
+        of_key = [int(r.value) for r in sorted(got, key=lambda r: (r.partition, r.offset))
+                  if r.key == b"k%d" % key]
+        assert of_key == list(range(key, count, keys))
+
+
 async def _start_stalled(cluster) -> tuple[Producer, asyncio.Task[None]]:
     """A producer whose start() waits for its first metadata (the broker is stalled)."""
     cluster.proxy.stall(True)

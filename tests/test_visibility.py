@@ -139,6 +139,37 @@ def test_a_producer_kept_open_past_its_loop_s_end_sends_what_it_held(broker, top
     assert [r.value for r in got] == [b"%d" % i for i in range(1000)]
 
 
+@pytest.mark.parametrize("sends", ["waiting", "never run"])
+def test_sends_to_a_new_topic_cut_off_by_the_loop_s_end_are_counted_in_its_report(
+        broker, topic_factory, sends):
+    """main() makes 100 `create_task(producer.send(...))` to a topic the producer has not
+    used, then returns without close(): asyncio.run() cancels the sends, waiting for the
+    topic's metadata (main awaited once after them) or not run yet, so none buffered its
+    record, and the producer's report said "with nothing buffered" as if nothing was lost.
+    It says how many were cancelled."""
+    reported: list[str] = []
+
+    async def main() -> Producer:
+        asyncio.get_running_loop().set_exception_handler(
+            lambda loop, context: reported.append(context["message"]))
+        producer = Producer(broker.bootstrap)
+        await producer.start()
+        topic = topic_factory(1)  # (made after start(): its metadata is not known)
+        for i in range(100):
+            asyncio.create_task(producer.send(topic, b"%d" % i))
+        if sends == "waiting":
+            await asyncio.sleep(0)  # (each send's first step: it waits for the metadata)
+            assert producer._intake.metadata_waits_ended() is not None
+        return producer
+
+    producer = asyncio.run(main())
+    assert producer.metrics().state == "closed"
+    assert len(reported) == 1 and "was open as its event loop ended, with nothing buffered; " \
+        "100 call(s) were cancelled before they buffered their records (sends waiting for a " \
+        "topic's metadata, or never run): those records were not sent" in reported[0], \
+        reported
+
+
 def test_a_transactional_producer_left_open_at_its_loop_s_end_aborts_its_transaction(
         broker, topic):
     """asyncio.run() ends with a transaction open: never committed, it is aborted at once

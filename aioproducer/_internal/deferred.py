@@ -17,6 +17,7 @@ import inspect
 import os
 import sys
 import warnings
+from asyncio import CancelledError
 from threading import get_ident
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Callable, Coroutine, Generator, Generic, TypeVar
@@ -66,6 +67,9 @@ class Deferred(_Coroutine[T]):
         return self._coro.send(value)
 
     def throw(self, *args: Any) -> Any:
+        if not self._started and isinstance(args[0], CancelledError):
+            # (a task of it cancelled before it ran: the loop's end, say)
+            self._lifecycle.count_cancelled_unbuffered()
         self._started = True
         return self._coro.throw(*args)
 

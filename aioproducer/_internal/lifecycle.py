@@ -58,8 +58,8 @@ class Lifecycle:
     the same questions of one owner. Slotted: the compiled append path reads `state`,
     `thread` and `loop_running` from their slots, every record."""
 
-    __slots__ = ("closing", "ended_with_loop", "failure", "loop", "loop_running", "pid",
-                 "state", "thread")
+    __slots__ = ("cancelled_unbuffered", "closing", "ended_with_loop", "failure", "loop",
+                 "loop_running", "pid", "state", "thread")
 
     def __init__(self) -> None:
         self.state = NEW
@@ -74,6 +74,15 @@ class Lifecycle:
         self.pid: int | None = None  # the process: a forked child has the loop's copy only
         # Closed by its loop's end, not by close(): calls then say the loop ended.
         self.ended_with_loop = False
+        # Calls cancelled, the producer open, before they buffered their records: waiting
+        # for a topic's metadata, or never run (the loop's end cancels fire-and-forget
+        # sends to a new topic). Told if the producer ends unclosed.
+        self.cancelled_unbuffered = 0
+
+    def count_cancelled_unbuffered(self) -> None:
+        """A call was cancelled before it buffered its records (see cancelled_unbuffered)."""
+        if self.state is STARTED and not self.closing:
+            self.cancelled_unbuffered += 1
 
     def become(self, state: State) -> None:
         self.state = next_state(self.state, state)

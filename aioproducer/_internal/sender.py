@@ -564,28 +564,41 @@ class Sender:
                              response: dict[str, Any] | None,
                              exc: BaseException | None) -> None:
         latency = time.perf_counter() - written
-        self._observer.responded(conn.node_id, latency, exc)
-        if exc is not None:
-            self._cluster.request_update()
-            self._on_request_failed(batches, exc)
-        else:
-            assert response is not None
-            self.responses += 1
-            self.latency += latency
-            throttle_ms = response.get("throttle_time_ms", 0)
-            if throttle_ms > 0:
-                self._throttled(conn, throttle_ms)
-            # The batches answered without an error are completed in one compiled call,
-            # their records' callbacks in one loop callback: at 10,000 partitions a response
-            # answers ~490 batches. An idempotent producer's are, and its sequencer told in
-            # one call, only when every batch is: an error's handling (a retry, a new
-            # producer id) sees the partition's acknowledgements in order, as before.
-            if names is not None:  # answered by topic id (v13+): an id not asked for, None
-                for topic in response["responses"]:
-                    topic["name"] = names.get(topic["topic_id"])
-            txn = self._txn
-            acked, rest = settle_produce(batches, response["responses"], self._in_flight,
-                                         run_watchers_of, txn is not None)
+        try:
+            self._observer.responded(conn.node_id, latency, exc)
+            if exc is not None:
+                self._cluster.request_update()
+                self._on_request_failed(batches, exc)
+            else:
+                assert response is not None
+                self._settle(conn, batches, names, latency, response)
+        except Exception as bug:
+            self._response_not_handled(conn, batches, bug)
+        # Another round only if it has work: batches queued behind this request (or put back
+        # for a retry), or closing. Otherwise it would run before the woken tasks resume.
+        if not self.running or self._accumulator.has_queued():
+            self.wake()
+
+    def _settle(self, conn: BrokerConnection, batches: list[ProducerBatch],
+                names: dict[Any, str] | None, latency: float, response: dict[str, Any]) -> None:
+        """Each batch of a produce response completed, retried or failed as it was answered."""
+        self.responses += 1
+        self.latency += latency
+        throttle_ms = response.get("throttle_time_ms", 0)
+        if throttle_ms > 0:
+            self._throttled(conn, throttle_ms)
+        # The batches answered without an error are completed in one compiled call,
+        # their records' callbacks in one loop callback: at 10,000 partitions a response
+        # answers ~490 batches. An idempotent producer's are, and its sequencer told in
+        # one call, only when every batch is: an error's handling (a retry, a new
+        # producer id) sees the partition's acknowledgements in order, as before.
+        if names is not None:  # answered by topic id (v13+): an id not asked for, None
+            for topic in response["responses"]:
+                topic["name"] = names.get(topic["topic_id"])
+        txn = self._txn
+        acked, rest = settle_produce(batches, response["responses"], self._in_flight,
+                                     run_watchers_of, txn is not None)
+        try:
             if txn is not None and acked:
                 txn.acked_all(acked)
             for batch, p in rest:
@@ -598,12 +611,25 @@ class Sender:
                 else:
                     self._on_partition_error(conn, batch, p,
                                              response.get("node_endpoints", ()))
+        finally:  # (acknowledged, whatever else failed: their memory and counts settled)
             if acked:
                 self._accumulator.finish_acked(acked)
-        # Another round only if it has work: batches queued behind this request (or put back
-        # for a retry), or closing. Otherwise it would run before the woken tasks resume.
-        if not self.running or self._accumulator.has_queued():
-            self.wake()
+
+    def _response_not_handled(self, conn: BrokerConnection, batches: list[ProducerBatch],
+                              bug: Exception) -> None:
+        """Handling a produce response raised (a bug of ours): its batches not settled yet
+        fail now with an error saying so, rather than wait in flight for their delivery
+        timeout with nothing said."""
+        unsettled = [batch for batch in batches if batch in self._in_flight]
+        log.error("aioproducer: handling the produce response from %s raised (a bug: please "
+                  "report it); its %d batch(es) not settled yet fail with it", conn.address,
+                  len(unsettled), exc_info=bug)
+        error = KafkaError(
+            f"the produce response from {conn.address} could not be handled ({bug!r}, a bug "
+            "in aioproducer: please report it); the broker may have written the record")
+        error.__cause__ = bug
+        for batch in unsettled:
+            self._fail(batch, error)
 
     def _throttled(self, conn: BrokerConnection, throttle_ms: int) -> None:
         """A quota was exceeded: counted, and while the connection holds back (KIP-219, its

@@ -323,14 +323,17 @@ class Cluster:
             self._refused.reset()
         self.on_change()
 
-    async def topic(self, topic: str, timeout: float) -> TopicInfo:
-        """Metadata for `topic`, fetching it (with retries) for at most `timeout` seconds."""
+    async def topic(self, topic: str, timeout: float, deadline: float | None = None
+                    ) -> TopicInfo:
+        """Metadata for `topic`, fetching it (with retries) for at most `timeout` seconds, or
+        until `deadline` (loop time: that of a wait begun `timeout` before)."""
         info = self.topics.get(topic)
         if info is not None and info.error is None and info.leaders:
             return info
         self._wanted.add(topic)
         self.touch(topic)
-        deadline = self._loop.time() + timeout
+        if deadline is None:
+            deadline = self._loop.time() + timeout
         backoff = Backoff(self._config.retry_backoff_ms / 1000,
                           self._config.retry_backoff_max_ms / 1000)
         last_error: BaseException | None = None
