@@ -535,11 +535,27 @@ class Producer(Generic[K, V]):
         """The closing task cancelled: only the loop's end does that (close() shields it).
         Its caller was cancelled (an anyio cancel scope around `async with` cancels every
         await of the close again) and asyncio.run() ended as the task still sent: the records
-        it held may be lost, said where it is seen without -W."""
-        loop = self._lifecycle.loop
+        it held may be lost, said where it is seen without -W. Then the producer is closed as
+        it can be while the loop still runs: what it held fails, its sockets close (left open,
+        each warned when the producer was collected, with the producer itself)."""
+        lifecycle = self._lifecycle
+        loop = lifecycle.loop
         if not task.cancelled() or loop is None or self._accumulator is None:
             return
         pending = sum(b.record_count for b in self._accumulator.incomplete)
+        exc = ProducerClosedError("close() did not finish before the producer's event loop "
+                                  "ended: the record was not acknowledged")
+        if self._sender is not None:
+            self._sender.running = False
+            self._sender.fail_in_flight(exc)
+        self._accumulator.fail_unresolved(exc)
+        if self._cluster is not None:
+            self._cluster.close()
+        self._tasks.cancel()
+        if lifecycle.state is STARTED:
+            lifecycle.become(CLOSING)
+        if lifecycle.state is CLOSING:
+            lifecycle.become(CLOSED)
         if pending:
             loop.call_exception_handler({
                 "message": f"{self!r}: close() did not finish before its event loop ended, "

@@ -5,6 +5,7 @@ warnings rate-limited."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import queue
@@ -14,6 +15,7 @@ import sys
 import textwrap
 import threading
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -393,18 +395,21 @@ def test_a_close_cut_short_by_the_loops_end_is_reported(proxied_broker):
     (every await, again and again), the closing goes on in the producer's task, and
     asyncio.run() ends and cancels it with a record unacknowledged. Said through the loop's
     exception handler, as for a producer never closed (it went unsaid: the sender ended in
-    'closing')."""
+    'closing'). Then the producer is closed: its sockets were left open, and warned of with
+    the producer when it was collected (in whichever test ran next)."""
     import anyio
 
     cluster = proxied_broker
     cluster.create_topic("cut-at-the-end", 1)
     reported: list[str] = []
+    kept: list[Producer] = []
 
     async def main() -> None:
         asyncio.get_running_loop().set_exception_handler(
             lambda loop, context: reported.append(context["message"]))
         with anyio.move_on_after(0.5):
             async with Producer(cluster.bootstrap, linger_ms=0) as producer:
+                kept.append(producer)
                 await producer.send("cut-at-the-end", b"acknowledged")
                 cluster.proxy.stall(True)
                 await producer.enqueue("cut-at-the-end", b"never acknowledged")
@@ -417,6 +422,14 @@ def test_a_close_cut_short_by_the_loops_end_is_reported(proxied_broker):
     said = [m for m in reported if "<Producer" in m]
     assert len(said) == 1 and "close() did not finish before its event loop ended, 1 " \
         "record(s) not acknowledged" in said[0], reported
+    assert kept[0].metrics().state == "closed"
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        kept.clear()
+        gc.collect()
+    unclosed = [str(w.message) for w in warned if issubclass(w.category, ResourceWarning)]
+    del warned  # (each holds its source)
+    assert unclosed == []
 
 
 async def test_an_outage_logs_its_metadata_failures_once_and_its_end(proxied_broker, caplog):
