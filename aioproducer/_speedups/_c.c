@@ -729,8 +729,8 @@ static PyTypeObject RecordFieldsType;
    future answers get_loop() with (gather asks it of every record before watching it), again
    without reading the asyncio future. The fields are in the order they are read: gather's
    answers and an append (newest: beside the reference count an append raises), then the
-   answers' acked_base, acked_time, gather's watch (watched, watched_count, watched_room),
-   topic and partition, `loop` (get_loop()), and `pieces` (a split batch's answers).
+   answers' acked_base, acked_time, topic and partition, gather's watch (loop, watched and
+   its count), and `pieces` (a split batch's answers).
 
    `newest` is the newest of its records' futures (each holds the one made before it:
    RecordFields' `older`), NULL while it has none, None once it lets them go (done): a chain
@@ -738,7 +738,10 @@ static PyTypeObject RecordFieldsType;
    (the list's header and its array were two lines more, cold at many partitions).
    Python reads it as `_untracked`, a list. `watched` is an array of the records watched
    (gather's: those with done callbacks), in the order they were watched, `watched_count` of
-   them held, room for `watched_room` (NULL and 0 until the first): Python reads it as
+   them held, room for `watched_room` (NULL and 0 until the first; ints, so that the
+   object stays in its size class, 224 bytes with the collector's header, and its fields
+   where they were: moved 16 bytes on, gather's first touches of a batch (get_loop,
+   cancelled) counted ~1.5 cache misses a record more): Python reads it as
    `_watchers`, a list, or None. Not a chain through the records, as `newest` is: at 10,000
    partitions the batch's completion walked each chain, a load that waited for the one
    before (the futures are cold by then), ~9% of gather's CPU; an array's records are read
@@ -748,14 +751,15 @@ typedef struct {
     PyObject_HEAD
     PyObject *newest;
     long long acked_base, acked_time;
+    PyObject *topic, *partition, *loop;
     PyObject **watched;
-    Py_ssize_t watched_count, watched_room;
-    PyObject *topic, *partition, *loop, *pieces, *writer, *future, *done, *number,
-        *created, *deadline, *attempts, *retry_at, *base_sequence, *producer_id,
-        *producer_epoch, *full, *bulks, *parent, *first_delta;
+    int watched_count, watched_room;
+    PyObject *pieces, *writer, *future, *done, *number, *created, *deadline, *attempts,
+        *retry_at, *base_sequence, *producer_id, *producer_epoch, *full, *bulks, *parent,
+        *first_delta;
 } BatchFields;
 
-#define BATCH_FIELD_COUNT 19  /* the PyObject pointers above, in order from `topic` */
+#define BATCH_FIELD_COUNT 16  /* the PyObject pointers above, in order from `pieces` */
 #define NOT_ACKED LLONG_MIN  /* a batch's acked_base until it is acknowledged whole */
 
 static PyObject *zero_float;  /* 0.0, every new batch's retry_at */
@@ -763,7 +767,7 @@ static PyObject *zero_float;  /* 0.0, every new batch's retry_at */
 static inline PyObject **
 batch_fields(BatchFields *self)
 {
-    return &self->topic;
+    return &self->pieces;
 }
 
 /* Whether `obj` is a BatchFields (PyObject_TypeCheck's answer), asked a dozen times a
@@ -848,7 +852,10 @@ static int
 batch_fields_traverse(BatchFields *self, visitproc visit, void *arg)
 {
     Py_VISIT(self->newest);
-    for (Py_ssize_t i = 0; i < self->watched_count; i++)
+    Py_VISIT(self->topic);
+    Py_VISIT(self->partition);
+    Py_VISIT(self->loop);
+    for (int i = 0; i < self->watched_count; i++)
         Py_VISIT(self->watched[i]);
     PyObject **fields = batch_fields(self);
     for (int i = 0; i < BATCH_FIELD_COUNT; i++)
@@ -862,10 +869,10 @@ static void
 batch_drop_watched(BatchFields *self)
 {
     PyObject **watched = self->watched;
-    Py_ssize_t count = self->watched_count;
+    int count = self->watched_count;
     self->watched = NULL;
     self->watched_count = self->watched_room = 0;
-    for (Py_ssize_t i = 0; i < count; i++) {
+    for (int i = 0; i < count; i++) {
         ((RecordFields *)watched[i])->watched = 0;
         Py_DECREF(watched[i]);
     }
@@ -876,6 +883,9 @@ static int
 batch_fields_clear(BatchFields *self)
 {
     Py_CLEAR(self->newest);
+    Py_CLEAR(self->topic);
+    Py_CLEAR(self->partition);
+    Py_CLEAR(self->loop);
     batch_drop_watched(self);
     PyObject **fields = batch_fields(self);
     for (int i = 0; i < BATCH_FIELD_COUNT; i++)
@@ -1078,7 +1088,7 @@ batch_add_watcher(BatchFields *self, RecordFields *record)
     if (record->watched)
         return 1;
     if (self->watched_count == self->watched_room) {
-        Py_ssize_t room = self->watched_room ? 2 * self->watched_room : 8;
+        int room = self->watched_room ? 2 * self->watched_room : 8;
         PyObject **watched = PyMem_Resize(self->watched, PyObject *, room);
         if (watched == NULL) {
             PyErr_NoMemory();
