@@ -614,7 +614,7 @@ async def test_an_acknowledged_batch_is_out_of_the_collectors_way():
 
 async def test_a_done_batch_lets_go_of_the_record_futures_nobody_keeps():
     """The C batch chains its records' futures while pending (each holds the one made
-    before it, and each watched the one watched before it, where lists held them before):
+    before it, where a list held them before), and holds those watched in an array:
     once the batch is acknowledged, or fails, and their callbacks ran, the futures nobody
     keeps are freed, those older than one kept too (the kept one lets go of the one before
     it as its callbacks run). (Both twins: the suite runs again with
@@ -654,7 +654,7 @@ async def test_a_batch_runs_its_records_callbacks_once_in_the_order_they_were_ad
     """The records of a batch given callbacks (gather's, a Task's wake-up) are called back
     in the order the callbacks were added, whatever order the records were made in, and a
     record given a callback again after its callbacks were removed is called back once.
-    (The C batch chains them newest first: it reverses the chain as it takes it.)"""
+    (The C batch keeps them in an array, marking each record it holds.)"""
     from aioproducer._internal.batch import ProducerBatch, RecordFuture
     from aioproducer.protocol.records import BatchWriter
     loop = asyncio.get_running_loop()
@@ -678,6 +678,117 @@ async def test_a_batch_runs_its_records_callbacks_once_in_the_order_they_were_ad
     futures[1].add_done_callback(called)  # done: called back soon
     await asyncio.sleep(0)
     assert ran[4:] == [11]
+
+
+def _batch_with_records(count: int):
+    from aioproducer._internal.batch import ProducerBatch, RecordFuture
+    from aioproducer.protocol.records import BatchWriter
+    batch = ProducerBatch((1,), "t", 2, BatchWriter(0, 100),
+                          asyncio.get_running_loop().create_future(), 0.0, 60.0, 0)
+    return batch, [RecordFuture(batch, delta, 1000) for delta in range(count)]
+
+
+async def test_callbacks_added_while_a_batchs_callbacks_run_each_run_once():
+    """While a batch's records are called back (20: more than the C batch's first array
+    holds), a callback adds callbacks: to a record further on whose callback was removed
+    (still watched: called back in this run), to one further on with a callback, to itself
+    and to a record never watched (done: soon). Each runs once, in the order asyncio
+    futures would run them."""
+    batch, futures = _batch_with_records(25)
+    ran: list[object] = []
+
+    def called(future) -> None:
+        ran.append(future.result().offset - 100)
+
+    def first(future) -> None:
+        called(future)
+        futures[5].add_done_callback(lambda f: ran.append(("again", 5)))
+        futures[7].add_done_callback(lambda f: ran.append(("more", 7)))
+        futures[0].add_done_callback(lambda f: ran.append(("again", 0)))
+        futures[22].add_done_callback(lambda f: ran.append(("late", 22)))
+
+    futures[0].add_done_callback(first)
+    for future in futures[1:20]:
+        future.add_done_callback(called)
+    assert futures[5].remove_done_callback(called) == 1
+    batch.complete(100, -1)
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert ran == [0, 1, 2, 3, 4, ("again", 5), 6, 7, ("more", 7)] + list(range(8, 20)) + \
+        [("again", 0), ("late", 22)]
+    assert batch._watchers is None
+
+
+async def test_a_record_left_by_an_interrupted_run_of_callbacks_is_called_back_later():
+    """A callback raising KeyboardInterrupt ends the run of its batch's callbacks (it
+    propagates, as from asyncio's loop); a record not reached, its callback removed before,
+    then given one, is called back: it is not left marked as watched (in C) by a batch that
+    no longer holds it."""
+    from aioproducer._internal.batch import _run_callbacks
+    batch, futures = _batch_with_records(3)
+    ran: list[int] = []
+
+    def interrupt(future) -> None:
+        raise KeyboardInterrupt
+
+    def called(future) -> None:
+        ran.append(future.result().offset)
+
+    futures[0].add_done_callback(interrupt)
+    futures[1].add_done_callback(called)
+    futures[2].add_done_callback(called)
+    assert futures[1].remove_done_callback(called) == 1
+    batch.complete(10, -1)
+    with pytest.raises(KeyboardInterrupt):
+        _run_callbacks(batch._take_watchers())
+    futures[1].add_done_callback(called)
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert 11 in ran and ran.count(11) == 1
+
+
+async def test_a_cancelled_record_of_a_batch_is_called_back_once():
+    """A watched record's future is cancelled while its batch is pending: its callback runs
+    once, seeing it cancelled, and not again when the batch completes; a callback added to
+    it later runs once; its batch-mates are called back with their metadata."""
+    batch, futures = _batch_with_records(10)
+    ran: list[object] = []
+
+    def called(future) -> None:
+        ran.append("cancelled" if future.cancelled() else future.result().offset)
+
+    for future in futures:
+        future.add_done_callback(called)
+    assert futures[3].cancel()
+    await asyncio.sleep(0)
+    assert ran == ["cancelled"]
+    futures[3].add_done_callback(called)
+    batch.complete(50, -1)
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert ran == ["cancelled"] * 2 + [50 + delta for delta in range(10) if delta != 3]
+
+
+async def test_a_batch_in_a_reference_cycle_with_its_watched_records_is_collected():
+    """A batch holding records watched (more than its first array: 40) whose callbacks lead
+    back to it, dropped pending: the collector frees the batch and every record (in C it
+    visits each record the batch holds, and clears them)."""
+    from aioproducer._internal.batch import RecordFuture
+    batch, _ = _batch_with_records(0)
+    batch._untracked = None  # (records made now are the collector's from the start)
+
+    class Future(RecordFuture):  # (no __slots__: weak references)
+        pass
+
+    futures = [Future(batch, delta, 1000) for delta in range(40)]
+    for future in futures:
+        future.add_done_callback(lambda f, batch=batch: batch)
+    if _speedups.IMPLEMENTATION == "c":
+        assert set(map(id, futures)) <= set(map(id, gc.get_referents(batch)))
+    made = [weakref.ref(future) for future in futures]
+    del futures, future, batch
+    gc.collect()
+    assert [future() for future in made] == [None] * 40
 
 
 @pytest.mark.parametrize("pure", ["1", ""], ids=["python", "c"])

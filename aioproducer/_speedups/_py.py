@@ -167,7 +167,7 @@ class BatchFields:
 
     def _take_watchers(self) -> list[Any]:
         """The records watched, in the order they were watched, which are no longer (in C
-        a chain through the records: see _c.c)."""
+        an array in the batch: see _c.c)."""
         watchers, self._watchers = self._watchers, None
         return watchers or []
 
