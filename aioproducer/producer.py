@@ -387,9 +387,12 @@ class Producer(Generic[K, V]):
                 self._observer.closed(self)
             return
         # Sends begun before close() that wait for their topic's metadata buffer first (a
-        # fire-and-forget send to a topic not used yet), within the deadline and max_block_ms.
+        # fire-and-forget send to a topic not used yet), within the deadline and max_block_ms;
+        # those for a topic the cluster says it does not have fail (Cluster.closing).
         metadata_waits = self._intake.metadata_waits_ended()
         if metadata_waits is not None:
+            if self._cluster is not None:
+                self._cluster.closing = True
             await deadline.wait({metadata_waits})
         if self._transactions is not None:
             await self._end_transaction_at_close(self._transactions, deadline)

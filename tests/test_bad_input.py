@@ -171,6 +171,23 @@ async def test_sends_waiting_for_a_topic_that_does_not_exist_say_so_once(broker,
         "up to max_block_ms=2500 for it to be made, then fail" in said[0], said
 
 
+async def test_close_does_not_wait_for_sends_to_a_topic_that_does_not_exist(broker, topic):
+    """close() lets sends begun before it that wait for their topic's metadata buffer first
+    (fire-and-forget to a topic not used yet); one for a topic the cluster says it does not
+    have (a typo, auto-creation off) held close() until max_block_ms (60 s by default). It
+    fails now with UnknownTopicError, about a second into its wait, and the send beside it
+    to a topic that exists is sent."""
+    async with Producer(broker.bootstrap, allow_auto_create_topics=False) as producer:
+        typo = asyncio.create_task(producer.send("no-such-topic", b"lost"))
+        kept = asyncio.create_task(producer.send(topic, b"kept"))
+        await asyncio.wait_for(producer.close(), 30)  # (a hang: max_block_ms is 60 s)
+    with pytest.raises(UnknownTopicError, match="'no-such-topic' is not in the cluster's "
+                       "metadata as the producer closed"):
+        await typo
+    assert (await kept).offset == 0
+    assert [r.value for r in consume_all(broker.bootstrap, topic, 1)] == [b"kept"]
+
+
 async def test_failing_serializer(broker, topic):
     """A serializer's exception is named by its type: its message often holds the value
     (here an SSN), which must reach no error text, traceback or chained exception."""

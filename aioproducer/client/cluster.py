@@ -163,6 +163,9 @@ class Cluster:
         self.finalized_features: dict[str, int] = {}
         self.features_epoch = -1
         self.topics: dict[str, TopicInfo] = {}
+        # close() has begun: a topic still unknown to the cluster a second into a wait for it
+        # (said missing) is given up at once, not waited for until max_block_ms.
+        self.closing = False
         # When Metadata last showed a topic under a new id (deleted and made again; loop time).
         self.recreated: dict[str, float] = {}
         self._wanted: set[str] = set()
@@ -371,6 +374,8 @@ class Cluster:
                 if isinstance(last_error, UnknownTopicOrPartitionError) and \
                         self._loop.time() >= deadline - timeout + 1:
                     self._say_missing(topic, timeout)
+                    if self.closing:  # (close() waits for sends to buffer, not for this)
+                        break
             remaining = deadline - self._loop.time()
             if remaining <= 0:
                 break
@@ -382,10 +387,11 @@ class Cluster:
                                              "no answer yet (the fetch goes on: a later send "
                                              "may find the topic)")
             ) from last_error
+        waited = "as the producer closed (close() waits for no topic that does not exist)" \
+            if self.closing else f"after max_block_ms={timeout * 1000:.0f}"
         raise UnknownTopicError(
-            f"topic {topic!r} is not in the cluster's metadata after max_block_ms="
-            f"{timeout * 1000:.0f}" + (f" ({last_error})" if last_error else "")
-            + ": create it first, or check its name")
+            f"topic {topic!r} is not in the cluster's metadata {waited}"
+            + (f" ({last_error})" if last_error else "") + ": create it first, or check its name")
 
     def _say_missing(self, topic: str, timeout: float) -> None:
         """A topic still unknown to the cluster a second into a send's wait for it (not one
