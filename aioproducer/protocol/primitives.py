@@ -209,7 +209,8 @@ def _write_field(src: _Source, name: str, kind: str | tuple[Field, ...], nullabl
         src.emit(depth, f"elif type({item}) is bytes and len({item}) == 16:")
         src.emit(depth + 1, f"append({item})")
         src.emit(depth, "else:")
-        src.emit(depth + 1, f"raise ValueError(f'{name} is a uuid: 16 bytes, not {{{item}!r:.60}}')")
+        message = f"{name} is a uuid: 16 bytes, not {{{item}!r:.60}}"
+        src.emit(depth + 1, f"raise ValueError(f{message!r})")
     else:
         raise ValueError(f"unknown field type {kind!r}")
 
