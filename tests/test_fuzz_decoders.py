@@ -18,7 +18,6 @@ import os
 import random
 import struct
 import time
-import uuid
 from typing import Any
 
 import pytest
@@ -57,7 +56,7 @@ def _value(rng: random.Random, kind: Any, version: int, nullable: bool) -> Any:
     if kind in ("bytes", "records"):
         return os.urandom(rng.randrange(30)) if rng.random() < 0.8 else b""
     if kind == "uuid":
-        return uuid.UUID(int=rng.getrandbits(128))
+        return rng.randbytes(16)
     raise AssertionError(kind)
 
 

@@ -348,7 +348,7 @@ def _random_produce_body(rng: random.Random) -> dict:
         "timeout_ms": rng.choice([0, 30_000, 2**31 - 1]),
         "topic_data": [
             {"name": rng.choice(["t", "tøpic-" * rng.randrange(1, 30)]),
-             "topic_id": uuid.UUID(int=rng.getrandbits(128)),  # (v13+ write it, not the name)
+             "topic_id": rng.randbytes(16),  # (v13+ write it, not the name)
              "partition_data": [
                  {"index": rng.choice([0, 5, 2**31 - 1]),
                   "records": rng.choice([None, b"", rng.randbytes(rng.randrange(1, 300)),
@@ -364,7 +364,7 @@ def _random_produce_response(rng: random.Random) -> dict:
     return {
         "responses": [
             {"name": rng.choice(["t", "tøpic-" * rng.randrange(1, 30)]),
-             "topic_id": uuid.UUID(int=rng.getrandbits(128)),
+             "topic_id": rng.randbytes(16),
              "partition_responses": [
                  {"index": rng.randrange(0, 2**31), "error_code": rng.choice([0, 0, 6, 87, -1]),
                   "base_offset": rng.choice([-1, 0, 2**63 - 1]),
@@ -426,6 +426,34 @@ def test_produce_response_same_dict_in_both(version):
             assert _c.decode_produce(version, frame[:end]) is None
 
 
+@pytest.mark.parametrize("implementation", BOTH)
+def test_produce_v13_topic_ids_are_their_16_bytes(implementation):
+    """A topic id is a bytes object of 16 in a Produce v13 request and answer, in both twins
+    (a uuid.UUID cost ~1 us a topic of every request and answer to make and read back); one
+    that is not is refused saying so, not written as something else. (The pure-Python twin
+    leaves every Produce request and answer to the generated codec.)"""
+    topic_id = bytes(range(16))
+    body = {"transactional_id": None, "acks": -1, "timeout_ms": 1000, "topic_data": [
+        {"name": "by-name", "topic_id": topic_id,
+         "partition_data": [{"index": 0, "records": b"x"}]}]}
+    python = messages._encode_request(ApiKey.PRODUCE, 13, 1, "c", body)
+    assert python.count(topic_id) == 1 and b"by-name" not in python
+    frame = implementation.encode_produce(13, 1, "c", body)
+    assert frame == (python if implementation is _c else None)
+    for wrong in (uuid.UUID(bytes=topic_id), topic_id[:15], bytearray(topic_id)):
+        odd = dict(body, topic_data=[dict(body["topic_data"][0], topic_id=wrong)])
+        assert implementation.encode_produce(13, 1, "c", odd) is None
+        with pytest.raises(ValueError, match="topic_id is a uuid: 16 bytes, not "):
+            messages.encode_request(ApiKey.PRODUCE, 13, 1, "c", odd)
+    answer = _produce_response_frame(13, {"responses": [{"topic_id": topic_id,
+        "partition_responses": [{"index": 0, "error_code": 0, "base_offset": 5}]}]})
+    generated = messages._decode_response(ApiKey.PRODUCE, 13, answer)
+    assert [t["topic_id"] for t in generated["responses"]] == [topic_id]
+    assert type(generated["responses"][0]["topic_id"]) is bytes
+    assert implementation.decode_produce(13, answer) == \
+        (generated if implementation is _c else None)
+
+
 @needs_c
 def test_produce_codec_leaves_uncommon_cases_to_python():
     body = {"transactional_id": None, "acks": 1, "timeout_ms": 1000,
@@ -434,7 +462,8 @@ def test_produce_codec_leaves_uncommon_cases_to_python():
     uncommon = [
         (2, body), (14, body),  # versions it does not know
         (13, body),  # a topic without its id (the generated codec writes the zero id)
-        (13, dict(body, topic_data=[dict(body["topic_data"][0], topic_id=bytes(16))])),
+        (13, dict(body, topic_data=[dict(body["topic_data"][0], topic_id=bytes(15))])),
+        (13, dict(body, topic_data=[dict(body["topic_data"][0], topic_id=uuid.UUID(int=1))])),
         (11, {k: v for k, v in body.items() if k != "acks"}),  # a default to fill in
         (11, dict(body, acks=True)), (11, dict(body, acks=1 << 15)),
         (11, dict(body, topic_data=tuple(body["topic_data"]))),

@@ -546,7 +546,7 @@ class Sender:
                 for batch in batches:
                     self._complete(batch, -1, -1)
 
-    def _name_topics_by_id(self, topic_data: list[dict[str, Any]]) -> dict[Any, str] | None:
+    def _name_topics_by_id(self, topic_data: list[dict[str, Any]]) -> dict[bytes, str] | None:
         """Give each topic of a request its id (Produce v13+) as the metadata has it now, and
         return the names by id, which its response is read with (not the metadata by then:
         the topic may be recreated meanwhile, KAFKA-19397); None if one has no id known."""
@@ -560,7 +560,7 @@ class Sender:
         return names
 
     def _on_produce_response(self, conn: BrokerConnection, batches: list[ProducerBatch],
-                             names: dict[Any, str] | None, written: float,
+                             names: dict[bytes, str] | None, written: float,
                              response: dict[str, Any] | None,
                              exc: BaseException | None) -> None:
         latency = time.perf_counter() - written

@@ -2952,9 +2952,9 @@ py_watch_batches(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 /* -- Produce requests and responses ------------------------------------------------------- */
 
 /* Versions 3 to 13, as protocol/messages.py declares them; flexible (KIP-482) from 9, topics
- * named by their id (KIP-516: a uuid.UUID in the body, 16 bytes on the wire) from 13. Only
- * what the sender writes and a healthy broker answers: anything else returns None and the
- * generated codec, which knows every case and raises the right error, takes over. */
+ * named by their id (KIP-516: its 16 bytes, a bytes object in the body as on the wire) from
+ * 13. Only what the sender writes and a healthy broker answers: anything else returns None
+ * and the generated codec, which knows every case and raises the right error, takes over. */
 
 #define PRODUCE_FIRST 3
 #define PRODUCE_LAST 13
@@ -2964,8 +2964,7 @@ py_watch_batches(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 static PyObject *s_transactional_id, *s_acks, *s_timeout_ms, *s_topic_data, *s_name,
     *s_partition_data, *s_index, *s_records, *s_responses, *s_partition_responses,
     *s_error_code, *s_base_offset, *s_log_append_time_ms, *s_log_start_offset,
-    *s_record_errors, *s_error_message, *s_throttle_time_ms, *s_topic_id, *s_bytes;
-static PyObject *uuid_type;  /* uuid.UUID: a topic id, as the generated codec reads it */
+    *s_record_errors, *s_error_message, *s_throttle_time_ms, *s_topic_id;
 
 /* Size of a length (or count) prefix: compact (uvarint of n + 1) or int16/int32. */
 static inline Py_ssize_t
@@ -3101,13 +3100,9 @@ produce_body(PyObject *body, int version, char *out, const char *end, Refs *refs
             goto done;
         Py_XSETREF(topic, Py_NewRef(PyList_GET_ITEM(topics, t)));
         const char *name;
-        if (version >= PRODUCE_TOPIC_ID) {  /* the id's 16 bytes (uuid.UUID.bytes) */
-            PyObject *id_obj = item(topic, s_topic_id);
-            Py_XSETREF(name_obj, id_obj && Py_IS_TYPE(id_obj, (PyTypeObject *)uuid_type) ?
-                       PyObject_GetAttr(id_obj, s_bytes) : NULL);
-            Py_XDECREF(id_obj);
-            if (name_obj == NULL)
-                PyErr_Clear();  /* (None: the generated codec writes it, or says why not) */
+        if (version >= PRODUCE_TOPIC_ID) {  /* the id: 16 bytes (else the generated codec
+                                               writes a missing one, or says why not) */
+            Py_XSETREF(name_obj, item(topic, s_topic_id));
             name = name_obj && PyBytes_CheckExact(name_obj) && PyBytes_GET_SIZE(name_obj) == 16
                 ? PyBytes_AS_STRING(name_obj) : NULL;
             length = 16;
@@ -3455,19 +3450,15 @@ read_array(Cursor *c, int version, PyObject *(*read)(Cursor *, int))
     return list;
 }
 
-/* A topic id (16 bytes) as a uuid.UUID; NULL as for read_partition. */
+/* A topic id: its 16 bytes, as the generated codec reads a "uuid"; NULL as for
+ * read_partition. */
 static PyObject *
 read_uuid(Cursor *c)
 {
     if (c->end - c->pos < 16)
         return NULL;
-    PyObject *bytes = PyBytes_FromStringAndSize((const char *)c->data + c->pos, 16), *id = NULL;
+    PyObject *id = PyBytes_FromStringAndSize((const char *)c->data + c->pos, 16);
     c->pos += 16;
-    PyObject *kwargs = bytes ? PyDict_New() : NULL;
-    if (kwargs != NULL && PyDict_SetItem(kwargs, s_bytes, bytes) == 0)
-        id = PyObject_VectorcallDict(uuid_type, NULL, 0, kwargs);
-    Py_XDECREF(kwargs);
-    Py_XDECREF(bytes);
     return id;
 }
 
@@ -5695,15 +5686,6 @@ PyInit__c(void)
         if (deque_type == NULL)
             return NULL;
     }
-    if (uuid_type == NULL) {
-        PyObject *uuid = PyImport_ImportModule("uuid");
-        if (uuid == NULL)
-            return NULL;
-        uuid_type = PyObject_GetAttrString(uuid, "UUID");
-        Py_DECREF(uuid);
-        if (uuid_type == NULL)
-            return NULL;
-    }
     if (crc32c_function == NULL) {
         crc32c_table_init();
         PyObject *crc32c = PyImport_ImportModule("crc32c");
@@ -5723,7 +5705,7 @@ PyInit__c(void)
         {&s_log_append_time_ms, "log_append_time_ms"},
         {&s_log_start_offset, "log_start_offset"}, {&s_record_errors, "record_errors"},
         {&s_error_message, "error_message"}, {&s_throttle_time_ms, "throttle_time_ms"},
-        {&s_topic_id, "topic_id"}, {&s_bytes, "bytes"},
+        {&s_topic_id, "topic_id"},
         {&s_untracked, "_untracked"}, {&s_future, "future"}, {&s_pieces, "pieces"},
         {&s_topic, "topic"}, {&s_partition, "partition"}, {&s_metadata_type, "_metadata_type"},
         {&s_metadata, "metadata"}, {&s_exception_for, "exception_for"}, {&s_watch, "watch"},

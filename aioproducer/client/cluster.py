@@ -101,15 +101,15 @@ def address_problem(host: str, port: int) -> str | None:
 @dataclass(frozen=True, slots=True)
 class TopicInfo:
     """Leaders of a topic's partitions (-1: none now) and their leader epochs (-1: unknown);
-    `error` set when the topic is unusable. `topic_id` (KIP-516, Metadata v10+; None: not
-    given) names the topic in Produce v13+; while the topic is unusable it is the last id seen,
-    so that its recreation is noticed."""
+    `error` set when the topic is unusable. `topic_id` (KIP-516, Metadata v10+: its 16 bytes;
+    None: not given) names the topic in Produce v13+; while the topic is unusable it is the
+    last id seen, so that its recreation is noticed."""
 
     name: str
     leaders: tuple[int, ...]
     error: KafkaError | None = None
     epochs: tuple[int, ...] = ()
-    topic_id: uuid.UUID | None = None
+    topic_id: bytes | None = None
 
 
 class _Backoff:
@@ -449,7 +449,7 @@ class Cluster:
                     topic_id=known.topic_id if known is not None else None)
                 continue
             topic_id = t.get("topic_id")
-            if topic_id is not None and topic_id.int == 0:  # (none given)
+            if topic_id == bytes(16):  # (none given)
                 topic_id = None
             if known is not None and known.topic_id is not None and topic_id is not None \
                     and known.topic_id != topic_id:
@@ -457,7 +457,7 @@ class Cluster:
                 # start again: the old ones must not win over the new topic's (below).
                 log.warning("topic %r was deleted and recreated (its id was %s, now %s): its "
                             "records not yet written go to the new topic", name,
-                            known.topic_id, topic_id)
+                            uuid.UUID(bytes=known.topic_id), uuid.UUID(bytes=topic_id))
                 self.recreated[name] = self._loop.time()
                 known = None
             leaders = [-1] * len(t["partitions"])

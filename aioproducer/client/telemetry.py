@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL_S = 300.0  # KIP-714's default push interval; also the wait without a broker
 _NO_CONNECTION_S = 5.0  # no broker connection open yet: look again this soon
-_ZERO = uuid.UUID(int=0)
+_ZERO = bytes(16)  # a client instance id (a uuid, 16 bytes) not assigned
 _CODECS = frozenset(codec.value for codec in Codec)
 # What the broker's error codes make the client do (KIP-714; the Java client's table).
 _REFETCH = frozenset((117, 76))  # UNKNOWN_SUBSCRIPTION_ID, UNSUPPORTED_COMPRESSION_TYPE
@@ -178,8 +178,8 @@ class ClientTelemetry:
             # (at least Kafka's least interval.ms, 100: no request loop for a broken broker)
             max(interval_ms, 100) / 1000 if interval_ms > 0 else DEFAULT_INTERVAL_S, codec,
             response["telemetry_max_bytes"], delta, tuple(response["requested_metrics"]))
-        log.debug("client telemetry: instance %s, subscription %r", self.instance_id,
-                  self.subscription)
+        log.debug("client telemetry: instance %s, subscription %r",
+                  uuid.UUID(bytes=self.instance_id), self.subscription)
         if not self.subscription.requested:  # nothing asked for: ask again after the interval
             return self.subscription.interval_s
         self._push_due = True

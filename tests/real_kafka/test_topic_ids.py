@@ -45,12 +45,12 @@ def _create(admin: AdminClient, topic: str, partitions: int) -> None:
             time.sleep(0.1)
 
 
-def _topic_id(admin: AdminClient, topic: str) -> uuid.UUID:
-    """The topic's id as librdkafka's DescribeTopics reads it."""
+def _topic_id(admin: AdminClient, topic: str) -> bytes:
+    """The topic's id (its 16 bytes) as librdkafka's DescribeTopics reads it."""
     described = admin.describe_topics(TopicCollection([topic]))[topic].result(timeout=30)
     high = described.topic_id.get_most_significant_bits() & (2**64 - 1)
     low = described.topic_id.get_least_significant_bits() & (2**64 - 1)
-    return uuid.UUID(int=high << 64 | low)
+    return (high << 64 | low).to_bytes(16)
 
 
 async def _send_paced(producer: Producer, topic: str, numbers: range,

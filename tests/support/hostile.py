@@ -14,7 +14,6 @@ import socket
 import socketserver
 import struct
 import threading
-import uuid
 from typing import Any
 
 from aioproducer.protocol.messages import _RESPONSES, ApiKey
@@ -40,7 +39,7 @@ def metadata_body(topics: int, partitions: int, replicas: int, port: int = 1) ->
     return _body(ApiKey.METADATA, METADATA_VERSION, True, {
         "throttle_time_ms": 0, "cluster_id": "hostile", "controller_id": 1,
         "brokers": [{"node_id": 1, "host": "127.0.0.1", "port": port, "rack": None}],
-        "topics": [{"error_code": 0, "name": f"t{t}", "topic_id": uuid.UUID(int=t + 1),
+        "topics": [{"error_code": 0, "name": f"t{t}", "topic_id": (t + 1).to_bytes(16),
                     "is_internal": False, "partitions": partition_list,
                     "topic_authorized_operations": 0} for t in range(topics)],
     })
