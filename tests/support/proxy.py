@@ -25,6 +25,7 @@ from kafka.protocol.producer import EndTxnRequest, EndTxnResponse, ProduceReques
     ProduceResponse
 
 _PRODUCE = 0
+_METADATA = 3
 _END_TXN = 26
 _MESSAGE_TOO_LARGE = 10
 _NOT_ENOUGH_REPLICAS = 19
@@ -63,6 +64,9 @@ class FaultProxy:
         # error code to answer them with]; None: lose nothing.
         self._lose: list[int] | None = None
         self.lost: list[tuple[str, int]] = []  # (topic, partition) of each batch lost
+        # Topic names by id, from the Metadata answers it forwarded: Produce v13+ names
+        # topics by id only (KIP-516).
+        self.topic_names: dict[Any, str] = {}
         self._refused_commits: int | None = None  # refuse_commits()' error code
         self.commits_refused = 0
         # Each request a client wrote, as it came (frame by frame: with front(), rewrites...):
@@ -248,7 +252,7 @@ class FaultProxy:
         if self._message_max_bytes is not None or self._rewrites or self._lose is not None \
                 or self._refused_commits is not None:
             rewrites = dict(self._rewrites)
-            asked: dict[int, tuple[int, int, list[tuple[str, int]]]] = {}
+            asked: dict[int, tuple[int, int, list[tuple[Any, int]]]] = {}
             order = _Order(writer)
             pipes = (self._requests(reader, up_writer, self._message_max_bytes, rewrites, asked,
                                     order),
@@ -297,7 +301,7 @@ class FaultProxy:
 
     async def _requests(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                         limit: int | None, rewrites: dict[int, tuple[Any, Rewrite]],
-                        asked: dict[int, tuple[int, int, list[tuple[str, int]]]],
+                        asked: dict[int, tuple[int, int, list[tuple[Any, int]]]],
                         order: "_Order") -> None:
         """Client to broker, frame by frame: take batches over `limit` out of Produce
         requests, note by correlation id which responses to change (api key, version,
@@ -324,14 +328,16 @@ class FaultProxy:
             self.written.append((api_key, [order.api_keys[c] for c in order.outstanding]))
             order.outstanding.append(correlation_id)
             order.api_keys[correlation_id] = api_key
-            too_large: list[tuple[str, int]] = []
+            if api_key == _METADATA:
+                order.metadata_versions[correlation_id] = version
+            too_large: list[tuple[Any, int]] = []
             if api_key == _PRODUCE and limit is not None:
                 request = ProduceRequest.decode(frame[4:], version=version, header=True)
                 for topic in request.topic_data:
                     kept = []
                     for partition in topic.partition_data:
                         if partition.records is not None and len(partition.records) > limit:
-                            too_large.append((topic.name, partition.index))
+                            too_large.append((topic.name or topic.topic_id, partition.index))
                         else:
                             kept.append(partition)
                     topic.partition_data = kept
@@ -343,6 +349,18 @@ class FaultProxy:
                 asked[correlation_id] = (api_key, version, too_large)
             writer.write(frame)
             await writer.drain()
+
+    def _name(self, topic: Any) -> str:
+        """A Produce request's topic's name (at v13+ looked up by its id)."""
+        return topic.name or self.topic_names.get(topic.topic_id, str(topic.topic_id))
+
+    def _learn_topic_names(self, frame: bytes, version: int) -> None:
+        from kafka.protocol.metadata import MetadataResponse
+
+        response = MetadataResponse.decode(frame[4:], version=version, header=True)
+        for topic in response.topics:
+            if getattr(topic, "topic_id", None) is not None and topic.name:
+                self.topic_names[topic.topic_id] = topic.name
 
     def _losing(self) -> int | None:
         """The error code to answer this Produce request with, if lose_produce() takes it
@@ -368,12 +386,12 @@ class FaultProxy:
         for topic in request.topic_data:
             partitions = []
             for partition in topic.partition_data:
-                self.lost.append((topic.name, partition.index))
+                self.lost.append((self._name(topic), partition.index))
                 partitions.append(partition_cls(
                     version=version, index=partition.index, error_code=code, base_offset=-1,
                     log_append_time_ms=-1, log_start_offset=-1, record_errors=[],
                     error_message=None))
-            responses.append(topic_cls(version=version, name=topic.name,
+            responses.append(topic_cls(version=version, name=topic.name, topic_id=topic.topic_id,
                                        partition_responses=partitions))
         response = ProduceResponse(version=version, responses=responses, throttle_time_ms=0)
         response.with_header(correlation_id=correlation_id)
@@ -387,7 +405,7 @@ class FaultProxy:
 
     async def _responses(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                          rewrites: dict[int, tuple[Any, Rewrite]],
-                         asked: dict[int, tuple[int, int, list[tuple[str, int]]]],
+                         asked: dict[int, tuple[int, int, list[tuple[Any, int]]]],
                          order: "_Order") -> None:
         """Broker to client: add the refused partitions to their Produce responses, pass
         the responses to rewrite through their functions, and put the proxy's own answers
@@ -399,6 +417,9 @@ class FaultProxy:
             while self._stalled:
                 await asyncio.sleep(0.01)
             (correlation_id,) = struct.unpack_from(">i", frame, 4)
+            metadata_version = order.metadata_versions.pop(correlation_id, None)
+            if metadata_version is not None:
+                self._learn_topic_names(frame, metadata_version)
             if order.outstanding and order.outstanding[0] == correlation_id:
                 del order.api_keys[order.outstanding.popleft()]
             order.write_own(before=correlation_id)
@@ -406,9 +427,10 @@ class FaultProxy:
                 api_key, version, too_large = asked.pop(correlation_id)
                 response_cls, rewrite = rewrites.get(api_key, (ProduceResponse, None))
                 response = response_cls.decode(frame[4:], version=version, header=True)
-                for name, index in too_large:
+                for name, index in too_large:  # (at v13+ `name` is the topic's id)
+                    named = {"topic_id": name} if version >= 13 else {"name": name}
                     response.responses.append(topic_cls(
-                        version=version, name=name, partition_responses=[partition_cls(
+                        version=version, **named, partition_responses=[partition_cls(
                             version=version, index=index, error_code=_MESSAGE_TOO_LARGE,
                             base_offset=-1, log_append_time_ms=-1, log_start_offset=-1,
                             record_errors=[], error_message=None)]))
@@ -435,6 +457,7 @@ class _Order:
         self.client = client
         self.outstanding: collections.deque[int] = collections.deque()
         self.api_keys: dict[int, int] = {}  # of the outstanding requests
+        self.metadata_versions: dict[int, int] = {}  # of the outstanding Metadata requests
         self.own: dict[int, bytes] = {}
         self.due: set[int] = set()
 
