@@ -552,6 +552,8 @@ class Producer(Generic[K, V]):
             self._sender.running = False
             self._sender.fail_in_flight(exc)
         self._accumulator.fail_unresolved(exc)
+        if self._txn is not None:
+            self._txn.close()
         if self._cluster is not None:
             self._cluster.close()
         self._tasks.cancel()
@@ -559,6 +561,8 @@ class Producer(Generic[K, V]):
             lifecycle.become(CLOSING)
         if lifecycle.state is CLOSING:
             lifecycle.become(CLOSED)
+            if self._observer is not None:
+                self._observer.closed(self)
         if pending:
             loop.call_exception_handler({
                 "message": f"{self!r}: close() did not finish before its event loop ended, "

@@ -23,6 +23,7 @@ import pytest
 from aioproducer import BlockingProducer, Producer
 from aioproducer.errors import (ConfigError, DeliveryTimeoutError, MessageTooLargeError,
                                ProducerClosedError, TransactionAbortedError)
+from aioproducer.hooks import ProducerHooks
 from tests.support.readback import consume_all, transaction_outcomes
 
 
@@ -403,12 +404,17 @@ def test_a_close_cut_short_by_the_loops_end_is_reported(proxied_broker):
     cluster.create_topic("cut-at-the-end", 1)
     reported: list[str] = []
     kept: list[Producer] = []
+    closed: list[Producer] = []
+
+    class Hooks(ProducerHooks):
+        def on_close(self, producer):
+            closed.append(producer)
 
     async def main() -> None:
         asyncio.get_running_loop().set_exception_handler(
             lambda loop, context: reported.append(context["message"]))
         with anyio.move_on_after(0.5):
-            async with Producer(cluster.bootstrap, linger_ms=0) as producer:
+            async with Producer(cluster.bootstrap, linger_ms=0, hooks=[Hooks()]) as producer:
                 kept.append(producer)
                 await producer.send("cut-at-the-end", b"acknowledged")
                 cluster.proxy.stall(True)
@@ -422,7 +428,7 @@ def test_a_close_cut_short_by_the_loops_end_is_reported(proxied_broker):
     said = [m for m in reported if "<Producer" in m]
     assert len(said) == 1 and "close() did not finish before its event loop ended, 1 " \
         "record(s) not acknowledged" in said[0], reported
-    assert kept[0].metrics().state == "closed"
+    assert kept[0].metrics().state == "closed" and closed == kept
     with warnings.catch_warnings(record=True) as warned:
         warnings.simplefilter("always")
         kept.clear()
