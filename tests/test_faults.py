@@ -868,6 +868,42 @@ def test_a_produce_many_whose_records_fail_in_two_partitions_tells_which(cluster
         _check_told(cluster, topic, expected, bulk.failures(), first)
 
 
+async def test_a_bug_part_way_through_settling_a_response_leaves_no_record_waiting(
+        broker, topic_factory, monkeypatch):
+    """settle_produce (compiled) raises after it settled the response's first batch (a bug
+    of ours, as a split batch's piece whose completion raises): the first batch's record
+    had its outcome set, but was never finished (its memory held, flush() waiting for it
+    for good) nor its callbacks run (an await of it hung until close()); the second was out
+    of flight and failed by nothing. Now the first's record is acknowledged, the second's
+    fails saying why, and flush() returns."""
+    from aioproducer._internal import sender as sender_module
+
+    settle, raised = sender_module.settle_produce, []
+
+    def broken(batches, responses, in_flight, run_watchers, all_or_none):
+        if len(batches) < 2 or raised:
+            return settle(batches, responses, in_flight, run_watchers, all_or_none)
+        raised.append(True)
+        settle(batches[:1], responses, in_flight, run_watchers, all_or_none)
+        in_flight.pop(batches[1], None)  # (taken out, then the bug struck)
+        raise RuntimeError("the settling's bug")
+
+    monkeypatch.setattr(sender_module, "settle_produce", broken)
+    topic = topic_factory(2)  # (one broker leads both: one request holds both batches)
+    async with Producer(broker.bootstrap, acks=1, linger_ms=50,
+                        delivery_timeout_ms=120_000) as producer:
+        await producer.send(topic, b"warm", partition=0)  # (one batch: settled as usual)
+        first = await producer.enqueue(topic, b"first", partition=0)
+        second = await producer.enqueue(topic, b"second", partition=1)
+        settled = await asyncio.wait_for(
+            asyncio.gather(first, second, return_exceptions=True), 30)  # (far below 120 s)
+        await asyncio.wait_for(producer.flush(), 30)
+    assert raised, "no response held two batches"
+    assert settled[0].offset == 1
+    assert isinstance(settled[1], KafkaError) and "could not be handled" in str(settled[1])
+    assert isinstance(settled[1].__cause__, RuntimeError)
+
+
 @pytest.mark.parametrize("idempotent", [False, True])
 async def test_a_bug_in_handling_a_produce_response_fails_its_records_at_once_and_says_so(
         cluster, monkeypatch, caplog, idempotent):

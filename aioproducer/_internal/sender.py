@@ -596,8 +596,12 @@ class Sender:
             for topic in response["responses"]:
                 topic["name"] = names.get(topic["topic_id"])
         txn = self._txn
-        acked, rest = settle_produce(batches, response["responses"], self._in_flight,
-                                     run_watchers_of, txn is not None)
+        try:
+            acked, rest = settle_produce(batches, response["responses"], self._in_flight,
+                                         run_watchers_of, txn is not None)
+        except Exception:
+            self._settled_in_part(batches)
+            raise
         try:
             if txn is not None and acked:
                 txn.acked_all(acked)
@@ -614,6 +618,20 @@ class Sender:
         finally:  # (acknowledged, whatever else failed: their memory and counts settled)
             if acked:
                 self._accumulator.finish_acked(acked)
+
+    def _settled_in_part(self, batches: list[ProducerBatch]) -> None:
+        """settle_produce raised (a bug of ours) part way: the batches it took out of flight
+        and completed are finished here (their memory returned, their records' callbacks
+        run); one it took out and could not complete goes back in flight, for the caller to
+        fail with the rest (_response_not_handled)."""
+        for batch in batches:
+            if batch in self._in_flight or batch not in self._accumulator.incomplete:
+                continue
+            if batch.future.done():
+                self._accumulator.finish(batch)
+                self._loop.call_soon(run_watchers_of, [batch])
+            else:
+                self._in_flight[batch] = None
 
     def _response_not_handled(self, conn: BrokerConnection, batches: list[ProducerBatch],
                               bug: Exception) -> None:
