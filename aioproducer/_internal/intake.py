@@ -489,17 +489,16 @@ class RecordIntake:
 
     def _topic_wait_ended(self, topic: str, shared: _TopicWait,
                           fetch: asyncio.Task[TopicInfo]) -> None:
-        """The fetch ended: each call still waiting gets its metadata, or its error."""
+        """The fetch ended: each call still waiting gets its metadata, or its error (marked
+        retrieved: a call cancelled before it resumes never reads it, and asyncio would log
+        it as never retrieved)."""
         if self._topic_waits.get(topic) is shared:
             del self._topic_waits[topic]
         if fetch.cancelled():  # (by close(), or the loop's end)
-            for waiter in shared.waiters:
-                if not waiter.done():
-                    waiter.set_exception(ProducerClosedError(
-                        f"the producer was closed while it fetched metadata for topic "
-                        f"{topic!r}"))
-            return
-        exc = fetch.exception()
+            exc: BaseException | None = ProducerClosedError(
+                f"the producer was closed while it fetched metadata for topic {topic!r}")
+        else:
+            exc = fetch.exception()
         for waiter in shared.waiters:
             if waiter.done():  # (its call was cancelled)
                 continue
@@ -507,6 +506,7 @@ class RecordIntake:
                 waiter.set_result(fetch.result())
             else:
                 waiter.set_exception(exc)
+                waiter.exception()
 
     # -- the steps -------------------------------------------------------------------------
 
