@@ -170,7 +170,6 @@ async def test_an_idempotent_producer_goes_on_after_its_records_are_deleted(apac
     assert [r.offset for r in got] == list(range(5, 10))
 
 
-
 async def _in_a_transaction(bootstrap: str) -> Producer:
     """A transactional producer started, its transaction begun: the loop-end tests leave it
     unclosed."""
@@ -178,6 +177,21 @@ async def _in_a_transaction(bootstrap: str) -> Producer:
     await producer.start()
     producer.begin_transaction()
     return producer
+
+
+async def _commit_begun(producer: Producer) -> None:
+    """commit_transaction() in a task of its own, begun: it waits for the records' acks."""
+    asyncio.ensure_future(producer.commit_transaction())
+    await asyncio.sleep(0)
+    assert producer.metrics().transaction_state == "committing"
+
+
+async def _committed_after(bootstrap: str, topic: str) -> None:
+    """A later producer's transaction, committed: read_committed consumers read it at once
+    unless a transaction left open before it holds them back."""
+    async with Producer(bootstrap, transactional_id=_tid()) as producer, producer.transaction():
+        await producer.send(topic, b"committed after")
+
 
 def test_a_commit_under_way_as_asyncio_run_ends_is_completed(apache_kafka, make_topic,
                                                               caplog):
@@ -194,9 +208,7 @@ def test_a_commit_under_way_as_asyncio_run_ends_is_completed(apache_kafka, make_
         producer = await _in_a_transaction(apache_kafka.bootstrap)
         for i in range(3):
             await producer.enqueue(topic, b"%d" % i)
-        asyncio.ensure_future(producer.commit_transaction())
-        await asyncio.sleep(0)  # (the commit began: it waits for the records' acks)
-        assert producer.metrics().transaction_state == "committing"
+        await _commit_begun(producer)
         kept.append(producer)
 
     asyncio.run(main())
@@ -255,20 +267,13 @@ def test_a_commit_under_way_whose_record_fails_as_asyncio_run_ends_is_aborted(
         producer = await _in_a_transaction(apache_kafka.bootstrap)
         await producer.enqueue(topic, b"never committed")
         await producer.enqueue(small, b"x" * 5000)
-        asyncio.ensure_future(producer.commit_transaction())
-        await asyncio.sleep(0)  # (the commit began: it waits for the records' acks)
-        assert producer.metrics().transaction_state == "committing"
-
-    async def committed_after() -> None:
-        async with Producer(apache_kafka.bootstrap, transactional_id=_tid()) as producer, \
-                producer.transaction():
-            await producer.send(topic, b"committed after")
+        await _commit_begun(producer)
 
     asyncio.run(main())
     said = [r.getMessage() for r in caplog.records if "unclosed" in r.getMessage()]
     assert len(said) == 1 and "its transaction's commit, under way, could not complete (" \
         in said[0] and "): the transaction was aborted" in said[0], said
-    asyncio.run(committed_after())
+    asyncio.run(_committed_after(apache_kafka.bootstrap, topic))
     got = consume_all(apache_kafka.bootstrap, topic, expected=1, timeout=15,
                       isolation_level="read_committed")
     assert [r.value for r in got] == [b"committed after"]
@@ -288,14 +293,7 @@ def test_a_commit_refused_for_good_as_asyncio_run_ends_is_aborted(apache_kafka, 
         producer = await _in_a_transaction(bootstrap)
         for i in range(3):
             await producer.enqueue(topic, b"%d" % i)
-        asyncio.ensure_future(producer.commit_transaction())
-        await asyncio.sleep(0)  # (the commit began: it waits for the records' acks)
-        assert producer.metrics().transaction_state == "committing"
-
-    async def committed_after() -> None:
-        async with Producer(apache_kafka.bootstrap, transactional_id=_tid()) as producer, \
-                producer.transaction():
-            await producer.send(topic, b"committed after")
+        await _commit_begun(producer)
 
     with FaultProxy(int(apache_kafka.bootstrap.rsplit(":", 1)[1])) as proxy:
         proxy.front()  # (every connection through it, the coordinator's too)
@@ -305,7 +303,7 @@ def test_a_commit_refused_for_good_as_asyncio_run_ends_is_aborted(apache_kafka, 
     said = [r.getMessage() for r in caplog.records if "unclosed" in r.getMessage()]
     assert len(said) == 1 and "its transaction's commit, under way, could not complete (" \
         in said[0] and "): the transaction was aborted" in said[0], said
-    asyncio.run(committed_after())
+    asyncio.run(_committed_after(apache_kafka.bootstrap, topic))
     got = consume_all(apache_kafka.bootstrap, topic, expected=1, timeout=15,
                       isolation_level="read_committed")
     assert [r.value for r in got] == [b"committed after"]
@@ -326,13 +324,8 @@ def test_a_transaction_left_open_as_asyncio_run_ends_is_aborted_at_once(apache_k
         await producer.send(topic, b"left open")
         kept.append(producer)
 
-    async def committed_after() -> None:
-        async with Producer(apache_kafka.bootstrap, transactional_id=_tid()) as producer:
-            async with producer.transaction():
-                await producer.send(topic, b"committed after")
-
     asyncio.run(left_open())
-    asyncio.run(committed_after())
+    asyncio.run(_committed_after(apache_kafka.bootstrap, topic))
     got = consume_all(apache_kafka.bootstrap, topic, expected=1, timeout=15,
                       isolation_level="read_committed")
     assert [r.value for r in got] == [b"committed after"]
