@@ -193,6 +193,19 @@ async def _committed_after(bootstrap: str, topic: str) -> None:
         await producer.send(topic, b"committed after")
 
 
+def _check_aborted_at_the_loop_s_end(caplog: pytest.LogCaptureFixture, bootstrap: str,
+                                     topic: str) -> None:
+    """The loop's end reported the commit under way aborted, and a later transaction's
+    record is read at once by a read_committed consumer (and none of the aborted one's)."""
+    said = [r.getMessage() for r in caplog.records if "unclosed" in r.getMessage()]
+    assert len(said) == 1 and "its transaction's commit, under way, could not complete (" \
+        in said[0] and "): the transaction was aborted" in said[0], said
+    asyncio.run(_committed_after(bootstrap, topic))
+    got = consume_all(bootstrap, topic, expected=1, timeout=15,
+                      isolation_level="read_committed")
+    assert [r.value for r in got] == [b"committed after"]
+
+
 def test_a_commit_under_way_as_asyncio_run_ends_is_completed(apache_kafka, make_topic,
                                                               caplog):
     """A script whose main() returns as its commit is under way (commit_transaction() in a
@@ -270,13 +283,7 @@ def test_a_commit_under_way_whose_record_fails_as_asyncio_run_ends_is_aborted(
         await _commit_begun(producer)
 
     asyncio.run(main())
-    said = [r.getMessage() for r in caplog.records if "unclosed" in r.getMessage()]
-    assert len(said) == 1 and "its transaction's commit, under way, could not complete (" \
-        in said[0] and "): the transaction was aborted" in said[0], said
-    asyncio.run(_committed_after(apache_kafka.bootstrap, topic))
-    got = consume_all(apache_kafka.bootstrap, topic, expected=1, timeout=15,
-                      isolation_level="read_committed")
-    assert [r.value for r in got] == [b"committed after"]
+    _check_aborted_at_the_loop_s_end(caplog, apache_kafka.bootstrap, topic)
 
 
 def test_a_commit_refused_for_good_as_asyncio_run_ends_is_aborted(apache_kafka, make_topic,
@@ -300,13 +307,7 @@ def test_a_commit_refused_for_good_as_asyncio_run_ends_is_aborted(apache_kafka, 
         proxy.refuse_commits(120)  # TRANSACTION_ABORTABLE
         asyncio.run(main(f"127.0.0.1:{proxy.port}"))
         assert proxy.commits_refused == 1
-    said = [r.getMessage() for r in caplog.records if "unclosed" in r.getMessage()]
-    assert len(said) == 1 and "its transaction's commit, under way, could not complete (" \
-        in said[0] and "): the transaction was aborted" in said[0], said
-    asyncio.run(_committed_after(apache_kafka.bootstrap, topic))
-    got = consume_all(apache_kafka.bootstrap, topic, expected=1, timeout=15,
-                      isolation_level="read_committed")
-    assert [r.value for r in got] == [b"committed after"]
+    _check_aborted_at_the_loop_s_end(caplog, apache_kafka.bootstrap, topic)
 
 
 def test_a_transaction_left_open_as_asyncio_run_ends_is_aborted_at_once(apache_kafka,
